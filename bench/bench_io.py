@@ -408,6 +408,10 @@ def summarize(runs: list[dict[str, Any]], modes: list[str]) -> dict[str, dict[st
             ]
             if after_import:
                 s["rss_after_import"] = max(after_import)
+            # anon vs file-backed split at the end of the op: tells copies from touched mmaps
+            ends = [r.get("status_end") or r.get("status_after_load") for r in ok]
+            if all(ends):
+                s["rss_end"] = {k: max(e[k] for e in ends) for k in ("VmHWM", "RssAnon", "RssFile")}
             for part in ("load_s", "save_s"):
                 if all(part in r for r in ok):
                     s[part] = statistics.median(r[part] for r in ok)
@@ -500,6 +504,14 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"| {_fmt_mb(s['rss_after_import']) if 'rss_after_import' in s else '-'} "
             f"| {target} | {result} |"
         )
+    ends = [(MODES[m], s["rss_end"]) for m, s in summary.items() if "rss_end" in s]
+    if ends:
+        lines += ["", "RSS of the Python children at the end of the operation (max over runs):", ""]
+        lines += [
+            f"- {label}: VmHWM {_fmt_mb(e['VmHWM'])}, anonymous {_fmt_mb(e['RssAnon'])}, "
+            f"file-backed {_fmt_mb(e['RssFile'])}"
+            for label, e in ends
+        ]
     v = report.get("verify")
     lines.append("")
     if v is None:
