@@ -322,7 +322,18 @@ def _version(dist: str) -> str:
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
-        return "not installed"
+        pass
+    # importable without dist metadata (e.g. PYTHONPATH): ask it, in a child to stay lean
+    code = f"import {dist}; print(getattr({dist}, '__version__', 'unknown version'))"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    return res.stdout.strip() if res.returncode == 0 else "not installed"
+
+
+def _git_commit() -> str:
+    res = subprocess.run(
+        ["git", "-C", HERE, "describe", "--always", "--dirty"], capture_output=True, text=True
+    )
+    return res.stdout.strip() if res.returncode == 0 else "unknown"
 
 
 def environment() -> dict[str, Any]:
@@ -337,6 +348,7 @@ def environment() -> dict[str, Any]:
         "onnxruntime": _version("onnxruntime"),
         "numpy": _version("numpy"),
         "fastopt": _version("fastopt"),
+        "fastopt_commit": _git_commit(),
     }
 
 
@@ -473,7 +485,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"- machine: {env['cpu']}, {env['cores']} cores, {_fmt_mb(env['ram_bytes'])} RAM, "
         f"{env['os']}",
         f"- versions: python {env['python']}, onnx {env['onnx']}, onnxruntime "
-        f"{env['onnxruntime']}, numpy {env['numpy']}, fastopt {env['fastopt']}",
+        f"{env['onnxruntime']}, numpy {env['numpy']}, fastopt {env['fastopt']} "
+        f"(repo {env['fastopt_commit']})",
         f"- model: generated llama-like decoder ({', '.join(f'{k}={v}' for k, v in sizes.items())})"
         f"; model.onnx {model['model_bytes']:,} B + model.onnx.data {model['data_bytes']:,} B "
         f"({model['data_bytes'] / 1e9:.2f} GB)",
