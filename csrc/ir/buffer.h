@@ -1,0 +1,88 @@
+// Immutable byte regions with shared ownership. Tensor bytes are views (ByteRef) into a Buffer,
+// so loading a model never copies weights: the Buffer is an mmap of the model or data file.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace fastopt {
+
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+  virtual const uint8_t* data() const = 0;
+  virtual uint64_t size() const = 0;
+  // A readable file descriptor whose byte 0 is data()[0], or -1. Lets the writer copy
+  // unchanged bytes file-to-file in the kernel (copy_file_range) instead of through memory.
+  virtual int fd() const { return -1; }
+  virtual const std::string& path() const {
+    static const std::string empty;
+    return empty;
+  }
+};
+
+// Bytes owned in memory (serialized models handed over from Python, tensors made by passes).
+class OwnedBuffer final : public Buffer {
+ public:
+  explicit OwnedBuffer(std::string bytes) : bytes_(std::move(bytes)) {}
+  const uint8_t* data() const override {
+    return reinterpret_cast<const uint8_t*>(bytes_.data());
+  }
+  uint64_t size() const override { return bytes_.size(); }
+
+ private:
+  std::string bytes_;
+};
+
+// A read-only file. The mapping is created on first access to data(), so external data files
+// that no one reads are never mapped; size() comes from fstat at open.
+class FileBuffer final : public Buffer {
+ public:
+  // Opens `path`; throws ModelError naming the file when it cannot be opened.
+  static std::shared_ptr<FileBuffer> open(const std::string& path, bool map_now);
+  ~FileBuffer() override;
+  FileBuffer(const FileBuffer&) = delete;
+  FileBuffer& operator=(const FileBuffer&) = delete;
+
+  const uint8_t* data() const override;
+  uint64_t size() const override { return size_; }
+  int fd() const override { return fd_; }
+  const std::string& path() const override { return path_; }
+  // Identity of the underlying file, to detect the same file reached by two names.
+  uint64_t device() const { return dev_; }
+  uint64_t inode() const { return ino_; }
+
+ private:
+  FileBuffer() = default;
+  std::string path_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+  uint64_t dev_ = 0, ino_ = 0;
+  mutable std::once_flag mapped_once_;
+  mutable const uint8_t* map_ = nullptr;
+};
+
+// A view of [offset, offset+size) in a Buffer that keeps the Buffer alive.
+struct ByteRef {
+  std::shared_ptr<const Buffer> buffer;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+
+  const uint8_t* data() const { return buffer ? buffer->data() + offset : nullptr; }
+  bool empty() const { return size == 0; }
+  static ByteRef owned(std::string bytes) {
+    auto b = std::make_shared<OwnedBuffer>(std::move(bytes));
+    uint64_t n = b->size();
+    return ByteRef{std::move(b), 0, n};
+  }
+};
+
+// Fields of a message that fastopt does not model, kept as their exact encoded bytes
+// (tag included) so that a round trip writes them back unchanged.
+using RawFields = std::vector<ByteRef>;
+
+}  // namespace fastopt

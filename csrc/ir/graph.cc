@@ -1,0 +1,447 @@
+#include "ir/graph.h"
+
+#include <algorithm>
+#include <deque>
+
+#include "ir/error.h"
+
+namespace fastopt {
+
+namespace {
+void erase_use(std::vector<Use>& uses, Use u) {
+  auto it = std::find(uses.begin(), uses.end(), u);
+  if (it != uses.end()) uses.erase(it);
+}
+}  // namespace
+
+AttrType Attribute::kind() const {
+  if (type && *type != 0) return static_cast<AttrType>(*type);
+  if (f) return AttrType::kFloat;
+  if (i) return AttrType::kInt;
+  if (s) return AttrType::kString;
+  if (t) return AttrType::kTensor;
+  if (g) return AttrType::kGraph;
+  if (!floats.empty()) return AttrType::kFloats;
+  if (!ints.empty()) return AttrType::kInts;
+  if (!strings.empty()) return AttrType::kStrings;
+  if (!tensors.empty()) return AttrType::kTensors;
+  if (!graphs.empty()) return AttrType::kGraphs;
+  return AttrType::kUndefined;
+}
+
+const Attribute* Node::attribute(const std::string& n) const {
+  for (const auto& a : attributes) {
+    if (a.name == n) return &a;
+  }
+  return nullptr;
+}
+
+std::vector<Graph*> Node::subgraphs() const {
+  std::vector<Graph*> out;
+  for (const auto& a : attributes) {
+    if (a.g) out.push_back(a.g.get());
+    for (const auto& g : a.graphs) out.push_back(g.get());
+  }
+  return out;
+}
+
+void Node::set_input(int index, Value* v) {
+  if (index < 0 || static_cast<size_t>(index) >= inputs_.size()) {
+    throw ModelError("input index " + std::to_string(index) + " out of range for node '" +
+                     name.value + "'");
+  }
+  if (inputs_[index]) erase_use(inputs_[index]->uses_, Use{this, index});
+  inputs_[index] = v;
+  if (v) v->uses_.push_back(Use{this, index});
+}
+
+std::vector<Node*> Graph::nodes() const {
+  std::vector<Node*> out;
+  out.reserve(node_count_);
+  for (Node* n = head_; n; n = n->next_) out.push_back(n);
+  return out;
+}
+
+std::vector<Value*> Graph::inputs() const {
+  std::vector<Value*> out;
+  for (const auto& e : input_entries) out.push_back(e.value);
+  return out;
+}
+
+std::vector<Value*> Graph::outputs() const {
+  std::vector<Value*> out;
+  for (const auto& e : output_entries) out.push_back(e.value);
+  return out;
+}
+
+Value* Graph::lookup(const std::string& name) const {
+  for (const Graph* g = this; g; g = g->parent_) {
+    auto it = g->scope_.find(name);
+    if (it != g->scope_.end()) return it->second;
+  }
+  return nullptr;
+}
+
+void Graph::define(Value* v) {
+  if (!scope_.emplace(v->name_, v).second) {
+    throw ModelError("value '" + v->name_ + "' is defined more than once in graph '" +
+                     name.value + "'");
+  }
+}
+
+void Graph::add_outer_reference(Value* v) {
+  if (outer_ref_set_.insert(v).second) outer_refs_.push_back(v);
+}
+
+Value* Graph::create_value(const std::string& name) {
+  auto v = std::make_unique<Value>();
+  v->name_ = name;
+  v->graph_ = this;
+  Value* raw = v.get();
+  if (!name.empty()) define(raw);
+  value_storage_.push_back(std::move(v));
+  return raw;
+}
+
+std::string Graph::unique_name(const std::string& base) const {
+  // Names must be unique across the whole model, including enclosing and nested graphs.
+  std::unordered_set<std::string> taken;
+  model_->for_each_graph([&](Graph& g) {
+    for (const auto& kv : g.scope_) taken.insert(kv.first);
+  });
+  if (!taken.count(base)) return base;
+  for (uint64_t i = 1;; ++i) {
+    std::string candidate = base + "_" + std::to_string(i);
+    if (!taken.count(candidate)) return candidate;
+  }
+}
+
+void Graph::link_before(Node* node, Node* before) {
+  if (before == nullptr) {
+    node->prev_ = tail_;
+    node->next_ = nullptr;
+    if (tail_) tail_->next_ = node; else head_ = node;
+    tail_ = node;
+  } else {
+    node->next_ = before;
+    node->prev_ = before->prev_;
+    if (before->prev_) before->prev_->next_ = node; else head_ = node;
+    before->prev_ = node;
+  }
+  ++node_count_;
+}
+
+void Graph::unlink(Node* node) {
+  if (node->prev_) node->prev_->next_ = node->next_; else head_ = node->next_;
+  if (node->next_) node->next_->prev_ = node->prev_; else tail_ = node->prev_;
+  node->prev_ = node->next_ = nullptr;
+  --node_count_;
+}
+
+Node* Graph::append_node(std::unique_ptr<Node> node) {
+  node->graph_ = this;
+  Node* raw = node.get();
+  node_storage_.push_back(std::move(node));
+  link_before(raw, nullptr);
+  return raw;
+}
+
+Node* Graph::create_node(const std::string& op_type, const std::string& domain,
+                         const std::vector<Value*>& inputs,
+                         const std::vector<std::string>& output_names, Node* insert_before) {
+  if (insert_before && insert_before->graph_ != this) {
+    throw ModelError("insert position belongs to another graph");
+  }
+  auto node = std::make_unique<Node>();
+  node->graph_ = this;
+  node->op_type = op_type;
+  node->has_op_type = true;
+  if (!domain.empty()) node->domain.set(domain);
+  Node* raw = node.get();
+  node_storage_.push_back(std::move(node));
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    raw->inputs_.push_back(inputs[i]);
+    if (inputs[i]) inputs[i]->uses_.push_back(Use{raw, static_cast<int>(i)});
+  }
+  for (size_t i = 0; i < output_names.size(); ++i) {
+    if (output_names[i].empty()) {
+      raw->outputs_.push_back(nullptr);
+      continue;
+    }
+    Value* v = create_value(unique_name(output_names[i]));
+    v->producer_ = raw;
+    v->producer_output_ = static_cast<int>(i);
+    raw->outputs_.push_back(v);
+  }
+  link_before(raw, insert_before);
+  return raw;
+}
+
+void Graph::remove_node(Node* node) {
+  if (node->graph_ != this || !node->alive_) throw ModelError("node is not in this graph");
+  for (Value* out : node->outputs_) {
+    if (!out) continue;
+    if (!out->uses_.empty() || out->is_graph_output()) {
+      throw ModelError("cannot remove node '" + node->name.value + "' (" + node->op_type +
+                       "): its output '" + out->name_ + "' is still used");
+    }
+  }
+  for (size_t i = 0; i < node->inputs_.size(); ++i) {
+    if (node->inputs_[i]) erase_use(node->inputs_[i]->uses_, Use{node, static_cast<int>(i)});
+  }
+  for (Value* out : node->outputs_) {
+    if (!out) continue;
+    scope_.erase(out->name_);
+    out->producer_ = nullptr;
+  }
+  unlink(node);
+  node->alive_ = false;
+}
+
+void Graph::replace_all_uses(Value* from, Value* to) {
+  if (from == to) return;
+  std::vector<Use> uses = from->uses_;  // snapshot: set_input edits the list
+  for (const Use& u : uses) u.node->set_input(u.input_index, to);
+  for (auto& e : output_entries) {
+    if (e.value == from) {
+      e.value = to;
+      --from->graph_output_count_;
+      ++to->graph_output_count_;
+    }
+  }
+}
+
+void Graph::rename(Value* v, const std::string& new_name) {
+  if (v->name_ == new_name) return;
+  if (new_name.empty()) throw ModelError("cannot rename a value to the empty name");
+  if (unique_name(new_name) != new_name) {
+    throw ModelError("cannot rename '" + v->name_ + "' to '" + new_name + "': name is taken");
+  }
+  Graph* home = v->graph_;
+  home->scope_.erase(v->name_);
+  v->name_ = new_name;
+  home->scope_.emplace(new_name, v);
+  if (v->initializer_) v->initializer_->name.set(new_name);
+}
+
+Value* Graph::add_initializer(const std::string& name, std::shared_ptr<Tensor> t) {
+  Value* v = create_value(unique_name(name));
+  set_initializer(v, std::move(t));
+  return v;
+}
+
+void Graph::set_initializer(Value* v, std::shared_ptr<Tensor> t) {
+  if (v->producer_) throw ModelError("value '" + v->name_ + "' is produced by a node");
+  if (!v->initializer_) initializer_order.push_back(v);
+  t->name.set(v->name_);
+  v->initializer_ = std::move(t);
+}
+
+void Graph::remove_initializer(Value* v) {
+  if (!v->initializer_) return;
+  v->initializer_.reset();
+  initializer_order.erase(std::remove(initializer_order.begin(), initializer_order.end(), v),
+                          initializer_order.end());
+  if (!v->is_graph_input_) scope_.erase(v->name_);
+}
+
+void Graph::add_output(Value* v) {
+  ValueInfoEntry e;
+  e.value = v;
+  output_entries.push_back(std::move(e));
+  ++v->graph_output_count_;
+}
+
+void Graph::add_input(Value* v) {
+  ValueInfoEntry e;
+  e.value = v;
+  input_entries.push_back(std::move(e));
+  v->is_graph_input_ = true;
+}
+
+namespace {
+// Producers in `g` that `n` depends on, directly or through its subgraphs' outer references.
+template <typename F>
+void for_each_dependency(const Graph* g, Node* n, F&& fn) {
+  for (Value* v : n->inputs()) {
+    if (v && v->producer() && v->producer()->graph() == g) fn(v->producer());
+  }
+  for (Graph* sub : n->subgraphs()) {
+    for (Value* v : sub->outer_references()) {
+      if (v->producer() && v->producer()->graph() == g) fn(v->producer());
+    }
+  }
+}
+}  // namespace
+
+Node* Graph::find_cycle() const {
+  // Kahn's algorithm; any node left over lies on or behind a cycle.
+  std::unordered_map<Node*, int> indegree;
+  std::unordered_map<Node*, std::vector<Node*>> users;
+  for (Node* n = head_; n; n = n->next_) {
+    indegree.emplace(n, 0);
+    for_each_dependency(this, n, [&](Node* p) {
+      ++indegree[n];
+      users[p].push_back(n);
+    });
+  }
+  std::deque<Node*> ready;
+  for (auto& kv : indegree) {
+    if (kv.second == 0) ready.push_back(kv.first);
+  }
+  size_t seen = 0;
+  while (!ready.empty()) {
+    Node* n = ready.front();
+    ready.pop_front();
+    ++seen;
+    for (Node* u : users[n]) {
+      if (--indegree[u] == 0) ready.push_back(u);
+    }
+  }
+  if (seen == indegree.size()) return nullptr;
+  for (Node* n = head_; n; n = n->next_) {
+    if (indegree[n] > 0) return n;
+  }
+  return nullptr;
+}
+
+void Graph::topological_sort() {
+  // Stable: among ready nodes, keep the current order.
+  std::vector<Node*> order = nodes();
+  std::unordered_map<Node*, size_t> position;
+  for (size_t i = 0; i < order.size(); ++i) position[order[i]] = i;
+  std::vector<int> indegree(order.size(), 0);
+  std::vector<std::vector<size_t>> users(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    for_each_dependency(this, order[i], [&](Node* p) {
+      ++indegree[i];
+      users[position[p]].push_back(i);
+    });
+  }
+  std::vector<size_t> heap;  // min-heap of positions
+  auto cmp = [](size_t a, size_t b) { return a > b; };
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (indegree[i] == 0) heap.push_back(i);
+  }
+  std::make_heap(heap.begin(), heap.end(), cmp);
+  std::vector<Node*> sorted;
+  sorted.reserve(order.size());
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), cmp);
+    size_t i = heap.back();
+    heap.pop_back();
+    sorted.push_back(order[i]);
+    for (size_t u : users[i]) {
+      if (--indegree[u] == 0) {
+        heap.push_back(u);
+        std::push_heap(heap.begin(), heap.end(), cmp);
+      }
+    }
+  }
+  if (sorted.size() != order.size()) {
+    Node* bad = find_cycle();
+    throw ModelError("graph '" + name.value + "' has a cycle through node '" +
+                     (bad ? bad->name.value + "' (" + bad->op_type + ")" : std::string("?'")));
+  }
+  head_ = tail_ = nullptr;
+  node_count_ = 0;
+  for (Node* n : sorted) link_before(n, nullptr);
+}
+
+void for_each_subgraph(const Graph& g, const std::function<void(Graph&)>& fn) {
+  for (Node* n = g.first(); n; n = n->next()) {
+    for (Graph* sub : n->subgraphs()) {
+      fn(*sub);
+      for_each_subgraph(*sub, fn);
+    }
+  }
+}
+
+void Model::for_each_graph(const std::function<void(Graph&)>& fn) const {
+  if (graph) {
+    fn(*graph);
+    for_each_subgraph(*graph, fn);
+  }
+  for (const auto& f : functions) {
+    if (f->body) {
+      fn(*f->body);
+      for_each_subgraph(*f->body, fn);
+    }
+  }
+}
+
+std::map<std::string, int64_t> Model::op_counts() const {
+  std::map<std::string, int64_t> counts;
+  for_each_graph([&](Graph& g) {
+    for (Node* n = g.first(); n; n = n->next()) {
+      const std::string& d = n->domain.value;
+      bool standard = d.empty() || d == "ai.onnx";
+      ++counts[standard ? n->op_type : d + "::" + n->op_type];
+    }
+  });
+  return counts;
+}
+
+void Model::verify() const {
+  for_each_graph([&](Graph& g) {
+    const std::string gname = "graph '" + g.name.value + "'";
+    size_t count = 0;
+    for (Node* n = g.first(); n; n = n->next()) {
+      ++count;
+      if (!n->alive()) throw ModelError(gname + " links a removed node");
+      if (n->graph() != &g) throw ModelError(gname + " holds a node of another graph");
+      for (size_t i = 0; i < n->inputs().size(); ++i) {
+        Value* v = n->inputs()[i];
+        if (!v) continue;
+        const auto& uses = v->uses();
+        if (std::find(uses.begin(), uses.end(), Use{n, static_cast<int>(i)}) == uses.end()) {
+          throw ModelError("use list of '" + v->name() + "' misses node '" + n->name.value + "'");
+        }
+        if (v->name().empty() || g.lookup(v->name()) != v) {
+          throw ModelError("node '" + n->name.value + "' (" + n->op_type + ") reads '" +
+                           v->name() + "', which is not defined in scope");
+        }
+        if (v->producer() && !v->producer()->alive()) {
+          throw ModelError("'" + v->name() + "' is produced by a removed node");
+        }
+      }
+      for (size_t i = 0; i < n->outputs().size(); ++i) {
+        Value* v = n->outputs()[i];
+        if (v && (v->producer() != n || v->producer_output() != static_cast<int>(i))) {
+          throw ModelError("output '" + v->name() + "' does not point back to its producer");
+        }
+      }
+    }
+    if (count != g.node_count()) throw ModelError(gname + " node count is inconsistent");
+    for (const auto& kv : g.scope()) {
+      for (const Use& u : kv.second->uses()) {
+        if (!u.node->alive() || u.input_index < 0 ||
+            static_cast<size_t>(u.input_index) >= u.node->inputs().size() ||
+            u.node->inputs()[u.input_index] != kv.second) {
+          throw ModelError("use list of '" + kv.first + "' holds a stale use");
+        }
+      }
+    }
+    for (const auto& e : g.output_entries) {
+      if (e.value && g.lookup(e.value->name()) != e.value) {
+        throw ModelError(gname + " output '" + e.value->name() + "' is not defined");
+      }
+    }
+    if (Node* bad = g.find_cycle()) {
+      throw ModelError(gname + " has a cycle through node '" + bad->name.value + "' (" +
+                       bad->op_type + ")");
+    }
+  });
+}
+
+std::string dtype_name(int32_t t) {
+  static const char* names[] = {
+      "undefined", "float", "uint8", "int8", "uint16", "int16", "int32", "int64", "string",
+      "bool", "float16", "double", "uint32", "uint64", "complex64", "complex128", "bfloat16",
+      "float8e4m3fn", "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz", "uint4", "int4",
+      "float4e2m1", "float8e8m0", "uint2", "int2"};
+  if (t >= 0 && t < static_cast<int32_t>(sizeof(names) / sizeof(names[0]))) return names[t];
+  return "dtype" + std::to_string(t);
+}
+
+}  // namespace fastopt

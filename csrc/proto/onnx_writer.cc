@@ -1,0 +1,441 @@
+#include "proto/onnx_writer.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+
+#include "ir/error.h"
+#include "proto/onnx_fields.h"
+#include "proto/wire.h"
+
+namespace fastopt {
+
+namespace {
+
+constexpr uint64_t kProtobufLimit = (1ull << 31) - 1;  // protobuf refuses messages of 2 GB+
+
+std::string errno_text() { return std::strerror(errno); }
+
+std::string basename_of(const std::string& p) {
+  auto slash = p.find_last_of('/');
+  return slash == std::string::npos ? p : p.substr(slash + 1);
+}
+
+std::string dirname_of(const std::string& p) {
+  auto slash = p.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return p.substr(0, slash);
+}
+
+// A file being written under a temporary name in its final folder.
+class TempFile {
+ public:
+  TempFile(const std::string& final_path) : final_(final_path) {
+    std::string pattern = dirname_of(final_path) + "/." + basename_of(final_path) + ".tmp-XXXXXX";
+    std::vector<char> buf(pattern.begin(), pattern.end());
+    buf.push_back('\0');
+    fd_ = ::mkstemp(buf.data());
+    if (fd_ < 0) {
+      throw ModelError("cannot create a file in '" + dirname_of(final_path) + "': " +
+                       errno_text());
+    }
+    temp_.assign(buf.data());
+    mode_t mask = ::umask(0);
+    ::umask(mask);
+    ::fchmod(fd_, 0666 & ~mask);
+  }
+  ~TempFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_) ::unlink(temp_.c_str());
+  }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+
+  uint64_t size() const { return size_; }
+
+  void write(const void* p, uint64_t n) {
+    const char* c = static_cast<const char*>(p);
+    while (n > 0) {
+      ssize_t w = ::write(fd_, c, n > (1u << 30) ? (1u << 30) : n);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        throw ModelError("cannot write '" + final_ + "': " + errno_text());
+      }
+      c += w;
+      n -= static_cast<uint64_t>(w);
+      size_ += static_cast<uint64_t>(w);
+    }
+  }
+
+  void zeros(uint64_t n) {
+    static const char kZeros[4096] = {};
+    while (n > 0) {
+      uint64_t k = n < sizeof(kZeros) ? n : sizeof(kZeros);
+      write(kZeros, k);
+      n -= k;
+    }
+  }
+
+  // Copies a byte range of a source in the kernel when it is file-backed.
+  void copy(const ByteRef& ref) {
+    int src = ref.buffer->fd();
+    if (src >= 0 && can_copy_range_) {
+      loff_t in_off = static_cast<loff_t>(ref.offset);
+      uint64_t left = ref.size;
+      while (left > 0) {
+        ssize_t n = ::copy_file_range(src, &in_off, fd_, nullptr, left, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;  // unsupported here (or end of file): finish through memory
+        left -= static_cast<uint64_t>(n);
+        size_ += static_cast<uint64_t>(n);
+      }
+      if (left == 0) return;
+      can_copy_range_ = false;
+      write(ref.data() + (ref.size - left), left);
+      return;
+    }
+    write(ref.data(), ref.size);
+  }
+
+  void commit() {
+    if (::close(fd_) != 0) {
+      fd_ = -1;
+      throw ModelError("cannot write '" + final_ + "': " + errno_text());
+    }
+    fd_ = -1;
+    if (::rename(temp_.c_str(), final_.c_str()) != 0) {
+      throw ModelError("cannot move the written file to '" + final_ + "': " + errno_text());
+    }
+    committed_ = true;
+  }
+
+ private:
+  std::string final_, temp_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+  bool committed_ = false;
+  bool can_copy_range_ = true;
+};
+
+void write_pieces(TempFile& out, const wire::Writer& w) {
+  for (const auto& piece : w.pieces()) {
+    if (piece.ref.buffer) out.copy(piece.ref);
+    else out.write(piece.bytes.data(), piece.bytes.size());
+  }
+}
+
+// External data files being written: tensors are appended as the model is serialized.
+class DataFiles {
+ public:
+  DataFiles(std::string folder, std::string location, const SaveOptions& opt)
+      : folder_(std::move(folder)), location_(std::move(location)), opt_(opt) {}
+
+  struct Placement {
+    std::string location;
+    uint64_t offset;
+  };
+
+  Placement add(const ByteRef& bytes) {
+    if (files_.empty() || (opt_.max_file_bytes > 0 && files_.back().file->size() > 0 &&
+                           padded(files_.back().file->size()) + bytes.size >
+                               opt_.max_file_bytes)) {
+      std::string name = files_.empty() ? location_
+                                        : location_ + "." + std::to_string(files_.size());
+      files_.push_back({name, std::make_unique<TempFile>(folder_ + "/" + name)});
+    }
+    TempFile& f = *files_.back().file;
+    f.zeros(padded(f.size()) - f.size());
+    uint64_t offset = f.size();
+    f.copy(bytes);
+    return {files_.back().name, offset};
+  }
+
+  void commit() {
+    for (auto& f : files_) f.file->commit();
+  }
+
+ private:
+  uint64_t padded(uint64_t n) const {
+    return opt_.align > 1 ? (n + opt_.align - 1) / opt_.align * opt_.align : n;
+  }
+  struct Entry {
+    std::string name;
+    std::unique_ptr<TempFile> file;
+  };
+  std::string folder_, location_;
+  const SaveOptions& opt_;
+  std::vector<Entry> files_;
+};
+
+class ModelWriter {
+ public:
+  ModelWriter(const Model& m, DataFiles* data, uint64_t threshold)
+      : model_(m), data_(data), threshold_(threshold) {}
+
+  wire::Writer model() {
+    namespace f = field::model;
+    const Model& m = model_;
+    wire::Writer w;
+    if (m.ir_version) w.int_field(f::kIrVersion, *m.ir_version);
+    if (m.producer_name.written()) w.string_field(f::kProducerName, m.producer_name.value);
+    if (m.producer_version.written()) {
+      w.string_field(f::kProducerVersion, m.producer_version.value);
+    }
+    if (m.domain.written()) w.string_field(f::kDomain, m.domain.value);
+    if (m.model_version) w.int_field(f::kModelVersion, *m.model_version);
+    if (m.doc_string.written()) w.string_field(f::kDocString, m.doc_string.value);
+    if (m.graph) w.message(f::kGraph, graph(*m.graph));
+    for (const auto& o : m.opset_import) w.message(f::kOpsetImport, opset(o));
+    for (const auto& kv : m.metadata_props) w.message(f::kMetadataProps, entry(kv.first, kv.second));
+    w.raw_fields(m.metadata_extras);
+    for (const auto& fn : m.functions) w.message(f::kFunctions, function(*fn));
+    w.raw_fields(m.extras);
+    return w;
+  }
+
+ private:
+  static wire::Writer entry(const std::string& k, const std::string& v) {
+    wire::Writer w;
+    w.string_field(field::entry::kKey, k);
+    w.string_field(field::entry::kValue, v);
+    return w;
+  }
+
+  static wire::Writer opset(const OpsetId& o) {
+    wire::Writer w;
+    if (o.domain.written()) w.string_field(field::opset::kDomain, o.domain.value);
+    if (o.version) w.int_field(field::opset::kVersion, *o.version);
+    w.raw_fields(o.extras);
+    return w;
+  }
+
+  static wire::Writer type(const TypeInfo& t) {
+    wire::Writer w;
+    if (!t.encoded.empty() || !t.is_tensor) {
+      w.append_ref(t.encoded);
+      return w;
+    }
+    namespace ft = field::type;
+    wire::Writer tensor;
+    if (t.elem_type) tensor.int_field(ft::tensor::kElemType, t.elem_type);
+    if (t.has_shape) {
+      wire::Writer shape;
+      for (const Dim& d : t.dims) {
+        wire::Writer dim;
+        if (d.value) dim.int_field(ft::dim::kValue, *d.value);
+        else if (d.param) dim.string_field(ft::dim::kParam, *d.param);
+        shape.message(ft::shape::kDim, std::move(dim));
+      }
+      tensor.message(ft::tensor::kShape, std::move(shape));
+    }
+    w.message(ft::kTensorType, std::move(tensor));
+    return w;
+  }
+
+  static wire::Writer value_info(const ValueInfoEntry& e) {
+    wire::Writer w;
+    const std::string& name = e.value ? e.value->name() : e.orphan_name;
+    w.string_field(field::value_info::kName, name);
+    const TypeInfo& t = e.own_type ? *e.own_type : e.value->type;
+    if (t.known) w.message(field::value_info::kType, type(t));
+    w.raw_fields(e.extras);
+    return w;
+  }
+
+  wire::Writer tensor(const Tensor& t) {
+    namespace ft = field::tensor;
+    wire::Writer w;
+    w.packed_ints(ft::kDims, t.dims);
+    if (t.data_type) w.int_field(ft::kDataType, *t.data_type);
+    if (t.name.written()) w.string_field(ft::kName, t.name.value);
+    std::optional<int32_t> location = t.data_location;
+    const bool has_bytes = t.storage == Tensor::Storage::kRaw ||
+                           t.storage == Tensor::Storage::kExternal;
+    if (has_bytes) {
+      ByteRef bytes = t.storage == Tensor::Storage::kRaw
+                          ? t.raw
+                          : ByteRef{t.external->file, t.external->offset, t.external->length};
+      if (data_ && bytes.size >= threshold_) {
+        auto placed = data_->add(bytes);
+        w.message(ft::kExternalData, entry("location", placed.location));
+        w.message(ft::kExternalData, entry("offset", std::to_string(placed.offset)));
+        w.message(ft::kExternalData, entry("length", std::to_string(bytes.size)));
+        location = ft::kLocationExternal;
+      } else {
+        w.bytes_field(ft::kRawData, bytes);
+        // Inlined external data reads back as DEFAULT, exactly as onnx.load leaves it.
+        if (t.storage == Tensor::Storage::kExternal) location = ft::kLocationDefault;
+      }
+    } else {
+      w.raw_fields(t.typed);
+      if (t.external) {  // inert entries of a non-external tensor
+        for (const auto& kv : t.external->entries) {
+          w.message(ft::kExternalData, entry(kv.first, kv.second));
+        }
+      }
+    }
+    if (location) w.int_field(ft::kDataLocation, *location);
+    w.raw_fields(t.extras);
+    return w;
+  }
+
+  wire::Writer sparse(const SparseTensor& s) {
+    wire::Writer w;
+    if (s.values) w.message(field::sparse::kValues, tensor(*s.values));
+    if (s.indices) w.message(field::sparse::kIndices, tensor(*s.indices));
+    w.packed_ints(field::sparse::kDims, s.dims);
+    w.raw_fields(s.extras);
+    return w;
+  }
+
+  wire::Writer attribute(const Attribute& a) {
+    namespace fa = field::attr;
+    wire::Writer w;
+    w.string_field(fa::kName, a.name);
+    if (a.f) w.float_field(fa::kF, *a.f);
+    if (a.i) w.int_field(fa::kI, *a.i);
+    if (a.s) w.string_field(fa::kS, *a.s);
+    if (a.t) w.message(fa::kT, tensor(*a.t));
+    if (a.g) w.message(fa::kG, graph(*a.g));
+    w.packed_floats(fa::kFloats, a.floats);
+    w.packed_ints(fa::kInts, a.ints);
+    for (const auto& s : a.strings) w.string_field(fa::kStrings, s);
+    for (const auto& t : a.tensors) w.message(fa::kTensors, tensor(*t));
+    for (const auto& g : a.graphs) w.message(fa::kGraphs, graph(*g));
+    if (a.type) w.int_field(fa::kType, *a.type);
+    if (a.ref_attr_name.written()) w.string_field(fa::kRefAttrName, a.ref_attr_name.value);
+    w.raw_fields(a.extras);
+    return w;
+  }
+
+  wire::Writer node(const Node& n) {
+    namespace fn = field::node;
+    wire::Writer w;
+    static const std::string kEmpty;
+    for (Value* v : n.inputs()) w.string_field(fn::kInput, v ? v->name() : kEmpty);
+    for (Value* v : n.outputs()) w.string_field(fn::kOutput, v ? v->name() : kEmpty);
+    if (n.name.written()) w.string_field(fn::kName, n.name.value);
+    if (n.has_op_type || !n.op_type.empty()) w.string_field(fn::kOpType, n.op_type);
+    for (const auto& a : n.attributes) w.message(fn::kAttribute, attribute(a));
+    if (n.domain.written()) w.string_field(fn::kDomain, n.domain.value);
+    if (n.overload.written()) w.string_field(fn::kOverload, n.overload.value);
+    w.raw_fields(n.extras);
+    return w;
+  }
+
+  // Entries naming values that no longer exist in the graph (removed by a pass) are dropped.
+  static bool live(const Graph& g, const ValueInfoEntry& e) {
+    return !e.value || g.lookup(e.value->name()) == e.value;
+  }
+
+  wire::Writer graph(const Graph& g) {
+    namespace fg = field::graph;
+    wire::Writer w;
+    for (Node* n = g.first(); n; n = n->next()) w.message(fg::kNode, node(*n));
+    if (g.name.written()) w.string_field(fg::kName, g.name.value);
+    for (Value* v : g.initializer_order) w.message(fg::kInitializer, tensor(*v->initializer()));
+    w.raw_fields(g.extras);
+    for (const auto& e : g.input_entries) w.message(fg::kInput, value_info(e));
+    for (const auto& e : g.output_entries) w.message(fg::kOutput, value_info(e));
+    for (const auto& e : g.value_info_entries) {
+      if (live(g, e)) w.message(fg::kValueInfo, value_info(e));
+    }
+    for (Value* v : g.sparse_initializer_order) {
+      w.message(fg::kSparseInitializer, sparse(*v->sparse_initializer()));
+    }
+    return w;
+  }
+
+  wire::Writer function(const Function& f) {
+    namespace ff = field::function;
+    wire::Writer w;
+    const Graph& g = *f.body;
+    if (f.name.written()) w.string_field(ff::kName, f.name.value);
+    for (const auto& e : g.input_entries) w.string_field(ff::kInput, e.value->name());
+    for (const auto& e : g.output_entries) w.string_field(ff::kOutput, e.value->name());
+    for (const auto& a : f.attribute_names) w.string_field(ff::kAttribute, a);
+    for (Node* n = g.first(); n; n = n->next()) w.message(ff::kNode, node(*n));
+    for (const auto& o : f.opset_import) w.message(ff::kOpsetImport, opset(o));
+    if (f.domain.written()) w.string_field(ff::kDomain, f.domain.value);
+    for (const auto& a : f.attribute_defaults) w.message(ff::kAttributeProto, attribute(a));
+    for (const auto& e : g.value_info_entries) {
+      if (live(g, e)) w.message(ff::kValueInfo, value_info(e));
+    }
+    if (f.overload.written()) w.string_field(ff::kOverload, f.overload.value);
+    w.raw_fields(f.extras);
+    return w;
+  }
+
+  const Model& model_;
+  DataFiles* data_;
+  uint64_t threshold_;
+};
+
+std::string too_big(uint64_t size) {
+  return "a self-contained model would be " + std::to_string(size) +
+         " bytes, over protobuf's 2 GB limit; save it with external data";
+}
+
+}  // namespace
+
+uint64_t self_contained_size(const Model& model) {
+  return ModelWriter(model, nullptr, 0).model().size();
+}
+
+std::string serialize_model(const Model& model) {
+  wire::Writer w = ModelWriter(model, nullptr, 0).model();
+  if (w.size() > kProtobufLimit) throw ModelError(too_big(w.size()));
+  std::string out;
+  out.reserve(w.size());
+  for (const auto& piece : w.pieces()) {
+    if (piece.ref.buffer) out.append(reinterpret_cast<const char*>(piece.ref.data()), piece.ref.size);
+    else out.append(piece.bytes);
+  }
+  return out;
+}
+
+void write_model_file(const Model& model, const std::string& path, const SaveOptions& options) {
+  if (path.empty()) throw ModelError("output path is empty");
+  const std::string folder = dirname_of(path);
+  struct stat st {};
+  if (::stat(folder.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    throw ModelError("output folder '" + folder + "' does not exist");
+  }
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    throw ModelError("output path '" + path + "' is a directory");
+  }
+
+  if (options.external != SaveOptions::External::kAlways) {
+    wire::Writer w = ModelWriter(model, nullptr, 0).model();
+    if (w.size() <= kProtobufLimit) {
+      TempFile out(path);
+      write_pieces(out, w);
+      out.commit();
+      return;
+    }
+    if (options.external == SaveOptions::External::kNever) throw ModelError(too_big(w.size()));
+  }
+
+  std::string location = options.location.empty() ? basename_of(path) + ".data" : options.location;
+  if (location.find('/') != std::string::npos || location == "." || location == "..") {
+    throw ModelError("external data location '" + location +
+                     "' must be a plain file name in the output folder");
+  }
+  DataFiles data(folder, location, options);
+  wire::Writer w = ModelWriter(model, &data, options.size_threshold).model();
+  if (w.size() > kProtobufLimit) {
+    throw ModelError("the model's graph alone is " + std::to_string(w.size()) +
+                     " bytes, over protobuf's 2 GB limit, even with external data");
+  }
+  TempFile out(path);
+  write_pieces(out, w);
+  data.commit();  // data first: the model file only appears once its data is in place
+  out.commit();
+}
+
+}  // namespace fastopt

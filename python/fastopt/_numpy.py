@@ -1,0 +1,61 @@
+"""Tensor bytes -> numpy arrays, without copying where the bytes allow it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from fastopt._C import Tensor
+
+_NUMPY_TYPES: dict[int, Any] = {
+    1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32,
+    7: np.int64, 9: np.bool_, 10: np.float16, 11: np.float64, 12: np.uint32, 13: np.uint64,
+    14: np.complex64, 15: np.complex128,
+}
+# Types numpy lacks come from ml_dtypes (a dependency of onnx).
+_ML_DTYPES_NAMES = {
+    16: "bfloat16", 17: "float8_e4m3fn", 18: "float8_e4m3fnuz", 19: "float8_e5m2",
+    20: "float8_e5m2fnuz", 24: "float8_e8m0fnu",
+}
+_SUB_BYTE = {21: ("uint4", 4), 22: ("int4", 4), 23: ("float4_e2m1fn", 4), 25: ("uint2", 2),
+             26: ("int2", 2)}
+_STRING = 8
+
+
+def _ml_dtype(name: str) -> Any:
+    import ml_dtypes
+
+    return getattr(ml_dtypes, name)
+
+
+def numpy_dtype(onnx_type: int) -> Any:
+    """The numpy dtype of an ONNX element type."""
+    if onnx_type in _NUMPY_TYPES:
+        return np.dtype(_NUMPY_TYPES[onnx_type])
+    if onnx_type in _ML_DTYPES_NAMES:
+        return np.dtype(_ml_dtype(_ML_DTYPES_NAMES[onnx_type]))
+    if onnx_type in _SUB_BYTE:
+        return np.dtype(_ml_dtype(_SUB_BYTE[onnx_type][0]))
+    if onnx_type == _STRING:
+        return np.dtype(object)
+    raise ValueError(f"unsupported ONNX element type {onnx_type}")
+
+
+def tensor_to_numpy(tensor: Tensor) -> np.ndarray:
+    shape = tuple(tensor.shape)
+    dtype = tensor.dtype
+    if dtype == _STRING:
+        return np.array(tensor.strings(), dtype=object).reshape(shape)
+    data = np.frombuffer(tensor.raw_bytes(), dtype=np.uint8)
+    if dtype in _SUB_BYTE:
+        # Packed low nibble first (or 2-bit groups low bits first); unpacking copies.
+        name, bits = _SUB_BYTE[dtype]
+        count = int(np.prod(shape, dtype=np.int64))
+        per_byte = 8 // bits
+        mask = (1 << bits) - 1
+        parts = [(data >> (bits * i)) & mask for i in range(per_byte)]
+        codes = np.stack(parts, axis=-1).reshape(-1)[:count]
+        return codes.astype(np.uint8).view(_ml_dtype(name)).reshape(shape)
+    return data.view(numpy_dtype(dtype)).reshape(shape)

@@ -1,0 +1,371 @@
+"""External data: reading the layouts exporters write, and every way fastopt writes it.
+
+Input layouts (all valid ONNX): one data file, one file per tensor (some without offset/length),
+one file with unaligned offsets, gaps and tensors out of order, 4096-aligned offsets, and what
+`onnx.save_model(save_as_external_data=True, convert_attribute=True)` writes.
+The input always lives in `tmp/in/`, the output in `tmp/out/`; after saving, the input folder is
+renamed away so the output can only work if it stands on its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import fastopt
+import numpy as np
+import onnx
+import pytest
+from conftest import (
+    assert_outputs_identical,
+    assert_proto_equal,
+    run_ort,
+    tensor_protos,
+    without_weights,
+)
+from onnx import TensorProto, external_data_helper, helper, numpy_helper
+
+_rng = np.random.default_rng(7)
+ARRAYS: dict[str, np.ndarray] = {
+    "w_f32": _rng.standard_normal((64, 64)).astype(np.float32),  # 16 KiB
+    "w_i64": _rng.integers(-(2**40), 2**40, 300),
+    "w_f16": _rng.standard_normal((40, 40)).astype(np.float16),
+    "w_u8": _rng.integers(0, 256, 5000, dtype=np.uint8),
+    "w_bool": _rng.random(2000) < 0.5,
+    "small": np.array([1.0, -2.0, 3.0], np.float32),  # below every threshold: always inline
+}
+CONST = np.linspace(-1, 1, 1024, dtype=np.float32)  # a Constant node's tensor attribute, 4 KiB
+EXTERNAL = [n for n in ARRAYS if n != "small"]
+LAYOUTS = ["one_file", "many_files", "offsets", "aligned", "onnx_saved"]
+FEEDS = {"X": _rng.standard_normal((64, 64)).astype(np.float32)}
+
+
+def _model() -> onnx.ModelProto:
+    nodes = [helper.make_node("Add", ["X", "w_f32"], ["Y"], name="add"),
+             helper.make_node("Constant", [], ["const_out"], name="const",
+                              value=numpy_helper.from_array(CONST, "const"))]
+    nodes += [helper.make_node("Identity", [n], [f"{n}_out"], name=f"id_{n}") for n in ARRAYS]
+    outputs = [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [64, 64])]
+    outputs += [helper.make_tensor_value_info(f"{n}_out", helper.np_dtype_to_tensor_dtype(a.dtype),
+                                              a.shape) for n, a in ARRAYS.items()]
+    outputs.append(helper.make_tensor_value_info("const_out", TensorProto.FLOAT, [1024]))
+    graph = helper.make_graph(
+        nodes, "ext", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [64, 64])], outputs,
+        [numpy_helper.from_array(a, n) for n, a in ARRAYS.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def write_layout(folder: Path, layout: str) -> Path:
+    """Write the test model into `folder` with the weights stored as `layout` says."""
+    folder.mkdir(parents=True)
+    model, path = _model(), folder / "model.onnx"
+    if layout == "onnx_saved":
+        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location="model.onnx.data", size_threshold=1024, convert_attribute=True)
+        return path
+    rng = np.random.default_rng(3)
+    files: dict[str, bytearray] = {}
+    by_name = {t.name: t for t in model.graph.initializer}
+    for i, name in enumerate(EXTERNAL[::-1] if layout == "offsets" else EXTERNAL):
+        t = by_name[name]
+        location = f"data/{name}.bin" if layout == "many_files" else "weights.bin"
+        buf = files.setdefault(location, bytearray())
+        if layout == "offsets":
+            buf += rng.bytes(int(rng.integers(1, 100)))  # junk between tensors
+        elif layout == "aligned":
+            buf += bytes(-len(buf) % 4096)
+        offset, length = len(buf), len(t.raw_data)
+        buf += t.raw_data
+        if layout == "many_files" and i % 2:  # no offset / length: the whole file
+            external_data_helper.set_external_data(t, location)
+        else:
+            external_data_helper.set_external_data(t, location, offset=offset, length=length)
+        t.ClearField("raw_data")
+        t.data_location = TensorProto.EXTERNAL
+    for location, data in files.items():
+        if layout == "offsets":
+            data += b"trailing junk"
+        (folder / location).parent.mkdir(parents=True, exist_ok=True)
+        (folder / location).write_bytes(bytes(data))
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def values(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    return {t.name: numpy_helper.to_array(t) for t in tensor_protos(model.graph)}
+
+
+def external_tensors(model: onnx.ModelProto) -> dict[str, dict[str, str]]:
+    return {t.name: {e.key: e.value for e in t.external_data}
+            for t in tensor_protos(model.graph) if t.data_location == TensorProto.EXTERNAL}
+
+
+def assert_expected_values(model: onnx.ModelProto) -> None:
+    got = values(model)
+    assert sorted(got) == sorted([*ARRAYS, "const"])
+    for name, expected in [*ARRAYS.items(), ("const", CONST)]:
+        assert got[name].dtype == expected.dtype, name
+        np.testing.assert_array_equal(got[name], expected, strict=True, err_msg=name)
+
+
+@pytest.fixture(params=LAYOUTS)
+def layout(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+def src(tmp_path: Path, layout: str) -> Path:
+    return write_layout(tmp_path / "in", layout)
+
+
+def test_layouts_are_valid_onnx(src: Path) -> None:
+    onnx.checker.check_model(str(src), full_check=True)
+    assert_expected_values(onnx.load(str(src)))
+    run_ort(src, FEEDS)
+
+
+def test_load_external_views(src: Path, layout: str) -> None:
+    before = digest(src.parent)
+    m = fastopt.load(str(src))
+    expected_files = {str(p.resolve()) for p in src.parent.rglob("*")
+                      if p.is_file() and p.name != "model.onnx"}
+    assert {str(Path(f).resolve()) for f in m.external_data_files()} == expected_files
+    assert all(os.path.isabs(f) for f in m.external_data_files())
+    for name, expected in ARRAYS.items():
+        t = m.graph.initializer(name)
+        assert t is not None and t.name == name
+        assert t.is_external == (name != "small"), name
+        assert t.dtype == helper.np_dtype_to_tensor_dtype(expected.dtype)
+        assert tuple(t.shape) == expected.shape
+        assert t.nbytes == expected.nbytes
+        arr = t.numpy()
+        np.testing.assert_array_equal(arr, expected, strict=True)
+        # zero copy: a read-only view of the mapped bytes (raw_data or external file)
+        assert not arr.flags.owndata, name
+        assert not arr.flags.writeable, name
+        with pytest.raises(ValueError):
+            arr[...] = 0
+    const = next(n for n in m.graph.nodes if n.op_type == "Constant").attributes["value"]
+    assert const.is_external == (layout == "onnx_saved")
+    np.testing.assert_array_equal(const.numpy(), CONST, strict=True)
+    assert digest(src.parent) == before
+
+
+def _check_output(out: Path, src: Path, expected_ort: list[Any]) -> onnx.ModelProto:
+    """The saved model equals the input up to where the bytes live, and runs the same."""
+    shutil.move(src.parent, src.parent.with_name("moved_away"))  # the output must not need it
+    saved = onnx.load(str(out))
+    assert_expected_values(saved)
+    original = onnx.load(str(src.parent.with_name("moved_away") / src.name))
+    assert_proto_equal(without_weights(original), without_weights(saved))
+    assert_outputs_identical(expected_ort, run_ort(out, FEEDS))
+    reloaded = fastopt.load(str(out))
+    for name in ARRAYS:
+        np.testing.assert_array_equal(reloaded.graph.initializer(name).numpy(), ARRAYS[name])
+    for info in external_tensors(onnx.load(str(out), load_external_data=False)).values():
+        location = Path(info["location"])
+        assert not location.is_absolute() and ".." not in location.parts
+        assert (out.parent / location).is_file()
+    return onnx.load(str(out), load_external_data=False)
+
+
+@pytest.mark.parametrize("external_data", [None, False])
+def test_save_self_contained(src: Path, tmp_path: Path, external_data: bool | None) -> None:
+    before, expected_ort = digest(src.parent), run_ort(src, FEEDS)
+    (tmp_path / "out").mkdir()
+    out = tmp_path / "out" / "model.onnx"
+    m = fastopt.load(str(src))
+    m.save(str(out), external_data=external_data)
+    assert digest(src.parent) == before
+    assert sorted(p.name for p in out.parent.iterdir()) == ["model.onnx"]
+    saved = _check_output(out, src, expected_ort)
+    assert external_tensors(saved) == {}
+    assert fastopt.load(str(out)).external_data_files() == []
+
+
+SAVE_VARIANTS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "location": {"location": "weights.custom"},
+    "align": {"align": 4096},
+    "threshold0": {"size_threshold": 0},
+    "split": {"max_file_bytes": 20_000},
+    "split_aligned": {"max_file_bytes": 20_000, "align": 64},
+}
+
+
+@pytest.mark.parametrize("variant", list(SAVE_VARIANTS))
+def test_save_external(src: Path, tmp_path: Path, variant: str) -> None:
+    kwargs = SAVE_VARIANTS[variant]
+    before, expected_ort = digest(src.parent), run_ort(src, FEEDS)
+    (tmp_path / "out").mkdir()
+    out = tmp_path / "out" / "model.onnx"
+    m = fastopt.load(str(src))
+    m.save(str(out), external_data=True, **kwargs)
+    assert digest(src.parent) == before
+
+    written = {p.name for p in out.parent.iterdir()}
+    saved = _check_output(out, src, expected_ort)
+    ext = external_tensors(saved)
+    threshold = kwargs.get("size_threshold", 1024)
+    big = {n for n, a in [*ARRAYS.items(), ("const", CONST)] if a.nbytes >= threshold}
+    assert "small" not in big or threshold == 0
+    # Whether a Constant's tensor attribute goes external is the writer's choice; initializers
+    # at or over size_threshold must, the others must stay inline.
+    assert set(ext) - {"const"} == big - {"const"}
+    locations = {info["location"] for info in ext.values()}
+    assert written == {"model.onnx", *locations}, "no temp or stray files"
+    if "max_file_bytes" in kwargs:
+        assert len(locations) >= 2
+        assert all((out.parent / f).stat().st_size <= kwargs["max_file_bytes"] for f in locations)
+    else:
+        assert locations == {kwargs.get("location", "model.onnx.data")}
+    for info in ext.values():
+        assert int(info.get("offset", 0)) % max(kwargs.get("align", 1), 1) == 0
+    reloaded = fastopt.load(str(out))
+    assert {Path(f).name for f in reloaded.external_data_files()} == locations
+    assert all(reloaded.graph.initializer(n).is_external == (n in big) for n in ARRAYS)
+
+
+def test_save_to_nested_directory_then_delete_input(tmp_path: Path) -> None:
+    src = write_layout(tmp_path / "in", "one_file")
+    expected_ort = run_ort(src, FEEDS)
+    m = fastopt.load(str(src))
+    out = tmp_path / "a" / "b" / "model.onnx"
+    out.parent.mkdir(parents=True)
+    m.save(str(out), external_data=True)
+    shutil.rmtree(tmp_path / "in")
+    assert_expected_values(onnx.load(str(out)))
+    assert_outputs_identical(expected_ort, run_ort(out, FEEDS))
+    # The loaded model still reads the (now unlinked) input through its mapping.
+    np.testing.assert_array_equal(m.graph.initializer("w_f32").numpy(), ARRAYS["w_f32"])
+
+
+# --- saving over the input itself -----------------------------------------------------------------
+
+_OVERWRITE_SCRIPT = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import fastopt
+
+    path, external = sys.argv[1], sys.argv[2] == "1"
+    m = fastopt.load(path)
+    views = {t.name: t.numpy() for t in m.graph.initializer}
+    copies = {name: np.array(v) for name, v in views.items()}
+    m.save(path, external_data=external)
+    # The input was replaced by a rename, not rewritten in place: old views still read old bytes.
+    for name, v in views.items():
+        np.testing.assert_array_equal(v, copies[name])
+    for t in fastopt.load(path).graph.initializer:
+        np.testing.assert_array_equal(t.numpy(), copies[t.name])
+    print("ok")
+""")
+
+
+@pytest.mark.parametrize(("layout_name", "external"), [
+    ("inline", False), ("onnx_saved", True), ("onnx_saved", False), ("one_file", True)])
+def test_save_over_input(tmp_path: Path, layout_name: str, external: bool) -> None:
+    """Runs in a child process: writing over a mapped file in place would crash with SIGBUS."""
+    folder = tmp_path / "m"
+    if layout_name == "inline":
+        folder.mkdir()
+        src = folder / "model.onnx"
+        onnx.save_model(_model(), str(src))
+    else:
+        src = write_layout(folder, layout_name)
+    expected_ort = run_ort(src, FEEDS)
+    before = digest(folder)
+    proc = subprocess.run([sys.executable, "-c", _OVERWRITE_SCRIPT, str(src), str(int(external))],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
+    saved = onnx.load(str(src))
+    assert_expected_values(saved)
+    assert_outputs_identical(expected_ort, run_ort(src, FEEDS))
+    after = digest(folder)
+    saved_refs = external_tensors(onnx.load(str(src), load_external_data=False))
+    refs = {info["location"] for info in saved_refs.values()}
+    # Only the model and the data files it now references may have changed; nothing else appears.
+    assert set(after) == set(before) | refs
+    unchanged = set(before) - refs - {"model.onnx"}
+    assert all(after[f] == before[f] for f in unchanged)
+
+
+# --- failures leave nothing behind ----------------------------------------------------------------
+
+
+@pytest.fixture
+def loaded(tmp_path: Path) -> Any:
+    return fastopt.load(str(write_layout(tmp_path / "in", "one_file")))
+
+
+@pytest.mark.parametrize("external_data", [False, True])
+def test_save_into_missing_directory(loaded: Any, tmp_path: Path, external_data: bool) -> None:
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises((fastopt.ModelError, OSError)):
+        loaded.save(str(tmp_path / "missing" / "out.onnx"), external_data=external_data)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert not (tmp_path / "missing").exists()
+
+
+@pytest.mark.parametrize("external_data", [False, True])
+def test_save_onto_directory_fails_cleanly(
+    loaded: Any, tmp_path: Path, external_data: bool
+) -> None:
+    out_dir = tmp_path / "out"
+    (out_dir / "model.onnx").mkdir(parents=True)  # the target path is a directory
+    with pytest.raises((fastopt.ModelError, OSError)):
+        loaded.save(str(out_dir / "model.onnx"), external_data=external_data)
+    assert [p.name for p in out_dir.iterdir()] == ["model.onnx"]
+    assert list((out_dir / "model.onnx").iterdir()) == []
+
+
+def test_save_with_blocked_data_file_fails_cleanly(loaded: Any, tmp_path: Path) -> None:
+    out_dir = tmp_path / "out"
+    (out_dir / "model.onnx.data").mkdir(parents=True)  # the data file cannot be created
+    with pytest.raises((fastopt.ModelError, OSError)):
+        loaded.save(str(out_dir / "model.onnx"), external_data=True)
+    assert [p.name for p in out_dir.iterdir()] == ["model.onnx.data"], "no model without its data"
+    assert list((out_dir / "model.onnx.data").iterdir()) == []
+
+
+# --- bad external data references -----------------------------------------------------------------
+
+
+def _corrupt(tmp_path: Path, **changes: str) -> Path:
+    src = write_layout(tmp_path / "in", "one_file")
+    model = onnx.load(str(src), load_external_data=False)
+    t = next(t for t in model.graph.initializer if t.name == "w_f32")
+    for entry in t.external_data:
+        if entry.key in changes:
+            entry.value = changes.pop(entry.key)
+    for key, value in changes.items():
+        t.external_data.add(key=key, value=value)
+    src.write_bytes(model.SerializeToString())
+    return src
+
+
+@pytest.mark.parametrize("changes", [
+    {"location": "does_not_exist.bin"},
+    {"location": "../outside.bin"},
+    {"location": "/etc/passwd"},
+    {"offset": str(10**9)},
+    {"length": "8"},
+    {"length": str(10**6)},
+    {"offset": "-4"},
+], ids=["missing_file", "escapes_dir", "absolute", "offset_past_end", "short_length",
+        "long_length", "negative_offset"])
+def test_bad_external_reference_raises(tmp_path: Path, changes: dict[str, str]) -> None:
+    (tmp_path / "outside.bin").write_bytes(bytes(64 * 64 * 4))
+    src = _corrupt(tmp_path, **changes)
+    with pytest.raises(fastopt.ModelError):
+        fastopt.load(str(src))
