@@ -3,6 +3,7 @@
 // alive == False). Long operations release the GIL.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <pybind11/typing.h>
 
 #include <memory>
 #include <string>
@@ -44,11 +45,14 @@ struct Bytes {
   ByteRef ref;
 };
 
-py::object wrap_value(const ModelPtr& m, Value* v) {
+using OptValue = py::typing::Optional<PyValue>;
+using OptNode = py::typing::Optional<PyNode>;
+
+OptValue wrap_value(const ModelPtr& m, Value* v) {
   if (!v) return py::none();
   return py::cast(PyValue{m, v});
 }
-py::object wrap_node(const ModelPtr& m, Node* n) {
+OptNode wrap_node(const ModelPtr& m, Node* n) {
   if (!n) return py::none();
   return py::cast(PyNode{m, n});
 }
@@ -87,7 +91,8 @@ py::object attribute_value(const ModelPtr& m, const Attribute& a) {
   }
 }
 
-py::object shape_of(const TypeInfo& t) {
+using Shape = py::typing::Optional<py::typing::Tuple<py::typing::Union<int, py::str, py::none>, py::ellipsis>>;
+Shape shape_of(const TypeInfo& t) {
   if (!t.is_tensor || !t.has_shape) return py::none();
   py::list dims;
   for (const Dim& d : t.dims) {
@@ -124,6 +129,13 @@ PYBIND11_MODULE(_C, m) {
     }
   });
 
+  py::class_<PyTensor> tensor_cls(m, "Tensor", "A tensor whose bytes stay where they were read");
+  py::class_<PyValue> value_cls(m, "Value", "A value (edge) of the graph");
+  py::class_<PyNode> node_cls(m, "Node", "An operator node");
+  py::class_<PyGraph> graph_cls(m, "Graph", "A graph or subgraph");
+  py::class_<PyFunction> function_cls(m, "Function", "A model-local function (FunctionProto)");
+  py::class_<Model, ModelPtr> model_cls(m, "Model", "An ONNX model; weights stay in their files");
+
   py::class_<Bytes>(m, "Bytes", py::buffer_protocol(), "Read-only view of tensor bytes")
       .def_buffer([](Bytes& b) {
         return py::buffer_info(const_cast<uint8_t*>(b.ref.data()), 1,
@@ -132,14 +144,14 @@ PYBIND11_MODULE(_C, m) {
       })
       .def("__len__", [](const Bytes& b) { return b.ref.size; });
 
-  py::class_<PyTensor>(m, "Tensor", "A tensor whose bytes stay where they were read")
+  tensor_cls
       .def_property_readonly("name", [](const PyTensor& t) { return t.tensor->name.value; })
       .def_property_readonly("dtype", [](const PyTensor& t) { return t.tensor->dtype(); })
-      .def_property_readonly("shape", [](const PyTensor& t) { return py::tuple(py::cast(t.tensor->dims)); })
+      .def_property_readonly("shape", [](const PyTensor& t) -> py::typing::Tuple<int, py::ellipsis> { return py::tuple(py::cast(t.tensor->dims)); })
       .def_property_readonly("nbytes", [](const PyTensor& t) { return t.tensor->nbytes(); })
       .def_property_readonly("is_external", [](const PyTensor& t) { return t.tensor->is_external(); })
       .def_property_readonly("storage", [](const PyTensor& t) { return storage_name(t.tensor->storage); })
-      .def_property_readonly("external_location", [](const PyTensor& t) -> py::object {
+      .def_property_readonly("external_location", [](const PyTensor& t) -> py::typing::Optional<py::typing::Tuple<py::str, int, int>> {
         if (!t.tensor->is_external()) return py::none();
         const auto& e = *t.tensor->external;
         return py::make_tuple(e.file->path(), e.offset, e.length);
@@ -149,7 +161,7 @@ PYBIND11_MODULE(_C, m) {
         return Bytes{t.tensor->bytes()};
       }, "Element bytes (little-endian): a view for raw/external data, decoded for typed fields")
       .def("strings", [](const PyTensor& t) {
-        py::list l;
+        py::typing::List<py::bytes> l;
         for (const auto& s : t.tensor->strings()) l.append(py::bytes(s));
         return l;
       }, "Elements of a STRING tensor")
@@ -162,12 +174,12 @@ PYBIND11_MODULE(_C, m) {
         return s + "]" + (t.tensor->is_external() ? " external>" : ">");
       });
 
-  py::class_<PyValue>(m, "Value", "A value (edge) of the graph")
+  value_cls
       .def_property_readonly("name", [](const PyValue& v) { return v.value->name(); })
       .def_property_readonly("producer", [](const PyValue& v) { return wrap_node(v.model, v.value->producer()); })
       .def_property_readonly("producer_output", [](const PyValue& v) { return v.value->producer_output(); })
       .def_property_readonly("uses", [](const PyValue& v) {
-        py::list l;
+        py::typing::List<py::typing::Tuple<PyNode, int>> l;
         for (const Use& u : v.value->uses()) l.append(py::make_tuple(PyNode{v.model, u.node}, u.input_index));
         return l;
       }, "(node, input index) pairs, including nodes inside subgraphs")
@@ -175,7 +187,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("shape", [](const PyValue& v) { return shape_of(v.value->type); })
       .def_property_readonly("is_graph_input", [](const PyValue& v) { return v.value->is_graph_input(); })
       .def_property_readonly("is_graph_output", [](const PyValue& v) { return v.value->is_graph_output(); })
-      .def_property_readonly("initializer", [](const PyValue& v) -> py::object {
+      .def_property_readonly("initializer", [](const PyValue& v) -> py::typing::Optional<PyTensor> {
         if (!v.value->initializer()) return py::none();
         return py::cast(PyTensor{v.model, v.value->initializer()});
       })
@@ -188,18 +200,18 @@ PYBIND11_MODULE(_C, m) {
       .def("__hash__", [](const PyValue& v) { return std::hash<const void*>()(v.value); })
       .def("__repr__", [](const PyValue& v) { return "<Value '" + v.value->name() + "'>"; });
 
-  py::class_<PyNode>(m, "Node", "An operator node")
+  node_cls
       .def_property_readonly("op_type", [](const PyNode& n) { return n.node->op_type; })
       .def_property_readonly("domain", [](const PyNode& n) { return n.node->domain.value; })
       .def_property_readonly("name", [](const PyNode& n) { return n.node->name.value; })
       .def_property_readonly("alive", [](const PyNode& n) { return n.node->alive(); })
       .def_property_readonly("inputs", [](const PyNode& n) {
-        py::list l;
+        py::typing::List<OptValue> l;
         for (Value* v : live(n)->inputs()) l.append(wrap_value(n.model, v));
         return l;
       })
       .def_property_readonly("outputs", [](const PyNode& n) {
-        py::list l;
+        py::typing::List<OptValue> l;
         for (Value* v : live(n)->outputs()) l.append(wrap_value(n.model, v));
         return l;
       })
@@ -209,14 +221,14 @@ PYBIND11_MODULE(_C, m) {
         return d;
       }, "name -> int, float, bytes, Tensor, Graph, or a list of those")
       .def_property_readonly("attribute_refs", [](const PyNode& n) {
-        py::dict d;
+        py::typing::Dict<py::str, py::str> d;
         for (const auto& a : live(n)->attributes) {
           if (a.ref_attr_name.written()) d[py::str(a.name)] = a.ref_attr_name.value;
         }
         return d;
       }, "Attributes that refer to an attribute of the enclosing function: name -> referenced name")
       .def_property_readonly("subgraphs", [](const PyNode& n) {
-        py::list l;
+        py::typing::List<PyGraph> l;
         for (Graph* g : live(n)->subgraphs()) l.append(PyGraph{n.model, g});
         return l;
       })
@@ -230,30 +242,30 @@ PYBIND11_MODULE(_C, m) {
         return "<Node " + n.node->op_type + " '" + n.node->name.value + "'>";
       });
 
-  py::class_<PyGraph>(m, "Graph", "A graph or subgraph")
+  graph_cls
       .def_property_readonly("name", [](const PyGraph& g) { return g.graph->name.value; })
       .def_property_readonly("nodes", [](const PyGraph& g) {
-        py::list l;
+        py::typing::List<PyNode> l;
         for (Node* n = g.graph->first(); n; n = n->next()) l.append(PyNode{g.model, n});
         return l;
       })
       .def_property_readonly("node_count", [](const PyGraph& g) { return g.graph->node_count(); })
       .def_property_readonly("inputs", [](const PyGraph& g) {
-        py::list l;
+        py::typing::List<OptValue> l;
         for (Value* v : g.graph->inputs()) l.append(wrap_value(g.model, v));
         return l;
       })
       .def_property_readonly("outputs", [](const PyGraph& g) {
-        py::list l;
+        py::typing::List<OptValue> l;
         for (Value* v : g.graph->outputs()) l.append(wrap_value(g.model, v));
         return l;
       })
       .def_property_readonly("initializers", [](const PyGraph& g) {
-        py::list l;
+        py::typing::List<PyTensor> l;
         for (Value* v : g.graph->initializer_order) l.append(PyTensor{g.model, v->initializer()});
         return l;
       })
-      .def("initializer", [](const PyGraph& g, const std::string& name) -> py::object {
+      .def("initializer", [](const PyGraph& g, const std::string& name) -> py::typing::Optional<PyTensor> {
         auto it = g.graph->scope().find(name);
         if (it == g.graph->scope().end() || !it->second->initializer()) return py::none();
         return py::cast(PyTensor{g.model, it->second->initializer()});
@@ -262,7 +274,7 @@ PYBIND11_MODULE(_C, m) {
         return wrap_value(g.model, g.graph->lookup(name));
       }, "The value with this name, looked up in this graph and then enclosing graphs")
       .def_property_readonly("outer_references", [](const PyGraph& g) {
-        py::list l;
+        py::typing::List<PyValue> l;
         for (Value* v : g.graph->outer_references()) l.append(PyValue{g.model, v});
         return l;
       }, "Values of enclosing graphs used in this graph")
@@ -285,14 +297,14 @@ PYBIND11_MODULE(_C, m) {
         return "<Graph '" + g.graph->name.value + "' " + std::to_string(g.graph->node_count()) + " nodes>";
       });
 
-  py::class_<PyFunction>(m, "Function", "A model-local function (FunctionProto)")
+  function_cls
       .def_property_readonly("name", [](const PyFunction& f) { return f.function->name.value; })
       .def_property_readonly("domain", [](const PyFunction& f) { return f.function->domain.value; })
       .def_property_readonly("overload", [](const PyFunction& f) { return f.function->overload.value; })
       .def_property_readonly("attribute_names", [](const PyFunction& f) { return f.function->attribute_names; })
       .def_property_readonly("graph", [](const PyFunction& f) { return PyGraph{f.model, f.function->body.get()}; });
 
-  py::class_<Model, ModelPtr>(m, "Model", "An ONNX model; weights stay in their files")
+  model_cls
       .def_property_readonly("ir_version", [](const Model& mm) { return mm.ir_version.value_or(0); })
       .def_property_readonly("producer_name", [](const Model& mm) { return mm.producer_name.value; })
       .def_property_readonly("producer_version", [](const Model& mm) { return mm.producer_version.value; })
@@ -300,22 +312,22 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("model_version", [](const Model& mm) { return mm.model_version.value_or(0); })
       .def_property_readonly("doc_string", [](const Model& mm) { return mm.doc_string.value; })
       .def_property_readonly("opset_imports", [](const Model& mm) {
-        py::dict d;
+        py::typing::Dict<py::str, int> d;
         for (const auto& o : mm.opset_import) d[py::str(o.domain.value)] = o.version.value_or(0);
         return d;
       })
       .def_property_readonly("metadata_props", [](const Model& mm) {
-        py::dict d;
+        py::typing::Dict<py::str, py::str> d;
         for (const auto& kv : mm.metadata_props) d[py::str(kv.first)] = kv.second;
         return d;
       })
       .def_property_readonly("graph", [](const ModelPtr& mm) { return PyGraph{mm, mm->graph.get()}; })
       .def_property_readonly("functions", [](const ModelPtr& mm) {
-        py::list l;
+        py::typing::List<PyFunction> l;
         for (const auto& f : mm->functions) l.append(PyFunction{mm, f.get()});
         return l;
       })
-      .def_property_readonly("path", [](const Model& mm) -> py::object {
+      .def_property_readonly("path", [](const Model& mm) -> py::typing::Optional<py::str> {
         if (mm.path.empty()) return py::none();
         return py::str(mm.path);
       })

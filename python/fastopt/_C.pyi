@@ -1,0 +1,300 @@
+"""
+fastopt C++ core: ONNX wire-format reader/writer and graph IR
+"""
+from __future__ import annotations
+import collections.abc
+import typing
+__all__: list[str] = ['Bytes', 'Function', 'Graph', 'Model', 'ModelError', 'Node', 'Tensor', 'Value', 'dtype_name', 'load', 'load_bytes']
+class ModelError(Exception):
+    pass
+class Tensor:
+    """
+    A tensor whose bytes stay where they were read
+    """
+    def __repr__(self) -> str:
+        ...
+    def numpy(self) -> typing.Any:
+        """
+        The tensor as a numpy array (zero copy and read-only when the bytes allow)
+        """
+    def raw_bytes(self) -> Bytes:
+        """
+        Element bytes (little-endian): a view for raw/external data, decoded for typed fields
+        """
+    def strings(self) -> list[bytes]:
+        """
+        Elements of a STRING tensor
+        """
+    @property
+    def dtype(self) -> int:
+        ...
+    @property
+    def external_location(self) -> tuple[str, int, int] | None:
+        """
+        (path, offset, length) of external data, or None
+        """
+    @property
+    def is_external(self) -> bool:
+        ...
+    @property
+    def name(self) -> str:
+        ...
+    @property
+    def nbytes(self) -> int:
+        ...
+    @property
+    def shape(self) -> tuple[int, ...]:
+        ...
+    @property
+    def storage(self) -> str:
+        ...
+class Value:
+    """
+    A value (edge) of the graph
+    """
+    def __eq__(self, arg0: Value) -> bool:
+        ...
+    def __hash__(self) -> int:
+        ...
+    def __repr__(self) -> str:
+        ...
+    def rename(self, arg0: str) -> None:
+        ...
+    def replace_all_uses_with(self, arg0: Value) -> None:
+        """
+        Points every use of this value (and graph outputs) at `other`
+        """
+    @property
+    def dtype(self) -> int:
+        ...
+    @property
+    def graph(self) -> Graph:
+        ...
+    @property
+    def initializer(self) -> Tensor | None:
+        ...
+    @property
+    def is_graph_input(self) -> bool:
+        ...
+    @property
+    def is_graph_output(self) -> bool:
+        ...
+    @property
+    def name(self) -> str:
+        ...
+    @property
+    def producer(self) -> Node | None:
+        ...
+    @property
+    def producer_output(self) -> int:
+        ...
+    @property
+    def shape(self) -> tuple[int | str | None, ...] | None:
+        ...
+    @property
+    def uses(self) -> list[tuple[Node, int]]:
+        """
+        (node, input index) pairs, including nodes inside subgraphs
+        """
+class Node:
+    """
+    An operator node
+    """
+    def __eq__(self, arg0: Node) -> bool:
+        ...
+    def __hash__(self) -> int:
+        ...
+    def __repr__(self) -> str:
+        ...
+    def set_input(self, arg0: typing.SupportsInt | typing.SupportsIndex, arg1: Value | None) -> None:
+        ...
+    @property
+    def alive(self) -> bool:
+        ...
+    @property
+    def attribute_refs(self) -> dict[str, str]:
+        """
+        Attributes that refer to an attribute of the enclosing function: name -> referenced name
+        """
+    @property
+    def attributes(self) -> dict:
+        """
+        name -> int, float, bytes, Tensor, Graph, or a list of those
+        """
+    @property
+    def domain(self) -> str:
+        ...
+    @property
+    def graph(self) -> Graph:
+        ...
+    @property
+    def inputs(self) -> list[Value | None]:
+        ...
+    @property
+    def name(self) -> str:
+        ...
+    @property
+    def op_type(self) -> str:
+        ...
+    @property
+    def outputs(self) -> list[Value | None]:
+        ...
+    @property
+    def subgraphs(self) -> list[Graph]:
+        ...
+class Graph:
+    """
+    A graph or subgraph
+    """
+    def __repr__(self) -> str:
+        ...
+    def add_node(self, op_type: str, inputs: collections.abc.Sequence[Value | None], outputs: collections.abc.Sequence[str], domain: str = '', name: str = '', before: Node | None = None) -> Node:
+        """
+        Creates a node; output names are made unique
+        """
+    def add_output(self, arg0: Value) -> None:
+        ...
+    def initializer(self, arg0: str) -> Tensor | None:
+        ...
+    def remove_node(self, arg0: Node) -> None:
+        ...
+    def topological_sort(self) -> None:
+        ...
+    def value(self, arg0: str) -> Value | None:
+        """
+        The value with this name, looked up in this graph and then enclosing graphs
+        """
+    @property
+    def initializers(self) -> list[Tensor]:
+        ...
+    @property
+    def inputs(self) -> list[Value | None]:
+        ...
+    @property
+    def name(self) -> str:
+        ...
+    @property
+    def node_count(self) -> int:
+        ...
+    @property
+    def nodes(self) -> list[Node]:
+        ...
+    @property
+    def outer_references(self) -> list[Value]:
+        """
+        Values of enclosing graphs used in this graph
+        """
+    @property
+    def outputs(self) -> list[Value | None]:
+        ...
+    @property
+    def owner(self) -> Node | None:
+        ...
+class Function:
+    """
+    A model-local function (FunctionProto)
+    """
+    @property
+    def attribute_names(self) -> list[str]:
+        ...
+    @property
+    def domain(self) -> str:
+        ...
+    @property
+    def graph(self) -> Graph:
+        ...
+    @property
+    def name(self) -> str:
+        ...
+    @property
+    def overload(self) -> str:
+        ...
+class Model:
+    """
+    An ONNX model; weights stay in their files
+    """
+    def external_data_files(self) -> list[str]:
+        ...
+    def op_counts(self) -> dict[str, int]:
+        """
+        Operator histogram over all graphs: 'Op' for ai.onnx, 'domain::Op' otherwise
+        """
+    def save(self, path: typing.Any, external_data: typing.Any = None, *, location: str = '', size_threshold: typing.SupportsInt | typing.SupportsIndex = 1024, align: typing.SupportsInt | typing.SupportsIndex = 0, max_file_bytes: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
+        """
+        Writes the model atomically (temporary files, then rename); never touches the input.
+        
+        external_data: None writes a self-contained file when it fits protobuf's 2 GB limit and
+        external data otherwise; True always moves tensors of at least size_threshold bytes to
+        `location` (default '<file name>.data') beside the model; False never does (ModelError over
+        2 GB); a string is True with that location. align pads each tensor's offset in the data file to
+        a multiple of it (4096 lets runtimes mmap tensors); max_file_bytes > 0 splits the data into
+        several files.
+        """
+    def self_contained_size(self) -> int:
+        """
+        Bytes of the model serialized with all data inline
+        """
+    def serialize(self) -> bytes:
+        """
+        The model as ModelProto bytes, all data inline (under 2 GB only)
+        """
+    def to_onnx(self) -> typing.Any:
+        """
+        The model as an onnx.ModelProto, all data inline (for models under 2 GB)
+        """
+    def verify(self) -> None:
+        """
+        Checks the IR's invariants; raises ModelError naming the first broken one
+        """
+    @property
+    def base_dir(self) -> str:
+        ...
+    @property
+    def doc_string(self) -> str:
+        ...
+    @property
+    def domain(self) -> str:
+        ...
+    @property
+    def functions(self) -> list[Function]:
+        ...
+    @property
+    def graph(self) -> Graph:
+        ...
+    @property
+    def ir_version(self) -> int:
+        ...
+    @property
+    def metadata_props(self) -> dict[str, str]:
+        ...
+    @property
+    def model_version(self) -> int:
+        ...
+    @property
+    def opset_imports(self) -> dict[str, int]:
+        ...
+    @property
+    def path(self) -> str | None:
+        ...
+    @property
+    def producer_name(self) -> str:
+        ...
+    @property
+    def producer_version(self) -> str:
+        ...
+class Bytes:
+    """
+    Read-only view of tensor bytes
+    """
+    def __len__(self) -> int:
+        ...
+def dtype_name(arg0: typing.SupportsInt | typing.SupportsIndex) -> str:
+    ...
+def load(path: typing.Any) -> Model:
+    """
+    Reads an ONNX model file (memory-mapped; weights are not copied)
+    """
+def load_bytes(data: bytes, base_dir: str = '') -> Model:
+    """
+    Reads a serialized ModelProto held in memory
+    """

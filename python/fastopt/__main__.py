@@ -1,0 +1,5 @@
+import sys
+
+from fastopt.cli import main
+
+sys.exit(main())
