@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -24,30 +25,30 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
+import fastopt
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import fastopt
-
 HERE = Path(__file__).resolve().parent
 FUZZ_DIR = HERE / "fuzz"
 CORPUS = FUZZ_DIR / "corpus"
 
-# Regexes that name each problem. Broad enough for wording, narrow enough to name the class.
-TRUNCATED = r"(?i)truncat|past the end|end of (the )?(file|data|input|buffer)|unexpected end"
-PAST_END = r"(?i)past the end|truncat|exceeds|overrun|out of bounds"
-VARINT = r"(?i)varint"
-WIRE_TYPE = r"(?i)wire type"
-DIM = r"(?i)dim"
-DIM_OR_OVERFLOW = r"(?i)dim|overflow"
-RAW_SIZE = r"(?i)raw_data.*size|expected \d+ bytes|\d+ bytes.*expected"
-OUTSIDE = r"(?i)outside|escapes"
-OFFSET_LENGTH = r"(?i)offset|length"
-MISSING = r"(?i)not found|missing|no such|does not exist"
-CYCLE = r"(?i)cycle"
-DANGLING = r"(?i)dangling|undefined|not defined"
+# Regexes (matched case-insensitively) that name each problem: broad enough for wording, narrow
+# enough to name the class.
+TRUNCATED = r"truncat|past the end|end of (the )?(file|data|input|buffer)|unexpected end"
+PAST_END = r"past the end|truncat|exceeds|overrun|out of bounds"
+VARINT = r"varint"
+WIRE_TYPE = r"wire type"
+DIM = r"dim"
+DIM_OR_OVERFLOW = r"dim|overflow"
+RAW_SIZE = r"raw_data.*size|expected \d+ bytes|\d+ bytes.*expected"
+OUTSIDE = r"outside|escapes"
+OFFSET_LENGTH = r"offset|length"
+MISSING = r"not found|missing|no such|does not exist"
+CYCLE = r"cycle"
+DANGLING = r"dangling|undefined|not defined"
 
 SOFT_TIMEOUT_S = 30  # SIGALRM: raises in Python once control comes back from C++
 HARD_TIMEOUT_S = 90  # faulthandler watchdog thread: dumps stacks and exits even if C++ spins
@@ -133,7 +134,9 @@ def wire_value_info(name: str) -> bytes:
 
 def add_model(*initializers: TensorProto) -> onnx.ModelProto:
     """Y = X + W, X and W float [2, 3]; W is the given initializer or a raw_data one."""
-    inits = list(initializers) or [numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(2, 3), "W")]
+    inits = list(initializers) or [
+        numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(2, 3), "W")
+    ]
     graph = helper.make_graph(
         [helper.make_node("Add", ["X", "W"], ["Y"], name="add")],
         "g",
@@ -180,7 +183,7 @@ def load(path: Path) -> fastopt.Model:
 
 
 def expect_error(path: Path, pattern: str) -> str:
-    with pytest.raises(fastopt.ModelError, match=pattern) as exc:
+    with pytest.raises(fastopt.ModelError, match=re.compile(pattern, re.IGNORECASE)) as exc:
         load(path)
     return str(exc.value)
 
@@ -231,14 +234,19 @@ def test_baseline_wire_built_model_loads(tmp_path: Path) -> None:
     assert m.op_counts() == {"Add": 1}
 
 
-@pytest.mark.parametrize("seed", sorted(p.name for p in CORPUS.glob("*.onnx")))
-def test_fuzz_seeds_load(tmp_path: Path, seed: str) -> None:
+def put_weights_bin(d: Path) -> None:
+    """The external data file the fuzz seeds point into (tests/fuzz/make_seeds.py)."""
     sys.path.insert(0, str(FUZZ_DIR))
     try:
         from make_seeds import WEIGHTS_NAME, weights_bin
     finally:
         sys.path.remove(str(FUZZ_DIR))
-    (tmp_path / WEIGHTS_NAME).write_bytes(weights_bin())
+    (d / WEIGHTS_NAME).write_bytes(weights_bin())
+
+
+@pytest.mark.parametrize("seed", sorted(p.name for p in CORPUS.glob("*.onnx")))
+def test_fuzz_seeds_load(tmp_path: Path, seed: str) -> None:
+    put_weights_bin(tmp_path)
     m = load(write(tmp_path / seed, (CORPUS / seed).read_bytes()))
     m.verify()
 
@@ -247,7 +255,11 @@ def test_wire_variants_that_are_valid_still_load(tmp_path: Path) -> None:
     """Strictness must not reject legal encodings: unknown fields of every wire type (skipped),
     packed and unpacked repeated scalars, fields out of number order."""
     unknown = (
-        f_varint(900, 7) + key(901, I64_WT) + bytes(8) + f_len(902, b"xyz") + key(903, I32_WT)
+        f_varint(900, 7)
+        + key(901, I64_WT)
+        + bytes(8)
+        + f_len(902, b"xyz")
+        + key(903, I32_WT)
         + bytes(4)
     )
     unpacked_dims = f_varint(1, 2) + f_varint(1, 3)
@@ -271,7 +283,10 @@ def test_wire_variants_that_are_valid_still_load(tmp_path: Path) -> None:
 
     packed = f_str(8, "W") + f_len(1, varint(2) + varint(3)) + f_varint(2, 1) + f_len(9, bytes(24))
     g2 = g.replace(f_len(5, init), f_len(5, packed))
-    assert load(write(tmp_path / "m2.onnx", model_from_graph(g2))).graph.initializer("W").shape == (2, 3)
+    assert load(write(tmp_path / "m2.onnx", model_from_graph(g2))).graph.initializer("W").shape == (
+        2,
+        3,
+    )
 
 
 def test_omitted_optional_input_is_not_dangling(tmp_path: Path) -> None:
@@ -352,17 +367,17 @@ def test_invalid_wire_type(tmp_path: Path, wire_type: int) -> None:
 
 def test_end_group_without_start(tmp_path: Path) -> None:
     data = add_model().SerializeToString() + key(900, EGROUP_WT)
-    expect_error(write(tmp_path / "m.onnx", data), r"(?i)group|wire type")
+    expect_error(write(tmp_path / "m.onnx", data), r"group|wire type")
 
 
 def test_unterminated_group(tmp_path: Path) -> None:
     data = add_model().SerializeToString() + key(900, SGROUP_WT) + f_varint(1, 1)
-    expect_error(write(tmp_path / "m.onnx", data), r"(?i)group|truncat")
+    expect_error(write(tmp_path / "m.onnx", data), r"group|truncat")
 
 
 def test_field_number_zero(tmp_path: Path) -> None:
     data = add_model().SerializeToString() + b"\x00\x00"
-    expect_error(write(tmp_path / "m.onnx", data), r"(?i)field number|tag")
+    expect_error(write(tmp_path / "m.onnx", data), r"field number|tag")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -477,7 +492,7 @@ def test_raw_data_size_mismatch(tmp_path: Path, nbytes: int) -> None:
     t.raw_data = bytes(nbytes)
     if nbytes == 0:
         # An empty raw_data field is "no data" to most readers; say so either way.
-        expect_error(write(tmp_path / "m.onnx", add_model(t)), RAW_SIZE + r"|(?i)no data")
+        expect_error(write(tmp_path / "m.onnx", add_model(t)), RAW_SIZE + r"|no data")
     else:
         msg = expect_error(write(tmp_path / "m.onnx", add_model(t)), RAW_SIZE)
         assert "24" in msg, f"message should state the expected size (24 bytes): {msg}"
@@ -492,35 +507,35 @@ def test_scalar_raw_data_size_mismatch(tmp_path: Path) -> None:
 def test_float_data_count_mismatch(tmp_path: Path, count: int) -> None:
     t = tensor("W", TensorProto.FLOAT, [2, 3])
     t.float_data.extend([1.0] * count)
-    expect_error(write(tmp_path / "m.onnx", add_model(t)), r"(?i)float_data|typed data|values")
+    expect_error(write(tmp_path / "m.onnx", add_model(t)), r"float_data|typed data|values")
 
 
 def test_int64_data_count_mismatch(tmp_path: Path) -> None:
     t = tensor("W", TensorProto.INT64, [4])
     t.int64_data.extend([1, 2])
-    expect_error(write(tmp_path / "m.onnx", add_model(t)), r"(?i)int64_data|typed data|values")
+    expect_error(write(tmp_path / "m.onnx", add_model(t)), r"int64_data|typed data|values")
 
 
 def test_shape_without_any_data(tmp_path: Path) -> None:
     t = tensor("W", TensorProto.FLOAT, [2, 3])
-    expect_error(write(tmp_path / "m.onnx", add_model(t)), r"(?i)no data|missing data")
+    expect_error(write(tmp_path / "m.onnx", add_model(t)), r"no data|missing data")
 
 
 def test_raw_data_with_wrong_typed_field(tmp_path: Path) -> None:
     t = tensor("W", TensorProto.FLOAT, [2, 3], bytes(24))
     t.int64_data.extend([1] * 6)
-    expect_error(write(tmp_path / "m.onnx", add_model(t)), r"(?i)both|raw_data")
+    expect_error(write(tmp_path / "m.onnx", add_model(t)), r"both|raw_data")
 
 
 def test_string_tensor_with_raw_data(tmp_path: Path) -> None:
     t = tensor("W", TensorProto.STRING, [2], b"abcd")
-    expect_error(write(tmp_path / "m.onnx", add_model(t)), r"(?i)string")
+    expect_error(write(tmp_path / "m.onnx", add_model(t)), r"string")
 
 
 @pytest.mark.parametrize("dtype", [0, 99, -3])
 def test_unknown_data_type_with_payload(tmp_path: Path, dtype: int) -> None:
     t = tensor("W", dtype, [2, 3], bytes(24))
-    expect_error(write(tmp_path / "m.onnx", add_model(t)), r"(?i)type")
+    expect_error(write(tmp_path / "m.onnx", add_model(t)), r"type")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -556,7 +571,8 @@ def test_external_absolute_location(ext_dir: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "location", ["../secret.bin", "sub/../../secret.bin", "./../secret.bin", "sub/../../model/../secret.bin"]
+    "location",
+    ["../secret.bin", "sub/../../secret.bin", "./../secret.bin", "sub/../../model/../secret.bin"],
 )
 def test_external_location_escapes_with_dotdot(ext_dir: Path, location: str) -> None:
     expect_error(ext_model(ext_dir, external_tensor([2, 3], location)), OUTSIDE)
@@ -610,13 +626,13 @@ def test_external_offset_length_overflow(ext_dir: Path, offset: str, length: str
 def test_external_length_not_matching_shape(ext_dir: Path, length: str) -> None:
     (ext_dir / "weights.bin").write_bytes(bytes(64))
     t = external_tensor([2, 3], "weights.bin", "0", length)
-    expect_error(ext_model(ext_dir, t), r"(?i)length|expected \d+ bytes|size")
+    expect_error(ext_model(ext_dir, t), r"length|expected \d+ bytes|size")
 
 
-@pytest.mark.parametrize("value", ["-8", "abc", "12abc", "", " 8", "0x10", "1e3"])
+@pytest.mark.parametrize("value", ["-8", "abc", "12abc", "", "0x10", "1e3", "8 8"])
 def test_external_offset_not_a_number(ext_dir: Path, value: str) -> None:
     t = external_tensor([2, 3], "weights.bin", value, "24")
-    expect_error(ext_model(ext_dir, t), r"(?i)offset")
+    expect_error(ext_model(ext_dir, t), r"offset")
 
 
 def test_external_missing_file(ext_dir: Path) -> None:
@@ -625,24 +641,22 @@ def test_external_missing_file(ext_dir: Path) -> None:
 
 
 def test_external_without_location(ext_dir: Path) -> None:
-    expect_error(ext_model(ext_dir, external_tensor([2, 3], None)), r"(?i)location")
+    expect_error(ext_model(ext_dir, external_tensor([2, 3], None)), r"location")
 
 
 def test_external_location_is_a_directory(ext_dir: Path) -> None:
-    expect_error(
-        ext_model(ext_dir, external_tensor([2, 3], "sub")), r"(?i)directory|regular file"
-    )
+    expect_error(ext_model(ext_dir, external_tensor([2, 3], "sub")), r"directory|regular file")
 
 
 def test_external_location_with_nul_byte(ext_dir: Path) -> None:
     t = external_tensor([2, 3], "weights.bin\x00../../secret.bin")
-    expect_error(ext_model(ext_dir, t), r"(?i)NUL|null|invalid")
+    expect_error(ext_model(ext_dir, t), r"NUL|null|invalid")
 
 
 def test_external_data_from_bytes_without_folder() -> None:
     """load_bytes has no model folder to resolve against: refuse rather than guess (the cwd)."""
     data = add_model(external_tensor([2, 3], "weights.bin", "0", "24")).SerializeToString()
-    with pytest.raises(fastopt.ModelError, match=r"(?i)external"):
+    with pytest.raises(fastopt.ModelError, match=re.compile("external", re.IGNORECASE)):
         fastopt.load_bytes(data)
 
 
@@ -689,10 +703,8 @@ def test_self_loop(tmp_path: Path) -> None:
 
 
 def test_value_defined_twice(tmp_path: Path) -> None:
-    m = graph_model(
-        [helper.make_node("Neg", ["X"], ["Y"]), helper.make_node("Abs", ["X"], ["Y"])]
-    )
-    expect_error(write(tmp_path / "m.onnx", m), r"(?i)more than once|duplicate|twice|already")
+    m = graph_model([helper.make_node("Neg", ["X"], ["Y"]), helper.make_node("Abs", ["X"], ["Y"])])
+    expect_error(write(tmp_path / "m.onnx", m), r"more than once|duplicate|twice|already")
 
 
 def if_model(then_input: str) -> onnx.ModelProto:
@@ -734,12 +746,72 @@ def test_subgraph_referencing_undefined_outer_name(tmp_path: Path) -> None:
     assert "nowhere" in msg
 
 
-def test_subgraph_reading_value_defined_later_in_outer_graph(tmp_path: Path) -> None:
-    """Outer names are visible only once defined: a branch reading a value produced *after* the
-    If node is a dangling (or cyclic) reference, not a forward reference to accept."""
-    m = if_model("late")
-    m.graph.node.append(helper.make_node("Neg", ["X"], ["late"]))
-    expect_error(write(tmp_path / "m.onnx", m), DANGLING + "|" + CYCLE)
+def test_cycle_through_subgraph_outer_reference(tmp_path: Path) -> None:
+    """The If's branch reads `z`, and `z` is computed from the If's own output: a cycle that only
+    shows when a subgraph's outer references count as inputs of the node that owns it."""
+    m = if_model("z")
+    m.graph.node.append(helper.make_node("Neg", ["Y"], ["z"]))
+    expect_error(write(tmp_path / "m.onnx", m), CYCLE + "|" + DANGLING)
+
+
+# ---------------------------------------------------------------------------------------------
+# Names that are not UTF-8 (protobuf `string` fields). Tensor strings, STRING attributes: bytes
+
+
+def neg_model(
+    node_extra: bytes = b"",
+    graph_extra: bytes = b"",
+    model_extra: bytes = b"",
+    node_input: bytes = b"X",
+) -> bytes:
+    node = f_len(1, node_input) + f_str(2, "Y") + f_str(4, "Neg") + node_extra
+    g = f_len(1, node) + f_len(11, wire_value_info("X")) + f_len(12, wire_value_info("Y"))
+    return model_from_graph(g + graph_extra) + model_extra
+
+
+NOT_UTF8 = {
+    "node_name": neg_model(node_extra=f_len(3, b"n\xff")),
+    "dangling_input": neg_model(node_input=b"X\xff"),
+    "op_type": neg_model(node_extra=f_len(4, b"N\xc3")),
+    "graph_name": neg_model(graph_extra=f_len(2, b"g\x80")),
+    "producer_name": neg_model(model_extra=f_len(2, b"p\xfe\xff")),
+    "attribute_name": neg_model(
+        node_extra=f_len(5, f_len(1, b"a\xff") + f_varint(20, 2) + f_varint(3, 1))
+    ),
+    "metadata_key": neg_model(model_extra=f_len(14, f_len(1, b"k\xff") + f_str(2, "v"))),
+    "opset_domain": neg_model(model_extra=f_len(8, f_len(1, b"d\xff") + f_varint(2, 1))),
+}
+
+
+@pytest.mark.parametrize("where", list(NOT_UTF8))
+def test_names_that_are_not_utf8(tmp_path: Path, where: str) -> None:
+    """Refused with a ModelError naming the encoding, or loaded with every accessor working;
+    never a UnicodeDecodeError from load() (e.g. while formatting the error message) or later."""
+    path = write(tmp_path / "m.onnx", NOT_UTF8[where])
+    try:
+        m = load(path)
+    except fastopt.ModelError as e:
+        assert re.search(r"utf-?8|encoding|unicode", str(e), re.IGNORECASE), str(e)
+        return
+    sys.path.insert(0, str(FUZZ_DIR))
+    try:
+        from exercise import exercise
+    finally:
+        sys.path.remove(str(FUZZ_DIR))
+    exercise(m, str(tmp_path))
+
+
+def test_string_tensor_and_string_attribute_bytes_need_not_be_utf8(tmp_path: Path) -> None:
+    t = tensor("W", TensorProto.STRING, [2])
+    t.string_data.extend([b"\xff\xfe", b"ok"])
+    node = helper.make_node("Identity", ["W"], ["Y"])
+    node.attribute.append(helper.make_attribute("blob", b"\x80\x81"))
+    graph = helper.make_graph(
+        [node], "g", [], [helper.make_tensor_value_info("Y", TensorProto.STRING, [2])], [t]
+    )
+    m = load(write(tmp_path / "m.onnx", helper.make_model(graph)))
+    assert m.graph.nodes[0].attributes["blob"] == b"\x80\x81"
+    assert list(m.graph.initializer("W").strings()) == [b"\xff\xfe", b"ok"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -747,15 +819,15 @@ def test_subgraph_reading_value_defined_later_in_outer_graph(tmp_path: Path) -> 
 
 
 def test_directory_as_model_path(tmp_path: Path) -> None:
-    expect_error(tmp_path, r"(?i)directory|regular file")
+    expect_error(tmp_path, r"directory|regular file")
 
 
 def test_nonexistent_model_path(tmp_path: Path) -> None:
-    expect_error(tmp_path / "absent.onnx", MISSING + r"|(?i)cannot open")
+    expect_error(tmp_path / "absent.onnx", MISSING + r"|cannot open")
 
 
 def test_empty_file(tmp_path: Path) -> None:
-    expect_error(write(tmp_path / "m.onnx", b""), r"(?i)empty|no graph")
+    expect_error(write(tmp_path / "m.onnx", b""), r"empty|no graph")
 
 
 @pytest.mark.parametrize("size", [1, 7, 100, 4096, 100_000])
@@ -775,14 +847,14 @@ def test_other_protobuf_message_as_model(tmp_path: Path) -> None:
 
 
 def test_model_without_graph(tmp_path: Path) -> None:
-    expect_error(write(tmp_path / "m.onnx", f_varint(1, 10) + OPSET), r"(?i)graph")
+    expect_error(write(tmp_path / "m.onnx", f_varint(1, 10) + OPSET), r"graph")
 
 
 def test_two_graph_fields(tmp_path: Path) -> None:
     g = graph_bytes(add_model())
     data = f_varint(1, 10) + f_len(7, g) + f_len(7, g) + OPSET
     # Protobuf would merge the two; a model with two graphs is ambiguous and refused here.
-    expect_error(write(tmp_path / "m.onnx", data), r"(?i)graph")
+    expect_error(write(tmp_path / "m.onnx", data), r"graph")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -790,26 +862,39 @@ def test_two_graph_fields(tmp_path: Path) -> None:
 
 
 MUTATE = FUZZ_DIR / "mutate_loads.py"
-MUTANT_SEEDS = ["seed_basic.onnx", "seed_subgraphs.onnx", "seed_external.onnx", "seed_typed.onnx",
-                "seed_attributes.onnx"]
+MUTANT_SEEDS = [
+    "seed_basic.onnx",
+    "seed_subgraphs.onnx",
+    "seed_external.onnx",
+    "seed_typed.onnx",
+    "seed_attributes.onnx",
+]
 
 
 @pytest.mark.parametrize("seed", MUTANT_SEEDS)
 def test_flipped_bytes_never_crash(tmp_path: Path, seed: str) -> None:
     """2000 seeded byte/bit flips plus every truncation: each load succeeds or raises ModelError
     (a loaded mutant must then be fully usable); never another exception, a crash or a hang."""
-    sys.path.insert(0, str(FUZZ_DIR))
-    try:
-        from make_seeds import WEIGHTS_NAME, weights_bin
-    finally:
-        sys.path.remove(str(FUZZ_DIR))
-    (tmp_path / WEIGHTS_NAME).write_bytes(weights_bin())
+    put_weights_bin(tmp_path)
     model = write(tmp_path / seed, (CORPUS / seed).read_bytes())
     env = dict(os.environ, PYTHONFAULTHANDLER="1")
     proc = subprocess.run(
-        [sys.executable, str(MUTATE), str(model), "--flips", "2000", "--truncations", "all",
-         "--seed", "1234"],
-        capture_output=True, text=True, timeout=240, env=env, check=False,
+        [
+            sys.executable,
+            str(MUTATE),
+            str(model),
+            "--flips",
+            "2000",
+            "--truncations",
+            "all",
+            "--seed",
+            "1234",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        check=False,
     )
     current = tmp_path / "current.txt"
     last = current.read_text() if current.exists() else "?"
@@ -846,13 +931,18 @@ def nested_type_model(depth: int) -> bytes:
         length += len(pre)
         prefixes.append(pre)
     typ = b"".join(reversed(prefixes)) + t
-    vi = f_str(1, "S") + f_len(2, typ)
-    g = f_len(1, wire_node("Identity", ["S"], ["Y"])) + f_len(11, vi) + f_len(12, vi.replace(b"\x01S", b"\x01Y", 1))
+    g = (
+        f_len(1, wire_node("Identity", ["S"], ["Y"]))
+        + f_len(11, f_str(1, "S") + f_len(2, typ))
+        + f_len(12, f_str(1, "Y") + f_len(2, typ))
+    )
     return model_from_graph(g)
 
 
 def nested_group_model(depth: int) -> bytes:
-    return add_model().SerializeToString() + key(900, SGROUP_WT) * depth + key(900, EGROUP_WT) * depth
+    return (
+        add_model().SerializeToString() + key(900, SGROUP_WT) * depth + key(900, EGROUP_WT) * depth
+    )
 
 
 NESTING_CHILD = """
@@ -887,7 +977,9 @@ def test_deep_nesting_is_refused_not_a_stack_overflow(tmp_path: Path) -> None:
     by_case = {k: result[p] for k, p in zip(cases, paths)}
     for k in ("graphs", "graphs_moderate", "groups"):
         assert by_case[k].startswith("ModelError"), f"{k}: {by_case[k]}"
-        assert any(w in by_case[k].lower() for w in ("nest", "deep", "depth", "recurs", "group")), by_case[k]
+        assert any(w in by_case[k].lower() for w in ("nest", "deep", "depth", "recurs", "group")), (
+            by_case[k]
+        )
     # A deeply nested type: either a bounded decode (ModelError) or kept as opaque bytes (OK).
     assert by_case["types"] == "OK" or by_case["types"].startswith("ModelError"), by_case["types"]
 
@@ -935,16 +1027,26 @@ def test_untrusted_sizes_never_drive_allocations(tmp_path: Path) -> None:
         return t
 
     big_float_claim = (
-        f_str(8, "W") + f_varint(1, 6) + f_varint(2, 1) + key(4, LEN_WT) + varint(1 << 30)
+        f_str(8, "W")
+        + f_varint(1, 6)
+        + f_varint(2, 1)
+        + key(4, LEN_WT)
+        + varint(1 << 30)
         + bytes(8)
     )
     cases: dict[str, bytes] = {
         "dims_4TiB_raw_4B": add_model(tensor("W", 1, [2**20, 2**20], bytes(4))).SerializeToString(),
         "dims_1GiB_no_data": add_model(tensor("W", 1, [2**28])).SerializeToString(),
         "int64_2GiB_one_value": add_model(typed(7, [2**28], "int64_data", [1])).SerializeToString(),
-        "float_1GiB_two_values": add_model(typed(1, [2**28], "float_data", [1.0, 2.0])).SerializeToString(),
-        "string_2^28_one_value": add_model(typed(8, [2**28], "string_data", [b"a"])).SerializeToString(),
-        "double_1PiB_one_value": add_model(typed(11, [2**47], "double_data", [1.0])).SerializeToString(),
+        "float_1GiB_two_values": add_model(
+            typed(1, [2**28], "float_data", [1.0, 2.0])
+        ).SerializeToString(),
+        "string_2^28_one_value": add_model(
+            typed(8, [2**28], "string_data", [b"a"])
+        ).SerializeToString(),
+        "double_1PiB_one_value": add_model(
+            typed(11, [2**47], "double_data", [1.0])
+        ).SerializeToString(),
         "external_length_1TiB": add_model(
             external_tensor([2**38], "weights.bin", "0", str(2**40))
         ).SerializeToString(),
@@ -986,15 +1088,23 @@ def external_model(tmp_path: Path) -> Path:
     w = numpy_helper.from_array(np.arange(4096, dtype=np.float32).reshape(64, 64), "W")
     b = numpy_helper.from_array(np.arange(64, dtype=np.float32), "B")
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["X", "W"], ["xw"]), helper.make_node("Add", ["xw", "B"], ["Y"])],
+        [
+            helper.make_node("MatMul", ["X", "W"], ["xw"]),
+            helper.make_node("Add", ["xw", "B"], ["Y"]),
+        ],
         "g",
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 64])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 64])],
         [w, b],
     )
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
-    onnx.save_model(m, str(src / "model.onnx"), save_as_external_data=True,
-                    location="model.onnx.data", size_threshold=0)
+    onnx.save_model(
+        m,
+        str(src / "model.onnx"),
+        save_as_external_data=True,
+        location="model.onnx.data",
+        size_threshold=0,
+    )
     past = 1_600_000_000
     for p in src.iterdir():
         os.utime(p, (past, past))
@@ -1017,9 +1127,9 @@ def test_load_and_save_never_touch_the_input(tmp_path: Path, external_model: Pat
     # And the copies are right.
     for name in ("inline.onnx", "ext.onnx", "ext_aligned.onnx"):
         ref = onnx.load(str(out / name))
-        from onnx.numpy_helper import to_array
         w = next(t for t in ref.graph.initializer if t.name == "W")
-        np.testing.assert_array_equal(to_array(w), np.arange(4096, dtype=np.float32).reshape(64, 64))
+        want = np.arange(4096, dtype=np.float32).reshape(64, 64)
+        np.testing.assert_array_equal(numpy_helper.to_array(w), want)
     assert sorted(listing(out)) == sorted(
         ["inline.onnx", "ext.onnx", "ext.onnx.data", "ext_aligned.onnx", "ext_aligned.onnx.data"]
     ), "save left extra files (temporaries?)"
@@ -1065,7 +1175,6 @@ def test_failed_save_onto_a_directory_leaves_nothing(tmp_path: Path, external_mo
     for external in (False, True):
         with pytest.raises(fastopt.ModelError):
             m.save(str(out / "target.onnx"), external_data=external, size_threshold=0)
-        assert listing(out) == before - set() or listing(out) <= before | {"target.onnx.data"}
         leftovers = listing(out) - before
         assert not leftovers, f"failed save left files behind: {leftovers}"
 
