@@ -391,7 +391,13 @@ def ensure_model(workdir: str, sizes: dict[str, Any]) -> tuple[str, dict[str, An
 
 
 def _fmt_s(s: float) -> str:
+    if s < 0.01:
+        return f"{s * 1000:.2f} ms"
     return f"{s * 1000:.0f} ms" if s < 1 else f"{s:.2f} s"
+
+
+def _fmt_ratio(x: float) -> str:
+    return f"{x:.2g}x" if x < 0.1 else f"{x:.2f}x"
 
 
 def _fmt_mb(b: float) -> str:
@@ -400,6 +406,7 @@ def _fmt_mb(b: float) -> str:
 
 def summarize(runs: list[dict[str, Any]], modes: list[str]) -> dict[str, dict[str, Any]]:
     summary: dict[str, dict[str, Any]] = {}
+    runs = [r for r in runs if r.get("repeat", 0) >= 0]  # drop warm-up rounds
     for mode in modes:
         ok = [r for r in runs if r["mode"] == mode and r["rc"] == 0]
         failed = [r for r in runs if r["mode"] == mode and r["rc"] != 0]
@@ -490,7 +497,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"- model: generated llama-like decoder ({', '.join(f'{k}={v}' for k, v in sizes.items())})"
         f"; model.onnx {model['model_bytes']:,} B + model.onnx.data {model['data_bytes']:,} B "
         f"({model['data_bytes'] / 1e9:.2f} GB)",
-        f"- method: warm page cache; each run in a fresh process; median of {report['repeat']} "
+        f"- method: warm page cache; each run in a fresh process; {report['warmup']} untimed "
+        f"warm-up round(s) of every mode, then median of {report['repeat']} "
         "runs (min/max shown); time excludes interpreter start and imports (cp: whole process); "
         "peak RSS = child ru_maxrss (max over runs; includes the benchmark parent's "
         f"{_fmt_mb(report['parent_peak_rss'])} high-water mark, which exec inherits); "
@@ -513,7 +521,7 @@ def render_markdown(report: dict[str, Any]) -> str:
             timing += f" (load {_fmt_s(s['load_s'])} + save {_fmt_s(s['save_s'])})"
         lines.append(
             f"| {label} | {timing} | {_fmt_s(s['min_s'])} / {_fmt_s(s['max_s'])} "
-            f"| {s.get('vs_cp', 0):.2f}x | {_fmt_mb(s['peak_rss'])} "
+            f"| {_fmt_ratio(s.get('vs_cp', 0))} | {_fmt_mb(s['peak_rss'])} "
             f"| {_fmt_mb(s['rss_after_import']) if 'rss_after_import' in s else '-'} "
             f"| {target} | {result} |"
         )
@@ -558,6 +566,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--workdir", default="/tmp/fastopt-bench", help="model cache + scratch dir")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1, help="untimed rounds of every mode first")
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--vocab", type=int, default=32000)
@@ -596,15 +605,17 @@ def main(argv: list[str] | None = None) -> int:
     with _cleanup(out_dir):
         print(f"warming page cache ({model_info['data_bytes'] / 1e9:.2f} GB)...", flush=True)
         warm_cache([src, os.path.join(model_dir, DATA_FILE)])
-        for rep in range(args.repeat):
+        # warm-up rounds (rep < 0) are recorded but not summarised: the first writes of GBs
+        # into fresh page-cache memory can be several times slower on VMs (host faults)
+        for rep in range(-args.warmup, args.repeat):
             for mode in modes:  # interleaved, so drift hits every mode alike
                 r = measure(mode, model_dir, out_dir)
                 r["repeat"] = rep
                 runs.append(r)
                 shown = _fmt_s(r["time_s"]) if "time_s" in r else f"FAILED: {r.get('error')}"
+                tag = "warm-up" if rep < 0 else f"{rep + 1}/{args.repeat}"
                 print(
-                    f"[{rep + 1}/{args.repeat}] {mode:18s} {shown:>10s}  "
-                    f"peak RSS {_fmt_mb(r['peak_rss'])}",
+                    f"[{tag}] {mode:18s} {shown:>10s}  peak RSS {_fmt_mb(r['peak_rss'])}",
                     flush=True,
                 )
                 if (
@@ -629,6 +640,7 @@ def main(argv: list[str] | None = None) -> int:
         "environment": environment(),
         "model": {**model_info, "path": src},
         "repeat": args.repeat,
+        "warmup": args.warmup,
         "summary": summary,
         "targets": targets(summary),
         "verify": verify,

@@ -22,8 +22,12 @@ BACKEND_KINDS = ("light", "pytorch-converted", "pytorch-operator", "simple", "re
 CORPUS_DIR = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 
 # Values for symbolic dimensions (the corpus uses these names; anything else gets 2).
-DIMS = {"batch_size": 2, "sequence_length": 8, "past_sequence_length": 4,
-        "total_sequence_length": 12}
+DIMS = {
+    "batch_size": 2,
+    "sequence_length": 8,
+    "past_sequence_length": 4,
+    "total_sequence_length": 12,
+}
 
 
 def backend_models() -> list[Path]:
@@ -88,8 +92,10 @@ def random_feeds(model: onnx.ModelProto, meta: dict[str, Any] | None = None, see
         if vi.name in initializers:
             continue
         tt = vi.type.tensor_type
-        shape = [d.dim_value if d.HasField("dim_value") else DIMS.get(d.dim_param, 2)
-                 for d in tt.shape.dim]
+        shape = [
+            d.dim_value if d.HasField("dim_value") else DIMS.get(d.dim_param, 2)
+            for d in tt.shape.dim
+        ]
         dtype = helper.tensor_dtype_to_np_dtype(tt.elem_type)
         if dtype == np.bool_:
             feeds[vi.name] = rng.random(shape) < 0.5
@@ -151,8 +157,17 @@ def without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     copy.CopyFrom(model)
     for owner in [copy.graph, *copy.functions]:
         for t in tensor_protos(owner):
-            for field in ("raw_data", "data_location", "external_data", "float_data", "int32_data",
-                          "int64_data", "double_data", "uint64_data", "string_data"):
+            for field in (
+                "raw_data",
+                "data_location",
+                "external_data",
+                "float_data",
+                "int32_data",
+                "int64_data",
+                "double_data",
+                "uint64_data",
+                "string_data",
+            ):
                 t.ClearField(field)
     return copy
 

@@ -30,7 +30,7 @@ def onnx_op_counts(graph: onnx.GraphProto) -> Counter[str]:
         domain = "" if node.domain in ("", "ai.onnx") else node.domain
         counts[f"{domain}::{node.op_type}" if domain else node.op_type] += 1
         for a in node.attribute:
-            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
                 counts += onnx_op_counts(g)
     return counts
 
@@ -45,8 +45,9 @@ def test_model_properties_and_op_counts(path: Path) -> None:
     assert m.producer_version == proto.producer_version
     assert m.domain == proto.domain
     assert m.model_version == proto.model_version
-    assert m.opset_imports == {("" if o.domain == "ai.onnx" else o.domain): o.version
-                               for o in proto.opset_import}
+    assert m.opset_imports == {
+        ("" if o.domain == "ai.onnx" else o.domain): o.version for o in proto.opset_import
+    }
     assert m.metadata_props == {p.key: p.value for p in proto.metadata_props}
     assert m.op_counts() == dict(onnx_op_counts(proto.graph))
     assert m.external_data_files() == []
@@ -60,8 +61,10 @@ def _shape(vi: onnx.ValueInfoProto) -> tuple[int | str | None, ...] | None:
     tt = vi.type.tensor_type
     if not tt.HasField("shape"):
         return None
-    return tuple(d.dim_value if d.HasField("dim_value") else d.dim_param if d.HasField("dim_param")
-                 else None for d in tt.shape.dim)
+    return tuple(
+        d.dim_value if d.HasField("dim_value") else d.dim_param if d.HasField("dim_param") else None
+        for d in tt.shape.dim
+    )
 
 
 def _node_key(node: Any) -> tuple[str, str, str]:
@@ -162,12 +165,14 @@ def _typed_tensors() -> list[TensorProto]:
         helper.make_tensor("i8_int32_data", TensorProto.INT8, [3], [-128, 127, 0]),
         helper.make_tensor("u8_int32_data", TensorProto.UINT8, [2], [255, 3]),
         helper.make_tensor("bool_int32_data", TensorProto.BOOL, [4], [True, False, True, True]),
-        helper.make_tensor("f16_int32_data", TensorProto.FLOAT16, [3],
-                           np.array([1.0, -2.5, 65504], np.float16)),
+        helper.make_tensor(
+            "f16_int32_data", TensorProto.FLOAT16, [3], np.array([1.0, -2.5, 65504], np.float16)
+        ),
         helper.make_tensor("u32_uint64_data", TensorProto.UINT32, [2], [2**32 - 1, 1]),
         helper.make_tensor("u64_uint64_data", TensorProto.UINT64, [2], [2**64 - 1, 1]),
-        helper.make_tensor("str_string_data", TensorProto.STRING, [3],
-                           [b"a", b"", "\u00e9\u4e2d".encode()]),
+        helper.make_tensor(
+            "str_string_data", TensorProto.STRING, [3], [b"a", b"", "\u00e9\u4e2d".encode()]
+        ),
         helper.make_tensor("scalar_float_data", TensorProto.FLOAT, [], [4.0]),
         helper.make_tensor("empty_float_data", TensorProto.FLOAT, [0, 3], []),
         helper.make_tensor("nan_float_data", TensorProto.FLOAT, [2], [math.nan, -math.inf]),
@@ -188,10 +193,15 @@ def _typed_tensors() -> list[TensorProto]:
 def test_typed_field_tensors(tmp_path: Path) -> None:
     tensors = _typed_tensors()
     graph = helper.make_graph(
-        [helper.make_node("Constant", [], [f"c_{t.name}"], name=f"c_{t.name}", value=t)
-         for t in tensors],
-        "typed", [], [helper.make_tensor_value_info("c_f32_float_data", TensorProto.FLOAT, [2, 3])],
-        tensors)
+        [
+            helper.make_node("Constant", [], [f"c_{t.name}"], name=f"c_{t.name}", value=t)
+            for t in tensors
+        ],
+        "typed",
+        [],
+        [helper.make_tensor_value_info("c_f32_float_data", TensorProto.FLOAT, [2, 3])],
+        tensors,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     path = tmp_path / "typed.onnx"
     onnx.save_model(model, str(path))
@@ -207,17 +217,37 @@ def test_typed_field_tensors(tmp_path: Path) -> None:
 
 
 def test_attributes() -> None:
-    sub = helper.make_graph([helper.make_node("Neg", ["x"], ["y"])], "sub",
-                            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
-    node = helper.make_node("Custom", ["a", "", "b"], ["c", ""], name="n", domain="my.domain",
-                            i=3, f=0.25, s="text", ints=[1, -2], floats=[0.5], strings=["x", "y"],
-                            t=numpy_helper.from_array(np.array([1, 2], np.int64), "t"), g=sub,
-                            graphs=[sub, sub])
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1])
-                                            for n in ("a", "b")], [])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                    helper.make_opsetid("my.domain", 1)])
+    sub = helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["y"])],
+        "sub",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+    node = helper.make_node(
+        "Custom",
+        ["a", "", "b"],
+        ["c", ""],
+        name="n",
+        domain="my.domain",
+        i=3,
+        f=0.25,
+        s="text",
+        ints=[1, -2],
+        floats=[0.5],
+        strings=["x", "y"],
+        t=numpy_helper.from_array(np.array([1, 2], np.int64), "t"),
+        g=sub,
+        graphs=[sub, sub],
+    )
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1]) for n in ("a", "b")],
+        [],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("my.domain", 1)]
+    )
     n = fastopt.from_onnx(model).graph.nodes[0]
     assert (n.name, n.op_type, n.domain) == ("n", "Custom", "my.domain")
     assert [v.name if v else None for v in n.inputs] == ["a", None, "b"]
@@ -238,9 +268,12 @@ def test_attributes() -> None:
 def test_parameter_totals(tmp_path: Path) -> None:
     weights = {"w1": np.ones((3, 4), np.float32), "w2": np.ones(5, np.float16)}
     graph = helper.make_graph(
-        [helper.make_node("Identity", [n], [f"{n}_o"]) for n in weights], "p", [],
+        [helper.make_node("Identity", [n], [f"{n}_o"]) for n in weights],
+        "p",
+        [],
         [helper.make_tensor_value_info(f"{n}_o", TensorProto.FLOAT, None) for n in weights],
-        [numpy_helper.from_array(a, n) for n, a in weights.items()])
+        [numpy_helper.from_array(a, n) for n, a in weights.items()],
+    )
     m = fastopt.from_onnx(helper.make_model(graph))
     assert m.path is None
     assert m.num_parameters() == 17
@@ -276,8 +309,7 @@ CLI_COMMANDS = {"module": [sys.executable, "-m", "fastopt"], "script": ["fastopt
 def _cli(kind: str, *args: str) -> subprocess.CompletedProcess[str]:
     if kind == "script" and shutil.which("fastopt") is None:
         pytest.skip("the `fastopt` console script is not on PATH")
-    return subprocess.run([*CLI_COMMANDS[kind], *args], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run([*CLI_COMMANDS[kind], *args], capture_output=True, text=True, timeout=120)
 
 
 def _contains(obj: Any, wanted: Any) -> bool:

@@ -47,17 +47,30 @@ FEEDS = {"X": _rng.standard_normal((64, 64)).astype(np.float32)}
 
 
 def _model() -> onnx.ModelProto:
-    nodes = [helper.make_node("Add", ["X", "w_f32"], ["Y"], name="add"),
-             helper.make_node("Constant", [], ["const_out"], name="const",
-                              value=numpy_helper.from_array(CONST, "const"))]
+    nodes = [
+        helper.make_node("Add", ["X", "w_f32"], ["Y"], name="add"),
+        helper.make_node(
+            "Constant",
+            [],
+            ["const_out"],
+            name="const",
+            value=numpy_helper.from_array(CONST, "const"),
+        ),
+    ]
     nodes += [helper.make_node("Identity", [n], [f"{n}_out"], name=f"id_{n}") for n in ARRAYS]
     outputs = [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [64, 64])]
-    outputs += [helper.make_tensor_value_info(f"{n}_out", helper.np_dtype_to_tensor_dtype(a.dtype),
-                                              a.shape) for n, a in ARRAYS.items()]
+    outputs += [
+        helper.make_tensor_value_info(f"{n}_out", helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+        for n, a in ARRAYS.items()
+    ]
     outputs.append(helper.make_tensor_value_info("const_out", TensorProto.FLOAT, [1024]))
     graph = helper.make_graph(
-        nodes, "ext", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [64, 64])], outputs,
-        [numpy_helper.from_array(a, n) for n, a in ARRAYS.items()])
+        nodes,
+        "ext",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [64, 64])],
+        outputs,
+        [numpy_helper.from_array(a, n) for n, a in ARRAYS.items()],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
@@ -66,8 +79,15 @@ def write_layout(folder: Path, layout: str) -> Path:
     folder.mkdir(parents=True)
     model, path = _model(), folder / "model.onnx"
     if layout == "onnx_saved":
-        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location="model.onnx.data", size_threshold=1024, convert_attribute=True)
+        onnx.save_model(
+            model,
+            str(path),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location="model.onnx.data",
+            size_threshold=1024,
+            convert_attribute=True,
+        )
         return path
     rng = np.random.default_rng(3)
     files: dict[str, bytearray] = {}
@@ -98,8 +118,11 @@ def write_layout(folder: Path, layout: str) -> Path:
 
 
 def digest(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def values(model: onnx.ModelProto) -> dict[str, np.ndarray]:
@@ -107,8 +130,11 @@ def values(model: onnx.ModelProto) -> dict[str, np.ndarray]:
 
 
 def external_tensors(model: onnx.ModelProto) -> dict[str, dict[str, str]]:
-    return {t.name: {e.key: e.value for e in t.external_data}
-            for t in tensor_protos(model.graph) if t.data_location == TensorProto.EXTERNAL}
+    return {
+        t.name: {e.key: e.value for e in t.external_data}
+        for t in tensor_protos(model.graph)
+        if t.data_location == TensorProto.EXTERNAL
+    }
 
 
 def assert_expected_values(model: onnx.ModelProto) -> None:
@@ -138,8 +164,9 @@ def test_layouts_are_valid_onnx(src: Path) -> None:
 def test_load_external_views(src: Path, layout: str) -> None:
     before = digest(src.parent)
     m = fastopt.load(str(src))
-    expected_files = {str(p.resolve()) for p in src.parent.rglob("*")
-                      if p.is_file() and p.name != "model.onnx"}
+    expected_files = {
+        str(p.resolve()) for p in src.parent.rglob("*") if p.is_file() and p.name != "model.onnx"
+    }
     assert {str(Path(f).resolve()) for f in m.external_data_files()} == expected_files
     assert all(os.path.isabs(f) for f in m.external_data_files())
     for name, expected in ARRAYS.items():
@@ -260,20 +287,22 @@ _OVERWRITE_SCRIPT = textwrap.dedent("""
 
     path, external = sys.argv[1], sys.argv[2] == "1"
     m = fastopt.load(path)
-    views = {t.name: t.numpy() for t in m.graph.initializer}
+    views = {t.name: t.numpy() for t in m.graph.initializers}
     copies = {name: np.array(v) for name, v in views.items()}
     m.save(path, external_data=external)
     # The input was replaced by a rename, not rewritten in place: old views still read old bytes.
     for name, v in views.items():
         np.testing.assert_array_equal(v, copies[name])
-    for t in fastopt.load(path).graph.initializer:
+    for t in fastopt.load(path).graph.initializers:
         np.testing.assert_array_equal(t.numpy(), copies[t.name])
     print("ok")
 """)
 
 
-@pytest.mark.parametrize(("layout_name", "external"), [
-    ("inline", False), ("onnx_saved", True), ("onnx_saved", False), ("one_file", True)])
+@pytest.mark.parametrize(
+    ("layout_name", "external"),
+    [("inline", False), ("onnx_saved", True), ("onnx_saved", False), ("one_file", True)],
+)
 def test_save_over_input(tmp_path: Path, layout_name: str, external: bool) -> None:
     """Runs in a child process: writing over a mapped file in place would crash with SIGBUS."""
     folder = tmp_path / "m"
@@ -285,8 +314,12 @@ def test_save_over_input(tmp_path: Path, layout_name: str, external: bool) -> No
         src = write_layout(folder, layout_name)
     expected_ort = run_ort(src, FEEDS)
     before = digest(folder)
-    proc = subprocess.run([sys.executable, "-c", _OVERWRITE_SCRIPT, str(src), str(int(external))],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", _OVERWRITE_SCRIPT, str(src), str(int(external))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
     saved = onnx.load(str(src))
     assert_expected_values(saved)
@@ -354,18 +387,129 @@ def _corrupt(tmp_path: Path, **changes: str) -> Path:
     return src
 
 
-@pytest.mark.parametrize("changes", [
-    {"location": "does_not_exist.bin"},
-    {"location": "../outside.bin"},
-    {"location": "/etc/passwd"},
-    {"offset": str(10**9)},
-    {"length": "8"},
-    {"length": str(10**6)},
-    {"offset": "-4"},
-], ids=["missing_file", "escapes_dir", "absolute", "offset_past_end", "short_length",
-        "long_length", "negative_offset"])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"location": "does_not_exist.bin"},
+        {"location": "../outside.bin"},
+        {"location": "/etc/passwd"},
+        {"offset": str(10**9)},
+        {"length": "8"},
+        {"length": str(10**6)},
+        {"offset": "-4"},
+    ],
+    ids=[
+        "missing_file",
+        "escapes_dir",
+        "absolute",
+        "offset_past_end",
+        "short_length",
+        "long_length",
+        "negative_offset",
+    ],
+)
 def test_bad_external_reference_raises(tmp_path: Path, changes: dict[str, str]) -> None:
     (tmp_path / "outside.bin").write_bytes(bytes(64 * 64 * 4))
     src = _corrupt(tmp_path, **changes)
     with pytest.raises(fastopt.ModelError):
         fastopt.load(str(src))
+
+
+# --- external data inside subgraphs ---------------------------------------------------------------
+
+
+def _subgraph_model() -> onnx.ModelProto:
+    """If whose then branch holds a Constant with a 4 KiB tensor and whose else branch holds its own
+    initializers (one raw, one in float_data); the main graph holds one more."""
+    n, vi = 1024, helper.make_tensor_value_info
+    c_then = numpy_helper.from_array(np.linspace(0, 1, n, dtype=np.float32), "c_then")
+    then_g = helper.make_graph(
+        [
+            helper.make_node("Constant", [], ["ct"], name="then_const", value=c_then),
+            helper.make_node("Add", ["X", "ct"], ["t"], name="then_add"),
+        ],
+        "then",
+        [],
+        [vi("t", TensorProto.FLOAT, [n])],
+    )
+    else_g = helper.make_graph(
+        [
+            helper.make_node("Mul", ["X", "w_else"], ["e0"], name="else_mul"),
+            helper.make_node("Add", ["e0", "w_typed"], ["e"], name="else_add"),
+        ],
+        "else",
+        [],
+        [vi("e", TensorProto.FLOAT, [n])],
+        [
+            numpy_helper.from_array(np.full(n, 3, np.float32), "w_else"),
+            helper.make_tensor("w_typed", TensorProto.FLOAT, [n], np.arange(n, dtype=np.float32)),
+        ],
+    )
+    graph = helper.make_graph(
+        [
+            helper.make_node("Sub", ["X", "w_main"], ["d"], name="sub"),
+            helper.make_node("ReduceSum", ["d"], ["s"], name="sum", keepdims=0),
+            helper.make_node("Greater", ["s", "zero"], ["c"], name="gt"),
+            helper.make_node("If", ["c"], ["Y"], name="if", then_branch=then_g, else_branch=else_g),
+        ],
+        "sub_ext",
+        [vi("X", TensorProto.FLOAT, [n])],
+        [vi("Y", TensorProto.FLOAT, [n])],
+        [
+            numpy_helper.from_array(np.ones(n, np.float32), "w_main"),
+            numpy_helper.from_array(np.array(0, np.float32), "zero"),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("external_data", [False, True])
+def test_external_data_in_subgraphs(tmp_path: Path, external_data: bool) -> None:
+    model = _subgraph_model()
+    (tmp_path / "in").mkdir()
+    src = tmp_path / "in" / "model.onnx"
+    expected_values = values(model)
+    copy = onnx.ModelProto.FromString(model.SerializeToString())  # save_model converts in place
+    onnx.save_model(
+        copy,
+        str(src),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="model.onnx.data",
+        size_threshold=1024,
+        convert_attribute=True,
+    )
+    rng = np.random.default_rng(1)
+    feeds = [{"X": (rng.standard_normal(1024) + shift).astype(np.float32)} for shift in (-5, 5)]
+    expected_ort = [run_ort(src, f) for f in feeds]
+
+    m = fastopt.load(str(src))
+    if_node = next(n for n in m.graph.nodes if n.op_type == "If")
+    branches = {g.name: g for g in if_node.subgraphs}
+    assert branches["else"].initializer("w_else").is_external
+    assert not branches["else"].initializer("w_typed").is_external
+    const = branches["then"].nodes[0].attributes["value"]
+    assert const.is_external
+    np.testing.assert_array_equal(const.numpy(), expected_values["c_then"], strict=True)
+    for g in branches.values():
+        for t in g.initializers:
+            np.testing.assert_array_equal(t.numpy(), expected_values[t.name], strict=True)
+
+    (tmp_path / "out").mkdir()
+    out = tmp_path / "out" / "model.onnx"
+    m.save(str(out), external_data=external_data)
+    shutil.move(tmp_path / "in", tmp_path / "moved_away")
+    saved = onnx.load(str(out))
+    got = values(saved)
+    assert sorted(got) == sorted(expected_values)
+    for name, value in expected_values.items():
+        np.testing.assert_array_equal(got[name], value, strict=True, err_msg=name)
+    assert_proto_equal(without_weights(model), without_weights(saved))
+    ext = external_tensors(onnx.load(str(out), load_external_data=False))
+    assert ("w_else" in ext and "w_main" in ext) == external_data and (external_data or not ext)
+    assert {p.name for p in out.parent.iterdir()} == {
+        "model.onnx",
+        *(info["location"] for info in ext.values()),
+    }
+    for f, expected in zip(feeds, expected_ort):
+        assert_outputs_identical(expected, run_ort(out, f))

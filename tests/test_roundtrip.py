@@ -91,21 +91,32 @@ def _varint(n: int) -> bytes:
 def _unknown_fields(first: int) -> bytes:
     """Four fields this onnx version does not know: varint, fixed64, length-delimited, fixed32."""
     return (
-        _varint(first << 3 | 0) + _varint(150)
-        + _varint((first + 1) << 3 | 1) + bytes(range(8))
-        + _varint((first + 2) << 3 | 2) + _varint(5) + b"hello"
-        + _varint((first + 3) << 3 | 5) + bytes(range(4))
+        _varint(first << 3 | 0)
+        + _varint(150)
+        + _varint((first + 1) << 3 | 1)
+        + bytes(range(8))
+        + _varint((first + 2) << 3 | 2)
+        + _varint(5)
+        + b"hello"
+        + _varint((first + 3) << 3 | 5)
+        + bytes(range(4))
     )
 
 
 def _small_model() -> onnx.ModelProto:
     w = numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(2, 3), "W")
     then_g = helper.make_graph(
-        [helper.make_node("Add", ["X", "W"], ["t"], name="then_add")], "then", [],
-        [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2, 3])])
+        [helper.make_node("Add", ["X", "W"], ["t"], name="then_add")],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2, 3])],
+    )
     else_g = helper.make_graph(
-        [helper.make_node("Sub", ["X", "W"], ["e"], name="else_sub")], "else", [],
-        [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2, 3])])
+        [helper.make_node("Sub", ["X", "W"], ["e"], name="else_sub")],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2, 3])],
+    )
     nodes = [
         helper.make_node("Relu", ["X"], ["r"], name="relu"),
         helper.make_node("ReduceSum", ["r"], ["s"], name="sum", keepdims=0),
@@ -113,7 +124,8 @@ def _small_model() -> onnx.ModelProto:
         helper.make_node("If", ["c"], ["Y"], name="if", then_branch=then_g, else_branch=else_g),
     ]
     graph = helper.make_graph(
-        nodes, "small",
+        nodes,
+        "small",
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 3])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 3])],
         [w, numpy_helper.from_array(np.array(0, dtype=np.float32), "zero")],
@@ -132,9 +144,20 @@ def _roundtrip_file(proto_bytes: bytes, tmp_path: Path) -> tuple[onnx.ModelProto
 def test_unknown_fields_preserved(tmp_path: Path) -> None:
     model = _small_model()
     g = model.graph
-    targets = [model, g, g.node[0], g.node[1].attribute[0], g.node[3].attribute[0].g,
-               g.node[3].attribute[0].g.node[0], g.initializer[0], g.input[0], g.input[0].type,
-               g.input[0].type.tensor_type.shape.dim[0], g.value_info[0], model.opset_import[0]]
+    targets = [
+        model,
+        g,
+        g.node[0],
+        g.node[1].attribute[0],
+        g.node[3].attribute[0].g,
+        g.node[3].attribute[0].g.node[0],
+        g.initializer[0],
+        g.input[0],
+        g.input[0].type,
+        g.input[0].type.tensor_type.shape.dim[0],
+        g.value_info[0],
+        model.opset_import[0],
+    ]
     for i, msg in enumerate(targets):
         msg.MergeFromString(_unknown_fields(1000 + 10 * i))
     original, saved = _roundtrip_file(model.SerializeToString(), tmp_path)
@@ -143,7 +166,8 @@ def test_unknown_fields_preserved(tmp_path: Path) -> None:
     assert_proto_equal(model, fastopt.from_onnx(model).to_onnx())
     assert_outputs_identical(
         run_ort(tmp_path / "in.onnx", {"X": np.ones((2, 3), np.float32)}),
-        run_ort(tmp_path / "out.onnx", {"X": np.ones((2, 3), np.float32)}))
+        run_ort(tmp_path / "out.onnx", {"X": np.ones((2, 3), np.float32)}),
+    )
 
 
 def test_explicit_default_fields_preserved(tmp_path: Path) -> None:
@@ -183,31 +207,63 @@ def test_rare_fields_preserved(tmp_path: Path) -> None:
     g.input[0].type.tensor_type.shape.dim[0].denotation = "DATA_BATCH"
     sparse = helper.make_sparse_tensor(
         numpy_helper.from_array(np.array([1.5, 2.5], np.float32), "sp"),
-        numpy_helper.from_array(np.array([1, 4], np.int64), "sp_idx"), [2, 3])
+        numpy_helper.from_array(np.array([1, 4], np.int64), "sp_idx"),
+        [2, 3],
+    )
     g.sparse_initializer.append(sparse)
     g.quantization_annotation.add(tensor_name="r").quant_parameter_tensor_names.add(
-        key="SCALE_TENSOR", value="zero")
+        key="SCALE_TENSOR", value="zero"
+    )
     seq_type = helper.make_sequence_type_proto(
-        helper.make_tensor_type_proto(TensorProto.FLOAT16, ["n"]))
+        helper.make_tensor_type_proto(TensorProto.FLOAT16, ["n"])
+    )
     g.value_info.append(helper.make_value_info("unused_seq", seq_type))
-    g.value_info.append(helper.make_value_info("unused_map", helper.make_map_type_proto(
-        TensorProto.INT64, helper.make_optional_type_proto(
-            helper.make_tensor_type_proto(TensorProto.BFLOAT16, [])))))
+    g.value_info.append(
+        helper.make_value_info(
+            "unused_map",
+            helper.make_map_type_proto(
+                TensorProto.INT64,
+                helper.make_optional_type_proto(
+                    helper.make_tensor_type_proto(TensorProto.BFLOAT16, [])
+                ),
+            ),
+        )
+    )
     odd = helper.make_node(
-        "OddOp", [], [], name="odd", domain="custom.domain",
-        f=0.5, i=-7, s=b"\x00bytes\xff", floats=[1.0, -0.0, float("inf")], ints=[0, -1, 2**62],
-        strings=[b"a", b""], t=numpy_helper.from_array(np.array([1, 2], np.int8)),
-        tensors=[numpy_helper.from_array(np.array(True))], sparse_tensor=sparse,
-        sparse_tensors=[sparse], g=g.node[3].attribute[0].g, graphs=[g.node[3].attribute[1].g],
-        tp=seq_type, tps=[seq_type])
+        "OddOp",
+        [],
+        [],
+        name="odd",
+        domain="custom.domain",
+        f=0.5,
+        i=-7,
+        s=b"\x00bytes\xff",
+        floats=[1.0, -0.0, float("inf")],
+        ints=[0, -1, 2**62],
+        strings=[b"a", b""],
+        t=numpy_helper.from_array(np.array([1, 2], np.int8)),
+        tensors=[numpy_helper.from_array(np.array(True))],
+        sparse_tensor=sparse,
+        sparse_tensors=[sparse],
+        g=g.node[3].attribute[0].g,
+        graphs=[g.node[3].attribute[1].g],
+        tp=seq_type,
+        tps=[seq_type],
+    )
     # Not wired into the main graph (ORT would reject it); it lives in the training info instead.
     training = model.training_info.add()
     training.initialization.CopyFrom(helper.make_graph([odd], "init", [], []))
     training.algorithm.CopyFrom(helper.make_graph([], "algo", [], []))
     training.update_binding.add(key="W", value="W_new")
     fn = helper.make_function(
-        "custom.domain", "Fn", ["a"], ["b"], [helper.make_node("Neg", ["a"], ["b"])],
-        [helper.make_opsetid("", 17)], attributes=["unused"])
+        "custom.domain",
+        "Fn",
+        ["a"],
+        ["b"],
+        [helper.make_node("Neg", ["a"], ["b"])],
+        [helper.make_opsetid("", 17)],
+        attributes=["unused"],
+    )
     fn.overload = "v2"
     fn.doc_string = "a function"
     fn.value_info.append(helper.make_tensor_value_info("b", TensorProto.FLOAT, None))
@@ -217,3 +273,71 @@ def test_rare_fields_preserved(tmp_path: Path) -> None:
     original, saved = _roundtrip_file(model.SerializeToString(), tmp_path)
     assert_proto_equal(original, saved)
     assert_proto_equal(model, fastopt.from_onnx(model).to_onnx())
+
+
+# --- other valid wire encodings of the same model ----------------------------------------------
+
+
+def _len_field(field: int, payload: bytes) -> bytes:
+    return _varint(field << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _tensor_bytes(variant: str) -> bytes:
+    """W = [[0, 1, 2], [3, 4, 5]] as a TensorProto with float_data, encoded by hand."""
+    dims = [2, 3]
+    floats = np.arange(6, dtype=np.float32)
+    if variant == "packed":  # dims packed (onnx writes it unpacked), float_data unpacked
+        dims_field = _len_field(1, b"".join(_varint(d) for d in dims))
+        floats_field = b"".join(_varint(4 << 3 | 5) + f.tobytes() for f in floats)
+    else:
+        dims_field = b"".join(_varint(1 << 3) + _varint(d) for d in dims)
+        floats_field = _len_field(4, floats.tobytes())
+    data_type = _varint(2 << 3) + (b"\x81\x80\x00" if variant == "overlong" else _varint(1))
+    name = _len_field(8, b"W")
+    if variant == "reordered":
+        return name + floats_field + data_type + dims_field
+    return dims_field + data_type + floats_field + name
+
+
+def _wire_model(variant: str) -> bytes:
+    vi = helper.make_tensor_value_info
+    head = helper.make_model(
+        helper.make_graph([], "unused", [], []),
+        opset_imports=[helper.make_opsetid("", 17)],
+        ir_version=8,
+    )
+    head.ClearField("graph")
+    graph_a = helper.make_graph(
+        [helper.make_node("Add", ["X", "W"], ["Y"], name="add")],
+        "g",
+        [vi("X", TensorProto.FLOAT, [2, 3])],
+        [],
+    ).SerializeToString()
+    graph_b = onnx.GraphProto(output=[vi("Y", TensorProto.FLOAT, [2, 3])]).SerializeToString()
+    initializer = _len_field(5, _tensor_bytes(variant))
+    if variant == "split_graph":  # the graph field twice: the two halves merge
+        second = _len_field(7, graph_b + initializer)
+        return head.SerializeToString() + _len_field(7, graph_a) + second
+    if variant == "last_wins":  # scalar fields twice: the last value counts
+        graph = _len_field(2, b"old name") + graph_a + graph_b + initializer
+        return _varint(1 << 3) + _varint(3) + head.SerializeToString() + _len_field(7, graph)
+    if variant == "reordered":
+        return _len_field(7, initializer + graph_b + graph_a) + head.SerializeToString()
+    return head.SerializeToString() + _len_field(7, graph_a + graph_b + initializer)
+
+
+@pytest.mark.parametrize(
+    "variant", ["plain", "packed", "overlong", "reordered", "split_graph", "last_wins"]
+)
+def test_wire_encoding_variants(variant: str, tmp_path: Path) -> None:
+    """Encodings any protobuf parser accepts: packed/unpacked repeated scalars, overlong varints,
+    fields in any order, a message field given twice (merged), a scalar given twice (last wins)."""
+    original, saved = _roundtrip_file(_wire_model(variant), tmp_path)
+    reference = onnx.load_from_string(_wire_model("plain"))
+    assert original == reference  # same model for protobuf, whatever the encoding
+    assert_proto_equal(original, saved)
+    feeds = {"X": np.ones((2, 3), np.float32)}
+    expected = run_ort(tmp_path / "in.onnx", feeds)
+    assert_outputs_identical(expected, run_ort(tmp_path / "out.onnx", feeds))
+    t = fastopt.load(str(tmp_path / "in.onnx")).graph.initializer("W")
+    np.testing.assert_array_equal(t.numpy(), np.arange(6, dtype=np.float32).reshape(2, 3))

@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 #include <pybind11/typing.h>
 
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -125,7 +126,11 @@ PYBIND11_MODULE(_C, m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const ModelError& e) {
-      py::set_error(model_error, e.what());
+      // Messages quote names from the file; never let a stray byte turn into a decode error.
+      const char* w = e.what();
+      py::object text = py::reinterpret_steal<py::object>(
+          PyUnicode_DecodeUTF8(w, static_cast<py::ssize_t>(std::strlen(w)), "replace"));
+      py::set_error(model_error, text);
     }
   });
 
@@ -336,6 +341,20 @@ PYBIND11_MODULE(_C, m) {
            "Operator histogram over all graphs: 'Op' for ai.onnx, 'domain::Op' otherwise")
       .def("verify", &Model::verify, py::call_guard<py::gil_scoped_release>(),
            "Checks the IR's invariants; raises ModelError naming the first broken one")
+      .def("num_parameters", [](const Model& mm) {
+        uint64_t n = 0;
+        mm.for_each_graph([&](Graph& g) {
+          for (Value* v : g.initializer_order) n += v->initializer()->numel();
+        });
+        return n;
+      }, "Elements in all initializers (subgraphs included)")
+      .def("parameter_bytes", [](const Model& mm) {
+        uint64_t n = 0;
+        mm.for_each_graph([&](Graph& g) {
+          for (Value* v : g.initializer_order) n += v->initializer()->nbytes();
+        });
+        return n;
+      }, "Bytes of all initializers (subgraphs included)")
       .def("external_data_files", [](const Model& mm) {
         std::vector<std::string> out;
         for (const auto& kv : mm.external_files) out.push_back(kv.first);

@@ -66,6 +66,37 @@ uint64_t count_values(wire::Reader& r, wire::WireType type, const uint8_t* base,
   return n;
 }
 
+// Protobuf `string` fields hold UTF-8; names with invalid bytes cannot be text in Python or
+// in error messages, so they are refused at load.
+bool valid_utf8(const std::string& s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  size_t n = s.size(), i = 0;
+  while (i < n) {
+    unsigned char c = p[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len;
+    uint32_t cp;
+    if ((c & 0xe0) == 0xc0) { len = 2; cp = c & 0x1f; }
+    else if ((c & 0xf0) == 0xe0) { len = 3; cp = c & 0x0f; }
+    else if ((c & 0xf8) == 0xf0) { len = 4; cp = c & 0x07; }
+    else return false;
+    if (i + len > n) return false;
+    for (size_t k = 1; k < len; ++k) {
+      if ((p[i + k] & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (p[i + k] & 0x3f);
+    }
+    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
+        cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) {
+      return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
 }  // namespace
 
 struct ModelReader {
@@ -87,7 +118,15 @@ struct ModelReader {
     r.skip(type, number);
     extras.push_back(span(start, r.pos()));
   }
+  // A `string` field: must be UTF-8.
   std::string str(wire::Reader& r, wire::WireType type, const char* what) {
+    r.expect(type, wire::kLen, what);
+    std::string s = r.string();
+    if (!valid_utf8(s)) r.fail(std::string("field '") + what + "' is not valid UTF-8");
+    return s;
+  }
+  // A `bytes` field: anything goes.
+  std::string bytes(wire::Reader& r, wire::WireType type, const char* what) {
     r.expect(type, wire::kLen, what);
     return r.string();
   }
@@ -265,9 +304,14 @@ struct ModelReader {
     }
     const uint64_t expected = bits > 0 ? dtype_storage_bytes(dt, numel) : 0;
     const bool external = ts.data_location.value_or(0) == field::tensor::kLocationExternal;
+    const bool has_payload = external || ts.has_raw_field || !ts.typed.empty();
+    if (has_payload && bits == 0 && dt != kString) {
+      throw ModelError(who + " has data but an unsupported data type " + std::to_string(dt));
+    }
 
     if (external) {
       if (ts.has_raw_field) throw ModelError(who + " has both raw_data and external data");
+      if (dt == kString) throw ModelError(who + " is a string tensor with external data");
       ts.storage = Tensor::Storage::kExternal;
       ts.external = resolve_external(ts, std::move(ext_entries), expected, bits > 0);
       return;
@@ -427,7 +471,7 @@ struct ModelReader {
           break;
         }
         case field::attr::kI: a.i = int64(r, t, "i"); break;
-        case field::attr::kS: a.s = str(r, t, "s"); break;
+        case field::attr::kS: a.s = bytes(r, t, "s"); break;
         case field::attr::kT: {
           auto [tb, te] = sub(r, t, "t");
           a.t = read_tensor(tb, te);
@@ -449,7 +493,7 @@ struct ModelReader {
             a.ints.push_back(static_cast<int64_t>(v));
           });
           break;
-        case field::attr::kStrings: a.strings.push_back(str(r, t, "strings")); break;
+        case field::attr::kStrings: a.strings.push_back(bytes(r, t, "strings")); break;
         case field::attr::kTensors: {
           auto [tb, te] = sub(r, t, "tensors");
           a.tensors.push_back(read_tensor(tb, te));

@@ -215,9 +215,17 @@ class Model:
     """
     def external_data_files(self) -> list[str]:
         ...
+    def num_parameters(self) -> int:
+        """
+        Elements in all initializers (subgraphs included)
+        """
     def op_counts(self) -> dict[str, int]:
         """
         Operator histogram over all graphs: 'Op' for ai.onnx, 'domain::Op' otherwise
+        """
+    def parameter_bytes(self) -> int:
+        """
+        Bytes of all initializers (subgraphs included)
         """
     def save(self, path: typing.Any, external_data: typing.Any = None, *, location: str = '', size_threshold: typing.SupportsInt | typing.SupportsIndex = 1024, align: typing.SupportsInt | typing.SupportsIndex = 0, max_file_bytes: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
         """

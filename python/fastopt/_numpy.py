@@ -47,7 +47,16 @@ def tensor_to_numpy(tensor: Tensor) -> np.ndarray:
     shape = tuple(tensor.shape)
     dtype = tensor.dtype
     if dtype == _STRING:
-        return np.array(tensor.strings(), dtype=object).reshape(shape)
+        # As onnx.numpy_helper does: UTF-8 text becomes str; other bytes stay bytes.
+        items: list[object] = []
+        for raw in tensor.strings():
+            try:
+                items.append(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                items.append(raw)
+        out = np.empty(len(items), dtype=object)
+        out[:] = items
+        return out.reshape(shape)
     data = np.frombuffer(tensor.raw_bytes(), dtype=np.uint8)
     if dtype in _SUB_BYTE:
         # Packed low nibble first (or 2-bit groups low bits first); unpacking copies.
