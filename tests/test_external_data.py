@@ -513,3 +513,17 @@ def test_external_data_in_subgraphs(tmp_path: Path, external_data: bool) -> None
     }
     for f, expected in zip(feeds, expected_ort):
         assert_outputs_identical(expected, run_ort(out, f))
+
+
+def test_from_onnx_with_base_dir_and_to_onnx_inlines(src: Path) -> None:
+    """from_onnx(proto, base_dir) resolves external data; to_onnx() inlines it."""
+    proto = onnx.load(str(src), load_external_data=False)
+    m = fastopt.from_onnx(proto, base_dir=str(src.parent))
+    for name, expected in ARRAYS.items():
+        t = m.graph.initializer(name)
+        assert t.is_external == (name != "small")
+        np.testing.assert_array_equal(t.numpy(), expected, strict=True)
+    for model in (m.to_onnx(), fastopt.load(str(src)).to_onnx()):
+        assert external_tensors(model) == {}
+        assert_expected_values(model)
+        assert_proto_equal(without_weights(onnx.load(str(src))), without_weights(model))

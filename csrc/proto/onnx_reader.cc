@@ -618,19 +618,22 @@ struct ModelReader {
         Attribute& a = pn.node->attributes[attr_index];
         auto sub = std::make_unique<Graph>(model, &g);
         sub->set_owner_node(pn.node);
-        read_graph_body(*sub, pg.begin, pg.end, depth + 1);
+        read_graph_body(*sub, {{pg.begin, pg.end}}, depth + 1);
         if (pg.index < 0) a.g = std::move(sub);
         else a.graphs[pg.index] = std::move(sub);
       }
     }
   }
 
-  void read_graph_body(Graph& g, uint64_t b, uint64_t e, int depth) {
+  // `spans` are the occurrences of one GraphProto field: protobuf merges them in order.
+  void read_graph_body(Graph& g, const std::vector<std::pair<uint64_t, uint64_t>>& spans,
+                       int depth) {
     if (depth > kMaxGraphDepth) throw ModelError("subgraphs are nested too deeply");
+    std::vector<std::pair<uint64_t, uint64_t>> nodes, inputs, outputs, inits, sparse, infos;
+    for (auto [b, e] : spans) {
     wire::Reader r(base, b, e, "GraphProto");
     uint32_t f;
     wire::WireType t;
-    std::vector<std::pair<uint64_t, uint64_t>> nodes, inputs, outputs, inits, sparse, infos;
     while (r.next(&f, &t)) {
       switch (f) {
         case field::graph::kNode: nodes.push_back(sub(r, t, "node")); break;
@@ -644,6 +647,7 @@ struct ModelReader {
         case field::graph::kValueInfo: infos.push_back(sub(r, t, "value_info")); break;
         default: keep(g.extras, r, t, f);
       }
+    }
     }
     const std::string gname = "graph '" + g.name.value + "'";
     for (auto [ib, ie] : inputs) {
@@ -815,8 +819,7 @@ struct ModelReader {
     wire::Reader r(base, 0, source->size(), "ModelProto");
     uint32_t f;
     wire::WireType t;
-    std::pair<uint64_t, uint64_t> graph{0, 0};
-    bool has_graph = false;
+    std::vector<std::pair<uint64_t, uint64_t>> graph;
     std::vector<std::pair<uint64_t, uint64_t>> functions;
     while (r.next(&f, &t)) {
       switch (f) {
@@ -828,11 +831,7 @@ struct ModelReader {
         case field::model::kDomain: m->domain.set(str(r, t, "domain")); break;
         case field::model::kModelVersion: m->model_version = int64(r, t, "model_version"); break;
         case field::model::kDocString: m->doc_string.set(str(r, t, "doc_string")); break;
-        case field::model::kGraph:
-          if (has_graph) throw ModelError("model has more than one graph field");
-          graph = sub(r, t, "graph");
-          has_graph = true;
-          break;
+        case field::model::kGraph: graph.push_back(sub(r, t, "graph")); break;
         case field::model::kOpsetImport: {
           auto [ob, oe] = sub(r, t, "opset_import");
           m->opset_import.push_back(read_opset(ob, oe));
@@ -850,11 +849,11 @@ struct ModelReader {
         default: keep(m->extras, r, t, f);
       }
     }
-    if (!has_graph) throw ModelError("not an ONNX model: no graph (is the file empty or not ONNX?)");
+    if (graph.empty()) throw ModelError("not an ONNX model: no graph (is the file empty or not ONNX?)");
     if (!m->ir_version) throw ModelError("not an ONNX model: no ir_version");
     for (auto [fb, fe] : functions) m->functions.push_back(read_function(fb, fe));
     m->graph = std::make_unique<Graph>(model, nullptr);
-    read_graph_body(*m->graph, graph.first, graph.second, 0);
+    read_graph_body(*m->graph, graph, 0);
     return m;
   }
 };

@@ -9,7 +9,8 @@
 // Every input must either read or throw fastopt::ModelError; any other exception, a sanitizer
 // report, a timeout or an allocation over -malloc_limit_mb is a finding. A model that reads is
 // then walked: every node, value, attribute and subgraph, every tensor's bytes (so that ASan sees
-// an out-of-bounds view here), verify() and op_counts().
+// an out-of-bounds view here), verify() and op_counts(); a model that verifies is serialized
+// (its size must be what self_contained_size() promised) and read back, which must succeed.
 //
 // External data resolves against a private folder holding `weights.bin`: 4096 bytes, the same
 // as tests/fuzz/make_seeds.py weights_bin(), which the seed corpus points into.
@@ -30,6 +31,7 @@
 #include "ir/graph.h"
 #include "ir/tensor.h"
 #include "proto/onnx_reader.h"
+#include "proto/onnx_writer.h"
 
 namespace {
 
@@ -140,6 +142,29 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     model->verify();
   } catch (const fastopt::ModelError&) {
+    return 0;
+  }
+  std::string bytes;
+  try {
+    bytes = fastopt::serialize_model(*model);
+  } catch (const fastopt::ModelError&) {
+    return 0;  // e.g. external data that cannot be inlined
+  }
+  if (bytes.size() != fastopt::self_contained_size(*model)) {
+    std::fprintf(stderr, "serialize_model wrote %zu bytes, self_contained_size() said %llu\n",
+                 bytes.size(), static_cast<unsigned long long>(fastopt::self_contained_size(*model)));
+    std::abort();
+  }
+  try {
+    auto again = fastopt::read_model_from_buffer(
+        std::make_shared<fastopt::OwnedBuffer>(std::move(bytes)), g_base_dir);
+    if (again->op_counts() != model->op_counts()) {
+      std::fprintf(stderr, "op counts changed in the round trip\n");
+      std::abort();
+    }
+  } catch (const fastopt::ModelError& e) {
+    std::fprintf(stderr, "a verified model, serialized, does not read back: %s\n", e.what());
+    std::abort();
   }
   return 0;
 }
