@@ -527,3 +527,33 @@ def test_from_onnx_with_base_dir_and_to_onnx_inlines(src: Path) -> None:
         assert external_tensors(model) == {}
         assert_expected_values(model)
         assert_proto_equal(without_weights(onnx.load(str(src))), without_weights(model))
+
+
+def test_symlinked_model_reads_data_beside_the_link(tmp_path: Path) -> None:
+    """External data is relative to the folder of the path given (as onnx.load and ONNX Runtime
+    resolve it), not to the folder a symlinked model file points into."""
+    src = write_layout(tmp_path / "build", "onnx_saved")
+    (tmp_path / "snap").mkdir()
+    shutil.move(src.with_name("model.onnx.data"), tmp_path / "snap" / "model.onnx.data")
+    link = tmp_path / "snap" / "model.onnx"
+    link.symlink_to(src)
+    assert_expected_values(onnx.load(str(link)))
+    expected_ort = run_ort(link, FEEDS)
+    m = fastopt.load(str(link))
+    np.testing.assert_array_equal(m.graph.initializer("w_f32").numpy(), ARRAYS["w_f32"])
+    out = tmp_path / "out.onnx"
+    m.save(str(out))
+    assert_outputs_identical(expected_ort, run_ort(out, FEEDS))
+
+
+@pytest.mark.parametrize("external_data", [False, True])
+def test_saved_files_get_default_permissions(
+    loaded: Any, tmp_path: Path, external_data: bool
+) -> None:
+    """Temp files start as 0600; saved files must end up as a plain open() would make them."""
+    umask = os.umask(0)
+    os.umask(umask)
+    out = tmp_path / "model.onnx"
+    loaded.save(str(out), external_data=external_data)
+    for f in [out, *([out.with_name("model.onnx.data")] if external_data else [])]:
+        assert f.stat().st_mode & 0o777 == 0o666 & ~umask, f.name

@@ -201,7 +201,9 @@ PYBIND11_MODULE(_C, m) {
         v.value->graph()->replace_all_uses(v.value, other.value);
       }, "Points every use of this value (and graph outputs) at `other`")
       .def("rename", [](const PyValue& v, const std::string& name) { v.value->graph()->rename(v.value, name); })
-      .def("__eq__", [](const PyValue& a, const PyValue& b) { return a.value == b.value; })
+      .def("__eq__", [](const PyValue& a, const py::object& b) {
+        return py::isinstance<PyValue>(b) && b.cast<const PyValue&>().value == a.value;
+      })
       .def("__hash__", [](const PyValue& v) { return std::hash<const void*>()(v.value); })
       .def("__repr__", [](const PyValue& v) { return "<Value '" + v.value->name() + "'>"; });
 
@@ -241,7 +243,9 @@ PYBIND11_MODULE(_C, m) {
       .def("set_input", [](const PyNode& n, int i, std::optional<PyValue> v) {
         live(n)->set_input(i, v ? v->value : nullptr);
       })
-      .def("__eq__", [](const PyNode& a, const PyNode& b) { return a.node == b.node; })
+      .def("__eq__", [](const PyNode& a, const py::object& b) {
+        return py::isinstance<PyNode>(b) && b.cast<const PyNode&>().node == a.node;
+      })
       .def("__hash__", [](const PyNode& n) { return std::hash<const void*>()(n.node); })
       .def("__repr__", [](const PyNode& n) {
         return "<Node " + n.node->op_type + " '" + n.node->name.value + "'>";

@@ -52,7 +52,7 @@ class Value:
     """
     A value (edge) of the graph
     """
-    def __eq__(self, arg0: Value) -> bool:
+    def __eq__(self, arg0: typing.Any) -> bool:
         ...
     def __hash__(self) -> int:
         ...
@@ -100,7 +100,7 @@ class Node:
     """
     An operator node
     """
-    def __eq__(self, arg0: Node) -> bool:
+    def __eq__(self, arg0: typing.Any) -> bool:
         ...
     def __hash__(self) -> int:
         ...

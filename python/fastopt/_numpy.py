@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -10,17 +10,37 @@ if TYPE_CHECKING:
     from fastopt._C import Tensor
 
 _NUMPY_TYPES: dict[int, Any] = {
-    1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32,
-    7: np.int64, 9: np.bool_, 10: np.float16, 11: np.float64, 12: np.uint32, 13: np.uint64,
-    14: np.complex64, 15: np.complex128,
+    1: np.float32,
+    2: np.uint8,
+    3: np.int8,
+    4: np.uint16,
+    5: np.int16,
+    6: np.int32,
+    7: np.int64,
+    9: np.bool_,
+    10: np.float16,
+    11: np.float64,
+    12: np.uint32,
+    13: np.uint64,
+    14: np.complex64,
+    15: np.complex128,
 }
 # Types numpy lacks come from ml_dtypes (a dependency of onnx).
 _ML_DTYPES_NAMES = {
-    16: "bfloat16", 17: "float8_e4m3fn", 18: "float8_e4m3fnuz", 19: "float8_e5m2",
-    20: "float8_e5m2fnuz", 24: "float8_e8m0fnu",
+    16: "bfloat16",
+    17: "float8_e4m3fn",
+    18: "float8_e4m3fnuz",
+    19: "float8_e5m2",
+    20: "float8_e5m2fnuz",
+    24: "float8_e8m0fnu",
 }
-_SUB_BYTE = {21: ("uint4", 4), 22: ("int4", 4), 23: ("float4_e2m1fn", 4), 25: ("uint2", 2),
-             26: ("int2", 2)}
+_SUB_BYTE = {
+    21: ("uint4", 4),
+    22: ("int4", 4),
+    23: ("float4_e2m1fn", 4),
+    25: ("uint2", 2),
+    26: ("int2", 2),
+}
 _STRING = 8
 
 
@@ -57,7 +77,7 @@ def tensor_to_numpy(tensor: Tensor) -> np.ndarray:
         out = np.empty(len(items), dtype=object)
         out[:] = items
         return out.reshape(shape)
-    data = np.frombuffer(tensor.raw_bytes(), dtype=np.uint8)
+    data = np.frombuffer(cast(bytes, tensor.raw_bytes()), dtype=np.uint8)
     if dtype in _SUB_BYTE:
         # Packed low nibble first (or 2-bit groups low bits first); unpacking copies.
         name, bits = _SUB_BYTE[dtype]

@@ -86,8 +86,10 @@ def summarize(model: _C.Model) -> ModelSummary:
         external_initializers=external,
         inputs=[_value_summary(v) for v in model.graph.inputs if v is not None],
         outputs=[_value_summary(v) for v in model.graph.outputs if v is not None],
-        external_data_files=[os.path.relpath(p, model.base_dir) if model.base_dir else p
-                             for p in model.external_data_files()],
+        external_data_files=[
+            os.path.relpath(p, model.base_dir) if model.base_dir else p
+            for p in model.external_data_files()
+        ],
         functions=[f"{f.domain}::{f.name}" if f.domain else f.name for f in model.functions],
     )
 
