@@ -9,6 +9,7 @@ renamed away so the output can only work if it stands on its own.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
 import shutil
@@ -557,3 +558,19 @@ def test_saved_files_get_default_permissions(
     loaded.save(str(out), external_data=external_data)
     for f in [out, *([out.with_name("model.onnx.data")] if external_data else [])]:
         assert f.stat().st_mode & 0o777 == 0o666 & ~umask, f.name
+
+
+def test_views_outlive_the_model(src: Path) -> None:
+    """Arrays, values and nodes keep their mapping alive after the Model object is gone."""
+    arrays = {name: fastopt.load(str(src)).graph.initializer(name).numpy() for name in ARRAYS}
+    g = fastopt.load(str(src)).graph
+    const = next(n for n in g.nodes if n.op_type == "Constant").attributes["value"].numpy()
+    value, nodes = g.value("w_f32"), g.nodes
+    del g
+    gc.collect()
+    churn = [np.ones(1 << 16) for _ in range(64)]  # reuse freed memory, if any was freed
+    for name, expected in ARRAYS.items():
+        np.testing.assert_array_equal(arrays[name], expected, strict=True)
+    np.testing.assert_array_equal(const, CONST, strict=True)
+    assert value.uses[0][0].op_type == "Add" and nodes[0].inputs[0].name == "X"
+    del churn
