@@ -98,21 +98,28 @@ Value* Graph::create_value(const std::string& name) {
   v->name_ = name;
   v->graph_ = this;
   Value* raw = v.get();
-  if (!name.empty()) define(raw);
+  if (!name.empty()) {
+    define(raw);
+    if (model_->names_indexed) model_->taken_names.insert(name);
+  }
   value_storage_.push_back(std::move(v));
   return raw;
 }
 
 std::string Graph::unique_name(const std::string& base) const {
-  // Names must be unique across the whole model, including enclosing and nested graphs.
-  std::unordered_set<std::string> taken;
-  model_->for_each_graph([&](Graph& g) {
-    for (const auto& kv : g.scope_) taken.insert(kv.first);
-  });
-  if (!taken.count(base)) return base;
-  for (uint64_t i = 1;; ++i) {
-    std::string candidate = base + "_" + std::to_string(i);
-    if (!taken.count(candidate)) return candidate;
+  // Names must be unique across the whole model, enclosing and nested graphs included.
+  Model& m = *model_;
+  if (!m.names_indexed) {
+    m.for_each_graph([&](Graph& g) {
+      for (const auto& kv : g.scope_) m.taken_names.insert(kv.first);
+    });
+    m.names_indexed = true;
+  }
+  if (!m.taken_names.count(base)) return base;
+  uint64_t& i = m.next_suffix[base];
+  for (;;) {
+    std::string candidate = base + "_" + std::to_string(++i);
+    if (!m.taken_names.count(candidate)) return candidate;
   }
 }
 
@@ -221,6 +228,7 @@ void Graph::rename(Value* v, const std::string& new_name) {
   home->scope_.erase(v->name_);
   v->name_ = new_name;
   home->scope_.emplace(new_name, v);
+  model_->taken_names.insert(new_name);
   if (v->initializer_) v->initializer_->name.set(new_name);
 }
 

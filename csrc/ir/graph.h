@@ -243,6 +243,12 @@ struct Model {
   // External data files opened by the reader, by resolved path.
   std::map<std::string, std::shared_ptr<const FileBuffer>> external_files;
 
+  // Every value name in the model, built on first use by unique_name and kept up to date by
+  // create_value/rename after that. Names are never released, so they are never reused.
+  std::unordered_set<std::string> taken_names;
+  std::unordered_map<std::string, uint64_t> next_suffix;
+  bool names_indexed = false;
+
   // Visits every graph: main graph, functions, and all nested subgraphs.
   void for_each_graph(const std::function<void(Graph&)>& fn) const;
   std::map<std::string, int64_t> op_counts() const;

@@ -2,6 +2,7 @@
 
 #include <limits.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -874,9 +875,15 @@ std::unique_ptr<Model> read_model_from_buffer(std::shared_ptr<const Buffer> buff
 
 std::unique_ptr<Model> read_model_file(const std::string& path) {
   auto file = FileBuffer::open(path, /*map_now=*/true);
-  std::string resolved = real_path(path);
+  // External data is relative to the folder of the path as given (a symlinked model reads the
+  // data beside the link), as onnx.load and ONNX Runtime resolve it.
+  std::string absolute = path;
+  if (path.empty() || path[0] != '/') {
+    char cwd[PATH_MAX];
+    if (::getcwd(cwd, sizeof(cwd)) != nullptr) absolute = std::string(cwd) + "/" + path;
+  }
   try {
-    auto m = read_model_from_buffer(file, dirname_of(resolved.empty() ? path : resolved));
+    auto m = read_model_from_buffer(file, dirname_of(absolute));
     m->path = path;
     return m;
   } catch (const ModelError& e) {
