@@ -8,15 +8,22 @@
 namespace fastopt {
 
 uint64_t Tensor::numel() const {
+  // The product of the non-zero dims must fit in int64 even when a zero dim makes the tensor
+  // empty: such a shape is still absurd, and numpy refuses it.
   uint64_t n = 1;
+  bool empty = false;
   for (int64_t d : dims) {
     if (d < 0) throw ModelError("tensor '" + name.value + "' has a negative dimension");
-    if (d != 0 && n > UINT64_MAX / static_cast<uint64_t>(d)) {
+    if (d == 0) {
+      empty = true;
+      continue;
+    }
+    if (n > static_cast<uint64_t>(INT64_MAX) / static_cast<uint64_t>(d)) {
       throw ModelError("tensor '" + name.value + "' has an element count that overflows");
     }
     n *= static_cast<uint64_t>(d);
   }
-  return n;
+  return empty ? 0 : n;
 }
 
 uint64_t Tensor::nbytes() const {
