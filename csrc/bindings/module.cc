@@ -68,8 +68,7 @@ py::object attribute_value(const ModelPtr& m, const Attribute& a) {
     case AttrType::kFloat: return py::float_(a.f.value_or(0.f));
     case AttrType::kInt: return py::int_(a.i.value_or(0));
     case AttrType::kString: return py::bytes(a.s.value_or(""));
-    case AttrType::kTensor:
-      return a.t ? py::cast(PyTensor{m, a.t}) : py::none();
+    case AttrType::kTensor: return a.t ? py::cast(PyTensor{m, a.t}) : py::none();
     case AttrType::kGraph: return a.g ? py::cast(PyGraph{m, a.g.get()}) : py::none();
     case AttrType::kFloats: return py::cast(a.floats);
     case AttrType::kInts: return py::cast(a.ints);
@@ -92,14 +91,18 @@ py::object attribute_value(const ModelPtr& m, const Attribute& a) {
   }
 }
 
-using Shape = py::typing::Optional<py::typing::Tuple<py::typing::Union<int, py::str, py::none>, py::ellipsis>>;
+using Shape = py::typing::Optional<
+    py::typing::Tuple<py::typing::Union<int, py::str, py::none>, py::ellipsis>>;
 Shape shape_of(const TypeInfo& t) {
   if (!t.is_tensor || !t.has_shape) return py::none();
   py::list dims;
   for (const Dim& d : t.dims) {
-    if (d.value) dims.append(py::int_(*d.value));
-    else if (d.param) dims.append(py::str(*d.param));
-    else dims.append(py::none());
+    if (d.value)
+      dims.append(py::int_(*d.value));
+    else if (d.param)
+      dims.append(py::str(*d.param));
+    else
+      dims.append(py::none());
   }
   return py::tuple(dims);
 }
@@ -149,265 +152,369 @@ PYBIND11_MODULE(_C, m) {
       })
       .def("__len__", [](const Bytes& b) { return b.ref.size; });
 
-  tensor_cls
-      .def_property_readonly("name", [](const PyTensor& t) { return t.tensor->name.value; })
+  tensor_cls.def_property_readonly("name", [](const PyTensor& t) { return t.tensor->name.value; })
       .def_property_readonly("dtype", [](const PyTensor& t) { return t.tensor->dtype(); })
-      .def_property_readonly("shape", [](const PyTensor& t) -> py::typing::Tuple<int, py::ellipsis> { return py::tuple(py::cast(t.tensor->dims)); })
+      .def_property_readonly("shape",
+                             [](const PyTensor& t) -> py::typing::Tuple<int, py::ellipsis> {
+                               return py::tuple(py::cast(t.tensor->dims));
+                             })
       .def_property_readonly("nbytes", [](const PyTensor& t) { return t.tensor->nbytes(); })
-      .def_property_readonly("is_external", [](const PyTensor& t) { return t.tensor->is_external(); })
-      .def_property_readonly("storage", [](const PyTensor& t) { return storage_name(t.tensor->storage); })
-      .def_property_readonly("external_location", [](const PyTensor& t) -> py::typing::Optional<py::typing::Tuple<py::str, int, int>> {
-        if (!t.tensor->is_external()) return py::none();
-        const auto& e = *t.tensor->external;
-        return py::make_tuple(e.file->path(), e.offset, e.length);
-      }, "(path, offset, length) of external data, or None")
-      .def("raw_bytes", [](const PyTensor& t) {
-        py::gil_scoped_release release;
-        return Bytes{t.tensor->bytes()};
-      }, "Element bytes (little-endian): a view for raw/external data, decoded for typed fields")
-      .def("strings", [](const PyTensor& t) {
-        py::typing::List<py::bytes> l;
-        for (const auto& s : t.tensor->strings()) l.append(py::bytes(s));
-        return l;
-      }, "Elements of a STRING tensor")
-      .def("numpy", [](py::object self) {
-        return py::module_::import("fastopt._numpy").attr("tensor_to_numpy")(self);
-      }, "The tensor as a numpy array (zero copy and read-only when the bytes allow)")
+      .def_property_readonly("is_external",
+                             [](const PyTensor& t) { return t.tensor->is_external(); })
+      .def_property_readonly("storage",
+                             [](const PyTensor& t) { return storage_name(t.tensor->storage); })
+      .def_property_readonly(
+          "external_location",
+          [](const PyTensor& t) -> py::typing::Optional<py::typing::Tuple<py::str, int, int>> {
+            if (!t.tensor->is_external()) return py::none();
+            const auto& e = *t.tensor->external;
+            return py::make_tuple(e.file->path(), e.offset, e.length);
+          },
+          "(path, offset, length) of external data, or None")
+      .def(
+          "raw_bytes",
+          [](const PyTensor& t) {
+            py::gil_scoped_release release;
+            return Bytes{t.tensor->bytes()};
+          },
+          "Element bytes (little-endian): a view for raw/external data, decoded for typed fields")
+      .def(
+          "strings",
+          [](const PyTensor& t) {
+            py::typing::List<py::bytes> l;
+            for (const auto& s : t.tensor->strings()) l.append(py::bytes(s));
+            return l;
+          },
+          "Elements of a STRING tensor")
+      .def(
+          "numpy",
+          [](py::object self) {
+            return py::module_::import("fastopt._numpy").attr("tensor_to_numpy")(self);
+          },
+          "The tensor as a numpy array (zero copy and read-only when the bytes allow)")
       .def("__repr__", [](const PyTensor& t) {
-        std::string s = "<Tensor '" + t.tensor->name.value + "' " + dtype_name(t.tensor->dtype()) + "[";
-        for (size_t i = 0; i < t.tensor->dims.size(); ++i) s += (i ? "," : "") + std::to_string(t.tensor->dims[i]);
+        std::string s =
+            "<Tensor '" + t.tensor->name.value + "' " + dtype_name(t.tensor->dtype()) + "[";
+        for (size_t i = 0; i < t.tensor->dims.size(); ++i)
+          s += (i ? "," : "") + std::to_string(t.tensor->dims[i]);
         return s + "]" + (t.tensor->is_external() ? " external>" : ">");
       });
 
-  value_cls
-      .def_property_readonly("name", [](const PyValue& v) { return v.value->name(); })
-      .def_property_readonly("producer", [](const PyValue& v) { return wrap_node(v.model, v.value->producer()); })
-      .def_property_readonly("producer_output", [](const PyValue& v) { return v.value->producer_output(); })
-      .def_property_readonly("uses", [](const PyValue& v) {
-        py::typing::List<py::typing::Tuple<PyNode, int>> l;
-        for (const Use& u : v.value->uses()) l.append(py::make_tuple(PyNode{v.model, u.node}, u.input_index));
-        return l;
-      }, "(node, input index) pairs, including nodes inside subgraphs")
-      .def_property_readonly("dtype", [](const PyValue& v) { return v.value->type.is_tensor ? v.value->type.elem_type : 0; })
+  value_cls.def_property_readonly("name", [](const PyValue& v) { return v.value->name(); })
+      .def_property_readonly(
+          "producer", [](const PyValue& v) { return wrap_node(v.model, v.value->producer()); })
+      .def_property_readonly("producer_output",
+                             [](const PyValue& v) { return v.value->producer_output(); })
+      .def_property_readonly(
+          "uses",
+          [](const PyValue& v) {
+            py::typing::List<py::typing::Tuple<PyNode, int>> l;
+            for (const Use& u : v.value->uses())
+              l.append(py::make_tuple(PyNode{v.model, u.node}, u.input_index));
+            return l;
+          },
+          "(node, input index) pairs, including nodes inside subgraphs")
+      .def_property_readonly(
+          "dtype",
+          [](const PyValue& v) { return v.value->type.is_tensor ? v.value->type.elem_type : 0; })
       .def_property_readonly("shape", [](const PyValue& v) { return shape_of(v.value->type); })
-      .def_property_readonly("is_graph_input", [](const PyValue& v) { return v.value->is_graph_input(); })
-      .def_property_readonly("is_graph_output", [](const PyValue& v) { return v.value->is_graph_output(); })
-      .def_property_readonly("initializer", [](const PyValue& v) -> py::typing::Optional<PyTensor> {
-        if (!v.value->initializer()) return py::none();
-        return py::cast(PyTensor{v.model, v.value->initializer()});
-      })
-      .def_property_readonly("graph", [](const PyValue& v) { return PyGraph{v.model, v.value->graph()}; })
-      .def("replace_all_uses_with", [](const PyValue& v, const PyValue& other) {
-        v.value->graph()->replace_all_uses(v.value, other.value);
-      }, "Points every use of this value (and graph outputs) at `other`")
-      .def("rename", [](const PyValue& v, const std::string& name) { v.value->graph()->rename(v.value, name); })
-      .def("__eq__", [](const PyValue& a, const py::object& b) {
-        return py::isinstance<PyValue>(b) && b.cast<const PyValue&>().value == a.value;
-      })
+      .def_property_readonly("is_graph_input",
+                             [](const PyValue& v) { return v.value->is_graph_input(); })
+      .def_property_readonly("is_graph_output",
+                             [](const PyValue& v) { return v.value->is_graph_output(); })
+      .def_property_readonly("initializer",
+                             [](const PyValue& v) -> py::typing::Optional<PyTensor> {
+                               if (!v.value->initializer()) return py::none();
+                               return py::cast(PyTensor{v.model, v.value->initializer()});
+                             })
+      .def_property_readonly("graph",
+                             [](const PyValue& v) {
+                               return PyGraph{v.model, v.value->graph()};
+                             })
+      .def(
+          "replace_all_uses_with",
+          [](const PyValue& v, const PyValue& other) {
+            v.value->graph()->replace_all_uses(v.value, other.value);
+          },
+          "Points every use of this value (and graph outputs) at `other`")
+      .def("rename", [](const PyValue& v,
+                        const std::string& name) { v.value->graph()->rename(v.value, name); })
+      .def("__eq__",
+           [](const PyValue& a, const py::object& b) {
+             return py::isinstance<PyValue>(b) && b.cast<const PyValue&>().value == a.value;
+           })
       .def("__hash__", [](const PyValue& v) { return std::hash<const void*>()(v.value); })
       .def("__repr__", [](const PyValue& v) { return "<Value '" + v.value->name() + "'>"; });
 
-  node_cls
-      .def_property_readonly("op_type", [](const PyNode& n) { return n.node->op_type; })
+  node_cls.def_property_readonly("op_type", [](const PyNode& n) { return n.node->op_type; })
       .def_property_readonly("domain", [](const PyNode& n) { return n.node->domain.value; })
       .def_property_readonly("name", [](const PyNode& n) { return n.node->name.value; })
       .def_property_readonly("alive", [](const PyNode& n) { return n.node->alive(); })
-      .def_property_readonly("inputs", [](const PyNode& n) {
-        py::typing::List<OptValue> l;
-        for (Value* v : live(n)->inputs()) l.append(wrap_value(n.model, v));
-        return l;
-      })
-      .def_property_readonly("outputs", [](const PyNode& n) {
-        py::typing::List<OptValue> l;
-        for (Value* v : live(n)->outputs()) l.append(wrap_value(n.model, v));
-        return l;
-      })
-      .def_property_readonly("attributes", [](const PyNode& n) {
-        py::dict d;
-        for (const auto& a : live(n)->attributes) d[py::str(a.name)] = attribute_value(n.model, a);
-        return d;
-      }, "name -> int, float, bytes, Tensor, Graph, or a list of those")
-      .def_property_readonly("attribute_refs", [](const PyNode& n) {
-        py::typing::Dict<py::str, py::str> d;
-        for (const auto& a : live(n)->attributes) {
-          if (a.ref_attr_name.written()) d[py::str(a.name)] = a.ref_attr_name.value;
-        }
-        return d;
-      }, "Attributes that refer to an attribute of the enclosing function: name -> referenced name")
-      .def_property_readonly("subgraphs", [](const PyNode& n) {
-        py::typing::List<PyGraph> l;
-        for (Graph* g : live(n)->subgraphs()) l.append(PyGraph{n.model, g});
-        return l;
-      })
-      .def_property_readonly("graph", [](const PyNode& n) { return PyGraph{n.model, n.node->graph()}; })
-      .def("set_input", [](const PyNode& n, int i, std::optional<PyValue> v) {
-        live(n)->set_input(i, v ? v->value : nullptr);
-      })
-      .def("__eq__", [](const PyNode& a, const py::object& b) {
-        return py::isinstance<PyNode>(b) && b.cast<const PyNode&>().node == a.node;
-      })
+      .def_property_readonly("inputs",
+                             [](const PyNode& n) {
+                               py::typing::List<OptValue> l;
+                               for (Value* v : live(n)->inputs()) l.append(wrap_value(n.model, v));
+                               return l;
+                             })
+      .def_property_readonly("outputs",
+                             [](const PyNode& n) {
+                               py::typing::List<OptValue> l;
+                               for (Value* v : live(n)->outputs()) l.append(wrap_value(n.model, v));
+                               return l;
+                             })
+      .def_property_readonly(
+          "attributes",
+          [](const PyNode& n) {
+            py::dict d;
+            for (const auto& a : live(n)->attributes)
+              d[py::str(a.name)] = attribute_value(n.model, a);
+            return d;
+          },
+          "name -> int, float, bytes, Tensor, Graph, or a list of those")
+      .def_property_readonly(
+          "attribute_refs",
+          [](const PyNode& n) {
+            py::typing::Dict<py::str, py::str> d;
+            for (const auto& a : live(n)->attributes) {
+              if (a.ref_attr_name.written()) d[py::str(a.name)] = a.ref_attr_name.value;
+            }
+            return d;
+          },
+          "Attributes that refer to an attribute of the enclosing function: name -> referenced "
+          "name")
+      .def_property_readonly("subgraphs",
+                             [](const PyNode& n) {
+                               py::typing::List<PyGraph> l;
+                               for (Graph* g : live(n)->subgraphs()) l.append(PyGraph{n.model, g});
+                               return l;
+                             })
+      .def_property_readonly("graph",
+                             [](const PyNode& n) {
+                               return PyGraph{n.model, n.node->graph()};
+                             })
+      .def("set_input",
+           [](const PyNode& n, int i, std::optional<PyValue> v) {
+             live(n)->set_input(i, v ? v->value : nullptr);
+           })
+      .def("__eq__",
+           [](const PyNode& a, const py::object& b) {
+             return py::isinstance<PyNode>(b) && b.cast<const PyNode&>().node == a.node;
+           })
       .def("__hash__", [](const PyNode& n) { return std::hash<const void*>()(n.node); })
       .def("__repr__", [](const PyNode& n) {
         return "<Node " + n.node->op_type + " '" + n.node->name.value + "'>";
       });
 
-  graph_cls
-      .def_property_readonly("name", [](const PyGraph& g) { return g.graph->name.value; })
-      .def_property_readonly("nodes", [](const PyGraph& g) {
-        py::typing::List<PyNode> l;
-        for (Node* n = g.graph->first(); n; n = n->next()) l.append(PyNode{g.model, n});
-        return l;
-      })
+  graph_cls.def_property_readonly("name", [](const PyGraph& g) { return g.graph->name.value; })
+      .def_property_readonly("nodes",
+                             [](const PyGraph& g) {
+                               py::typing::List<PyNode> l;
+                               for (Node* n = g.graph->first(); n; n = n->next())
+                                 l.append(PyNode{g.model, n});
+                               return l;
+                             })
       .def_property_readonly("node_count", [](const PyGraph& g) { return g.graph->node_count(); })
-      .def_property_readonly("inputs", [](const PyGraph& g) {
-        py::typing::List<OptValue> l;
-        for (Value* v : g.graph->inputs()) l.append(wrap_value(g.model, v));
-        return l;
-      })
-      .def_property_readonly("outputs", [](const PyGraph& g) {
-        py::typing::List<OptValue> l;
-        for (Value* v : g.graph->outputs()) l.append(wrap_value(g.model, v));
-        return l;
-      })
-      .def_property_readonly("initializers", [](const PyGraph& g) {
-        py::typing::List<PyTensor> l;
-        for (Value* v : g.graph->initializer_order) l.append(PyTensor{g.model, v->initializer()});
-        return l;
-      })
-      .def("initializer", [](const PyGraph& g, const std::string& name) -> py::typing::Optional<PyTensor> {
-        auto it = g.graph->scope().find(name);
-        if (it == g.graph->scope().end() || !it->second->initializer()) return py::none();
-        return py::cast(PyTensor{g.model, it->second->initializer()});
-      })
-      .def("value", [](const PyGraph& g, const std::string& name) {
-        return wrap_value(g.model, g.graph->lookup(name));
-      }, "The value with this name, looked up in this graph and then enclosing graphs")
-      .def_property_readonly("outer_references", [](const PyGraph& g) {
-        py::typing::List<PyValue> l;
-        for (Value* v : g.graph->outer_references()) l.append(PyValue{g.model, v});
-        return l;
-      }, "Values of enclosing graphs used in this graph")
-      .def_property_readonly("owner", [](const PyGraph& g) { return wrap_node(g.model, g.graph->owner_node()); })
-      .def("add_node", [](const PyGraph& g, const std::string& op_type, const std::vector<std::optional<PyValue>>& inputs,
-                          const std::vector<std::string>& outputs, const std::string& domain,
-                          const std::string& name, std::optional<PyNode> before) {
-        std::vector<Value*> in;
-        for (const auto& v : inputs) in.push_back(v ? v->value : nullptr);
-        Node* n = g.graph->create_node(op_type, domain, in, outputs, before ? live(*before) : nullptr);
-        if (!name.empty()) n->name.set(name);
-        return PyNode{g.model, n};
-      }, py::arg("op_type"), py::arg("inputs"), py::arg("outputs"), py::arg("domain") = "",
-         py::arg("name") = "", py::arg("before") = py::none(),
-         "Creates a node; output names are made unique")
+      .def_property_readonly("inputs",
+                             [](const PyGraph& g) {
+                               py::typing::List<OptValue> l;
+                               for (Value* v : g.graph->inputs()) l.append(wrap_value(g.model, v));
+                               return l;
+                             })
+      .def_property_readonly("outputs",
+                             [](const PyGraph& g) {
+                               py::typing::List<OptValue> l;
+                               for (Value* v : g.graph->outputs()) l.append(wrap_value(g.model, v));
+                               return l;
+                             })
+      .def_property_readonly("initializers",
+                             [](const PyGraph& g) {
+                               py::typing::List<PyTensor> l;
+                               for (Value* v : g.graph->initializer_order)
+                                 l.append(PyTensor{g.model, v->initializer()});
+                               return l;
+                             })
+      .def("initializer",
+           [](const PyGraph& g, const std::string& name) -> py::typing::Optional<PyTensor> {
+             auto it = g.graph->scope().find(name);
+             if (it == g.graph->scope().end() || !it->second->initializer()) return py::none();
+             return py::cast(PyTensor{g.model, it->second->initializer()});
+           })
+      .def(
+          "value",
+          [](const PyGraph& g, const std::string& name) {
+            return wrap_value(g.model, g.graph->lookup(name));
+          },
+          "The value with this name, looked up in this graph and then enclosing graphs")
+      .def_property_readonly(
+          "outer_references",
+          [](const PyGraph& g) {
+            py::typing::List<PyValue> l;
+            for (Value* v : g.graph->outer_references()) l.append(PyValue{g.model, v});
+            return l;
+          },
+          "Values of enclosing graphs used in this graph")
+      .def_property_readonly(
+          "owner", [](const PyGraph& g) { return wrap_node(g.model, g.graph->owner_node()); })
+      .def(
+          "add_node",
+          [](const PyGraph& g, const std::string& op_type,
+             const std::vector<std::optional<PyValue>>& inputs,
+             const std::vector<std::string>& outputs, const std::string& domain,
+             const std::string& name, std::optional<PyNode> before) {
+            std::vector<Value*> in;
+            for (const auto& v : inputs) in.push_back(v ? v->value : nullptr);
+            Node* n = g.graph->create_node(op_type, domain, in, outputs,
+                                           before ? live(*before) : nullptr);
+            if (!name.empty()) n->name.set(name);
+            return PyNode{g.model, n};
+          },
+          py::arg("op_type"), py::arg("inputs"), py::arg("outputs"), py::arg("domain") = "",
+          py::arg("name") = "", py::arg("before") = py::none(),
+          "Creates a node; output names are made unique")
       .def("remove_node", [](const PyGraph& g, const PyNode& n) { g.graph->remove_node(live(n)); })
       .def("add_output", [](const PyGraph& g, const PyValue& v) { g.graph->add_output(v.value); })
       .def("topological_sort", [](const PyGraph& g) { g.graph->topological_sort(); })
       .def("__repr__", [](const PyGraph& g) {
-        return "<Graph '" + g.graph->name.value + "' " + std::to_string(g.graph->node_count()) + " nodes>";
+        return "<Graph '" + g.graph->name.value + "' " + std::to_string(g.graph->node_count()) +
+               " nodes>";
       });
 
   function_cls
       .def_property_readonly("name", [](const PyFunction& f) { return f.function->name.value; })
       .def_property_readonly("domain", [](const PyFunction& f) { return f.function->domain.value; })
-      .def_property_readonly("overload", [](const PyFunction& f) { return f.function->overload.value; })
-      .def_property_readonly("attribute_names", [](const PyFunction& f) { return f.function->attribute_names; })
-      .def_property_readonly("graph", [](const PyFunction& f) { return PyGraph{f.model, f.function->body.get()}; });
+      .def_property_readonly("overload",
+                             [](const PyFunction& f) { return f.function->overload.value; })
+      .def_property_readonly("attribute_names",
+                             [](const PyFunction& f) { return f.function->attribute_names; })
+      .def_property_readonly("graph", [](const PyFunction& f) {
+        return PyGraph{f.model, f.function->body.get()};
+      });
 
   model_cls
-      .def_property_readonly("ir_version", [](const Model& mm) { return mm.ir_version.value_or(0); })
-      .def_property_readonly("producer_name", [](const Model& mm) { return mm.producer_name.value; })
-      .def_property_readonly("producer_version", [](const Model& mm) { return mm.producer_version.value; })
+      .def_property_readonly("ir_version",
+                             [](const Model& mm) { return mm.ir_version.value_or(0); })
+      .def_property_readonly("producer_name",
+                             [](const Model& mm) { return mm.producer_name.value; })
+      .def_property_readonly("producer_version",
+                             [](const Model& mm) { return mm.producer_version.value; })
       .def_property_readonly("domain", [](const Model& mm) { return mm.domain.value; })
-      .def_property_readonly("model_version", [](const Model& mm) { return mm.model_version.value_or(0); })
+      .def_property_readonly("model_version",
+                             [](const Model& mm) { return mm.model_version.value_or(0); })
       .def_property_readonly("doc_string", [](const Model& mm) { return mm.doc_string.value; })
-      .def_property_readonly("opset_imports", [](const Model& mm) {
-        py::typing::Dict<py::str, int> d;
-        for (const auto& o : mm.opset_import) d[py::str(o.domain.value)] = o.version.value_or(0);
-        return d;
-      })
-      .def_property_readonly("metadata_props", [](const Model& mm) {
-        py::typing::Dict<py::str, py::str> d;
-        for (const auto& kv : mm.metadata_props) d[py::str(kv.first)] = kv.second;
-        return d;
-      })
-      .def_property_readonly("graph", [](const ModelPtr& mm) { return PyGraph{mm, mm->graph.get()}; })
-      .def_property_readonly("functions", [](const ModelPtr& mm) {
-        py::typing::List<PyFunction> l;
-        for (const auto& f : mm->functions) l.append(PyFunction{mm, f.get()});
-        return l;
-      })
-      .def_property_readonly("path", [](const Model& mm) -> py::typing::Optional<py::str> {
-        if (mm.path.empty()) return py::none();
-        return py::str(mm.path);
-      })
+      .def_property_readonly("opset_imports",
+                             [](const Model& mm) {
+                               py::typing::Dict<py::str, int> d;
+                               for (const auto& o : mm.opset_import)
+                                 d[py::str(o.domain.value)] = o.version.value_or(0);
+                               return d;
+                             })
+      .def_property_readonly("metadata_props",
+                             [](const Model& mm) {
+                               py::typing::Dict<py::str, py::str> d;
+                               for (const auto& kv : mm.metadata_props)
+                                 d[py::str(kv.first)] = kv.second;
+                               return d;
+                             })
+      .def_property_readonly("graph",
+                             [](const ModelPtr& mm) {
+                               return PyGraph{mm, mm->graph.get()};
+                             })
+      .def_property_readonly("functions",
+                             [](const ModelPtr& mm) {
+                               py::typing::List<PyFunction> l;
+                               for (const auto& f : mm->functions)
+                                 l.append(PyFunction{mm, f.get()});
+                               return l;
+                             })
+      .def_property_readonly("path",
+                             [](const Model& mm) -> py::typing::Optional<py::str> {
+                               if (mm.path.empty()) return py::none();
+                               return py::str(mm.path);
+                             })
       .def_property_readonly("base_dir", [](const Model& mm) { return mm.base_dir; })
       .def("op_counts", &Model::op_counts, py::call_guard<py::gil_scoped_release>(),
            "Operator histogram over all graphs: 'Op' for ai.onnx, 'domain::Op' otherwise")
       .def("verify", &Model::verify, py::call_guard<py::gil_scoped_release>(),
            "Checks the IR's invariants; raises ModelError naming the first broken one")
-      .def("num_parameters", [](const Model& mm) {
-        uint64_t n = 0;
-        mm.for_each_graph([&](Graph& g) {
-          for (Value* v : g.initializer_order) n += v->initializer()->numel();
-        });
-        return n;
-      }, "Elements in all initializers (subgraphs included)")
-      .def("parameter_bytes", [](const Model& mm) {
-        uint64_t n = 0;
-        mm.for_each_graph([&](Graph& g) {
-          for (Value* v : g.initializer_order) n += v->initializer()->nbytes();
-        });
-        return n;
-      }, "Bytes of all initializers (subgraphs included)")
-      .def("external_data_files", [](const Model& mm) {
-        std::vector<std::string> out;
-        for (const auto& kv : mm.external_files) out.push_back(kv.first);
-        return out;
-      })
+      .def(
+          "num_parameters",
+          [](const Model& mm) {
+            uint64_t n = 0;
+            mm.for_each_graph([&](Graph& g) {
+              for (Value* v : g.initializer_order) n += v->initializer()->numel();
+            });
+            return n;
+          },
+          "Elements in all initializers (subgraphs included)")
+      .def(
+          "parameter_bytes",
+          [](const Model& mm) {
+            uint64_t n = 0;
+            mm.for_each_graph([&](Graph& g) {
+              for (Value* v : g.initializer_order) n += v->initializer()->nbytes();
+            });
+            return n;
+          },
+          "Bytes of all initializers (subgraphs included)")
+      .def("external_data_files",
+           [](const Model& mm) {
+             std::vector<std::string> out;
+             for (const auto& kv : mm.external_files) out.push_back(kv.first);
+             return out;
+           })
       .def("self_contained_size", &self_contained_size, py::call_guard<py::gil_scoped_release>(),
            "Bytes of the model serialized with all data inline")
-      .def("serialize", [](const Model& mm) {
-        std::string s;
-        {
-          py::gil_scoped_release release;
-          s = serialize_model(mm);
-        }
-        return py::bytes(s);
-      }, "The model as ModelProto bytes, all data inline (under 2 GB only)")
-      .def("to_onnx", [](const Model& mm) {
-        std::string s;
-        {
-          py::gil_scoped_release release;
-          s = serialize_model(mm);
-        }
-        return py::module_::import("onnx").attr("ModelProto").attr("FromString")(py::bytes(s));
-      }, "The model as an onnx.ModelProto, all data inline (for models under 2 GB)")
-      .def("save", [](const Model& mm, const py::object& path, const py::object& external_data,
-                      const std::string& location, uint64_t size_threshold, uint64_t align,
-                      uint64_t max_file_bytes) {
-        SaveOptions o;
-        o.location = location;
-        if (external_data.is_none()) {
-          o.external = SaveOptions::External::kAuto;
-        } else if (py::isinstance<py::str>(external_data)) {
-          o.external = SaveOptions::External::kAlways;
-          o.location = external_data.cast<std::string>();
-        } else if (py::isinstance<py::bool_>(external_data)) {
-          o.external = external_data.cast<bool>() ? SaveOptions::External::kAlways
-                                                  : SaveOptions::External::kNever;
-        } else {
-          throw ModelError("external_data must be None, a bool, or a file name");
-        }
-        o.size_threshold = size_threshold;
-        o.align = align;
-        o.max_file_bytes = max_file_bytes;
-        std::string p = fspath(path);
-        py::gil_scoped_release release;
-        write_model_file(mm, p, o);
-      }, py::arg("path"), py::arg("external_data") = py::none(), py::kw_only(),
-         py::arg("location") = "", py::arg("size_threshold") = 1024, py::arg("align") = 0,
-         py::arg("max_file_bytes") = 0,
-         R"doc(Writes the model atomically (temporary files, then rename); never touches the input.
+      .def(
+          "serialize",
+          [](const Model& mm) {
+            std::string s;
+            {
+              py::gil_scoped_release release;
+              s = serialize_model(mm);
+            }
+            return py::bytes(s);
+          },
+          "The model as ModelProto bytes, all data inline (under 2 GB only)")
+      .def(
+          "to_onnx",
+          [](const Model& mm) {
+            std::string s;
+            {
+              py::gil_scoped_release release;
+              s = serialize_model(mm);
+            }
+            return py::module_::import("onnx").attr("ModelProto").attr("FromString")(py::bytes(s));
+          },
+          "The model as an onnx.ModelProto, all data inline (for models under 2 GB)")
+      .def(
+          "save",
+          [](const Model& mm, const py::object& path, const py::object& external_data,
+             const std::string& location, uint64_t size_threshold, uint64_t align,
+             uint64_t max_file_bytes) {
+            SaveOptions o;
+            o.location = location;
+            if (external_data.is_none()) {
+              o.external = SaveOptions::External::kAuto;
+            } else if (py::isinstance<py::str>(external_data)) {
+              o.external = SaveOptions::External::kAlways;
+              o.location = external_data.cast<std::string>();
+            } else if (py::isinstance<py::bool_>(external_data)) {
+              o.external = external_data.cast<bool>() ? SaveOptions::External::kAlways
+                                                      : SaveOptions::External::kNever;
+            } else {
+              throw ModelError("external_data must be None, a bool, or a file name");
+            }
+            o.size_threshold = size_threshold;
+            o.align = align;
+            o.max_file_bytes = max_file_bytes;
+            std::string p = fspath(path);
+            py::gil_scoped_release release;
+            write_model_file(mm, p, o);
+          },
+          py::arg("path"), py::arg("external_data") = py::none(), py::kw_only(),
+          py::arg("location") = "", py::arg("size_threshold") = 1024, py::arg("align") = 0,
+          py::arg("max_file_bytes") = 0,
+          R"doc(Writes the model atomically (temporary files, then rename); never touches the input.
 
 external_data: None writes a self-contained file when it fits protobuf's 2 GB limit and
 external data otherwise; True always moves tensors of at least size_threshold bytes to
@@ -416,15 +523,22 @@ external data otherwise; True always moves tensors of at least size_threshold by
 a multiple of it (4096 lets runtimes mmap tensors); max_file_bytes > 0 splits the data into
 several files.)doc");
 
-  m.def("load", [](const py::object& path) {
-    std::string p = fspath(path);
-    py::gil_scoped_release release;
-    return std::shared_ptr<Model>(read_model_file(p));
-  }, py::arg("path"), "Reads an ONNX model file (memory-mapped; weights are not copied)");
-  m.def("load_bytes", [](py::bytes data, const std::string& base_dir) {
-    std::string s = data;
-    py::gil_scoped_release release;
-    return std::shared_ptr<Model>(read_model_from_buffer(std::make_shared<OwnedBuffer>(std::move(s)), base_dir));
-  }, py::arg("data"), py::arg("base_dir") = "", "Reads a serialized ModelProto held in memory");
+  m.def(
+      "load",
+      [](const py::object& path) {
+        std::string p = fspath(path);
+        py::gil_scoped_release release;
+        return std::shared_ptr<Model>(read_model_file(p));
+      },
+      py::arg("path"), "Reads an ONNX model file (memory-mapped; weights are not copied)");
+  m.def(
+      "load_bytes",
+      [](py::bytes data, const std::string& base_dir) {
+        std::string s = data;
+        py::gil_scoped_release release;
+        return std::shared_ptr<Model>(
+            read_model_from_buffer(std::make_shared<OwnedBuffer>(std::move(s)), base_dir));
+      },
+      py::arg("data"), py::arg("base_dir") = "", "Reads a serialized ModelProto held in memory");
   m.def("dtype_name", &dtype_name);
 }

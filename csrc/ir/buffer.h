@@ -29,9 +29,7 @@ class Buffer {
 class OwnedBuffer final : public Buffer {
  public:
   explicit OwnedBuffer(std::string bytes) : bytes_(std::move(bytes)) {}
-  const uint8_t* data() const override {
-    return reinterpret_cast<const uint8_t*>(bytes_.data());
-  }
+  const uint8_t* data() const override { return reinterpret_cast<const uint8_t*>(bytes_.data()); }
   uint64_t size() const override { return bytes_.size(); }
 
  private:

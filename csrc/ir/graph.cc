@@ -84,8 +84,8 @@ Value* Graph::lookup(const std::string& name) const {
 
 void Graph::define(Value* v) {
   if (!scope_.emplace(v->name_, v).second) {
-    throw ModelError("value '" + v->name_ + "' is defined more than once in graph '" +
-                     name.value + "'");
+    throw ModelError("value '" + v->name_ + "' is defined more than once in graph '" + name.value +
+                     "'");
   }
 }
 
@@ -127,20 +127,32 @@ void Graph::link_before(Node* node, Node* before) {
   if (before == nullptr) {
     node->prev_ = tail_;
     node->next_ = nullptr;
-    if (tail_) tail_->next_ = node; else head_ = node;
+    if (tail_)
+      tail_->next_ = node;
+    else
+      head_ = node;
     tail_ = node;
   } else {
     node->next_ = before;
     node->prev_ = before->prev_;
-    if (before->prev_) before->prev_->next_ = node; else head_ = node;
+    if (before->prev_)
+      before->prev_->next_ = node;
+    else
+      head_ = node;
     before->prev_ = node;
   }
   ++node_count_;
 }
 
 void Graph::unlink(Node* node) {
-  if (node->prev_) node->prev_->next_ = node->next_; else head_ = node->next_;
-  if (node->next_) node->next_->prev_ = node->prev_; else tail_ = node->prev_;
+  if (node->prev_)
+    node->prev_->next_ = node->next_;
+  else
+    head_ = node->next_;
+  if (node->next_)
+    node->next_->prev_ = node->prev_;
+  else
+    tail_ = node->prev_;
   node->prev_ = node->next_ = nullptr;
   --node_count_;
 }
@@ -406,8 +418,8 @@ void Model::verify() const {
           throw ModelError("use list of '" + v->name() + "' misses node '" + n->name.value + "'");
         }
         if (v->name().empty() || g.lookup(v->name()) != v) {
-          throw ModelError("node '" + n->name.value + "' (" + n->op_type + ") reads '" +
-                           v->name() + "', which is not defined in scope");
+          throw ModelError("node '" + n->name.value + "' (" + n->op_type + ") reads '" + v->name() +
+                           "', which is not defined in scope");
         }
         if (v->producer() && !v->producer()->alive()) {
           throw ModelError("'" + v->name() + "' is produced by a removed node");
@@ -444,10 +456,12 @@ void Model::verify() const {
 
 std::string dtype_name(int32_t t) {
   static const char* names[] = {
-      "undefined", "float", "uint8", "int8", "uint16", "int16", "int32", "int64", "string",
-      "bool", "float16", "double", "uint32", "uint64", "complex64", "complex128", "bfloat16",
-      "float8e4m3fn", "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz", "uint4", "int4",
-      "float4e2m1", "float8e8m0", "uint2", "int2"};
+      "undefined",      "float",    "uint8",        "int8",           "uint16",
+      "int16",          "int32",    "int64",        "string",         "bool",
+      "float16",        "double",   "uint32",       "uint64",         "complex64",
+      "complex128",     "bfloat16", "float8e4m3fn", "float8e4m3fnuz", "float8e5m2",
+      "float8e5m2fnuz", "uint4",    "int4",         "float4e2m1",     "float8e8m0",
+      "uint2",          "int2"};
   if (t >= 0 && t < static_cast<int32_t>(sizeof(names) / sizeof(names[0]))) return names[t];
   return "dtype" + std::to_string(t);
 }

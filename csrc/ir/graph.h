@@ -43,9 +43,21 @@ struct TypeInfo {
 };
 
 enum class AttrType : int32_t {
-  kUndefined = 0, kFloat = 1, kInt = 2, kString = 3, kTensor = 4, kGraph = 5, kFloats = 6,
-  kInts = 7, kStrings = 8, kTensors = 9, kGraphs = 10, kSparseTensor = 11, kSparseTensors = 12,
-  kTypeProto = 13, kTypeProtos = 14,
+  kUndefined = 0,
+  kFloat = 1,
+  kInt = 2,
+  kString = 3,
+  kTensor = 4,
+  kGraph = 5,
+  kFloats = 6,
+  kInts = 7,
+  kStrings = 8,
+  kTensors = 9,
+  kGraphs = 10,
+  kSparseTensor = 11,
+  kSparseTensors = 12,
+  kTypeProto = 13,
+  kTypeProtos = 14,
 };
 
 struct Attribute {
@@ -138,7 +150,7 @@ class Node {
 // fastopt does not model. `value` may be null for value_info naming nothing in the graph.
 struct ValueInfoEntry {
   Value* value = nullptr;
-  std::string orphan_name;  // name when value is null
+  std::string orphan_name;           // name when value is null
   std::optional<TypeInfo> own_type;  // set when this entry's type differs from value->type
   RawFields extras;
 };
@@ -152,7 +164,7 @@ class Graph {
   OptString name;
   RawFields extras;  // doc_string, quantization_annotation, metadata_props, unknown fields
   std::vector<ValueInfoEntry> input_entries, output_entries, value_info_entries;
-  std::vector<Value*> initializer_order;          // initializers in file order
+  std::vector<Value*> initializer_order;  // initializers in file order
   std::vector<Value*> sparse_initializer_order;
 
   Model* model() const { return model_; }
@@ -220,8 +232,8 @@ struct OpsetId {
 
 struct Function {
   OptString name, domain, overload;
-  std::vector<std::string> attribute_names;  // FunctionProto.attribute
-  std::vector<Attribute> attribute_defaults; // FunctionProto.attribute_proto
+  std::vector<std::string> attribute_names;   // FunctionProto.attribute
+  std::vector<Attribute> attribute_defaults;  // FunctionProto.attribute_proto
   std::vector<OpsetId> opset_import;
   std::unique_ptr<Graph> body;  // inputs/outputs/value_info/nodes of the function
   RawFields extras;             // doc_string, metadata_props, unknown fields
@@ -236,7 +248,7 @@ struct Model {
   std::vector<std::pair<std::string, std::string>> metadata_props;
   RawFields metadata_extras;  // metadata entries that carry unknown fields (kept verbatim)
   std::vector<std::unique_ptr<Function>> functions;
-  RawFields extras;  // training_info, configuration, unknown fields (kept verbatim)
+  RawFields extras;      // training_info, configuration, unknown fields (kept verbatim)
   std::string path;      // file it was loaded from ("" when from memory)
   std::string base_dir;  // folder external data is resolved against
   std::shared_ptr<const Buffer> source;  // the serialized model

@@ -95,7 +95,10 @@ ByteRef Tensor::bytes() const {
           break;
         case kUint64Data:
           wire::read_repeated_varint(r, type, base, [&](uint64_t v) {
-            if (t == kUint32) put(out, static_cast<uint32_t>(v)); else put(out, v);
+            if (t == kUint32)
+              put(out, static_cast<uint32_t>(v));
+            else
+              put(out, v);
             ++count;
           });
           break;
@@ -103,9 +106,12 @@ ByteRef Tensor::bytes() const {
           wire::read_repeated_varint(r, type, base, [&](uint64_t v) {
             // int32_data carries every type narrower than 32 bits (and sub-byte types two or
             // four per entry, already packed into one byte).
-            if (bits >= 32) put(out, static_cast<uint32_t>(v));
-            else if (bits == 16) put(out, static_cast<uint16_t>(v));
-            else put(out, static_cast<uint8_t>(v));
+            if (bits >= 32)
+              put(out, static_cast<uint32_t>(v));
+            else if (bits == 16)
+              put(out, static_cast<uint16_t>(v));
+            else
+              put(out, static_cast<uint8_t>(v));
             ++count;
           });
           break;
@@ -130,8 +136,10 @@ std::vector<std::string> Tensor::strings() const {
     uint32_t number;
     wire::WireType type;
     while (r.next(&number, &type)) {
-      if (number == kStringData && type == wire::kLen) out.push_back(r.string());
-      else r.skip(type, number);
+      if (number == kStringData && type == wire::kLen)
+        out.push_back(r.string());
+      else
+        r.skip(type, number);
     }
   }
   return out;

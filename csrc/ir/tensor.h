@@ -41,9 +41,9 @@ struct Tensor {
   std::vector<int64_t> dims;
   std::optional<int32_t> data_type;
   Storage storage = Storage::kNone;
-  ByteRef raw;                              // kRaw: the raw_data payload
-  bool has_raw_field = false;               // raw_data present (possibly empty)
-  std::optional<ExternalLocation> external; // kExternal
+  ByteRef raw;                               // kRaw: the raw_data payload
+  bool has_raw_field = false;                // raw_data present (possibly empty)
+  std::optional<ExternalLocation> external;  // kExternal
   std::optional<int32_t> data_location;
   RawFields typed;   // typed data fields exactly as encoded (kTyped)
   RawFields extras;  // doc_string, segment, metadata_props, unknown fields

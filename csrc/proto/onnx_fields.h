@@ -53,9 +53,8 @@ namespace sparse {
 constexpr uint32_t kValues = 1, kIndices = 2, kDims = 3;
 }
 namespace function {
-constexpr uint32_t kName = 1, kInput = 4, kOutput = 5, kAttribute = 6, kNode = 7,
-                   kOpsetImport = 9, kDomain = 10, kAttributeProto = 11, kValueInfo = 12,
-                   kOverload = 13;
+constexpr uint32_t kName = 1, kInput = 4, kOutput = 5, kAttribute = 6, kNode = 7, kOpsetImport = 9,
+                   kDomain = 10, kAttributeProto = 11, kValueInfo = 12, kOverload = 13;
 }
 
 }  // namespace fastopt::field

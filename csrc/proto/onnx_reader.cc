@@ -80,10 +80,17 @@ bool valid_utf8(const std::string& s) {
     }
     size_t len;
     uint32_t cp;
-    if ((c & 0xe0) == 0xc0) { len = 2; cp = c & 0x1f; }
-    else if ((c & 0xf0) == 0xe0) { len = 3; cp = c & 0x0f; }
-    else if ((c & 0xf8) == 0xf0) { len = 4; cp = c & 0x07; }
-    else return false;
+    if ((c & 0xe0) == 0xc0) {
+      len = 2;
+      cp = c & 0x1f;
+    } else if ((c & 0xf0) == 0xe0) {
+      len = 3;
+      cp = c & 0x0f;
+    } else if ((c & 0xf8) == 0xf0) {
+      len = 4;
+      cp = c & 0x07;
+    } else
+      return false;
     if (i + len > n) return false;
     for (size_t k = 1; k < len; ++k) {
       if ((p[i + k] & 0xc0) != 0x80) return false;
@@ -148,9 +155,12 @@ struct ModelReader {
     uint32_t f;
     wire::WireType t;
     while (r.next(&f, &t)) {
-      if (f == field::opset::kDomain) o.domain.set(str(r, t, "domain"));
-      else if (f == field::opset::kVersion) o.version = int64(r, t, "version");
-      else keep(o.extras, r, t, f);
+      if (f == field::opset::kDomain)
+        o.domain.set(str(r, t, "domain"));
+      else if (f == field::opset::kVersion)
+        o.version = int64(r, t, "version");
+      else
+        keep(o.extras, r, t, f);
     }
     return o;
   }
@@ -162,8 +172,10 @@ struct ModelReader {
     wire::WireType t;
     bool plain = true;
     while (r.next(&f, &t)) {
-      if (f == field::entry::kKey) *key = str(r, t, "key");
-      else if (f == field::entry::kValue) *value = str(r, t, "value");
+      if (f == field::entry::kKey)
+        *key = str(r, t, "key");
+      else if (f == field::entry::kValue)
+        *value = str(r, t, "value");
       else {
         plain = false;
         r.skip(t, f);
@@ -203,9 +215,12 @@ struct ModelReader {
             wire::Reader dr(base, db, de, "TensorShapeProto.Dimension");
             Dim d;
             while (dr.next(&f, &t)) {
-              if (f == field::type::dim::kValue) d.value = int64(dr, t, "dim_value");
-              else if (f == field::type::dim::kParam) d.param = str(dr, t, "dim_param");
-              else dr.skip(t, f);
+              if (f == field::type::dim::kValue)
+                d.value = int64(dr, t, "dim_value");
+              else if (f == field::type::dim::kParam)
+                d.param = str(dr, t, "dim_param");
+              else
+                dr.skip(t, f);
             }
             ti.dims.push_back(std::move(d));
           }
@@ -230,9 +245,8 @@ struct ModelReader {
     while (r.next(&f, &t)) {
       switch (f) {
         case field::tensor::kDims:
-          wire::read_repeated_varint(r, t, base, [&](uint64_t v) {
-            ts.dims.push_back(static_cast<int64_t>(v));
-          });
+          wire::read_repeated_varint(
+              r, t, base, [&](uint64_t v) { ts.dims.push_back(static_cast<int64_t>(v)); });
           break;
         case field::tensor::kDataType:
           ts.data_type = static_cast<int32_t>(int64(r, t, "data_type"));
@@ -266,7 +280,9 @@ struct ModelReader {
             r.len_payload();
             ++string_values;
           } else {
-            int fixed = f == field::tensor::kFloatData ? 4 : f == field::tensor::kDoubleData ? 8 : 0;
+            int fixed = f == field::tensor::kFloatData    ? 4
+                        : f == field::tensor::kDoubleData ? 8
+                                                          : 0;
             if (t == wire::kLen || (fixed == 4 && t == wire::kFixed32) ||
                 (fixed == 8 && t == wire::kFixed64) || (fixed == 0 && t == wire::kVarint)) {
               typed_values += count_values(r, t, base, fixed);
@@ -289,7 +305,8 @@ struct ModelReader {
                      uint64_t typed_values, uint64_t string_values) {
     const std::string who = "tensor '" + ts.name.value + "'";
     for (int64_t d : ts.dims) {
-      if (d < 0) throw ModelError(who + " has a negative dimension in shape " + shape_text(ts.dims));
+      if (d < 0)
+        throw ModelError(who + " has a negative dimension in shape " + shape_text(ts.dims));
     }
     uint64_t numel;
     try {
@@ -334,10 +351,10 @@ struct ModelReader {
     }
     if (!ts.typed.empty()) {
       ts.storage = Tensor::Storage::kTyped;
-      uint64_t want = dt == kString ? numel
+      uint64_t want = dt == kString                             ? numel
                       : (dt == kComplex64 || dt == kComplex128) ? numel * 2
-                      : bits > 0 && bits < 8 ? expected
-                                             : numel;
+                      : bits > 0 && bits < 8                    ? expected
+                                                                : numel;
       uint64_t got = dt == kString ? string_values : typed_values;
       if (bits > 0 || dt == kString) {
         if (got != want) {
@@ -361,8 +378,7 @@ struct ModelReader {
     bool has_offset = false, has_length = false;
     uint64_t offset = 0, length = 0;
     auto parse_u64 = [&](const std::string& key, const std::string& v) -> uint64_t {
-      if (v.empty() || v.size() > 20 ||
-          v.find_first_not_of("0123456789") != std::string::npos) {
+      if (v.empty() || v.size() > 20 || v.find_first_not_of("0123456789") != std::string::npos) {
         throw ModelError(who + " has an invalid external data " + key + " '" + v + "'");
       }
       errno = 0;
@@ -371,9 +387,15 @@ struct ModelReader {
       return static_cast<uint64_t>(x);
     };
     for (const auto& kv : entries) {
-      if (kv.first == "location") location = kv.second;
-      else if (kv.first == "offset") { offset = parse_u64("offset", kv.second); has_offset = true; }
-      else if (kv.first == "length") { length = parse_u64("length", kv.second); has_length = true; }
+      if (kv.first == "location")
+        location = kv.second;
+      else if (kv.first == "offset") {
+        offset = parse_u64("offset", kv.second);
+        has_offset = true;
+      } else if (kv.first == "length") {
+        length = parse_u64("length", kv.second);
+        has_length = true;
+      }
     }
     (void)has_offset;
     if (location.empty()) throw ModelError(who + " is external but has no location");
@@ -437,9 +459,8 @@ struct ModelReader {
         auto [ib, ie] = sub(r, t, "indices");
         sp->indices = read_tensor(ib, ie);
       } else if (f == field::sparse::kDims) {
-        wire::read_repeated_varint(r, t, base, [&](uint64_t v) {
-          sp->dims.push_back(static_cast<int64_t>(v));
-        });
+        wire::read_repeated_varint(
+            r, t, base, [&](uint64_t v) { sp->dims.push_back(static_cast<int64_t>(v)); });
       } else {
         keep(sp->extras, r, t, f);
       }
@@ -490,9 +511,8 @@ struct ModelReader {
           });
           break;
         case field::attr::kInts:
-          wire::read_repeated_varint(r, t, base, [&](uint64_t v) {
-            a.ints.push_back(static_cast<int64_t>(v));
-          });
+          wire::read_repeated_varint(
+              r, t, base, [&](uint64_t v) { a.ints.push_back(static_cast<int64_t>(v)); });
           break;
         case field::attr::kStrings: a.strings.push_back(bytes(r, t, "strings")); break;
         case field::attr::kTensors: {
@@ -603,9 +623,8 @@ struct ModelReader {
       }
       Value* v = g.lookup(name);
       if (!v) {
-        throw ModelError("node '" + node->name.value + "' (" + node->op_type + ") input '" +
-                         name + "' is not defined (dangling input) in graph '" + g.name.value +
-                         "'");
+        throw ModelError("node '" + node->name.value + "' (" + node->op_type + ") input '" + name +
+                         "' is not defined (dangling input) in graph '" + g.name.value + "'");
       }
       node->inputs_.push_back(v);
       v->uses_.push_back(Use{node, static_cast<int>(i)});
@@ -620,8 +639,10 @@ struct ModelReader {
         auto sub = std::make_unique<Graph>(model, &g);
         sub->set_owner_node(pn.node);
         read_graph_body(*sub, {{pg.begin, pg.end}}, depth + 1);
-        if (pg.index < 0) a.g = std::move(sub);
-        else a.graphs[pg.index] = std::move(sub);
+        if (pg.index < 0)
+          a.g = std::move(sub);
+        else
+          a.graphs[pg.index] = std::move(sub);
       }
     }
   }
@@ -632,23 +653,23 @@ struct ModelReader {
     if (depth > kMaxGraphDepth) throw ModelError("subgraphs are nested too deeply");
     std::vector<std::pair<uint64_t, uint64_t>> nodes, inputs, outputs, inits, sparse, infos;
     for (auto [b, e] : spans) {
-    wire::Reader r(base, b, e, "GraphProto");
-    uint32_t f;
-    wire::WireType t;
-    while (r.next(&f, &t)) {
-      switch (f) {
-        case field::graph::kNode: nodes.push_back(sub(r, t, "node")); break;
-        case field::graph::kName: g.name.set(str(r, t, "name")); break;
-        case field::graph::kInitializer: inits.push_back(sub(r, t, "initializer")); break;
-        case field::graph::kSparseInitializer:
-          sparse.push_back(sub(r, t, "sparse_initializer"));
-          break;
-        case field::graph::kInput: inputs.push_back(sub(r, t, "input")); break;
-        case field::graph::kOutput: outputs.push_back(sub(r, t, "output")); break;
-        case field::graph::kValueInfo: infos.push_back(sub(r, t, "value_info")); break;
-        default: keep(g.extras, r, t, f);
+      wire::Reader r(base, b, e, "GraphProto");
+      uint32_t f;
+      wire::WireType t;
+      while (r.next(&f, &t)) {
+        switch (f) {
+          case field::graph::kNode: nodes.push_back(sub(r, t, "node")); break;
+          case field::graph::kName: g.name.set(str(r, t, "name")); break;
+          case field::graph::kInitializer: inits.push_back(sub(r, t, "initializer")); break;
+          case field::graph::kSparseInitializer:
+            sparse.push_back(sub(r, t, "sparse_initializer"));
+            break;
+          case field::graph::kInput: inputs.push_back(sub(r, t, "input")); break;
+          case field::graph::kOutput: outputs.push_back(sub(r, t, "output")); break;
+          case field::graph::kValueInfo: infos.push_back(sub(r, t, "value_info")); break;
+          default: keep(g.extras, r, t, f);
+        }
       }
-    }
     }
     const std::string gname = "graph '" + g.name.value + "'";
     for (auto [ib, ie] : inputs) {
@@ -781,8 +802,7 @@ struct ModelReader {
     for (const auto& name : outputs) {
       Value* v = g.lookup(name);
       if (!v) {
-        throw ModelError("function '" + fn->name.value + "' output '" + name +
-                         "' is not defined");
+        throw ModelError("function '" + fn->name.value + "' output '" + name + "' is not defined");
       }
       ValueInfoEntry entry;
       entry.value = v;
@@ -842,15 +862,18 @@ struct ModelReader {
           uint64_t start = r.tag_start();
           auto [mb, me] = sub(r, t, "metadata_props");
           std::string k, v;
-          if (read_entry(mb, me, &k, &v)) m->metadata_props.emplace_back(k, v);
-          else m->metadata_extras.push_back(span(start, r.pos()));
+          if (read_entry(mb, me, &k, &v))
+            m->metadata_props.emplace_back(k, v);
+          else
+            m->metadata_extras.push_back(span(start, r.pos()));
           break;
         }
         case field::model::kFunctions: functions.push_back(sub(r, t, "functions")); break;
         default: keep(m->extras, r, t, f);
       }
     }
-    if (graph.empty()) throw ModelError("not an ONNX model: no graph (is the file empty or not ONNX?)");
+    if (graph.empty())
+      throw ModelError("not an ONNX model: no graph (is the file empty or not ONNX?)");
     if (!m->ir_version) throw ModelError("not an ONNX model: no ir_version");
     for (auto [fb, fe] : functions) m->functions.push_back(read_function(fb, fe));
     m->graph = std::make_unique<Graph>(model, nullptr);

@@ -18,7 +18,9 @@ namespace {
 
 constexpr uint64_t kProtobufLimit = (1ull << 31) - 1;  // protobuf refuses messages of 2 GB+
 
-std::string errno_text() { return std::strerror(errno); }
+std::string errno_text() {
+  return std::strerror(errno);
+}
 
 std::string basename_of(const std::string& p) {
   auto slash = p.find_last_of('/');
@@ -41,8 +43,7 @@ class TempFile {
     buf.push_back('\0');
     fd_ = ::mkstemp(buf.data());
     if (fd_ < 0) {
-      throw ModelError("cannot create a file in '" + dirname_of(final_path) + "': " +
-                       errno_text());
+      throw ModelError("cannot create a file in '" + dirname_of(final_path) + "': " + errno_text());
     }
     temp_.assign(buf.data());
     mode_t mask = ::umask(0);
@@ -124,8 +125,10 @@ class TempFile {
 
 void write_pieces(TempFile& out, const wire::Writer& w) {
   for (const auto& piece : w.pieces()) {
-    if (piece.ref.buffer) out.copy(piece.ref);
-    else out.write(piece.bytes.data(), piece.bytes.size());
+    if (piece.ref.buffer)
+      out.copy(piece.ref);
+    else
+      out.write(piece.bytes.data(), piece.bytes.size());
   }
 }
 
@@ -142,10 +145,9 @@ class DataFiles {
 
   Placement add(const ByteRef& bytes) {
     if (files_.empty() || (opt_.max_file_bytes > 0 && files_.back().file->size() > 0 &&
-                           padded(files_.back().file->size()) + bytes.size >
-                               opt_.max_file_bytes)) {
-      std::string name = files_.empty() ? location_
-                                        : location_ + "." + std::to_string(files_.size());
+                           padded(files_.back().file->size()) + bytes.size > opt_.max_file_bytes)) {
+      std::string name =
+          files_.empty() ? location_ : location_ + "." + std::to_string(files_.size());
       files_.push_back({name, std::make_unique<TempFile>(folder_ + "/" + name)});
     }
     TempFile& f = *files_.back().file;
@@ -191,7 +193,8 @@ class ModelWriter {
     if (m.doc_string.written()) w.string_field(f::kDocString, m.doc_string.value);
     if (m.graph) w.message(f::kGraph, graph(*m.graph));
     for (const auto& o : m.opset_import) w.message(f::kOpsetImport, opset(o));
-    for (const auto& kv : m.metadata_props) w.message(f::kMetadataProps, entry(kv.first, kv.second));
+    for (const auto& kv : m.metadata_props)
+      w.message(f::kMetadataProps, entry(kv.first, kv.second));
     w.raw_fields(m.metadata_extras);
     for (const auto& fn : m.functions) w.message(f::kFunctions, function(*fn));
     w.raw_fields(m.extras);
@@ -227,8 +230,10 @@ class ModelWriter {
       wire::Writer shape;
       for (const Dim& d : t.dims) {
         wire::Writer dim;
-        if (d.value) dim.int_field(ft::dim::kValue, *d.value);
-        else if (d.param) dim.string_field(ft::dim::kParam, *d.param);
+        if (d.value)
+          dim.int_field(ft::dim::kValue, *d.value);
+        else if (d.param)
+          dim.string_field(ft::dim::kParam, *d.param);
         shape.message(ft::shape::kDim, std::move(dim));
       }
       tensor.message(ft::tensor::kShape, std::move(shape));
@@ -254,8 +259,8 @@ class ModelWriter {
     if (t.data_type) w.int_field(ft::kDataType, *t.data_type);
     if (t.name.written()) w.string_field(ft::kName, t.name.value);
     std::optional<int32_t> location = t.data_location;
-    const bool has_bytes = t.storage == Tensor::Storage::kRaw ||
-                           t.storage == Tensor::Storage::kExternal;
+    const bool has_bytes =
+        t.storage == Tensor::Storage::kRaw || t.storage == Tensor::Storage::kExternal;
     if (has_bytes) {
       ByteRef bytes = t.storage == Tensor::Storage::kRaw
                           ? t.raw
@@ -393,8 +398,10 @@ std::string serialize_model(const Model& model) {
   std::string out;
   out.reserve(w.size());
   for (const auto& piece : w.pieces()) {
-    if (piece.ref.buffer) out.append(reinterpret_cast<const char*>(piece.ref.data()), piece.ref.size);
-    else out.append(piece.bytes);
+    if (piece.ref.buffer)
+      out.append(reinterpret_cast<const char*>(piece.ref.data()), piece.ref.size);
+    else
+      out.append(piece.bytes);
   }
   return out;
 }

@@ -14,8 +14,14 @@
 
 namespace fastopt::wire {
 
-enum WireType : uint32_t { kVarint = 0, kFixed64 = 1, kLen = 2, kStartGroup = 3, kEndGroup = 4,
-                           kFixed32 = 5 };
+enum WireType : uint32_t {
+  kVarint = 0,
+  kFixed64 = 1,
+  kLen = 2,
+  kStartGroup = 3,
+  kEndGroup = 4,
+  kFixed32 = 5
+};
 
 // Parse position in one message. `what` names the message for error text.
 class Reader {
@@ -47,8 +53,8 @@ class Reader {
     if (number == 0 || number > 0x1fffffff) fail("invalid field number " + std::to_string(number));
     *field = static_cast<uint32_t>(number);
     *type = static_cast<WireType>(tag & 7);
-    if (*type == 6 || *type == 7) fail("invalid wire type " + std::to_string(*type) +
-                                       " for field " + std::to_string(number));
+    if (*type == 6 || *type == 7)
+      fail("invalid wire type " + std::to_string(*type) + " for field " + std::to_string(number));
     return true;
   }
 
