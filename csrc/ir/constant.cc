@@ -1,0 +1,184 @@
+#include "ir/constant.h"
+
+#include <cstring>
+
+#include "ir/error.h"
+
+namespace fastopt {
+
+namespace {
+
+float half_to_float(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t mant = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: normalize
+      exp = 127 - 15 + 1;
+      while ((mant & 0x400) == 0) {
+        mant <<= 1;
+        --exp;
+      }
+      mant &= 0x3ff;
+      bits = sign | (exp << 23) | (mant << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000 | (mant << 13);
+  } else {
+    bits = sign | ((exp - 15 + 127) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+template <typename T>
+T load(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+// Calls fn(double, int64) for each element; false for non-numeric types.
+template <typename F>
+bool for_each_element(const Tensor& t, uint64_t max_elements, F&& fn) {
+  const int32_t dt = t.dtype();
+  uint64_t n = t.numel();
+  if (n > max_elements) return false;
+  switch (dt) {
+    case kFloat: case kDouble: case kFloat16: case kBFloat16: case kInt8: case kUint8:
+    case kInt16: case kUint16: case kInt32: case kUint32: case kInt64: case kUint64: case kBool:
+      break;
+    default: return false;
+  }
+  ByteRef bytes = t.bytes();
+  const uint8_t* p = bytes.data();
+  const uint64_t size = static_cast<uint64_t>(dtype_bits(dt) / 8);
+  if (bytes.size != n * size) return false;
+  for (uint64_t i = 0; i < n; ++i, p += size) {
+    switch (dt) {
+      case kFloat: fn(static_cast<double>(load<float>(p))); break;
+      case kDouble: fn(load<double>(p)); break;
+      case kFloat16: fn(static_cast<double>(half_to_float(load<uint16_t>(p)))); break;
+      case kBFloat16: {
+        uint32_t bits = static_cast<uint32_t>(load<uint16_t>(p)) << 16;
+        float f;
+        std::memcpy(&f, &bits, 4);
+        fn(static_cast<double>(f));
+        break;
+      }
+      case kInt8: fn(static_cast<double>(load<int8_t>(p))); break;
+      case kUint8: case kBool: fn(static_cast<double>(load<uint8_t>(p))); break;
+      case kInt16: fn(static_cast<double>(load<int16_t>(p))); break;
+      case kUint16: fn(static_cast<double>(load<uint16_t>(p))); break;
+      case kInt32: fn(static_cast<double>(load<int32_t>(p))); break;
+      case kUint32: fn(static_cast<double>(load<uint32_t>(p))); break;
+      case kInt64: fn(static_cast<double>(load<int64_t>(p)), load<int64_t>(p)); continue;
+      case kUint64: fn(static_cast<double>(load<uint64_t>(p))); break;
+      default: return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+std::shared_ptr<const Tensor> constant_tensor(const Value* v) {
+  if (!v) return nullptr;
+  if (v->initializer() && !v->is_graph_input()) return v->initializer();
+  Node* p = v->producer();
+  if (!p || p->op_type != "Constant" || !(p->domain.value.empty() || p->domain.value == "ai.onnx")) {
+    return nullptr;
+  }
+  for (const auto& a : p->attributes) {
+    if (a.name == "value" && a.t) return a.t;
+    if (a.name == "value_float" && a.f) return make_float_tensor({*a.f}, {});
+    if (a.name == "value_floats") {
+      return make_float_tensor(a.floats, {static_cast<int64_t>(a.floats.size())});
+    }
+    if (a.name == "value_int" && a.i) return make_int64_tensor({*a.i}, {});
+    if (a.name == "value_ints") {
+      return make_int64_tensor(a.ints, {static_cast<int64_t>(a.ints.size())});
+    }
+  }
+  return nullptr;
+}
+
+std::optional<std::vector<double>> tensor_doubles(const Tensor& t, uint64_t max_elements) {
+  std::vector<double> out;
+  bool ok = for_each_element(t, max_elements, [&](double d, int64_t = 0) { out.push_back(d); });
+  if (!ok) return std::nullopt;
+  return out;
+}
+
+std::optional<std::vector<int64_t>> tensor_ints(const Tensor& t, uint64_t max_elements) {
+  const int32_t dt = t.dtype();
+  if (dt == kFloat || dt == kDouble || dt == kFloat16 || dt == kBFloat16) return std::nullopt;
+  std::vector<int64_t> out;
+  bool ok = for_each_element(t, max_elements, [&](double d, int64_t exact = INT64_MIN) {
+    out.push_back(dt == kInt64 ? exact : static_cast<int64_t>(d));
+  });
+  if (!ok) return std::nullopt;
+  return out;
+}
+
+std::optional<std::vector<double>> constant_doubles(const Value* v, uint64_t max_elements) {
+  auto t = constant_tensor(v);
+  if (!t) return std::nullopt;
+  return tensor_doubles(*t, max_elements);
+}
+
+std::optional<std::vector<int64_t>> constant_ints(const Value* v, uint64_t max_elements) {
+  auto t = constant_tensor(v);
+  if (!t) return std::nullopt;
+  return tensor_ints(*t, max_elements);
+}
+
+std::optional<double> constant_scalar(const Value* v) {
+  auto d = constant_doubles(v, 1);
+  if (!d || d->size() != 1) return std::nullopt;
+  return (*d)[0];
+}
+
+int32_t value_dtype(const Value* v) {
+  if (!v) return 0;
+  if (v->type.is_tensor && v->type.elem_type) return v->type.elem_type;
+  if (v->initializer()) return v->initializer()->dtype();
+  if (auto t = constant_tensor(v)) return t->dtype();
+  return 0;
+}
+
+int value_rank(const Value* v) {
+  if (!v) return -1;
+  if (v->type.is_tensor && v->type.has_shape) return static_cast<int>(v->type.dims.size());
+  if (auto t = constant_tensor(v)) return static_cast<int>(t->dims.size());
+  return -1;
+}
+
+std::shared_ptr<Tensor> make_tensor(int32_t dtype, std::vector<int64_t> dims, std::string bytes) {
+  auto t = std::make_shared<Tensor>();
+  t->data_type = dtype;
+  t->dims = std::move(dims);
+  t->raw = ByteRef::owned(std::move(bytes));
+  t->has_raw_field = true;
+  t->storage = Tensor::Storage::kRaw;
+  if (t->expected_bytes() != t->raw.size) throw ModelError("tensor bytes do not match its shape");
+  return t;
+}
+
+std::shared_ptr<Tensor> make_int64_tensor(const std::vector<int64_t>& values,
+                                          std::vector<int64_t> dims) {
+  std::string bytes(reinterpret_cast<const char*>(values.data()), values.size() * 8);
+  return make_tensor(kInt64, std::move(dims), std::move(bytes));
+}
+
+std::shared_ptr<Tensor> make_float_tensor(const std::vector<float>& values,
+                                          std::vector<int64_t> dims) {
+  std::string bytes(reinterpret_cast<const char*>(values.data()), values.size() * 4);
+  return make_tensor(kFloat, std::move(dims), std::move(bytes));
+}
+
+}  // namespace fastopt

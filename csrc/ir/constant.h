@@ -1,0 +1,40 @@
+// Reading constant values: initializers (that are not overridable graph inputs) and the outputs
+// of Constant nodes. Passes and pattern constraints use these to look at small tensors.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace fastopt {
+
+// The tensor behind `v` when its value is fixed, or null.
+std::shared_ptr<const Tensor> constant_tensor(const Value* v);
+
+// Elements of a constant as doubles / int64s; nullopt when not constant, not numeric, or larger
+// than `max_elements` (so callers never decode big weights by accident).
+std::optional<std::vector<double>> constant_doubles(const Value* v, uint64_t max_elements = 64);
+std::optional<std::vector<int64_t>> constant_ints(const Value* v, uint64_t max_elements = 64);
+// A single-element constant.
+std::optional<double> constant_scalar(const Value* v);
+
+// Element type of `v` when known (from its type, its initializer, or a Constant producer), else 0.
+int32_t value_dtype(const Value* v);
+// Rank of `v` when known, else -1.
+int value_rank(const Value* v);
+
+// Decodes a tensor's elements to double / int64 (numeric types only).
+std::optional<std::vector<double>> tensor_doubles(const Tensor& t, uint64_t max_elements);
+std::optional<std::vector<int64_t>> tensor_ints(const Tensor& t, uint64_t max_elements);
+
+// Builds a tensor owning `bytes` (little-endian elements).
+std::shared_ptr<Tensor> make_tensor(int32_t dtype, std::vector<int64_t> dims, std::string bytes);
+std::shared_ptr<Tensor> make_int64_tensor(const std::vector<int64_t>& values,
+                                          std::vector<int64_t> dims);
+std::shared_ptr<Tensor> make_float_tensor(const std::vector<float>& values,
+                                          std::vector<int64_t> dims);
+
+}  // namespace fastopt
