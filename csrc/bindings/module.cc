@@ -11,6 +11,7 @@
 
 #include "ir/error.h"
 #include "ir/graph.h"
+#include "passes/registry.h"
 #include "proto/onnx_reader.h"
 #include "proto/onnx_writer.h"
 
@@ -541,4 +542,38 @@ several files.)doc");
       },
       py::arg("data"), py::arg("base_dir") = "", "Reads a serialized ModelProto held in memory");
   m.def("dtype_name", &dtype_name);
+
+  py::class_<passes::PassInfo>(m, "PassInfo", "A pass implemented in C++")
+      .def_readonly("name", &passes::PassInfo::name)
+      .def_readonly("description", &passes::PassInfo::description)
+      .def_readonly("tags", &passes::PassInfo::tags)
+      .def_readonly("min_opset", &passes::PassInfo::min_opset)
+      .def_readonly("max_opset", &passes::PassInfo::max_opset)
+      .def_readonly("idempotent", &passes::PassInfo::idempotent);
+
+  py::class_<passes::PassContext>(m, "PassResult", "What one run of a C++ pass did")
+      .def_readonly("counters", &passes::PassContext::counters)
+      .def_readonly("explain_lines", &passes::PassContext::explain_lines);
+
+  m.def("cpp_passes", [] {
+    py::typing::List<passes::PassInfo> l;
+    for (const auto& p : passes::all_passes()) l.append(p);
+    return l;
+  }, "The passes implemented in C++, in registration order");
+  m.def("run_pass", [](Model& model, const std::string& name, const std::string& target,
+                       int max_iterations, const std::string& explain_rule) {
+    const passes::PassInfo* info = passes::find_pass(name);
+    if (!info) throw ModelError("no C++ pass named '" + name + "'");
+    passes::PassContext ctx;
+    ctx.target = target;
+    ctx.max_iterations = max_iterations;
+    ctx.explain_rule = explain_rule;
+    int64_t rewrites;
+    {
+      py::gil_scoped_release release;
+      rewrites = info->run(model, ctx);
+    }
+    return std::make_pair(rewrites, std::move(ctx));
+  }, py::arg("model"), py::arg("name"), py::arg("target") = "ort", py::arg("max_iterations") = 10,
+     py::arg("explain_rule") = "", "Runs a C++ pass; returns (rewrites, result)");
 }

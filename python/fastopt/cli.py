@@ -9,9 +9,11 @@ from collections.abc import Sequence
 
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 import fastopt
+from fastopt.optimize import OptimizeReport
 from fastopt.summary import ModelSummary, human_bytes, human_count, summarize
 
 
@@ -65,6 +67,143 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_optimize(report: OptimizeReport, console: Console, input_path: str) -> None:
+    passes = Table(title="passes", show_edge=False)
+    for col, justify in (
+        ("pass", "left"),
+        ("rewrites", "right"),
+        ("ms", "right"),
+        ("nodes after", "right"),
+        ("details", "left"),
+    ):
+        passes.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for p in report.passes:
+        details = (
+            p.skipped
+            and f"skipped: {p.skipped}"
+            or ", ".join(f"{k} {v}" for k, v in sorted(p.counters.items()))
+        )
+        passes.add_row(
+            escape(p.name),
+            str(p.rewrites),
+            f"{p.seconds * 1e3:.1f}",
+            str(p.nodes_after),
+            escape(details),
+        )
+    console.print(passes)
+
+    ops = Table(title="operators (changed)", show_edge=False)
+    for col in ("op", "before", "after"):
+        ops.add_column(col, justify="left" if col == "op" else "right")
+    for op, (before, after) in report.op_delta().items():
+        ops.add_row(escape(op), str(before), str(after))
+    ops.add_row("[bold]all nodes[/bold]", str(report.nodes_before), str(report.nodes_after))
+    console.print(ops)
+    size = ""
+    if report.output:
+        size = f"; wrote {escape(report.output)} ({human_bytes(_files_size(report.output))})"
+    console.print(
+        f"{escape(input_path)}: {report.nodes_before} -> {report.nodes_after} nodes "
+        f"in {report.seconds:.2f} s{size}"
+    )
+
+
+def _files_size(model_path: str) -> int:
+    import os
+
+    total = os.path.getsize(model_path)
+    folder = os.path.dirname(os.path.abspath(model_path))
+    base = os.path.basename(model_path) + ".data"
+    for name in os.listdir(folder):
+        if name == base or name.startswith(base + "."):
+            total += os.path.getsize(os.path.join(folder, name))
+    return total
+
+
+def _cmd_optimize(args: argparse.Namespace) -> int:
+    import os
+
+    if args.output and os.path.abspath(args.output) == os.path.abspath(args.model):
+        raise fastopt.ModelError(
+            "the output path must differ from the input (it is never modified)"
+        )
+    passes = [p for p in args.passes.split(",") if p] if args.passes else None
+    external = {"auto": None, "always": True, "never": False}[args.external_data]
+    console = Console(stderr=True)
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    ) as progress:
+        task = progress.add_task("optimizing", total=None)
+
+        def on_pass(i: int, n: int, name: str) -> None:
+            progress.update(task, total=n, completed=i, description=name or "saving")
+
+        report = fastopt.optimize(
+            args.model,
+            preset=args.preset,
+            passes=passes,
+            target=args.target,
+            output=args.output,
+            external_data=external,
+            explain=args.explain,
+            progress=on_pass,
+        )
+    out = Console()
+    if args.explain:
+        for line in report.explain:
+            out.print(escape(line))
+    _print_optimize(report, out, args.model)
+    result: dict[str, object] = {"optimize": report.to_dict()}
+    code = 0
+    if args.verify:
+        if not args.output:
+            raise fastopt.ModelError("--verify needs -o/--output")
+        from fastopt.verify import VerifyError, verify
+
+        try:
+            vreport = verify(args.model, args.output)
+            out.print(str(vreport))
+            result["verify"] = vreport.to_dict()
+        except VerifyError as e:
+            out.print(f"[red]verification failed[/red]: {escape(str(e))}")
+            result["verify"] = {"error": str(e)}
+            code = 1
+    if args.report:
+        with open(args.report, "w") as f:
+            json.dump(result, f, indent=2, default=str)
+    return code
+
+
+def _cmd_passes(args: argparse.Namespace) -> int:
+    table = Table(show_edge=False)
+    for col in ("pass", "lang", "opsets", "idempotent", "tags", "description"):
+        table.add_column(col)
+    for p in fastopt.all_passes():
+        opsets = f"{p.min_opset}+" if p.max_opset is None else f"{p.min_opset}-{p.max_opset}"
+        table.add_row(
+            p.name,
+            p.language,
+            opsets,
+            "yes" if p.idempotent else "no",
+            ",".join(p.tags),
+            escape(p.description),
+        )
+    Console().print(table)
+    presets = Table(title="presets", show_edge=False)
+    presets.add_column("preset")
+    presets.add_column("passes")
+    for name, names in fastopt.PRESETS.items():
+        presets.add_row(name, ", ".join(names))
+    Console().print(presets)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fastopt", description="Fast ONNX graph optimizer for large language models."
@@ -77,6 +216,37 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--json", action="store_true", help="machine-readable output")
     info.add_argument("--top", type=int, default=40, help="operators to list (default 40)")
     info.set_defaults(func=_cmd_info)
+
+    opt = sub.add_parser("optimize", help="optimize a model (the input is never modified)")
+    opt.add_argument("model", help="input .onnx file")
+    opt.add_argument("-o", "--output", help="output .onnx file")
+    opt.add_argument("--preset", default="default", help="pass list to run (default: default)")
+    opt.add_argument("--passes", help="comma-separated pass names (overrides --preset)")
+    opt.add_argument(
+        "--target",
+        choices=("ort", "onnx"),
+        default="ort",
+        help="ort: ONNX Runtime contrib ops allowed; onnx: standard ops only",
+    )
+    opt.add_argument(
+        "--external-data",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="auto: external data only when the model is over 2 GB",
+    )
+    opt.add_argument(
+        "--verify", action="store_true", help="compare outputs of input and output in ONNX Runtime"
+    )
+    opt.add_argument("--report", help="write a JSON report here")
+    opt.add_argument(
+        "--explain",
+        metavar="RULE",
+        help="explain, per candidate node, why RULE did or did not apply ('*': all)",
+    )
+    opt.set_defaults(func=_cmd_optimize)
+
+    lp = sub.add_parser("passes", help="list the registered passes and presets")
+    lp.set_defaults(func=_cmd_passes)
     return parser
 
 
@@ -87,8 +257,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except fastopt.ModelError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except OSError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (OSError, KeyError, ValueError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"error: {msg}", file=sys.stderr)
         return 2
 
 

@@ -1,0 +1,52 @@
+// Dead-code elimination: nodes none of whose outputs reach a graph output, and initializers
+// nothing reads. Subgraphs count as readers of the outer values they use.
+#include "passes/registry.h"
+
+namespace fastopt::passes {
+namespace {
+
+bool unused(const Value* v) { return !v || (v->uses().empty() && !v->is_graph_output()); }
+
+int64_t eliminate_dead_nodes(Model& model, PassContext& ctx) {
+  int64_t removed_nodes = 0, removed_initializers = 0;
+  std::vector<Graph*> graphs;
+  model.for_each_graph([&](Graph& g) { graphs.push_back(&g); });
+  // Innermost graphs last in the list: walk it backwards so a subgraph's dead uses of outer
+  // values are gone before the outer graph is swept.
+  for (auto it = graphs.rbegin(); it != graphs.rend(); ++it) {
+    Graph& g = **it;
+    for (Node* n = g.last(); n;) {
+      Node* prev = n->prev();
+      bool dead = true;
+      for (Value* o : n->outputs()) dead = dead && unused(o);
+      if (dead) {
+        g.remove_node(n);
+        ++removed_nodes;
+      }
+      n = prev;
+    }
+    std::vector<Value*> initializers = g.initializer_order;
+    for (Value* v : initializers) {
+      if (v->uses().empty() && !v->is_graph_output() && !v->is_graph_input()) {
+        g.remove_initializer(v);
+        ++removed_initializers;
+      }
+    }
+  }
+  ctx.counters["dead_nodes"] += removed_nodes;
+  ctx.counters["unused_initializers"] += removed_initializers;
+  return removed_nodes + removed_initializers;
+}
+
+const PassRegistrar kRegister{{
+    "eliminate_dead_nodes",
+    "remove nodes whose outputs are never used, and unused initializers",
+    {"cleanup"},
+    1,
+    INT64_MAX,
+    true,
+    eliminate_dead_nodes,
+}};
+
+}  // namespace
+}  // namespace fastopt::passes

@@ -1,0 +1,51 @@
+// The pass registry. A pass registers itself from its own file with a static PassRegistrar:
+// adding a pass touches no central list.
+#pragma once
+
+#include <climits>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "pattern/rewrite.h"
+
+namespace fastopt::passes {
+
+struct PassContext {
+  std::string target = "ort";  // "ort": ONNX Runtime (contrib ops allowed); "onnx": standard ops
+  int max_iterations = 10;
+  std::string explain_rule;  // rule name, "*" for all, "" for none
+  std::vector<std::string> explain_lines;
+  std::map<std::string, int64_t> counters;  // per rule or per kind of rewrite
+};
+
+struct PassInfo {
+  std::string name;
+  std::string description;  // one line
+  std::vector<std::string> tags;
+  int64_t min_opset = 1;
+  int64_t max_opset = INT64_MAX;
+  bool idempotent = true;
+  // Returns the number of rewrites made.
+  std::function<int64_t(Model&, PassContext&)> run;
+};
+
+const std::vector<PassInfo>& all_passes();
+const PassInfo* find_pass(const std::string& name);
+
+struct PassRegistrar {
+  explicit PassRegistrar(PassInfo info);
+};
+
+// A pass made of pattern rules applied to a fixed point. `make_rules` runs once, on first use.
+PassInfo rule_pass(std::string name, std::string description, std::vector<std::string> tags,
+                   std::function<std::vector<pattern::Rule>(const PassContext&)> make_rules);
+
+// Opset of the default domain, or 0.
+int64_t default_opset(const Model& m);
+
+}  // namespace fastopt::passes

@@ -1,0 +1,230 @@
+#include "pattern/rewrite.h"
+
+#include <algorithm>
+#include <set>
+#include <unordered_map>
+
+#include "ir/error.h"
+
+namespace fastopt::pattern {
+
+Attribute attr_int(const std::string& name, int64_t v) {
+  Attribute a;
+  a.name = name;
+  a.type = static_cast<int32_t>(AttrType::kInt);
+  a.i = v;
+  return a;
+}
+Attribute attr_float(const std::string& name, float v) {
+  Attribute a;
+  a.name = name;
+  a.type = static_cast<int32_t>(AttrType::kFloat);
+  a.f = v;
+  return a;
+}
+Attribute attr_ints(const std::string& name, std::vector<int64_t> v) {
+  Attribute a;
+  a.name = name;
+  a.type = static_cast<int32_t>(AttrType::kInts);
+  a.ints = std::move(v);
+  return a;
+}
+Attribute attr_floats(const std::string& name, std::vector<float> v) {
+  Attribute a;
+  a.name = name;
+  a.type = static_cast<int32_t>(AttrType::kFloats);
+  a.floats = std::move(v);
+  return a;
+}
+Attribute attr_string(const std::string& name, const std::string& v) {
+  Attribute a;
+  a.name = name;
+  a.type = static_cast<int32_t>(AttrType::kString);
+  a.s = v;
+  return a;
+}
+Attribute attr_tensor(const std::string& name, std::shared_ptr<Tensor> t) {
+  Attribute a;
+  a.name = name;
+  a.type = static_cast<int32_t>(AttrType::kTensor);
+  a.t = std::move(t);
+  return a;
+}
+Attribute copy_attribute(const Attribute& src) {
+  if (src.g || !src.graphs.empty()) throw ModelError("cannot copy a graph attribute");
+  Attribute a;
+  a.name = src.name;
+  a.type = src.type;
+  a.f = src.f;
+  a.i = src.i;
+  a.s = src.s;
+  a.t = src.t;  // tensors are immutable once built: sharing is safe
+  a.floats = src.floats;
+  a.ints = src.ints;
+  a.strings = src.strings;
+  a.tensors = src.tensors;
+  a.ref_attr_name = src.ref_attr_name;
+  a.extras = src.extras;
+  return a;
+}
+
+std::vector<Value*> Rewriter::op(const std::string& op_type, const std::vector<Value*>& inputs,
+                                 std::vector<Attribute> attrs, int num_outputs,
+                                 const std::string& domain) {
+  std::string base = root_->name.value.empty() ? op_type : root_->name.value;
+  std::vector<std::string> names;
+  for (int i = 0; i < num_outputs; ++i) {
+    names.push_back(base + "/" + op_type + (num_outputs > 1 ? "_" + std::to_string(i) : ""));
+  }
+  Node* n = graph_.create_node(op_type, domain, inputs, names, root_);
+  n->name.set(graph_.unique_name(base + "/" + op_type));
+  n->attributes = std::move(attrs);
+  created_nodes_.push_back(n);
+  return n->outputs();
+}
+
+Value* Rewriter::initializer(const std::string& base, std::shared_ptr<Tensor> t) {
+  Value* v = graph_.add_initializer(base, std::move(t));
+  created_initializers_.push_back(v);
+  return v;
+}
+
+void Rewriter::rollback() {
+  for (auto it = created_nodes_.rbegin(); it != created_nodes_.rend(); ++it) {
+    graph_.remove_node(*it);
+  }
+  for (Value* v : created_initializers_) graph_.remove_initializer(v);
+  created_nodes_.clear();
+  created_initializers_.clear();
+}
+
+bool can_replace(const Graph& g, const Value* from, const Value* to) {
+  if (!from->is_graph_output()) return true;
+  return to->producer() && to->graph() == &g && !to->is_graph_output() && !to->is_graph_input();
+}
+
+void replace_value(Graph& g, Value* from, Value* to) {
+  if (from == to) return;
+  if (!to->type.known && from->type.known) to->type = from->type;
+  const bool keep_name = from->is_graph_output() && can_replace(g, from, to);
+  g.replace_all_uses(from, to);
+  if (keep_name) {
+    std::string name = from->name();
+    g.rename(from, g.unique_name(name + "__replaced"));
+    g.rename(to, name);
+  }
+}
+
+void remove_dead(Graph& g, const std::vector<Node*>& candidates) {
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (Node* n : candidates) {
+      if (!n->alive() || n->graph() != &g) continue;
+      bool dead = true;
+      for (Value* o : n->outputs()) {
+        if (o && (!o->uses().empty() || o->is_graph_output())) {
+          dead = false;
+          break;
+        }
+      }
+      if (dead) {
+        g.remove_node(n);
+        progress = true;
+      }
+    }
+  }
+}
+
+namespace {
+
+bool explaining(const ApplyOptions& o, const Rule& r) {
+  return o.explain_lines && (o.explain_rule == "*" || o.explain_rule == r.name);
+}
+
+std::string where(const Node* n) {
+  return "node '" + n->name.value + "' (" + n->op_type + ")";
+}
+
+// Commits a successful rewrite; false (and nothing changed) if an output without replacement
+// is still used.
+bool commit(Graph& g, const Match& m, const std::vector<Value*>& replacement) {
+  Node* root = m.root();
+  const auto& outs = root->outputs();
+  for (size_t i = 0; i < outs.size(); ++i) {
+    Value* r = i < replacement.size() ? replacement[i] : nullptr;
+    if (!r && outs[i] && (!outs[i]->uses().empty() || outs[i]->is_graph_output())) return false;
+  }
+  for (size_t i = 0; i < outs.size(); ++i) {
+    Value* r = i < replacement.size() ? replacement[i] : nullptr;
+    if (r && outs[i]) replace_value(g, outs[i], r);
+  }
+  remove_dead(g, m.matched_nodes());
+  return true;
+}
+
+}  // namespace
+
+ApplyStats apply_rules(Model& model, const std::vector<Rule>& rules, const ApplyOptions& options) {
+  ApplyStats stats;
+  // Dispatch table: root op type -> rules, larger patterns first (stable among equals).
+  std::unordered_map<std::string, std::vector<const Rule*>> by_op;
+  for (const Rule& r : rules) {
+    for (const auto& op : r.pattern->root_op_types()) by_op[op].push_back(&r);
+  }
+  for (auto& kv : by_op) {
+    std::stable_sort(kv.second.begin(), kv.second.end(), [](const Rule* a, const Rule* b) {
+      return a->pattern->benefit() > b->pattern->benefit();
+    });
+  }
+  std::set<std::pair<const Rule*, const Node*>> explained;  // one line per (rule, node)
+  for (int iteration = 0; iteration < options.max_iterations; ++iteration) {
+    ++stats.iterations;
+    int64_t changed = 0;
+    std::vector<Graph*> graphs;
+    model.for_each_graph([&](Graph& g) { graphs.push_back(&g); });
+    for (Graph* g : graphs) {
+      for (Node* node : g->nodes()) {
+        if (!node->alive()) continue;
+        auto it = by_op.find(node->op_type);
+        if (it == by_op.end()) continue;
+        for (const Rule* rule : it->second) {
+          ++stats.candidates;
+          Match m(*rule->pattern);
+          MatchFailure why;
+          const bool explain =
+              explaining(options, *rule) && explained.insert({rule, node}).second;
+          if (!Matcher(*rule->pattern).match(node, &m, explain ? &why : nullptr)) {
+            if (explain) {
+              options.explain_lines->push_back(rule->name + " @ " + where(node) + ": " +
+                                               why.format(*rule->pattern));
+            }
+            continue;
+          }
+          Rewriter rw(*g, node);
+          Replacement r = rule->rewrite(m, rw);
+          if (!r || !commit(*g, m, *r)) {
+            rw.rollback();
+            if (explain) {
+              options.explain_lines->push_back(
+                  rule->name + " @ " + where(node) + ": matched, but the rewrite declined: " +
+                  (rw.failure().empty() ? "an output is still used" : rw.failure()));
+            }
+            continue;
+          }
+          if (explain) {
+            options.explain_lines->push_back(rule->name + " @ " + where(node) + ": rewritten");
+          }
+          ++changed;
+          ++stats.per_rule[rule->name];
+          break;  // the node is gone
+        }
+      }
+    }
+    stats.rewrites += changed;
+    if (changed == 0) break;
+  }
+  return stats;
+}
+
+}  // namespace fastopt::pattern

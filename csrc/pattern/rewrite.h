@@ -1,0 +1,100 @@
+// Rules (a pattern plus a rewrite) and the driver that applies a set of them to a fixed point.
+//
+// A rewrite builds replacement nodes through a Rewriter, which inserts them before the matched
+// root. It returns the values that replace the root's outputs, or fails (the Rewriter then
+// removes whatever it made: a failed check leaves the graph untouched).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "pattern/pattern.h"
+
+namespace fastopt::pattern {
+
+Attribute attr_int(const std::string& name, int64_t v);
+Attribute attr_float(const std::string& name, float v);
+Attribute attr_ints(const std::string& name, std::vector<int64_t> v);
+Attribute attr_floats(const std::string& name, std::vector<float> v);
+Attribute attr_string(const std::string& name, const std::string& v);
+Attribute attr_tensor(const std::string& name, std::shared_ptr<Tensor> t);
+Attribute copy_attribute(const Attribute& a);  // scalars, lists and tensors (not graphs)
+
+class Rewriter {
+ public:
+  Rewriter(Graph& g, Node* root) : graph_(g), root_(root) {}
+  Graph& graph() const { return graph_; }
+  Node* root() const { return root_; }
+
+  // Adds a node before the root; returns its outputs.
+  std::vector<Value*> op(const std::string& op_type, const std::vector<Value*>& inputs,
+                         std::vector<Attribute> attrs = {}, int num_outputs = 1,
+                         const std::string& domain = "");
+  Value* op1(const std::string& op_type, const std::vector<Value*>& inputs,
+             std::vector<Attribute> attrs = {}, const std::string& domain = "") {
+    return op(op_type, inputs, std::move(attrs), 1, domain)[0];
+  }
+  // Adds an initializer (a new name derived from `base`).
+  Value* initializer(const std::string& base, std::shared_ptr<Tensor> t);
+  // Records why the rewrite gave up; returns nullopt for `return rw.fail("...")`.
+  std::nullopt_t fail(std::string reason) {
+    failure_ = std::move(reason);
+    return std::nullopt;
+  }
+  const std::string& failure() const { return failure_; }
+  void rollback();
+
+ private:
+  Graph& graph_;
+  Node* root_;
+  std::vector<Node*> created_nodes_;
+  std::vector<Value*> created_initializers_;
+  std::string failure_;
+};
+
+// Replacements for the root's outputs, in order; a null entry means the output must be unused.
+using Replacement = std::optional<std::vector<Value*>>;
+using RewriteFn = std::function<Replacement(const Match&, Rewriter&)>;
+
+struct Rule {
+  std::string name;
+  std::shared_ptr<Pattern> pattern;
+  RewriteFn rewrite;
+};
+
+struct ApplyOptions {
+  int max_iterations = 10;
+  // Explanations: for rules named here ("*" = all), one line per candidate root that failed.
+  std::string explain_rule;
+  std::vector<std::string>* explain_lines = nullptr;
+};
+
+struct ApplyStats {
+  int64_t rewrites = 0;
+  int64_t candidates = 0;
+  int iterations = 0;
+  std::map<std::string, int64_t> per_rule;
+};
+
+// Applies `rules` over every graph of the model (subgraphs and functions included), dispatching
+// on the root's op type, larger patterns first, until nothing changes or the cap is reached.
+ApplyStats apply_rules(Model& model, const std::vector<Rule>& rules, const ApplyOptions& options);
+
+// Swaps `from` for `to` everywhere; when `from` is a graph output, `to` takes over its name so
+// the model's interface does not change.
+void replace_value(Graph& g, Value* from, Value* to);
+
+// True when replace_value(g, from, to) keeps the graph's interface: `from` is not a graph output,
+// or `to` can take over its name (made by a node of `g`, not itself an input or output).
+bool can_replace(const Graph& g, const Value* from, const Value* to);
+
+// Removes nodes of `candidates` whose outputs have become unused.
+void remove_dead(Graph& g, const std::vector<Node*>& candidates);
+
+}  // namespace fastopt::pattern

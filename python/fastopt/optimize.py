@@ -1,0 +1,155 @@
+"""``fastopt.optimize``: runs a preset or a list of passes and reports what each did."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Union
+
+from fastopt import _C
+from fastopt.registry import PassContext, Target, get_pass, preset
+
+ModelOrPath = Union[_C.Model, str, "os.PathLike[str]"]
+# Called before each pass with (index, count, pass name); for progress displays.
+ProgressFn = Callable[[int, int, str], None]
+
+
+@dataclass
+class PassReport:
+    name: str
+    rewrites: int
+    seconds: float
+    nodes_after: int
+    counters: dict[str, int] = field(default_factory=dict)
+    skipped: str | None = None  # why the pass did not run
+
+
+@dataclass
+class OptimizeReport:
+    passes: list[PassReport]
+    nodes_before: int
+    nodes_after: int
+    ops_before: dict[str, int]
+    ops_after: dict[str, int]
+    seconds: float
+    target: str
+    output: str | None = None
+    explain: list[str] = field(default_factory=list)
+    # The optimized model (not part of to_dict()).
+    model: _C.Model | None = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "model"}
+        d["passes"] = [asdict(p) for p in self.passes]
+        return d
+
+    @property
+    def rewrites(self) -> int:
+        return sum(p.rewrites for p in self.passes)
+
+    def op_delta(self) -> dict[str, tuple[int, int]]:
+        """op -> (before, after) for every op whose count changed."""
+        ops = sorted(set(self.ops_before) | set(self.ops_after))
+        return {
+            op: (self.ops_before.get(op, 0), self.ops_after.get(op, 0))
+            for op in ops
+            if self.ops_before.get(op, 0) != self.ops_after.get(op, 0)
+        }
+
+
+def _default_opset(model: _C.Model) -> int:
+    imports = model.opset_imports
+    return int(imports.get("", imports.get("ai.onnx", 0)))
+
+
+def optimize(
+    model_or_path: ModelOrPath,
+    preset: str = "default",  # noqa: A002 - the public name users expect
+    passes: Sequence[str] | None = None,
+    target: Target = "ort",
+    output: str | os.PathLike[str] | None = None,
+    *,
+    external_data: bool | str | None = None,
+    explain: str | None = None,
+    max_iterations: int = 10,
+    progress: ProgressFn | None = None,
+) -> OptimizeReport:
+    """Optimizes a model and reports, per pass, the rewrites made and the time taken.
+
+    ``model_or_path``: a path (loaded here; the file is never modified) or a Model (optimized in
+    place). ``passes`` overrides the preset. ``target`` is "ort" (ONNX Runtime, contrib ops
+    allowed) or "onnx" (standard ops only). ``output`` saves the result (atomically; external
+    data as in ``Model.save``). ``explain`` names a rule ("*" for all) whose non-matches are
+    explained in ``report.explain``.
+    """
+    if target not in ("ort", "onnx"):
+        raise ValueError(f"target must be 'ort' or 'onnx', not {target!r}")
+    start = time.perf_counter()
+    model = model_or_path if isinstance(model_or_path, _C.Model) else _load_path(model_or_path)
+    names = list(passes) if passes is not None else _preset_passes(preset)
+    ops_before = model.op_counts()
+    ctx = PassContext(
+        model=model, target=target, max_iterations=max_iterations, explain_rule=explain or ""
+    )
+    reports: list[PassReport] = []
+    for i, name in enumerate(names):
+        if progress is not None:
+            progress(i, len(names), name)
+        spec = get_pass(name)
+        opset = _default_opset(ctx.model)
+        if not spec.applies_to(opset):
+            reports.append(
+                PassReport(name, 0, 0.0, _node_count(ctx.model), skipped=f"opset {opset}")
+            )
+            continue
+        before = dict(ctx.counters)
+        t0 = time.perf_counter()
+        rewrites = spec.run(ctx)
+        seconds = time.perf_counter() - t0
+        counters = {k: v - before.get(k, 0) for k, v in ctx.counters.items()}
+        reports.append(
+            PassReport(
+                name,
+                rewrites,
+                seconds,
+                _node_count(ctx.model),
+                {k: v for k, v in counters.items() if v},
+            )
+        )
+    if progress is not None:
+        progress(len(names), len(names), "")
+    model = ctx.model
+    model.verify()
+    ops_after = model.op_counts()
+    out_path = None
+    if output is not None:
+        out_path = os.fspath(output)
+        model.save(out_path, external_data)
+    return OptimizeReport(
+        passes=reports,
+        nodes_before=sum(ops_before.values()),
+        nodes_after=sum(ops_after.values()),
+        ops_before=ops_before,
+        ops_after=ops_after,
+        seconds=time.perf_counter() - start,
+        target=target,
+        output=out_path,
+        explain=list(ctx.explain_lines),
+        model=model,
+    )
+
+
+def _load_path(path: str | os.PathLike[str]) -> _C.Model:
+    from fastopt._io import load
+
+    return load(path)
+
+
+def _preset_passes(name: str) -> list[str]:
+    return preset(name)
+
+
+def _node_count(model: _C.Model) -> int:
+    return sum(model.op_counts().values())

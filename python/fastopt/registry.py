@@ -1,0 +1,137 @@
+"""The pass registry: C++ passes (registered in csrc/passes) and Python passes, by name.
+
+A Python pass is a function ``fn(ctx: PassContext) -> int`` (the number of rewrites) that
+works on ``ctx.model`` and may replace it (a pass that rebuilds the model, such as version
+conversion, sets ``ctx.model``). Register one with the decorator::
+
+    @fastopt.register_pass("my_pass", "what it does in one line", tags=("cleanup",))
+    def my_pass(ctx: fastopt.PassContext) -> int:
+        ...
+
+Presets are data: ordered lists of pass names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from fastopt import _C
+
+Target = Literal["ort", "onnx"]
+
+
+@dataclass
+class PassContext:
+    """What a pass gets: the model, the target runtime, and where to report."""
+
+    model: _C.Model
+    target: Target = "ort"
+    max_iterations: int = 10
+    explain_rule: str = ""  # rule name, "*" for all, "" for none
+    explain_lines: list[str] = field(default_factory=list)
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+PassFunction = Callable[[PassContext], int]
+
+
+@dataclass(frozen=True)
+class PassSpec:
+    name: str
+    description: str
+    tags: tuple[str, ...] = ()
+    min_opset: int = 1
+    max_opset: int | None = None
+    idempotent: bool = True
+    language: Literal["c++", "python"] = "python"
+    function: PassFunction | None = None
+
+    def applies_to(self, opset: int) -> bool:
+        return opset >= self.min_opset and (self.max_opset is None or opset <= self.max_opset)
+
+    def run(self, ctx: PassContext) -> int:
+        if self.function is not None:
+            return int(self.function(ctx))
+        rewrites, result = _C.run_pass(
+            ctx.model, self.name, ctx.target, ctx.max_iterations, ctx.explain_rule
+        )
+        for key, n in result.counters.items():
+            ctx.counters[key] = ctx.counters.get(key, 0) + n
+        ctx.explain_lines.extend(result.explain_lines)
+        return int(rewrites)
+
+
+_PYTHON_PASSES: dict[str, PassSpec] = {}
+
+
+def register_pass(
+    name: str,
+    description: str,
+    *,
+    tags: tuple[str, ...] = (),
+    min_opset: int = 1,
+    max_opset: int | None = None,
+    idempotent: bool = True,
+) -> Callable[[PassFunction], PassFunction]:
+    """Registers a Python pass under ``name`` (which must be new)."""
+
+    def decorate(fn: PassFunction) -> PassFunction:
+        if name in _PYTHON_PASSES or any(p.name == name for p in _C.cpp_passes()):
+            raise ValueError(f"a pass named '{name}' is already registered")
+        _PYTHON_PASSES[name] = PassSpec(
+            name, description, tags, min_opset, max_opset, idempotent, "python", fn
+        )
+        return fn
+
+    return decorate
+
+
+def unregister_pass(name: str) -> None:
+    """Removes a Python pass (C++ passes stay)."""
+    _PYTHON_PASSES.pop(name, None)
+
+
+def all_passes() -> list[PassSpec]:
+    """Every registered pass: C++ ones first, in registration order, then Python ones."""
+    cpp = [
+        PassSpec(
+            p.name,
+            p.description,
+            tuple(p.tags),
+            p.min_opset,
+            None if p.max_opset >= 2**62 else p.max_opset,
+            p.idempotent,
+            "c++",
+            None,
+        )
+        for p in _C.cpp_passes()
+    ]
+    return cpp + list(_PYTHON_PASSES.values())
+
+
+def get_pass(name: str) -> PassSpec:
+    for p in all_passes():
+        if p.name == name:
+            return p
+    known = ", ".join(sorted(p.name for p in all_passes()))
+    raise KeyError(f"no pass named '{name}' (known: {known})")
+
+
+# Presets: ordered pass lists. Names that are not registered (yet) are skipped with a note in
+# the report, so a preset can name passes that arrive with later work.
+PRESETS: dict[str, list[str]] = {
+    "default": [
+        "eliminate_identity",
+        "eliminate_dead_nodes",
+    ],
+}
+PRESETS["llm"] = list(PRESETS["default"])
+
+
+def preset(name: str) -> list[str]:
+    try:
+        return list(PRESETS[name])
+    except KeyError:
+        raise KeyError(f"no preset named '{name}' (known: {', '.join(PRESETS)})") from None
