@@ -4,7 +4,7 @@ fastopt C++ core: ONNX wire-format reader/writer and graph IR
 from __future__ import annotations
 import collections.abc
 import typing
-__all__: list[str] = ['Bytes', 'Function', 'Graph', 'Model', 'ModelError', 'Node', 'Tensor', 'Value', 'dtype_name', 'load', 'load_bytes']
+__all__: list[str] = ['Bytes', 'Function', 'Graph', 'Model', 'ModelError', 'Node', 'PassInfo', 'PassResult', 'Tensor', 'Value', 'cpp_passes', 'dtype_name', 'load', 'load_bytes', 'run_pass']
 class ModelError(Exception):
     pass
 class Tensor:
@@ -296,6 +296,42 @@ class Bytes:
     """
     def __len__(self) -> int:
         ...
+class PassInfo:
+    """
+    A pass implemented in C++
+    """
+    @property
+    def description(self) -> str:
+        ...
+    @property
+    def idempotent(self) -> bool:
+        ...
+    @property
+    def max_opset(self) -> int:
+        ...
+    @property
+    def min_opset(self) -> int:
+        ...
+    @property
+    def name(self) -> str:
+        ...
+    @property
+    def tags(self) -> list[str]:
+        ...
+class PassResult:
+    """
+    What one run of a C++ pass did
+    """
+    @property
+    def counters(self) -> dict[str, int]:
+        ...
+    @property
+    def explain_lines(self) -> list[str]:
+        ...
+def cpp_passes() -> list[PassInfo]:
+    """
+    The passes implemented in C++, in registration order
+    """
 def dtype_name(arg0: typing.SupportsInt | typing.SupportsIndex) -> str:
     ...
 def load(path: typing.Any) -> Model:
@@ -305,4 +341,8 @@ def load(path: typing.Any) -> Model:
 def load_bytes(data: bytes, base_dir: str = '') -> Model:
     """
     Reads a serialized ModelProto held in memory
+    """
+def run_pass(model: Model, name: str, target: str = 'ort', max_iterations: typing.SupportsInt | typing.SupportsIndex = 10, explain_rule: str = '') -> tuple[int, PassResult]:
+    """
+    Runs a C++ pass; returns (rewrites, result)
     """
