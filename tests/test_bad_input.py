@@ -469,6 +469,19 @@ def test_packed_varint_ends_inside_value(tmp_path: Path) -> None:
     expect_error(write(tmp_path / "m.onnx", model_from_graph(g)), VARINT + "|packed")
 
 
+@pytest.mark.parametrize(
+    ("field", "dtype"), [(5, TensorProto.INT32), (7, TensorProto.INT64), (11, TensorProto.UINT64)]
+)
+def test_overlong_varint_in_packed_typed_data(tmp_path: Path, field: int, dtype: int) -> None:
+    """int32_data / int64_data / uint64_data hold packed varints: an 11-byte one is corrupt
+    input, refused at load rather than when (if ever) the values are decoded. Found by atheris:
+    such a model loaded and its Tensor.numpy() raised later."""
+    payload = varint(1) + b"\x80" * 10 + b"\x01" + varint(3)
+    init = f_str(8, "W") + f_varint(1, 3) + f_varint(2, dtype) + f_len(field, payload)
+    g = f_len(1, wire_node("Identity", ["W"], ["Y"])) + f_len(5, init)
+    expect_error(write(tmp_path / "m.onnx", model_from_graph(g)), VARINT)
+
+
 # ---------------------------------------------------------------------------------------------
 # Negative or absurd dims
 
@@ -518,6 +531,56 @@ def test_absurd_dims_with_tiny_payload(tmp_path: Path) -> None:
     """4 TiB of floats declared, 4 bytes present: rejected before anything is sized by it."""
     t = tensor("W", TensorProto.FLOAT, [2**20, 2**20], bytes(4))
     expect_error(write(tmp_path / "m.onnx", add_model(t)), DIM + "|" + RAW_SIZE)
+
+
+def sparse_model(dims: list[int], indices: list[int], index_dims: list[int] | None = None) -> bytes:
+    values = numpy_helper.from_array(np.array([1.0, 2.0], np.float32), "S")
+    idx = numpy_helper.from_array(np.array(indices, np.int64).reshape(index_dims or [-1]), "")
+    graph = helper.make_graph(
+        [helper.make_node("Neg", ["S"], ["Y"])],
+        "g",
+        [],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+    )
+    graph.sparse_initializer.append(helper.make_sparse_tensor(values, idx, dims))
+    return helper.make_model(graph).SerializeToString()
+
+
+def test_sparse_initializer_baseline(tmp_path: Path) -> None:
+    load(write(tmp_path / "m.onnx", sparse_model([2, 3], [1, 5])))
+    load(write(tmp_path / "m2.onnx", sparse_model([2, 3], [0, 1, 1, 2], [2, 2])))
+
+
+def test_sparse_negative_dim(tmp_path: Path) -> None:
+    expect_error(write(tmp_path / "m.onnx", sparse_model([-4], [0, 1])), DIM)
+
+
+def test_sparse_absurd_dims(tmp_path: Path) -> None:
+    expect_error(write(tmp_path / "m.onnx", sparse_model([2**62, 8], [0, 1])), DIM_OR_OVERFLOW)
+
+
+@pytest.mark.parametrize(
+    ("dims", "indices", "index_dims"),
+    [
+        ([4], [1, 100], None),
+        ([4], [1, -1], None),
+        ([2, 3], [0, 1, 2, 0], [2, 2]),
+        ([2, 3], [1, 6], None),
+    ],
+    ids=["linear_past_end", "linear_negative", "coordinate_past_end", "linear_equals_numel"],
+)
+def test_sparse_index_out_of_range(
+    tmp_path: Path, dims: list[int], indices: list[int], index_dims: list[int] | None
+) -> None:
+    """An index outside the dense shape is an offset past the end: densifying it would write
+    out of bounds."""
+    data = sparse_model(dims, indices, index_dims)
+    expect_error(write(tmp_path / "m.onnx", data), r"ind(ex|ices)|out of (range|bounds)")
+
+
+def test_sparse_index_count_not_matching_values(tmp_path: Path) -> None:
+    data = sparse_model([8], [0, 1, 2])  # 2 values, 3 indices
+    expect_error(write(tmp_path / "m.onnx", data), r"ind(ex|ices)|values")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Atheris harness for the model reader: fastopt.load_bytes on arbitrary bytes.
 
 An input must either load or raise fastopt.ModelError. A model that loads must then be fully

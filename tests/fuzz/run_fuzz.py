@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Run a reader fuzzer for a bounded number of executions; report executions and findings.
 
     python tests/fuzz/run_fuzz.py --runs 20000                     # atheris (fuzz_reader.py)
