@@ -9,55 +9,19 @@
 #include <memory>
 #include <string>
 
+#include "ir/constant.h"
 #include "ir/error.h"
 #include "ir/graph.h"
 #include "passes/registry.h"
 #include "proto/onnx_reader.h"
 #include "proto/onnx_writer.h"
+#include "bindings/handles.h"
 
 namespace py = pybind11;
 using namespace fastopt;
+using namespace fastopt::bindings;
 
 namespace {
-
-using ModelPtr = std::shared_ptr<Model>;
-
-struct PyGraph {
-  ModelPtr model;
-  Graph* graph;
-};
-struct PyNode {
-  ModelPtr model;
-  Node* node;
-};
-struct PyValue {
-  ModelPtr model;
-  Value* value;
-};
-struct PyTensor {
-  ModelPtr model;  // may be null for tensors made from Python
-  std::shared_ptr<Tensor> tensor;
-};
-struct PyFunction {
-  ModelPtr model;
-  Function* function;
-};
-// Read-only bytes exposed through the buffer protocol; keeps the source mapping alive.
-struct Bytes {
-  ByteRef ref;
-};
-
-using OptValue = py::typing::Optional<PyValue>;
-using OptNode = py::typing::Optional<PyNode>;
-
-OptValue wrap_value(const ModelPtr& m, Value* v) {
-  if (!v) return py::none();
-  return py::cast(PyValue{m, v});
-}
-OptNode wrap_node(const ModelPtr& m, Node* n) {
-  if (!n) return py::none();
-  return py::cast(PyNode{m, n});
-}
 
 Node* live(const PyNode& n) {
   if (!n.node->alive()) throw ModelError("node '" + n.node->name.value + "' was removed");
@@ -542,6 +506,9 @@ several files.)doc");
       },
       py::arg("data"), py::arg("base_dir") = "", "Reads a serialized ModelProto held in memory");
   m.def("dtype_name", &dtype_name);
+  m.def("make_tensor", [](int32_t dtype, std::vector<int64_t> dims, py::bytes data) {
+    return PyTensor{nullptr, make_tensor(dtype, std::move(dims), std::string(data))};
+  }, py::arg("dtype"), py::arg("dims"), py::arg("data"), "A new tensor owning a copy of `data`");
 
   py::class_<passes::PassInfo>(m, "PassInfo", "A pass implemented in C++")
       .def_readonly("name", &passes::PassInfo::name)
@@ -554,6 +521,8 @@ several files.)doc");
   py::class_<passes::PassContext>(m, "PassResult", "What one run of a C++ pass did")
       .def_readonly("counters", &passes::PassContext::counters)
       .def_readonly("explain_lines", &passes::PassContext::explain_lines);
+
+  bind_patterns(m);
 
   m.def("cpp_passes", [] {
     py::typing::List<passes::PassInfo> l;

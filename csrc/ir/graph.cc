@@ -238,6 +238,7 @@ void Graph::rename(Value* v, const std::string& new_name) {
   }
   Graph* home = v->graph_;
   home->scope_.erase(v->name_);
+  model_->taken_names.erase(v->name_);  // the old name is free again
   v->name_ = new_name;
   home->scope_.emplace(new_name, v);
   model_->taken_names.insert(new_name);

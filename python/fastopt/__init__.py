@@ -6,8 +6,23 @@ multi-GB export costs megabytes of RAM to load, inspect and save.
 
 from __future__ import annotations
 
-from fastopt._C import Function, Graph, Model, ModelError, Node, Tensor, Value
+from fastopt._C import (
+    Function,
+    Graph,
+    Match,
+    Model,
+    ModelError,
+    Node,
+    Pattern,
+    PatternNode,
+    Rewriter,
+    Rule,
+    Tensor,
+    Value,
+    apply_rules,
+)
 from fastopt._io import from_onnx, load, load_bytes
+from fastopt.check import CheckError, CheckReport, check
 from fastopt.optimize import OptimizeReport, PassReport, optimize
 from fastopt.registry import (
     PRESETS,
@@ -16,31 +31,47 @@ from fastopt.registry import (
     all_passes,
     get_pass,
     register_pass,
+    register_rules,
     unregister_pass,
 )
+from fastopt.verify import VerifyError, VerifyReport, make_inputs, verify
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "PRESETS",
+    "CheckError",
+    "CheckReport",
     "Function",
     "Graph",
+    "Match",
     "Model",
     "ModelError",
     "Node",
     "OptimizeReport",
-    "PRESETS",
     "PassContext",
     "PassReport",
     "PassSpec",
+    "Pattern",
+    "PatternNode",
+    "Rewriter",
+    "Rule",
     "Tensor",
     "Value",
+    "VerifyError",
+    "VerifyReport",
     "__version__",
     "all_passes",
+    "apply_rules",
+    "check",
     "from_onnx",
     "get_pass",
     "load",
     "load_bytes",
+    "make_inputs",
     "optimize",
     "register_pass",
+    "register_rules",
     "unregister_pass",
+    "verify",
 ]

@@ -88,3 +88,28 @@ def tensor_to_numpy(tensor: Tensor) -> np.ndarray:
         codes = np.stack(parts, axis=-1).reshape(-1)[:count]
         return codes.astype(np.uint8).view(_ml_dtype(name)).reshape(shape)
     return data.view(numpy_dtype(dtype)).reshape(shape)
+
+
+_ONNX_TYPES = {np.dtype(v): k for k, v in _NUMPY_TYPES.items()}
+
+
+def onnx_dtype(dtype: Any) -> int:
+    """The ONNX element type of a numpy dtype."""
+    dt = np.dtype(dtype)
+    if dt in _ONNX_TYPES:
+        return _ONNX_TYPES[dt]
+    for code, name in _ML_DTYPES_NAMES.items():
+        try:
+            if dt == np.dtype(_ml_dtype(name)):
+                return code
+        except (ImportError, AttributeError):
+            break
+    raise ValueError(f"no ONNX element type for numpy dtype {dt}")
+
+
+def tensor_from_numpy(array: Any) -> Tensor:
+    """A new tensor holding a copy of ``array``'s elements."""
+    from fastopt import _C
+
+    arr = np.ascontiguousarray(array)
+    return _C.make_tensor(onnx_dtype(arr.dtype), list(arr.shape), arr.tobytes())

@@ -78,10 +78,8 @@ def _print_optimize(report: OptimizeReport, console: Console, input_path: str) -
     ):
         passes.add_column(col, justify=justify)  # type: ignore[arg-type]
     for p in report.passes:
-        details = (
-            p.skipped
-            and f"skipped: {p.skipped}"
-            or ", ".join(f"{k} {v}" for k, v in sorted(p.counters.items()))
+        details = (p.skipped and f"skipped: {p.skipped}") or ", ".join(
+            f"{k} {v}" for k, v in sorted(p.counters.items())
         )
         passes.add_row(
             escape(p.name),

@@ -66,7 +66,7 @@ def _default_opset(model: _C.Model) -> int:
 
 def optimize(
     model_or_path: ModelOrPath,
-    preset: str = "default",  # noqa: A002 - the public name users expect
+    preset: str = "default",
     passes: Sequence[str] | None = None,
     target: Target = "ort",
     output: str | os.PathLike[str] | None = None,

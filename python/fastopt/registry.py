@@ -88,6 +88,30 @@ def register_pass(
     return decorate
 
 
+def register_rules(
+    name: str,
+    description: str,
+    rules: list[_C.Rule],
+    *,
+    tags: tuple[str, ...] = (),
+    min_opset: int = 1,
+    max_opset: int | None = None,
+) -> None:
+    """Registers a pass that applies pattern rules (declared in Python, matched in C++) to a
+    fixed point; explanations name each rule."""
+
+    def run(ctx: PassContext) -> int:
+        rewrites, per_rule, lines = _C.apply_rules(
+            ctx.model, rules, ctx.max_iterations, ctx.explain_rule
+        )
+        for rule, n in per_rule.items():
+            ctx.counters[rule] = ctx.counters.get(rule, 0) + n
+        ctx.explain_lines.extend(lines)
+        return int(rewrites)
+
+    register_pass(name, description, tags=tags, min_opset=min_opset, max_opset=max_opset)(run)
+
+
 def unregister_pass(name: str) -> None:
     """Removes a Python pass (C++ passes stay)."""
     _PYTHON_PASSES.pop(name, None)
