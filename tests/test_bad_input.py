@@ -952,11 +952,28 @@ def test_model_without_graph(tmp_path: Path) -> None:
     expect_error(write(tmp_path / "m.onnx", f_varint(1, 10) + OPSET), r"graph")
 
 
-def test_two_graph_fields(tmp_path: Path) -> None:
-    g = graph_bytes(add_model())
-    data = f_varint(1, 10) + f_len(7, g) + f_len(7, g) + OPSET
-    # Protobuf would merge the two; a model with two graphs is ambiguous and refused here.
-    expect_error(write(tmp_path / "m.onnx", data), r"graph")
+def test_two_graph_fields_merge_like_protobuf_or_are_refused(tmp_path: Path) -> None:
+    """A repeated message field merges in protobuf; a reader may do the same or refuse, but must
+    never silently keep only one of the two."""
+    g = add_model().graph
+    a = onnx.GraphProto(name="g", node=g.node, input=g.input)
+    b = onnx.GraphProto(output=g.output, initializer=g.initializer)
+    data = f_varint(1, 10) + f_len(7, a.SerializeToString()) + f_len(7, b.SerializeToString())
+    path = write(tmp_path / "m.onnx", data + OPSET)
+    try:
+        m = load(path)
+    except fastopt.ModelError as e:
+        assert re.search(r"graph", scrub(str(e)), re.IGNORECASE), str(e)
+        return
+    assert m.op_counts() == {"Add": 1}
+    assert [t.name for t in m.graph.initializers] == ["W"]
+    assert [v.name for v in m.graph.outputs if v is not None] == ["Y"]
+    # The same graph twice merges into every name defined twice.
+    twice = f_len(7, graph_bytes(add_model()))
+    expect_error(
+        write(tmp_path / "m2.onnx", f_varint(1, 10) + twice + twice + OPSET),
+        "more than once|duplicate|twice",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
