@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import fastopt
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
-
-import fastopt
 
 
 def _run(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:

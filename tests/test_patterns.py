@@ -7,13 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import fastopt
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-
-import fastopt
 
 F = TensorProto.FLOAT
 

@@ -52,7 +52,6 @@ inline OptNode wrap_node(const ModelPtr& m, Node* n) {
   return py::cast(PyNode{m, n});
 }
 
-
 void bind_patterns(py::module_& m);
 
 }  // namespace fastopt::bindings

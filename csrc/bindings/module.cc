@@ -9,13 +9,13 @@
 #include <memory>
 #include <string>
 
+#include "bindings/handles.h"
 #include "ir/constant.h"
 #include "ir/error.h"
 #include "ir/graph.h"
 #include "passes/registry.h"
 #include "proto/onnx_reader.h"
 #include "proto/onnx_writer.h"
-#include "bindings/handles.h"
 
 namespace py = pybind11;
 using namespace fastopt;
@@ -506,9 +506,12 @@ several files.)doc");
       },
       py::arg("data"), py::arg("base_dir") = "", "Reads a serialized ModelProto held in memory");
   m.def("dtype_name", &dtype_name);
-  m.def("make_tensor", [](int32_t dtype, std::vector<int64_t> dims, py::bytes data) {
-    return PyTensor{nullptr, make_tensor(dtype, std::move(dims), std::string(data))};
-  }, py::arg("dtype"), py::arg("dims"), py::arg("data"), "A new tensor owning a copy of `data`");
+  m.def(
+      "make_tensor",
+      [](int32_t dtype, std::vector<int64_t> dims, py::bytes data) {
+        return PyTensor{nullptr, make_tensor(dtype, std::move(dims), std::string(data))};
+      },
+      py::arg("dtype"), py::arg("dims"), py::arg("data"), "A new tensor owning a copy of `data`");
 
   py::class_<passes::PassInfo>(m, "PassInfo", "A pass implemented in C++")
       .def_readonly("name", &passes::PassInfo::name)
@@ -524,25 +527,31 @@ several files.)doc");
 
   bind_patterns(m);
 
-  m.def("cpp_passes", [] {
-    py::typing::List<passes::PassInfo> l;
-    for (const auto& p : passes::all_passes()) l.append(p);
-    return l;
-  }, "The passes implemented in C++, in registration order");
-  m.def("run_pass", [](Model& model, const std::string& name, const std::string& target,
-                       int max_iterations, const std::string& explain_rule) {
-    const passes::PassInfo* info = passes::find_pass(name);
-    if (!info) throw ModelError("no C++ pass named '" + name + "'");
-    passes::PassContext ctx;
-    ctx.target = target;
-    ctx.max_iterations = max_iterations;
-    ctx.explain_rule = explain_rule;
-    int64_t rewrites;
-    {
-      py::gil_scoped_release release;
-      rewrites = info->run(model, ctx);
-    }
-    return std::make_pair(rewrites, std::move(ctx));
-  }, py::arg("model"), py::arg("name"), py::arg("target") = "ort", py::arg("max_iterations") = 10,
-     py::arg("explain_rule") = "", "Runs a C++ pass; returns (rewrites, result)");
+  m.def(
+      "cpp_passes",
+      [] {
+        py::typing::List<passes::PassInfo> l;
+        for (const auto& p : passes::all_passes()) l.append(p);
+        return l;
+      },
+      "The passes implemented in C++, in registration order");
+  m.def(
+      "run_pass",
+      [](Model& model, const std::string& name, const std::string& target, int max_iterations,
+         const std::string& explain_rule) {
+        const passes::PassInfo* info = passes::find_pass(name);
+        if (!info) throw ModelError("no C++ pass named '" + name + "'");
+        passes::PassContext ctx;
+        ctx.target = target;
+        ctx.max_iterations = max_iterations;
+        ctx.explain_rule = explain_rule;
+        int64_t rewrites;
+        {
+          py::gil_scoped_release release;
+          rewrites = info->run(model, ctx);
+        }
+        return std::make_pair(rewrites, std::move(ctx));
+      },
+      py::arg("model"), py::arg("name"), py::arg("target") = "ort", py::arg("max_iterations") = 10,
+      py::arg("explain_rule") = "", "Runs a C++ pass; returns (rewrites, result)");
 }

@@ -49,9 +49,19 @@ bool for_each_element(const Tensor& t, uint64_t max_elements, F&& fn) {
   uint64_t n = t.numel();
   if (n > max_elements) return false;
   switch (dt) {
-    case kFloat: case kDouble: case kFloat16: case kBFloat16: case kInt8: case kUint8:
-    case kInt16: case kUint16: case kInt32: case kUint32: case kInt64: case kUint64: case kBool:
-      break;
+    case kFloat:
+    case kDouble:
+    case kFloat16:
+    case kBFloat16:
+    case kInt8:
+    case kUint8:
+    case kInt16:
+    case kUint16:
+    case kInt32:
+    case kUint32:
+    case kInt64:
+    case kUint64:
+    case kBool: break;
     default: return false;
   }
   ByteRef bytes = t.bytes();
@@ -71,7 +81,8 @@ bool for_each_element(const Tensor& t, uint64_t max_elements, F&& fn) {
         break;
       }
       case kInt8: fn(static_cast<double>(load<int8_t>(p))); break;
-      case kUint8: case kBool: fn(static_cast<double>(load<uint8_t>(p))); break;
+      case kUint8:
+      case kBool: fn(static_cast<double>(load<uint8_t>(p))); break;
       case kInt16: fn(static_cast<double>(load<int16_t>(p))); break;
       case kUint16: fn(static_cast<double>(load<uint16_t>(p))); break;
       case kInt32: fn(static_cast<double>(load<int32_t>(p))); break;
@@ -90,7 +101,8 @@ std::shared_ptr<const Tensor> constant_tensor(const Value* v) {
   if (!v) return nullptr;
   if (v->initializer() && !v->is_graph_input()) return v->initializer();
   Node* p = v->producer();
-  if (!p || p->op_type != "Constant" || !(p->domain.value.empty() || p->domain.value == "ai.onnx")) {
+  if (!p || p->op_type != "Constant" ||
+      !(p->domain.value.empty() || p->domain.value == "ai.onnx")) {
     return nullptr;
   }
   for (const auto& a : p->attributes) {

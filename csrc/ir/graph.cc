@@ -7,12 +7,36 @@
 
 namespace fastopt {
 
-namespace {
-void erase_use(std::vector<Use>& uses, Use u) {
-  auto it = std::find(uses.begin(), uses.end(), u);
-  if (it != uses.end()) uses.erase(it);
+void Node::add_use(int index) {
+  Value* v = inputs_[index];
+  if (use_slots_.size() < inputs_.size()) use_slots_.resize(inputs_.size(), 0);
+  use_slots_[index] = static_cast<uint32_t>(v->uses_.size());
+  v->uses_.push_back(Use{this, index});
 }
-}  // namespace
+
+void Node::drop_use(int index) {
+  // Swap with the last use, then fix the moved use's slot.
+  Value* v = inputs_[index];
+  auto& uses = v->uses_;
+  uint32_t slot = use_slots_[index];
+  Use last = uses.back();
+  uses[slot] = last;
+  last.node->use_slots_[last.input_index] = slot;
+  uses.pop_back();
+}
+
+void Node::append_input(Value* v) {
+  inputs_.push_back(v);
+  use_slots_.push_back(0);
+  if (v) add_use(static_cast<int>(inputs_.size()) - 1);
+}
+
+bool Node::has_subgraphs() const {
+  for (const auto& a : attributes) {
+    if (a.g || !a.graphs.empty()) return true;
+  }
+  return false;
+}
 
 AttrType Attribute::kind() const {
   if (type && *type != 0) return static_cast<AttrType>(*type);
@@ -50,9 +74,9 @@ void Node::set_input(int index, Value* v) {
     throw ModelError("input index " + std::to_string(index) + " out of range for node '" +
                      name.value + "'");
   }
-  if (inputs_[index]) erase_use(inputs_[index]->uses_, Use{this, index});
+  if (inputs_[index]) drop_use(index);
   inputs_[index] = v;
-  if (v) v->uses_.push_back(Use{this, index});
+  if (v) add_use(index);
 }
 
 std::vector<Node*> Graph::nodes() const {
@@ -74,7 +98,7 @@ std::vector<Value*> Graph::outputs() const {
   return out;
 }
 
-Value* Graph::lookup(const std::string& name) const {
+Value* Graph::lookup(std::string_view name) const {
   for (const Graph* g = this; g; g = g->parent_) {
     auto it = g->scope_.find(name);
     if (it != g->scope_.end()) return it->second;
@@ -83,7 +107,7 @@ Value* Graph::lookup(const std::string& name) const {
 }
 
 void Graph::define(Value* v) {
-  if (!scope_.emplace(v->name_, v).second) {
+  if (!scope_.emplace(std::string_view(v->name_), v).second) {
     throw ModelError("value '" + v->name_ + "' is defined more than once in graph '" + name.value +
                      "'");
   }
@@ -111,7 +135,7 @@ std::string Graph::unique_name(const std::string& base) const {
   Model& m = *model_;
   if (!m.names_indexed) {
     m.for_each_graph([&](Graph& g) {
-      for (const auto& kv : g.scope_) m.taken_names.insert(kv.first);
+      for (const auto& kv : g.scope_) m.taken_names.emplace(kv.first);
     });
     m.names_indexed = true;
   }
@@ -178,10 +202,7 @@ Node* Graph::create_node(const std::string& op_type, const std::string& domain,
   if (!domain.empty()) node->domain.set(domain);
   Node* raw = node.get();
   node_storage_.push_back(std::move(node));
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    raw->inputs_.push_back(inputs[i]);
-    if (inputs[i]) inputs[i]->uses_.push_back(Use{raw, static_cast<int>(i)});
-  }
+  for (Value* in : inputs) raw->append_input(in);
   for (size_t i = 0; i < output_names.size(); ++i) {
     if (output_names[i].empty()) {
       raw->outputs_.push_back(nullptr);
@@ -206,7 +227,7 @@ void Graph::remove_node(Node* node) {
     }
   }
   for (size_t i = 0; i < node->inputs_.size(); ++i) {
-    if (node->inputs_[i]) erase_use(node->inputs_[i]->uses_, Use{node, static_cast<int>(i)});
+    if (node->inputs_[i]) node->drop_use(static_cast<int>(i));
   }
   for (Value* out : node->outputs_) {
     if (!out) continue;
@@ -240,7 +261,7 @@ void Graph::rename(Value* v, const std::string& new_name) {
   home->scope_.erase(v->name_);
   model_->taken_names.erase(v->name_);  // the old name is free again
   v->name_ = new_name;
-  home->scope_.emplace(new_name, v);
+  home->scope_.emplace(std::string_view(v->name_), v);
   model_->taken_names.insert(new_name);
   if (v->initializer_) v->initializer_->name.set(new_name);
 }
@@ -287,6 +308,7 @@ void for_each_dependency(const Graph* g, Node* n, F&& fn) {
   for (Value* v : n->inputs()) {
     if (v && v->producer() && v->producer()->graph() == g) fn(v->producer());
   }
+  if (!n->has_subgraphs()) return;
   for (Graph* sub : n->subgraphs()) {
     for (Value* v : sub->outer_references()) {
       if (v->producer() && v->producer()->graph() == g) fn(v->producer());
@@ -296,32 +318,34 @@ void for_each_dependency(const Graph* g, Node* n, F&& fn) {
 }  // namespace
 
 Node* Graph::find_cycle() const {
-  // Kahn's algorithm; any node left over lies on or behind a cycle.
-  std::unordered_map<Node*, int> indegree;
-  std::unordered_map<Node*, std::vector<Node*>> users;
-  for (Node* n = head_; n; n = n->next_) {
-    indegree.emplace(n, 0);
-    for_each_dependency(this, n, [&](Node* p) {
-      ++indegree[n];
-      users[p].push_back(n);
+  // Kahn's algorithm over node positions (kept in Node::scratch); nodes left over lie on or
+  // behind a cycle.
+  std::vector<Node*> order = nodes();
+  for (size_t i = 0; i < order.size(); ++i) order[i]->scratch = static_cast<int64_t>(i);
+  std::vector<int> indegree(order.size(), 0);
+  std::vector<std::vector<uint32_t>> users(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    for_each_dependency(this, order[i], [&](Node* p) {
+      ++indegree[i];
+      users[static_cast<size_t>(p->scratch)].push_back(static_cast<uint32_t>(i));
     });
   }
-  std::deque<Node*> ready;
-  for (auto& kv : indegree) {
-    if (kv.second == 0) ready.push_back(kv.first);
+  std::vector<uint32_t> ready;
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (indegree[i] == 0) ready.push_back(static_cast<uint32_t>(i));
   }
   size_t seen = 0;
   while (!ready.empty()) {
-    Node* n = ready.front();
-    ready.pop_front();
+    uint32_t n = ready.back();
+    ready.pop_back();
     ++seen;
-    for (Node* u : users[n]) {
+    for (uint32_t u : users[n]) {
       if (--indegree[u] == 0) ready.push_back(u);
     }
   }
-  if (seen == indegree.size()) return nullptr;
-  for (Node* n = head_; n; n = n->next_) {
-    if (indegree[n] > 0) return n;
+  if (seen == order.size()) return nullptr;
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (indegree[i] > 0) return order[i];
   }
   return nullptr;
 }
@@ -329,14 +353,13 @@ Node* Graph::find_cycle() const {
 void Graph::topological_sort() {
   // Stable: among ready nodes, keep the current order.
   std::vector<Node*> order = nodes();
-  std::unordered_map<Node*, size_t> position;
-  for (size_t i = 0; i < order.size(); ++i) position[order[i]] = i;
+  for (size_t i = 0; i < order.size(); ++i) order[i]->scratch = static_cast<int64_t>(i);
   std::vector<int> indegree(order.size(), 0);
   std::vector<std::vector<size_t>> users(order.size());
   for (size_t i = 0; i < order.size(); ++i) {
     for_each_dependency(this, order[i], [&](Node* p) {
       ++indegree[i];
-      users[position[p]].push_back(i);
+      users[static_cast<size_t>(p->scratch)].push_back(i);
     });
   }
   std::vector<size_t> heap;  // min-heap of positions
@@ -415,7 +438,8 @@ void Model::verify() const {
         Value* v = n->inputs()[i];
         if (!v) continue;
         const auto& uses = v->uses();
-        if (std::find(uses.begin(), uses.end(), Use{n, static_cast<int>(i)}) == uses.end()) {
+        const uint32_t slot = n->use_slot(static_cast<int>(i));
+        if (slot >= uses.size() || !(uses[slot] == Use{n, static_cast<int>(i)})) {
           throw ModelError("use list of '" + v->name() + "' misses node '" + n->name.value + "'");
         }
         if (v->name().empty() || g.lookup(v->name()) != v) {
@@ -439,7 +463,7 @@ void Model::verify() const {
         if (!u.node->alive() || u.input_index < 0 ||
             static_cast<size_t>(u.input_index) >= u.node->inputs().size() ||
             u.node->inputs()[u.input_index] != kv.second) {
-          throw ModelError("use list of '" + kv.first + "' holds a stale use");
+          throw ModelError("use list of '" + std::string(kv.first) + "' holds a stale use");
         }
       }
     }

@@ -5,7 +5,9 @@
 namespace fastopt::passes {
 namespace {
 
-bool unused(const Value* v) { return !v || (v->uses().empty() && !v->is_graph_output()); }
+bool unused(const Value* v) {
+  return !v || (v->uses().empty() && !v->is_graph_output());
+}
 
 int64_t eliminate_dead_nodes(Model& model, PassContext& ctx) {
   int64_t removed_nodes = 0, removed_initializers = 0;

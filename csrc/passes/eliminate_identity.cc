@@ -13,7 +13,8 @@ using namespace pattern;
 Replacement forward_input(const Match& m, Rewriter& rw) {
   Value* x = m.value("x");
   Value* y = m.root()->outputs()[0];
-  if (!can_replace(rw.graph(), y, x)) return rw.fail("the output is a graph output that x cannot rename into");
+  if (!can_replace(rw.graph(), y, x))
+    return rw.fail("the output is a graph output that x cannot rename into");
   return std::vector<Value*>{x};
 }
 
@@ -45,9 +46,8 @@ std::vector<Rule> rules(const PassContext&) {
   return out;
 }
 
-const PassRegistrar kRegister{
-    rule_pass("eliminate_identity", "remove Identity and inference-mode Dropout nodes",
-              {"cleanup"}, rules)};
+const PassRegistrar kRegister{rule_pass(
+    "eliminate_identity", "remove Identity and inference-mode Dropout nodes", {"cleanup"}, rules)};
 
 }  // namespace
 }  // namespace fastopt::passes

@@ -11,7 +11,9 @@ std::vector<PassInfo>& registry() {
 }
 }  // namespace
 
-const std::vector<PassInfo>& all_passes() { return registry(); }
+const std::vector<PassInfo>& all_passes() {
+  return registry();
+}
 
 const PassInfo* find_pass(const std::string& name) {
   for (const auto& p : registry()) {

@@ -91,8 +91,7 @@ P& P::dtype_in(std::vector<int32_t> dtypes) {
       text + "}");
 }
 P& P::rank(int r) {
-  return check([r](const Value* v) { return value_rank(v) == r; },
-               "rank == " + std::to_string(r));
+  return check([r](const Value* v) { return value_rank(v) == r; }, "rank == " + std::to_string(r));
 }
 
 int Pattern::add(PatternNode n) {
@@ -214,7 +213,9 @@ std::vector<Node*> Match::matched_nodes() const {
   }
   return out;
 }
-std::optional<double> Match::scalar(P p) const { return constant_scalar(values_[p.id()]); }
+std::optional<double> Match::scalar(P p) const {
+  return constant_scalar(values_[p.id()]);
+}
 
 std::string MatchFailure::format(const Pattern& p) const {
   std::string s = "stopped at ";
@@ -251,8 +252,15 @@ void Matcher::fail(int pn, const Value* v, const char* reason, const std::string
   }
 }
 
+bool Matcher::used(const Node* n) const {
+  return std::find(used_nodes_.begin(), used_nodes_.end(), n) != used_nodes_.end();
+}
+
 bool Matcher::bind(int pn, Value* v, Node* n) {
-  if (n && !used_nodes_.insert(n).second) return false;
+  if (n) {
+    if (used(n)) return false;
+    used_nodes_.push_back(n);
+  }
   m_->values_[pn] = v;
   m_->nodes_[pn] = n;
   ++depth_;
@@ -260,7 +268,7 @@ bool Matcher::bind(int pn, Value* v, Node* n) {
 }
 
 void Matcher::unbind(int pn) {
-  if (m_->nodes_[pn]) used_nodes_.erase(m_->nodes_[pn]);
+  if (m_->nodes_[pn]) used_nodes_.pop_back();  // bindings are undone in reverse order
   m_->values_[pn] = nullptr;
   m_->nodes_[pn] = nullptr;
   --depth_;
@@ -273,6 +281,8 @@ bool Matcher::match(Node* node, Match* out, MatchFailure* why) {
   why_ = why;
   depth_ = 0;
   used_nodes_.clear();
+  std::fill(out->values_.begin(), out->values_.end(), nullptr);
+  std::fill(out->nodes_.begin(), out->nodes_.end(), nullptr);
   if (static_cast<size_t>(r.output_index) >= node->outputs().size() ||
       !node->outputs()[r.output_index]) {
     fail(root, nullptr, "the root node lacks the output the pattern names");
@@ -304,7 +314,7 @@ bool Matcher::no_outside_uses() {
         return false;
       }
       for (const Use& u : o->uses()) {
-        if (!used_nodes_.count(u.node)) {
+        if (!used(u.node)) {
           fail(static_cast<int>(i), o, "an intermediate value has uses outside the match");
           return false;
         }

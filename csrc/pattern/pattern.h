@@ -17,7 +17,6 @@
 #include <functional>
 #include <optional>
 #include <string>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -36,10 +35,10 @@ class P {
   bool valid() const { return pattern_ != nullptr; }
 
   // Op nodes.
-  P& commutative();                    // the two inputs may come in either order
-  P& output(int index);                // the value is this output of the node (default 0)
-  P& extra_inputs();                   // the node may have more inputs than the pattern names
-  P& shared();                         // its outputs may have uses outside the match
+  P& commutative();      // the two inputs may come in either order
+  P& output(int index);  // the value is this output of the node (default 0)
+  P& extra_inputs();     // the node may have more inputs than the pattern names
+  P& shared();           // its outputs may have uses outside the match
   P& attr_int(const std::string& name, int64_t value);
   P& attr_ints(const std::string& name, std::vector<int64_t> value);
   P& attr_float(const std::string& name, float value, float tolerance = 1e-6f);
@@ -135,8 +134,8 @@ class Pattern {
 // The result of a successful match.
 class Match {
  public:
-  explicit Match(const Pattern& p) : pattern_(&p), values_(p.nodes().size(), nullptr),
-                                     nodes_(p.nodes().size(), nullptr) {}
+  explicit Match(const Pattern& p)
+      : pattern_(&p), values_(p.nodes().size(), nullptr), nodes_(p.nodes().size(), nullptr) {}
   Value* value(P p) const { return values_[p.id()]; }
   Value* value(const std::string& name) const;
   Node* node(P p) const { return nodes_[p.id()]; }  // null for skipped optional nodes
@@ -186,7 +185,9 @@ class Matcher {
   Match* m_ = nullptr;
   MatchFailure* why_ = nullptr;
   int depth_ = 0;
-  std::unordered_set<const Node*> used_nodes_;
+  // Nodes bound so far; patterns are small, so a vector beats a hash set.
+  std::vector<const Node*> used_nodes_;
+  bool used(const Node* n) const;
 };
 
 }  // namespace fastopt::pattern

@@ -178,6 +178,12 @@ ApplyStats apply_rules(Model& model, const std::vector<Rule>& rules, const Apply
     });
   }
   std::set<std::pair<const Rule*, const Node*>> explained;  // one line per (rule, node)
+  struct RuleState {  // reused across candidates: no allocation per candidate
+    Matcher matcher;
+    Match match;
+  };
+  std::unordered_map<const Rule*, RuleState> state;
+  for (const Rule& r : rules) state.emplace(&r, RuleState{Matcher(*r.pattern), Match(*r.pattern)});
   for (int iteration = 0; iteration < options.max_iterations; ++iteration) {
     ++stats.iterations;
     int64_t changed = 0;
@@ -190,11 +196,10 @@ ApplyStats apply_rules(Model& model, const std::vector<Rule>& rules, const Apply
         if (it == by_op.end()) continue;
         for (const Rule* rule : it->second) {
           ++stats.candidates;
-          Match m(*rule->pattern);
+          Match& m = state.at(rule).match;
           MatchFailure why;
-          const bool explain =
-              explaining(options, *rule) && explained.insert({rule, node}).second;
-          if (!Matcher(*rule->pattern).match(node, &m, explain ? &why : nullptr)) {
+          const bool explain = explaining(options, *rule) && explained.insert({rule, node}).second;
+          if (!state.at(rule).matcher.match(node, &m, explain ? &why : nullptr)) {
             if (explain) {
               options.explain_lines->push_back(rule->name + " @ " + where(node) + ": " +
                                                why.format(*rule->pattern));

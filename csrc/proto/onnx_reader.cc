@@ -8,6 +8,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "ir/constant.h"
 #include "ir/error.h"
 #include "proto/onnx_fields.h"
 #include "proto/wire.h"
@@ -62,7 +63,14 @@ uint64_t count_values(wire::Reader& r, wire::WireType type, const uint8_t* base,
     return (e - b) / fixed_size;
   }
   uint64_t n = 0;  // varints: one value ends at each byte without the continuation bit
-  for (uint64_t p = b; p < e; ++p) n += (base[p] & 0x80) == 0;
+  int run = 0;     // bytes in the current varint; more than 10 is not a varint
+  for (uint64_t p = b; p < e; ++p) {
+    if (++run > 10) r.fail("varint in packed field does not terminate within 10 bytes");
+    if ((base[p] & 0x80) == 0) {
+      ++n;
+      run = 0;
+    }
+  }
   if (e > b && (base[e - 1] & 0x80)) r.fail("packed varint field ends inside a value");
   return n;
 }
@@ -133,6 +141,18 @@ struct ModelReader {
     if (!valid_utf8(s)) r.fail(std::string("field '") + what + "' is not valid UTF-8");
     return s;
   }
+  // A `string` field viewed in place (names only need looking up).
+  std::string_view str_view(wire::Reader& r, wire::WireType type, const char* what) {
+    r.expect(type, wire::kLen, what);
+    auto [b, e] = r.len_payload();
+    std::string_view s(reinterpret_cast<const char*>(base + b), e - b);
+    bool ascii = true;
+    for (char c : s) ascii = ascii && static_cast<unsigned char>(c) < 0x80;
+    if (!ascii && !valid_utf8(std::string(s))) {
+      r.fail(std::string("field '") + what + "' is not valid UTF-8");
+    }
+    return s;
+  }
   // A `bytes` field: anything goes.
   std::string bytes(wire::Reader& r, wire::WireType type, const char* what) {
     r.expect(type, wire::kLen, what);
@@ -157,9 +177,10 @@ struct ModelReader {
     while (r.next(&f, &t)) {
       if (f == field::opset::kDomain)
         o.domain.set(str(r, t, "domain"));
-      else if (f == field::opset::kVersion)
+      else if (f == field::opset::kVersion) {
         o.version = int64(r, t, "version");
-      else
+        if (*o.version < 0) r.fail("negative opset version");
+      } else
         keep(o.extras, r, t, f);
     }
     return o;
@@ -215,9 +236,10 @@ struct ModelReader {
             wire::Reader dr(base, db, de, "TensorShapeProto.Dimension");
             Dim d;
             while (dr.next(&f, &t)) {
-              if (f == field::type::dim::kValue)
+              if (f == field::type::dim::kValue) {
                 d.value = int64(dr, t, "dim_value");
-              else if (f == field::type::dim::kParam)
+                if (*d.value < 0) dr.fail("negative dim_value " + std::to_string(*d.value));
+              } else if (f == field::type::dim::kParam)
                 d.param = str(dr, t, "dim_param");
               else
                 dr.skip(t, f);
@@ -465,8 +487,45 @@ struct ModelReader {
         keep(sp->extras, r, t, f);
       }
     }
-    if (!sp->values) throw ModelError("sparse tensor has no values");
+    validate_sparse(*sp);
     return sp;
+  }
+
+  // Values [NNZ], indices [NNZ] (linear) or [NNZ, rank], every index inside the dense shape:
+  // anything that densifies the tensor can then trust them.
+  static void validate_sparse(const SparseTensor& sp) {
+    if (!sp.values) throw ModelError("sparse tensor has no values");
+    const std::string who = "sparse tensor '" + sp.values->name.value + "'";
+    uint64_t dense = 1;
+    for (int64_t d : sp.dims) {
+      if (d < 0) throw ModelError(who + " has a negative dense dimension");
+      if (d != 0 && dense > static_cast<uint64_t>(INT64_MAX) / static_cast<uint64_t>(d)) {
+        throw ModelError(who + " has dense dimensions whose element count overflows");
+      }
+      dense *= static_cast<uint64_t>(d);
+    }
+    if (sp.values->dims.size() != 1) throw ModelError(who + " values must be 1-D");
+    const uint64_t nnz = static_cast<uint64_t>(sp.values->dims[0]);
+    if (!sp.indices) {
+      if (nnz != 0) throw ModelError(who + " has values but no indices");
+      return;
+    }
+    const Tensor& ix = *sp.indices;
+    if (ix.dtype() != kInt64) throw ModelError(who + " indices must be int64");
+    const bool linear = ix.dims.size() == 1;
+    if (!(linear || (ix.dims.size() == 2 && static_cast<uint64_t>(ix.dims[1]) == sp.dims.size())) ||
+        static_cast<uint64_t>(ix.dims[0]) != nnz) {
+      throw ModelError(who + " indices shape does not match its values and dense shape");
+    }
+    auto idx = tensor_ints(ix, UINT64_MAX);
+    if (!idx) throw ModelError(who + " indices cannot be read");
+    for (size_t k = 0; k < idx->size(); ++k) {
+      int64_t i = (*idx)[k];
+      uint64_t bound = linear ? dense : static_cast<uint64_t>(sp.dims[k % sp.dims.size()]);
+      if (i < 0 || static_cast<uint64_t>(i) >= bound) {
+        throw ModelError(who + " index " + std::to_string(i) + " is outside the dense shape");
+      }
+    }
   }
 
   // ---- attributes and nodes ----
@@ -525,6 +584,10 @@ struct ModelReader {
         default: keep(a.extras, r, t, f);
       }
     }
+    if (a.name.empty()) r.fail("attribute has no name");
+    if (a.type && (*a.type < 0 || *a.type > static_cast<int32_t>(AttrType::kTypeProtos))) {
+      r.fail("attribute '" + a.name + "' has unknown type " + std::to_string(*a.type));
+    }
     // Subgraphs are parsed after the enclosing graph has defined all its names.
     if (has_g) pending_raw->push_back({nullptr, -1, g.first, g.second});
     for (size_t i = 0; i < graphs.size(); ++i) {
@@ -537,7 +600,7 @@ struct ModelReader {
 
   struct PendingNode {
     Node* node;
-    std::vector<std::string> inputs;
+    std::vector<std::string_view> inputs;                 // views into the source buffer
     std::vector<std::pair<size_t, PendingGraph>> graphs;  // attribute index, graph
   };
 
@@ -551,7 +614,7 @@ struct ModelReader {
     wire::WireType t;
     while (r.next(&f, &t)) {
       switch (f) {
-        case field::node::kInput: pn.inputs.push_back(str(r, t, "input")); break;
+        case field::node::kInput: pn.inputs.push_back(str_view(r, t, "input")); break;
         case field::node::kOutput: outputs.push_back(str(r, t, "output")); break;
         case field::node::kName: n.name.set(str(r, t, "name")); break;
         case field::node::kOpType:
@@ -568,6 +631,14 @@ struct ModelReader {
           break;
         }
         default: keep(n.extras, r, t, f);
+      }
+    }
+    if (!n.has_op_type || n.op_type.empty()) r.fail("node '" + n.name.value + "' has no op_type");
+    for (size_t i = 0; i < n.attributes.size(); ++i) {
+      for (size_t j = 0; j < i; ++j) {
+        if (n.attributes[i].name == n.attributes[j].name) {
+          r.fail("node '" + n.name.value + "' has attribute '" + n.attributes[i].name + "' twice");
+        }
       }
     }
     Node* node = g.append_node(std::move(np));
@@ -616,18 +687,18 @@ struct ModelReader {
   void resolve_inputs(Graph& g, PendingNode& pn) {
     Node* node = pn.node;
     for (size_t i = 0; i < pn.inputs.size(); ++i) {
-      const std::string& name = pn.inputs[i];
+      std::string_view name = pn.inputs[i];
       if (name.empty()) {
-        node->inputs_.push_back(nullptr);
+        node->append_input(nullptr);
         continue;
       }
       Value* v = g.lookup(name);
       if (!v) {
-        throw ModelError("node '" + node->name.value + "' (" + node->op_type + ") input '" + name +
-                         "' is not defined (dangling input) in graph '" + g.name.value + "'");
+        throw ModelError("node '" + node->name.value + "' (" + node->op_type + ") input '" +
+                         std::string(name) + "' is not defined (dangling input) in graph '" +
+                         g.name.value + "'");
       }
-      node->inputs_.push_back(v);
-      v->uses_.push_back(Use{node, static_cast<int>(i)});
+      node->append_input(v);
       for (Graph* s = &g; s && s != v->graph(); s = s->parent()) s->add_outer_reference(v);
     }
   }
@@ -672,6 +743,7 @@ struct ModelReader {
       }
     }
     const std::string gname = "graph '" + g.name.value + "'";
+    g.reserve_scope(inputs.size() + inits.size() + sparse.size() + 2 * nodes.size());
     for (auto [ib, ie] : inputs) {
       std::string name;
       TypeInfo type;
@@ -875,6 +947,9 @@ struct ModelReader {
     if (graph.empty())
       throw ModelError("not an ONNX model: no graph (is the file empty or not ONNX?)");
     if (!m->ir_version) throw ModelError("not an ONNX model: no ir_version");
+    if (*m->ir_version < 1) {
+      throw ModelError("invalid ir_version " + std::to_string(*m->ir_version));
+    }
     for (auto [fb, fe] : functions) m->functions.push_back(read_function(fb, fe));
     m->graph = std::make_unique<Graph>(model, nullptr);
     read_graph_body(*m->graph, graph, 0);

@@ -4,7 +4,7 @@ fastopt C++ core: ONNX wire-format reader/writer and graph IR
 from __future__ import annotations
 import collections.abc
 import typing
-__all__: list[str] = ['Bytes', 'Function', 'Graph', 'Model', 'ModelError', 'Node', 'PassInfo', 'PassResult', 'Tensor', 'Value', 'cpp_passes', 'dtype_name', 'load', 'load_bytes', 'run_pass']
+__all__: list[str] = ['Bytes', 'Function', 'Graph', 'Match', 'Model', 'ModelError', 'Node', 'PassInfo', 'PassResult', 'Pattern', 'PatternNode', 'Rewriter', 'Rule', 'Tensor', 'Value', 'apply_rules', 'cpp_passes', 'dtype_name', 'load', 'load_bytes', 'make_tensor', 'run_pass']
 class ModelError(Exception):
     pass
 class Tensor:
@@ -328,6 +328,118 @@ class PassResult:
     @property
     def explain_lines(self) -> list[str]:
         ...
+class Pattern:
+    """
+    A declarative pattern, matched in C++
+    """
+    def __init__(self, name: str) -> None:
+        ...
+    def alt(self, name: str, alternatives: collections.abc.Sequence[PatternNode]) -> PatternNode:
+        ...
+    def constant(self, name: str) -> PatternNode:
+        """
+        Any constant (initializer or Constant output)
+        """
+    def op(self, op_type: typing.Any, inputs: collections.abc.Sequence[PatternNode], domain: str = '', name: str = '') -> PatternNode:
+        """
+        An op (or any of a list of op types) producing the value
+        """
+    def optional(self, op: PatternNode) -> PatternNode:
+        """
+        Matches the op, or skips it to its first input
+        """
+    def root(self, arg0: PatternNode) -> None:
+        ...
+    def scalar(self, name: str, value: typing.SupportsFloat | typing.SupportsIndex, tolerance: typing.SupportsFloat | typing.SupportsIndex = 1e-06) -> PatternNode:
+        """
+        A constant whose elements are all within tolerance of value
+        """
+    def var(self, name: str) -> PatternNode:
+        """
+        Anything; the same name twice must be the same value
+        """
+    @property
+    def benefit(self) -> int:
+        ...
+    @property
+    def name(self) -> str:
+        ...
+class PatternNode:
+    """
+    One node of a pattern (an op, a var, ...)
+    """
+    def attr(self, name: str, value: typing.Any) -> PatternNode:
+        """
+        Requires an attribute value (None: must be absent)
+        """
+    def commutative(self) -> PatternNode:
+        ...
+    def dtype_in(self, arg0: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> PatternNode:
+        ...
+    def extra_inputs(self) -> PatternNode:
+        ...
+    def output(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> PatternNode:
+        ...
+    def rank(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> PatternNode:
+        ...
+    def shared(self) -> PatternNode:
+        ...
+    @property
+    def name(self) -> str:
+        ...
+class Match:
+    """
+    A complete match (valid during the rewrite call)
+    """
+    def __getitem__(self, arg0: str) -> Value | None:
+        """
+        The value bound to a pattern node by name
+        """
+    def node(self, arg0: str) -> Node | None:
+        """
+        The graph node matched by a pattern op node (None for a skipped optional)
+        """
+    def scalar(self, arg0: str) -> float | None:
+        """
+        The value of a single-element constant bound to `name`, or None
+        """
+    @property
+    def root(self) -> Node:
+        ...
+class Rewriter:
+    """
+    Builds replacement nodes (valid during the rewrite call)
+    """
+    def fail(self, arg0: str) -> None:
+        """
+        Declines the rewrite; `return rw.fail('why')`
+        """
+    def initializer(self, name: str, array: typing.Any) -> Value:
+        """
+        Adds an initializer holding a copy of `array`
+        """
+    def op(self, op_type: str, inputs: collections.abc.Sequence[Value | None], attributes: dict = {}, num_outputs: typing.SupportsInt | typing.SupportsIndex = 1, domain: str = '') -> list[Value | None]:
+        """
+        Adds a node before the matched root; returns its outputs
+        """
+class Rule:
+    """
+    A pattern and its rewrite
+    """
+    def __init__(self, name: str, pattern: Pattern, rewrite: typing.Any = None, replace: typing.Any = None) -> None:
+        """
+        A rule: `pattern` plus either `rewrite(match, rewriter) -> list[Value | None] | None`
+        (Python, called only on complete matches) or `replace=(op_type, [pattern names], {attributes},
+        domain)` (runs entirely in C++; an attribute value "$name" takes the scalar constant bound to
+        `name`).
+        """
+    @property
+    def name(self) -> str:
+        ...
+def apply_rules(model: Model, rules: collections.abc.Sequence[Rule], max_iterations: typing.SupportsInt | typing.SupportsIndex = 10, explain_rule: str = '') -> tuple[int, dict[str, int], list[str]]:
+    """
+    Applies rules to a fixed point; returns (rewrites, per-rule counts, explanation lines)
+    """
 def cpp_passes() -> list[PassInfo]:
     """
     The passes implemented in C++, in registration order
@@ -341,6 +453,10 @@ def load(path: typing.Any) -> Model:
 def load_bytes(data: bytes, base_dir: str = '') -> Model:
     """
     Reads a serialized ModelProto held in memory
+    """
+def make_tensor(dtype: typing.SupportsInt | typing.SupportsIndex, dims: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], data: bytes) -> Tensor:
+    """
+    A new tensor owning a copy of `data`
     """
 def run_pass(model: Model, name: str, target: str = 'ort', max_iterations: typing.SupportsInt | typing.SupportsIndex = 10, explain_rule: str = '') -> tuple[int, PassResult]:
     """

@@ -322,11 +322,17 @@ def _shape_inference(source: Source, stack: ExitStack) -> str:
     return ""
 
 
+def onnxruntime() -> Any:
+    """The onnxruntime module, imported on first use (it takes a while and has no stubs)."""
+    import onnxruntime as ort  # type: ignore[import-untyped]
+
+    return ort
+
+
 def ort_session(source: Source, providers: Sequence[Any] | None, *, optimize: bool = False) -> Any:
     """An InferenceSession of `source` (CPU unless `providers`), graph optimizations off by
     default: what runs is the graph as written."""
-    import onnxruntime as ort  # type: ignore[import-untyped]
-
+    ort = onnxruntime()
     so = ort.SessionOptions()
     if not optimize:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -338,10 +344,8 @@ def ort_session(source: Source, providers: Sequence[Any] | None, *, optimize: bo
 def check_providers(providers: Sequence[Any] | None) -> list[Any]:
     """The providers to use (CPU by default). ORT quietly falls back to CPU for a provider it
     does not have, which would check something else than asked: refuse that instead."""
-    import onnxruntime as ort  # type: ignore[import-untyped]
-
     chosen = list(providers) if providers else ["CPUExecutionProvider"]
-    available = ort.get_available_providers()
+    available = onnxruntime().get_available_providers()
     for p in chosen:
         name = p[0] if isinstance(p, (tuple, list)) else p
         if name not in available:

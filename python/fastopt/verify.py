@@ -16,6 +16,11 @@ Inputs come from :func:`make_inputs`, which builds valid inputs from the graph i
   token type ids zeros; ``seqlens_k`` total - 1; integer scalars named like a dim that dim's
   value; other integers in [0, 2); booleans random; floats standard normal.
 
+Interface: outputs are matched by name (missing or extra outputs fail, so do changed dtypes or
+shapes), and the optimized model must take no input the original lacks and drop none it has.
+A past length in ``dims`` is ignored for a model without past-like dims, so one ``dims`` serves
+models with and without a KV cache.
+
 Tolerances (``|opt - orig| <= atol + rtol * |orig|`` elementwise, NaNs in the same places, infs
 equal) default by the output's type: float32 1e-4/1e-4, float16 and bfloat16 1e-2/1e-2, float64
 1e-7/1e-7, other small floats twice their epsilon; integers, booleans and strings exactly.
@@ -44,6 +49,7 @@ from fastopt.check import (
     Source,
     check_providers,
     format_table,
+    onnxruntime,
     open_source,
     ort_session,
     summarize_error,
@@ -210,12 +216,13 @@ class _Dims:
         for k, v in self.given.items():
             if v < 0:
                 raise ValueError(f"dims[{k!r}] = {v} is negative")
+        has_past = any(_role(n) == "past" for n in names if not _is_expression(n))
         roles: dict[str, int] = {}
         for k, v in self.given.items():
             r = _role(k)
-            if r is not None:
+            # a past length for a model without a cache (a shared `dims`) would offset positions
+            if r is not None and (r != "past" or has_past):
                 roles.setdefault(r, v)
-        has_past = any(_role(n) == "past" for n in names if not _is_expression(n))
         seq, past, total = roles.get("sequence"), roles.get("past"), roles.get("total")
         if total is not None:
             if seq is None and past is None:
@@ -354,7 +361,8 @@ def _is_ids_name(name: str) -> bool:
 
 
 def _cast(values: np.ndarray, onnx_type: int) -> np.ndarray:
-    return np.ascontiguousarray(values.astype(numpy_dtype(onnx_type)))
+    # np.ascontiguousarray would turn a scalar into shape (1,)
+    return np.array(values, dtype=numpy_dtype(onnx_type), order="C")
 
 
 def _synthesize(
@@ -437,14 +445,15 @@ def make_inputs(
 
 
 def _ort_feed(array: np.ndarray, ort_type: str) -> Any:
-    import onnxruntime as ort  # type: ignore[import-untyped]
-
+    ort = onnxruntime()
+    # not np.ascontiguousarray: it makes scalars 1-D
+    array = array if array.flags.c_contiguous else array.copy(order="C")
     if ort_type in _ORT_RAW_TYPES:
-        bits = np.ascontiguousarray(array).view(np.uint8 if array.itemsize == 1 else np.uint16)
+        bits = array.view(np.uint8 if array.itemsize == 1 else np.uint16)
         return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
             bits, onnx_element_type=_ORT_RAW_TYPES[ort_type]
         )
-    return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
+    return ort.OrtValue.ortvalue_from_numpy(array)
 
 
 def _ort_fetch(value: Any, ort_type: str) -> Any:
@@ -456,8 +465,11 @@ def _ort_fetch(value: Any, ort_type: str) -> Any:
     return value.numpy()
 
 
-def _run(source: Source, feeds: Mapping[str, np.ndarray], providers: Any) -> dict[str, Any]:
-    """Runs a model on `feeds` (only the inputs it declares); outputs by name, in its order."""
+def _run(
+    source: Source, feeds: Mapping[str, np.ndarray], providers: Any
+) -> tuple[list[str], dict[str, Any]]:
+    """Runs a model on `feeds` (only the inputs it declares): its input names, and its outputs by
+    name in its order."""
     sess = ort_session(source, providers)
     wanted = sess.get_inputs()
     missing = [i.name for i in wanted if i.name not in feeds]
@@ -468,10 +480,11 @@ def _run(source: Source, feeds: Mapping[str, np.ndarray], providers: Any) -> dic
     raw = any(i.type in _ORT_RAW_TYPES for i in [*wanted, *outputs])
     if not raw:
         results = sess.run(names, {i.name: feeds[i.name] for i in wanted})
-        return dict(zip(names, results))
+        return [i.name for i in wanted], dict(zip(names, results))
     ort_feeds = {i.name: _ort_feed(feeds[i.name], i.type) for i in wanted}
     values = sess.run_with_ort_values(names, ort_feeds)
-    return {o.name: _ort_fetch(v, o.type) for o, v in zip(outputs, values)}
+    fetched = {o.name: _ort_fetch(v, o.type) for o, v in zip(outputs, values)}
+    return [i.name for i in wanted], fetched
 
 
 def _float_kind(dtype: np.dtype) -> bool:
@@ -597,17 +610,19 @@ def verify(
     """
     start = time.perf_counter()
     check_providers(providers)
-    given = dict(inputs or {})
+    given = {k: np.asarray(v) for k, v in (inputs or {}).items()}
     feeds = {**_synthesize(_as_model(original), dims, seed, skip=set(given)), **given}
     report = VerifyReport(
         _label(original), _label(optimized), {k: _describe(np.asarray(v)) for k, v in feeds.items()}
     )
     results: dict[str, dict[str, Any]] = {}
+    declared: dict[str, list[str]] = {}
     for role, model in (("original", original), ("optimized", optimized)):
         t = time.perf_counter()
         try:
             with ExitStack() as stack:
-                results[role] = _run(open_source(model, stack, in_memory="bytes"), feeds, providers)
+                source = open_source(model, stack, in_memory="bytes")
+                declared[role], results[role] = _run(source, feeds, providers)
         except (FileNotFoundError, TypeError):
             raise
         except Exception as e:
@@ -630,12 +645,19 @@ def verify(
             report.outputs.append(
                 OutputComparison(name, "-", None, None, False, message="not in the original")
             )
+    dropped = [n for n in declared["original"] if n not in declared["optimized"]]
+    if dropped:
+        # ORT refuses feeds it does not know: callers of the original would break.
+        report.error = f"the optimized model no longer takes input(s) {', '.join(dropped)}"
     report.seconds["total"] = time.perf_counter() - start
     if not report.ok:
         failed = report.failed
-        raise VerifyError(
-            f"{report.optimized} differs from {report.original} on {len(failed)} of "
-            f"{len(report.outputs)} outputs:\n{report.table(failed)}",
-            report,
-        )
+        text = f"{report.optimized} differs from {report.original}"
+        reasons = [report.error] if report.error else []
+        if failed:
+            reasons.append(f"{len(failed)} of {len(report.outputs)} outputs fail")
+        text += ": " + "; ".join(reasons)
+        if failed:
+            text += "\n" + report.table(failed)
+        raise VerifyError(text, report)
     return report
