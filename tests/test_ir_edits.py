@@ -95,6 +95,7 @@ def test_replace_all_uses_then_remove(tmp_path: Path) -> None:
     assert [o.name for o in saved.graph.output] == ["s", "Z"]
     y, z = _run(out, {"X": X})
     np.testing.assert_array_equal(y, -X + X)
+    np.testing.assert_allclose(z, np.exp(-X + X))
 
 
 def test_rename_keeps_names_unique(tmp_path: Path) -> None:

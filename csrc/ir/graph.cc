@@ -122,28 +122,28 @@ Value* Graph::create_value(const std::string& name) {
   v->name_ = name;
   v->graph_ = this;
   Value* raw = v.get();
-  if (!name.empty()) {
-    define(raw);
-    if (model_->names_indexed) model_->taken_names.insert(name);
-  }
+  if (!name.empty()) define(raw);
   value_storage_.push_back(std::move(v));
   return raw;
 }
 
+Graph::Graph(Model* model, Graph* parent) : model_(model), parent_(parent) {
+  if (model_) model_->graphs.push_back(this);
+}
+
 std::string Graph::unique_name(const std::string& base) const {
   // Names must be unique across the whole model, enclosing and nested graphs included.
-  Model& m = *model_;
-  if (!m.names_indexed) {
-    m.for_each_graph([&](Graph& g) {
-      for (const auto& kv : g.scope_) m.taken_names.emplace(kv.first);
-    });
-    m.names_indexed = true;
-  }
-  if (!m.taken_names.count(base)) return base;
-  uint64_t& i = m.next_suffix[base];
+  auto taken = [&](const std::string& name) {
+    for (const Graph* g : model_->graphs) {
+      if (g->scope_.count(name)) return true;
+    }
+    return false;
+  };
+  if (!taken(base)) return base;
+  uint64_t& i = model_->next_suffix[base];
   for (;;) {
     std::string candidate = base + "_" + std::to_string(++i);
-    if (!m.taken_names.count(candidate)) return candidate;
+    if (!taken(candidate)) return candidate;
   }
 }
 
@@ -259,10 +259,8 @@ void Graph::rename(Value* v, const std::string& new_name) {
   }
   Graph* home = v->graph_;
   home->scope_.erase(v->name_);
-  model_->taken_names.erase(v->name_);  // the old name is free again
   v->name_ = new_name;
   home->scope_.emplace(std::string_view(v->name_), v);
-  model_->taken_names.insert(new_name);
   if (v->initializer_) v->initializer_->name.set(new_name);
 }
 
@@ -394,6 +392,7 @@ void Graph::topological_sort() {
 
 void for_each_subgraph(const Graph& g, const std::function<void(Graph&)>& fn) {
   for (Node* n = g.first(); n; n = n->next()) {
+    if (!n->has_subgraphs()) continue;
     for (Graph* sub : n->subgraphs()) {
       fn(*sub);
       for_each_subgraph(*sub, fn);
@@ -401,16 +400,21 @@ void for_each_subgraph(const Graph& g, const std::function<void(Graph&)>& fn) {
   }
 }
 
-void Model::for_each_graph(const std::function<void(Graph&)>& fn) const {
-  if (graph) {
-    fn(*graph);
-    for_each_subgraph(*graph, fn);
+namespace {
+// A graph is live when every node owning it, up to the top, is still in its graph.
+bool graph_live(const Graph* g) {
+  for (; g; g = g->parent()) {
+    Node* owner = g->owner_node();
+    if (owner && !owner->alive()) return false;
   }
-  for (const auto& f : functions) {
-    if (f->body) {
-      fn(*f->body);
-      for_each_subgraph(*f->body, fn);
-    }
+  return true;
+}
+}  // namespace
+
+void Model::for_each_graph(const std::function<void(Graph&)>& fn) const {
+  // Index-based: fn may add graphs (they are visited too).
+  for (size_t i = 0; i < graphs.size(); ++i) {
+    if (graph_live(graphs[i])) fn(*graphs[i]);
   }
 }
 

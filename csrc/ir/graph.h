@@ -173,7 +173,8 @@ struct ValueInfoEntry {
 
 class Graph {
  public:
-  explicit Graph(Model* model, Graph* parent = nullptr) : model_(model), parent_(parent) {}
+  // Registers itself with `model` (see Model::graphs).
+  explicit Graph(Model* model, Graph* parent = nullptr);
   Graph(const Graph&) = delete;
   Graph& operator=(const Graph&) = delete;
 
@@ -273,13 +274,14 @@ struct Model {
   // External data files opened by the reader, by resolved path.
   std::map<std::string, std::shared_ptr<const FileBuffer>> external_files;
 
-  // Every value name in the model, built on first use by unique_name and kept up to date by
-  // create_value/rename after that. Names are never released, so they are never reused.
-  std::unordered_set<std::string> taken_names;
+  // Every Graph ever made for this model, parents before their subgraphs. Graphs are never
+  // freed before the model; one whose owner node was removed is skipped by for_each_graph.
+  std::vector<Graph*> graphs;
+  // Suffix counters for unique_name, so a name taken many times is not probed from _1 again.
   std::unordered_map<std::string, uint64_t> next_suffix;
-  bool names_indexed = false;
+  uint64_t next_node_id = 0;  // numbers the names of nodes made by rewrites
 
-  // Visits every graph: main graph, functions, and all nested subgraphs.
+  // Visits every live graph: the main graph, functions, nested subgraphs (parents first).
   void for_each_graph(const std::function<void(Graph&)>& fn) const;
   std::map<std::string, int64_t> op_counts() const;
   // Throws ModelError describing the first broken invariant.

@@ -71,13 +71,17 @@ Attribute copy_attribute(const Attribute& src) {
 std::vector<Value*> Rewriter::op(const std::string& op_type, const std::vector<Value*>& inputs,
                                  std::vector<Attribute> attrs, int num_outputs,
                                  const std::string& domain) {
-  std::string base = root_->name.value.empty() ? op_type : root_->name.value;
+  // Names: "<root name or op>/<op>_<n>", n counting per model, so they are almost never taken
+  // (create_node still makes value names unique). Node names need not be unique.
+  const std::string& root_name = root_->name.value;
+  std::string base = (root_name.empty() ? op_type : root_name) + "/" + op_type + "_" +
+                     std::to_string(graph_.model()->next_node_id++);
   std::vector<std::string> names;
   for (int i = 0; i < num_outputs; ++i) {
-    names.push_back(base + "/" + op_type + (num_outputs > 1 ? "_" + std::to_string(i) : ""));
+    names.push_back(num_outputs > 1 ? base + ":" + std::to_string(i) : base);
   }
   Node* n = graph_.create_node(op_type, domain, inputs, names, root_);
-  n->name.set(graph_.unique_name(base + "/" + op_type));
+  n->name.set(std::move(base));
   n->attributes = std::move(attrs);
   created_nodes_.push_back(n);
   return n->outputs();
@@ -148,7 +152,8 @@ std::string where(const Node* n) {
 
 // Commits a successful rewrite; false (and nothing changed) if an output without replacement
 // is still used.
-bool commit(Graph& g, const Match& m, const std::vector<Value*>& replacement) {
+bool commit(Graph& g, const Match& m, const std::vector<Value*>& replacement,
+            std::vector<Node*>* readers) {
   Node* root = m.root();
   const auto& outs = root->outputs();
   for (size_t i = 0; i < outs.size(); ++i) {
@@ -157,7 +162,10 @@ bool commit(Graph& g, const Match& m, const std::vector<Value*>& replacement) {
   }
   for (size_t i = 0; i < outs.size(); ++i) {
     Value* r = i < replacement.size() ? replacement[i] : nullptr;
-    if (r && outs[i]) replace_value(g, outs[i], r);
+    if (r && outs[i]) {
+      replace_value(g, outs[i], r);
+      for (const Use& u : r->uses()) readers->push_back(u.node);
+    }
   }
   remove_dead(g, m.matched_nodes());
   return true;
@@ -184,50 +192,66 @@ ApplyStats apply_rules(Model& model, const std::vector<Rule>& rules, const Apply
   };
   std::unordered_map<const Rule*, RuleState> state;
   for (const Rule& r : rules) state.emplace(&r, RuleState{Matcher(*r.pattern), Match(*r.pattern)});
-  for (int iteration = 0; iteration < options.max_iterations; ++iteration) {
+  // The first round visits every node whose op type some rule is rooted at; later rounds only
+  // revisit what the previous round touched (new nodes and readers of replaced values), so
+  // reaching the fixed point costs no extra walks over the whole graph.
+  std::vector<Node*> work;
+  model.for_each_graph([&](Graph& g) {
+    for (Node* n = g.first(); n; n = n->next()) {
+      if (by_op.count(n->op_type)) work.push_back(n);
+    }
+  });
+  for (int iteration = 0; iteration < options.max_iterations && !work.empty(); ++iteration) {
     ++stats.iterations;
     int64_t changed = 0;
-    std::vector<Graph*> graphs;
-    model.for_each_graph([&](Graph& g) { graphs.push_back(&g); });
-    for (Graph* g : graphs) {
-      for (Node* node : g->nodes()) {
-        if (!node->alive()) continue;
-        auto it = by_op.find(node->op_type);
-        if (it == by_op.end()) continue;
-        for (const Rule* rule : it->second) {
-          ++stats.candidates;
-          Match& m = state.at(rule).match;
-          MatchFailure why;
-          const bool explain = explaining(options, *rule) && explained.insert({rule, node}).second;
-          if (!state.at(rule).matcher.match(node, &m, explain ? &why : nullptr)) {
-            if (explain) {
-              options.explain_lines->push_back(rule->name + " @ " + where(node) + ": " +
-                                               why.format(*rule->pattern));
-            }
-            continue;
-          }
-          Rewriter rw(*g, node);
-          Replacement r = rule->rewrite(m, rw);
-          if (!r || !commit(*g, m, *r)) {
-            rw.rollback();
-            if (explain) {
-              options.explain_lines->push_back(
-                  rule->name + " @ " + where(node) + ": matched, but the rewrite declined: " +
-                  (rw.failure().empty() ? "an output is still used" : rw.failure()));
-            }
-            continue;
-          }
+    std::vector<Node*> next;
+    for (Node* node : work) {
+      if (!node->alive()) continue;
+      auto it = by_op.find(node->op_type);
+      if (it == by_op.end()) continue;
+      Graph* g = node->graph();
+      for (const Rule* rule : it->second) {
+        ++stats.candidates;
+        Match& m = state.at(rule).match;
+        MatchFailure why;
+        const bool explain = explaining(options, *rule) && explained.insert({rule, node}).second;
+        if (!state.at(rule).matcher.match(node, &m, explain ? &why : nullptr)) {
           if (explain) {
-            options.explain_lines->push_back(rule->name + " @ " + where(node) + ": rewritten");
+            options.explain_lines->push_back(rule->name + " @ " + where(node) + ": " +
+                                             why.format(*rule->pattern));
           }
-          ++changed;
-          ++stats.per_rule[rule->name];
-          break;  // the node is gone
+          continue;
         }
+        Rewriter rw(*g, node);
+        Replacement r = rule->rewrite(m, rw);
+        std::vector<Node*> readers;
+        if (!r || !commit(*g, m, *r, &readers)) {
+          rw.rollback();
+          if (explain) {
+            options.explain_lines->push_back(
+                rule->name + " @ " + where(node) + ": matched, but the rewrite declined: " +
+                (rw.failure().empty() ? "an output is still used" : rw.failure()));
+          }
+          continue;
+        }
+        if (explain) {
+          options.explain_lines->push_back(rule->name + " @ " + where(node) + ": rewritten");
+        }
+        ++changed;
+        ++stats.per_rule[rule->name];
+        for (Node* n : rw.created()) next.push_back(n);
+        for (Node* n : readers) next.push_back(n);
+        break;  // the node is gone
       }
     }
     stats.rewrites += changed;
-    if (changed == 0) break;
+    // Deduplicate, keeping only nodes some rule may be rooted at.
+    std::sort(next.begin(), next.end());
+    next.erase(std::unique(next.begin(), next.end()), next.end());
+    work.clear();
+    for (Node* n : next) {
+      if (n->alive() && by_op.count(n->op_type)) work.push_back(n);
+    }
   }
   return stats;
 }

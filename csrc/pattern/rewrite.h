@@ -48,6 +48,7 @@ class Rewriter {
     return std::nullopt;
   }
   const std::string& failure() const { return failure_; }
+  const std::vector<Node*>& created() const { return created_nodes_; }
   void rollback();
 
  private:

@@ -261,10 +261,15 @@ class ModelWriter {
     std::optional<int32_t> location = t.data_location;
     const bool has_bytes =
         t.storage == Tensor::Storage::kRaw || t.storage == Tensor::Storage::kExternal;
-    if (has_bytes) {
-      ByteRef bytes = t.storage == Tensor::Storage::kRaw
-                          ? t.raw
-                          : ByteRef{t.external->file, t.external->offset, t.external->length};
+    // Typed fields (float_data, ...) holding a big fixed-size tensor go to the data file too,
+    // decoded to raw little-endian bytes; otherwise a model over 2 GB could not be written.
+    const bool typed_to_external = data_ && t.storage == Tensor::Storage::kTyped &&
+                                   dtype_bits(t.dtype()) > 0 && t.expected_bytes() >= threshold_;
+    if (has_bytes || typed_to_external) {
+      ByteRef bytes = t.storage == Tensor::Storage::kRaw ? t.raw
+                      : t.storage == Tensor::Storage::kExternal
+                          ? ByteRef{t.external->file, t.external->offset, t.external->length}
+                          : t.bytes();
       if (data_ && bytes.size >= threshold_) {
         auto placed = data_->add(bytes);
         w.message(ft::kExternalData, entry("location", placed.location));
