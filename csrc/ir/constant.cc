@@ -119,6 +119,20 @@ std::shared_ptr<const Tensor> constant_tensor(const Value* v) {
   return nullptr;
 }
 
+const Tensor* constant_tensor_view(const Value* v) {
+  if (!v) return nullptr;
+  if (v->initializer() && !v->is_graph_input()) return v->initializer().get();
+  Node* p = v->producer();
+  if (!p || p->op_type != "Constant") return nullptr;
+  const Attribute* a = p->attribute("value");
+  return a && a->t && p->attributes.size() == 1 ? a->t.get() : nullptr;
+}
+
+bool decode_doubles(const Tensor& t, uint64_t max_elements, std::vector<double>& out) {
+  out.clear();
+  return for_each_element(t, max_elements, [&](double d, int64_t = 0) { out.push_back(d); });
+}
+
 std::optional<std::vector<double>> tensor_doubles(const Tensor& t, uint64_t max_elements) {
   std::vector<double> out;
   bool ok = for_each_element(t, max_elements, [&](double d, int64_t = 0) { out.push_back(d); });

@@ -26,6 +26,12 @@ int32_t value_dtype(const Value* v);
 // Rank of `v` when known, else -1.
 int value_rank(const Value* v);
 
+// Like constant_tensor, without taking a reference: null for Constant nodes whose value is not a
+// `value` tensor attribute (use constant_tensor for those).
+const Tensor* constant_tensor_view(const Value* v);
+// Decodes into `out` (reusing its storage); false when not numeric or over max_elements.
+bool decode_doubles(const Tensor& t, uint64_t max_elements, std::vector<double>& out);
+
 // Decodes a tensor's elements to double / int64 (numeric types only).
 std::optional<std::vector<double>> tensor_doubles(const Tensor& t, uint64_t max_elements);
 std::optional<std::vector<int64_t>> tensor_ints(const Tensor& t, uint64_t max_elements);

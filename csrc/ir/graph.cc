@@ -118,12 +118,10 @@ void Graph::add_outer_reference(Value* v) {
 }
 
 Value* Graph::create_value(const std::string& name) {
-  auto v = std::make_unique<Value>();
-  v->name_ = name;
-  v->graph_ = this;
-  Value* raw = v.get();
+  Value* raw = &value_storage_.emplace_back();
+  raw->name_ = name;
+  raw->graph_ = this;
   if (!name.empty()) define(raw);
-  value_storage_.push_back(std::move(v));
   return raw;
 }
 
@@ -181,12 +179,15 @@ void Graph::unlink(Node* node) {
   --node_count_;
 }
 
-Node* Graph::append_node(std::unique_ptr<Node> node) {
-  node->graph_ = this;
-  Node* raw = node.get();
-  node_storage_.push_back(std::move(node));
-  link_before(raw, nullptr);
-  return raw;
+Node* Graph::new_node() {
+  Node* n = &node_storage_.emplace_back();
+  n->graph_ = this;
+  return n;
+}
+
+Node* Graph::append_node(Node* node) {
+  link_before(node, nullptr);
+  return node;
 }
 
 Node* Graph::create_node(const std::string& op_type, const std::string& domain,
@@ -195,13 +196,10 @@ Node* Graph::create_node(const std::string& op_type, const std::string& domain,
   if (insert_before && insert_before->graph_ != this) {
     throw ModelError("insert position belongs to another graph");
   }
-  auto node = std::make_unique<Node>();
-  node->graph_ = this;
-  node->op_type = op_type;
-  node->has_op_type = true;
-  if (!domain.empty()) node->domain.set(domain);
-  Node* raw = node.get();
-  node_storage_.push_back(std::move(node));
+  Node* raw = new_node();
+  raw->op_type = op_type;
+  raw->has_op_type = true;
+  if (!domain.empty()) raw->domain.set(domain);
   for (Value* in : inputs) raw->append_input(in);
   for (size_t i = 0; i < output_names.size(); ++i) {
     if (output_names[i].empty()) {
@@ -240,8 +238,11 @@ void Graph::remove_node(Node* node) {
 
 void Graph::replace_all_uses(Value* from, Value* to) {
   if (from == to) return;
-  std::vector<Use> uses = from->uses_;  // snapshot: set_input edits the list
-  for (const Use& u : uses) u.node->set_input(u.input_index, to);
+  // set_input removes each use from the back of the list: no copy needed.
+  while (!from->uses_.empty()) {
+    Use u = from->uses_.back();
+    u.node->set_input(u.input_index, to);
+  }
   for (auto& e : output_entries) {
     if (e.value == from) {
       e.value = to;

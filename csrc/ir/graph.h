@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -219,7 +220,8 @@ class Graph {
   Node* find_cycle() const;
 
   // For the reader and the IR's own use.
-  Node* append_node(std::unique_ptr<Node> node);
+  Node* new_node();               // allocated in this graph's storage, not yet linked
+  Node* append_node(Node* node);  // links a node made by new_node() at the end
   void set_owner_node(Node* n) { owner_node_ = n; }
   void define(Value* v);
   void add_outer_reference(Value* v);
@@ -236,8 +238,10 @@ class Graph {
   Node* head_ = nullptr;
   Node* tail_ = nullptr;
   size_t node_count_ = 0;
-  std::vector<std::unique_ptr<Node>> node_storage_;
-  std::vector<std::unique_ptr<Value>> value_storage_;
+  // Chunked storage: stable addresses, few allocations, and nodes made together (a whole
+  // graph at load) sit together in memory, which the matcher's walks feel.
+  std::deque<Node> node_storage_;
+  std::deque<Value> value_storage_;
   std::unordered_map<std::string_view, Value*> scope_;
   std::vector<Value*> outer_refs_;
   std::unordered_set<Value*> outer_ref_set_;

@@ -288,8 +288,9 @@ bool Matcher::match(Node* node, Match* out, MatchFailure* why) {
     fail(root, nullptr, "the root node lacks the output the pattern names");
     return false;
   }
-  std::vector<Goal> goals{{root, node->outputs()[r.output_index]}};
-  return solve(goals);
+  goals_.clear();
+  goals_.push_back({root, node->outputs()[r.output_index]});
+  return solve(goals_);
 }
 
 bool Matcher::solve(std::vector<Goal>& goals) {
@@ -353,13 +354,18 @@ bool Matcher::match_one(const Goal& g, std::vector<Goal>& goals) {
       return false;
     }
     case PatternNode::Kind::kConst: {
-      auto t = constant_tensor(v);
-      if (!t) {
+      // The common case (an initializer or a Constant's tensor) takes no reference.
+      const Tensor* view = constant_tensor_view(v);
+      std::shared_ptr<const Tensor> owned;
+      if (!view) {
+        owned = constant_tensor(v);
+        view = owned.get();
+      }
+      if (!view) {
         fail(g.pn, v, "not a constant");
         return false;
       }
-      auto values = tensor_doubles(*t, 4096);
-      if (!values || !pn.const_check(*values)) {
+      if (!decode_doubles(*view, 4096, constant_) || !pn.const_check(constant_)) {
         fail(g.pn, v, "constant value constraint failed", &pn.const_description);
         return false;
       }

@@ -175,6 +175,8 @@ class Matcher {
     Value* value;
   };
   bool solve(std::vector<Goal>& goals);
+  std::vector<Goal> goals_;       // reused across candidates
+  std::vector<double> constant_;  // decoded constant, reused
   bool match_one(const Goal& g, std::vector<Goal>& goals);
   bool bind(int pn, Value* v, Node* n);
   void unbind(int pn);

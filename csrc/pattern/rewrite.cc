@@ -201,6 +201,7 @@ ApplyStats apply_rules(Model& model, const std::vector<Rule>& rules, const Apply
       if (by_op.count(n->op_type)) work.push_back(n);
     }
   });
+  std::vector<Node*> readers;  // reused: readers of replaced values
   for (int iteration = 0; iteration < options.max_iterations && !work.empty(); ++iteration) {
     ++stats.iterations;
     int64_t changed = 0;
@@ -224,7 +225,7 @@ ApplyStats apply_rules(Model& model, const std::vector<Rule>& rules, const Apply
         }
         Rewriter rw(*g, node);
         Replacement r = rule->rewrite(m, rw);
-        std::vector<Node*> readers;
+        readers.clear();
         if (!r || !commit(*g, m, *r, &readers)) {
           rw.rollback();
           if (explain) {

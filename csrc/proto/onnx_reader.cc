@@ -605,8 +605,7 @@ struct ModelReader {
   };
 
   PendingNode read_node(Graph& g, uint64_t b, uint64_t e) {
-    auto np = std::make_unique<Node>();
-    Node& n = *np;
+    Node& n = *g.new_node();
     PendingNode pn{nullptr, {}, {}};
     std::vector<std::string> outputs;
     wire::Reader r(base, b, e, "NodeProto");
@@ -641,7 +640,7 @@ struct ModelReader {
         }
       }
     }
-    Node* node = g.append_node(std::move(np));
+    Node* node = g.append_node(&n);
     pn.node = node;
     for (size_t i = 0; i < outputs.size(); ++i) {
       if (outputs[i].empty()) {
