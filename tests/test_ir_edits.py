@@ -208,3 +208,41 @@ def test_removed_values_drop_their_value_info(tmp_path: Path) -> None:
     saved = onnx.load(str(out))
     assert [vi.name for vi in saved.graph.value_info] == []
     onnx.checker.check_model(saved, full_check=True)
+
+
+def test_rewired_subgraph_use_becomes_an_outer_reference(tmp_path: Path) -> None:
+    # The If's branch reads `a`; it is rewired to `b`, made after the If. The branch must list
+    # `b` as an outer reference, or topological_sort leaves the If before b's producer.
+    def branch(name: str, op: str) -> onnx.GraphProto:
+        out = helper.make_tensor_value_info(f"{name}_o", TensorProto.FLOAT, [2, 3])
+        return helper.make_graph([helper.make_node(op, ["a"], [f"{name}_o"])], name, [], [out])
+
+    nodes = [
+        helper.make_node("Relu", ["X"], ["a"]),
+        helper.make_node(
+            "If", ["c"], ["Y"], then_branch=branch("t", "Neg"), else_branch=branch("e", "Abs")
+        ),
+        helper.make_node("Sigmoid", ["X"], ["s"]),
+        helper.make_node("Exp", ["s"], ["b"]),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 3]),
+            helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+        ],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 3])],
+    )
+    m = fastopt.from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    m.graph.value("a").replace_all_uses_with(m.graph.value("b"))
+    then = m.graph.nodes[1].subgraphs[0]
+    assert "b" in [v.name for v in then.outer_references]
+    m.graph.topological_sort()
+    assert [n.op_type for n in m.graph.nodes][-1] == "If"
+    m.verify()
+    out = tmp_path / "m.onnx"
+    m.save(out)
+    onnx.checker.check_model(str(out))
+    (y,) = _run(out, {"X": X, "c": np.array(True)})
+    np.testing.assert_allclose(y, -np.exp(1 / (1 + np.exp(-X))), rtol=1e-6)

@@ -7,6 +7,19 @@
 
 namespace fastopt {
 
+namespace {
+// A node of `g` now reads `v`: when `v` lives in an enclosing graph, every graph in between
+// records the outer reference, or topological_sort/find_cycle miss the dependency.
+void note_outer_use(Graph* g, Value* v) {
+  if (!v || !g || v->graph() == g) return;
+  for (Graph* s = g->parent(); s; s = s->parent()) {
+    if (s != v->graph()) continue;
+    for (Graph* t = g; t != s; t = t->parent()) t->add_outer_reference(v);
+    return;
+  }
+}
+}  // namespace
+
 void Node::add_use(int index) {
   Value* v = inputs_[index];
   if (use_slots_.size() < inputs_.size()) use_slots_.resize(inputs_.size(), 0);
@@ -77,6 +90,7 @@ void Node::set_input(int index, Value* v) {
   if (inputs_[index]) drop_use(index);
   inputs_[index] = v;
   if (v) add_use(index);
+  note_outer_use(graph_, v);
 }
 
 std::vector<Node*> Graph::nodes() const {
@@ -200,7 +214,10 @@ Node* Graph::create_node(const std::string& op_type, const std::string& domain,
   raw->op_type = op_type;
   raw->has_op_type = true;
   if (!domain.empty()) raw->domain.set(domain);
-  for (Value* in : inputs) raw->append_input(in);
+  for (Value* in : inputs) {
+    raw->append_input(in);
+    note_outer_use(this, in);
+  }
   for (size_t i = 0; i < output_names.size(); ++i) {
     if (output_names[i].empty()) {
       raw->outputs_.push_back(nullptr);
@@ -248,6 +265,7 @@ void Graph::replace_all_uses(Value* from, Value* to) {
       e.value = to;
       --from->graph_output_count_;
       ++to->graph_output_count_;
+      note_outer_use(this, to);
     }
   }
 }

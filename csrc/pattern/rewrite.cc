@@ -113,6 +113,8 @@ void replace_value(Graph& g, Value* from, Value* to) {
   const bool keep_name = from->is_graph_output() && can_replace(g, from, to);
   g.replace_all_uses(from, to);
   if (keep_name) {
+    // `to` becomes the graph output: the interface keeps its declared type too.
+    if (from->type.known) to->type = from->type;
     std::string name = from->name();
     g.rename(from, g.unique_name(name + "__replaced"));
     g.rename(to, name);

@@ -148,6 +148,12 @@ def get_pass(name: str) -> PassSpec:
 PRESETS: dict[str, list[str]] = {
     "default": [
         "eliminate_identity",
+        "eliminate_cast",
+        "eliminate_noop",
+        "fold_transposes",
+        "fold_reshapes",
+        "eliminate_noop",  # again: a folded chain can leave a no-op Reshape or Transpose
+        "eliminate_common_subexpressions",
         "eliminate_dead_nodes",
     ],
 }

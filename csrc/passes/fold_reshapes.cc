@@ -1,0 +1,244 @@
+// Chains of reshaping ops collapse into one op, or into nothing when they cancel.
+//
+//   Reshape(Reshape|Flatten|Squeeze|Unsqueeze(x), s2)  =>  Reshape(x, s2)
+//   Unsqueeze(Unsqueeze(x, a), b)                      =>  Unsqueeze(x, a and b merged)
+//   Squeeze(Squeeze(x, a), b)                          =>  Squeeze(x, a and b merged)
+//   Squeeze(Unsqueeze(x, a), a)                        =>  x      (also Unsqueeze(Squeeze))
+//   Flatten(Reshape(x, s), k)                          =>  Reshape(x, [P, Q])
+//   Flatten(Flatten(x, k), 0|1)                        =>  Flatten(x, 0|k)
+//
+// TorchScript exports view/unsqueeze/flatten one call at a time, so head splitting and merging
+// in attention leaves such chains. Reshape's 0 copies a dim of its *input*: a target with 0
+// entries only folds with allowzero=1, where 0 means an empty dim. The first op may have other
+// users: it then stays for them.
+#include "passes/cleanup_util.h"
+#include "passes/registry.h"
+
+namespace fastopt::passes {
+namespace {
+using namespace pattern;
+using cleanup::has_attr_refs;
+using cleanup::int_attr;
+using cleanup::int_list;
+using cleanup::IntList;
+using cleanup::normalize_axes;
+using cleanup::value_dims;
+
+// Sets the axes of a Squeeze/Unsqueeze in the form it already uses: an attribute (opset < 13)
+// or an int64 input (opset >= 13). Called once every check has passed.
+void set_axes(Node* n, Rewriter& rw, const std::vector<int64_t>& axes) {
+  for (auto& a : n->attributes) {
+    if (a.name == "axes") {
+      a.ints = axes;
+      return;
+    }
+  }
+  n->set_input(1, cleanup::int64_constant(rw, n->outputs()[0]->name() + "_axes", axes));
+}
+
+// Reshape(inner(x), s2) -> Reshape(x, s2): inner only regroups elements, and s2 does not look
+// at inner's dims (no 0 entries, or allowzero=1).
+Replacement reshape_of_reshape(const Match& m, Rewriter& rw) {
+  Node* outer = m.root();
+  Node* inner = m.value("mid")->producer();
+  if (has_attr_refs(outer) || has_attr_refs(inner)) return rw.fail("attribute refs");
+  auto s2 = constant_ints(outer->inputs()[1], 4096);
+  if (!s2) return rw.fail("the outer shape is not a constant");
+  const bool allowzero = int_attr(outer, "allowzero").value_or(0) != 0;
+  if (!allowzero && std::find(s2->begin(), s2->end(), 0) != s2->end()) {
+    return rw.fail("the outer shape copies dims (0) of the intermediate");
+  }
+  outer->set_input(0, m.value("x"));
+  return outer->outputs();
+}
+
+// Unsqueeze(Unsqueeze(x, a), b) -> Unsqueeze(x, c): c lists the new dims of the final output.
+Replacement unsqueeze_chain(const Match& m, Rewriter& rw) {
+  Node* outer = m.root();
+  Node* inner = m.value("mid")->producer();
+  if (has_attr_refs(outer) || has_attr_refs(inner)) return rw.fail("attribute refs");
+  IntList a = int_list(inner, "axes", 1), b = int_list(outer, "axes", 1);
+  if (!a.known || !b.known || a.values.empty() || b.values.empty()) {
+    return rw.fail("axes are not constants");
+  }
+  const int r = value_rank(m.value("x"));
+  const int64_t mid_rank = r < 0 ? -1 : r + static_cast<int64_t>(a.values.size());
+  const int64_t out_rank = r < 0 ? -1 : mid_rank + static_cast<int64_t>(b.values.size());
+  auto na = normalize_axes(a.values, mid_rank);
+  auto nb = normalize_axes(b.values, out_rank);
+  if (!na || !nb) return rw.fail("axes are negative with an unknown rank, or invalid");
+  // The output's dims that are not in b are the intermediate's dims, in order: the k-th of
+  // them is the intermediate's dim k, new if k is in a.
+  std::vector<int64_t> c = *nb;
+  const int64_t max_a = *std::max_element(na->begin(), na->end());
+  int64_t k = 0;
+  for (int64_t pos = 0; k <= max_a; ++pos) {
+    if (std::find(nb->begin(), nb->end(), pos) != nb->end()) continue;
+    if (std::find(na->begin(), na->end(), k) != na->end()) c.push_back(pos);
+    ++k;
+  }
+  std::sort(c.begin(), c.end());
+  outer->set_input(0, m.value("x"));
+  set_axes(outer, rw, c);
+  return outer->outputs();
+}
+
+// Squeeze(Squeeze(x, a), b) -> Squeeze(x, c): c in terms of x's dims.
+Replacement squeeze_chain(const Match& m, Rewriter& rw) {
+  Node* outer = m.root();
+  Node* inner = m.value("mid")->producer();
+  if (has_attr_refs(outer) || has_attr_refs(inner)) return rw.fail("attribute refs");
+  IntList a = int_list(inner, "axes", 1), b = int_list(outer, "axes", 1);
+  // Without axes, Squeeze drops every 1-dim: not something to merge.
+  if (!a.known || !b.known || a.values.empty() || b.values.empty()) {
+    return rw.fail("axes are absent or not constants");
+  }
+  const int r = value_rank(m.value("x"));
+  const int64_t mid_rank = r < 0 ? -1 : r - static_cast<int64_t>(a.values.size());
+  auto na = normalize_axes(a.values, r);
+  auto nb = normalize_axes(b.values, mid_rank);
+  if (!na || !nb) return rw.fail("axes are negative with an unknown rank, or invalid");
+  // The intermediate's dim k is the k-th dim of x not in a.
+  std::vector<int64_t> c = *na;
+  const int64_t max_b = *std::max_element(nb->begin(), nb->end());
+  int64_t k = 0;
+  for (int64_t pos = 0; k <= max_b; ++pos) {
+    if (std::find(na->begin(), na->end(), pos) != na->end()) continue;
+    if (std::find(nb->begin(), nb->end(), k) != nb->end()) c.push_back(pos);
+    ++k;
+  }
+  std::sort(c.begin(), c.end());
+  outer->set_input(0, m.value("x"));
+  set_axes(outer, rw, c);
+  return outer->outputs();
+}
+
+// Squeeze(Unsqueeze(x, a), a) and Unsqueeze(Squeeze(x, a), a) are x. The second holds because
+// Squeeze only accepts dims of size 1, which Unsqueeze puts back.
+Replacement cancel_pair(const Match& m, Rewriter& rw, bool unsqueeze_first) {
+  Node* outer = m.root();
+  Node* inner = m.value("mid")->producer();
+  if (has_attr_refs(outer) || has_attr_refs(inner)) return rw.fail("attribute refs");
+  IntList a = int_list(inner, "axes", 1), b = int_list(outer, "axes", 1);
+  if (!a.known || !b.known || a.values.empty() || a.values.size() != b.values.size()) {
+    return rw.fail("axes are absent, not constants, or of different counts");
+  }
+  Value* x = m.value("x");
+  const int r = value_rank(x);
+  // The axes of both name dims of the larger tensor (the intermediate, or x).
+  const int64_t big =
+      r < 0 ? -1 : (unsqueeze_first ? r + static_cast<int64_t>(a.values.size()) : r);
+  auto na = normalize_axes(a.values, big), nb = normalize_axes(b.values, big);
+  if (!na || !nb) return rw.fail("axes are negative with an unknown rank, or invalid");
+  std::sort(na->begin(), na->end());
+  std::sort(nb->begin(), nb->end());
+  if (*na != *nb) return rw.fail("the axes differ");
+  if (!unsqueeze_first) {
+    if (auto dims = value_dims(x)) {
+      for (int64_t ax : *na) {
+        const auto& d = (*dims)[static_cast<size_t>(ax)];
+        if (d && *d != 1) return rw.fail("Squeeze of a dim that is not 1");
+      }
+    }
+  }
+  if (!can_replace(rw.graph(), outer->outputs()[0], x)) {
+    return rw.fail("the output is a graph output that x cannot take the name of");
+  }
+  return std::vector<Value*>{x};
+}
+
+// Flatten(Reshape(x, s), k) -> Reshape(x, [P, Q]) with P, Q the products of s before/after k.
+Replacement flatten_of_reshape(const Match& m, Rewriter& rw) {
+  Node* outer = m.root();
+  Node* inner = m.value("mid")->producer();
+  if (has_attr_refs(outer) || has_attr_refs(inner)) return rw.fail("attribute refs");
+  // The new Reshape only pays off when the inner one goes away.
+  Value* mid = m.value("mid");
+  if (mid->uses().size() != 1 || mid->is_graph_output()) return rw.fail("the Reshape is shared");
+  if (inner->inputs().size() < 2) return rw.fail("Reshape-1 (shape attribute)");
+  auto s = constant_ints(inner->inputs()[1], 4096);
+  if (!s) return rw.fail("the inner shape is not a constant");
+  const int64_t rank = static_cast<int64_t>(s->size());
+  int64_t k = int_attr(outer, "axis").value_or(1);
+  if (k < 0) k += rank;
+  if (k < 0 || k > rank) return rw.fail("axis out of range");
+  // Only fully spelled-out targets (one -1 at most): 0 would copy a dim of x.
+  int64_t p = 1, q = 1;
+  int unknown = 0;
+  bool unknown_in_p = false;
+  for (int64_t i = 0; i < rank; ++i) {
+    const int64_t d = (*s)[static_cast<size_t>(i)];
+    if (d == -1) {
+      ++unknown;
+      unknown_in_p = i < k;
+    } else if (d <= 0) {
+      return rw.fail("the inner shape has 0 or invalid entries");
+    } else {
+      (i < k ? p : q) *= d;
+      if (p > (int64_t{1} << 40) || q > (int64_t{1} << 40)) return rw.fail("sizes too large");
+    }
+  }
+  if (unknown > 1) return rw.fail("more than one -1");
+  std::vector<int64_t> shape{p, q};
+  if (unknown) shape[unknown_in_p ? 0 : 1] = -1;
+  Value* init = cleanup::int64_constant(rw, outer->outputs()[0]->name() + "_shape", shape);
+  return std::vector<Value*>{rw.op1("Reshape", {inner->inputs()[0], init})};
+}
+
+// Flatten(Flatten(x, k), 1) is Flatten(x, k); Flatten(Flatten(x, k), 0) is Flatten(x, 0).
+Replacement flatten_of_flatten(const Match& m, Rewriter& rw) {
+  Node* outer = m.root();
+  Node* inner = m.value("mid")->producer();
+  if (has_attr_refs(outer) || has_attr_refs(inner)) return rw.fail("attribute refs");
+  int64_t k2 = int_attr(outer, "axis").value_or(1);
+  if (k2 < 0) k2 += 2;  // the intermediate has rank 2
+  if (k2 != 0 && k2 != 1) return rw.fail("outer axis is not 0 or 1");
+  const int64_t k1 = int_attr(inner, "axis").value_or(1);
+  outer->set_input(0, m.value("x"));
+  bool set = false;
+  for (auto& a : outer->attributes) {
+    if (a.name == "axis") {
+      a.i = k2 == 0 ? 0 : k1;
+      set = true;
+    }
+  }
+  if (!set) outer->attributes.push_back(attr_int("axis", k2 == 0 ? 0 : k1));
+  return outer->outputs();
+}
+
+// A rule `outer(inner(x, ...), ...)`; inner may have other users (it then stays).
+Rule chain_rule(const std::string& name, std::vector<std::string> inner_ops,
+                const std::string& outer_op, int outer_inputs, RewriteFn fn) {
+  auto p = std::make_shared<Pattern>(name);
+  P mid = p->op_any(std::move(inner_ops), {p->var("x")}).extra_inputs().shared();
+  p->node(mid.id()).name = "mid";
+  std::vector<P> ins{mid};
+  for (int i = 1; i < outer_inputs; ++i) ins.push_back(p->var("in" + std::to_string(i)));
+  P root = p->op(outer_op, ins);
+  if (outer_inputs == 1) root.extra_inputs();
+  p->root(root);
+  return {name, p, std::move(fn)};
+}
+
+std::vector<Rule> rules(const PassContext&) {
+  return {
+      chain_rule("fold_reshape_chain", {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}, "Reshape", 2,
+                 reshape_of_reshape),
+      chain_rule("fold_unsqueeze_chain", {"Unsqueeze"}, "Unsqueeze", 1, unsqueeze_chain),
+      chain_rule("fold_squeeze_chain", {"Squeeze"}, "Squeeze", 1, squeeze_chain),
+      chain_rule("cancel_unsqueeze_squeeze", {"Unsqueeze"}, "Squeeze", 1,
+                 [](const Match& m, Rewriter& rw) { return cancel_pair(m, rw, true); }),
+      chain_rule("cancel_squeeze_unsqueeze", {"Squeeze"}, "Unsqueeze", 1,
+                 [](const Match& m, Rewriter& rw) { return cancel_pair(m, rw, false); }),
+      chain_rule("fold_flatten_of_reshape", {"Reshape"}, "Flatten", 1, flatten_of_reshape),
+      chain_rule("fold_flatten_chain", {"Flatten"}, "Flatten", 1, flatten_of_flatten),
+  };
+}
+
+const PassRegistrar kRegister{rule_pass(
+    "fold_reshapes",
+    "collapse Reshape/Flatten/Squeeze/Unsqueeze chains into one op, or none when they cancel",
+    {"cleanup"}, rules)};
+
+}  // namespace
+}  // namespace fastopt::passes
