@@ -243,6 +243,7 @@ ApplyStats apply_rules(Model& model, const std::vector<Rule>& rules, const Apply
         ++changed;
         ++stats.per_rule[rule->name];
         for (Node* n : rw.created()) next.push_back(n);
+        if (node->alive()) next.push_back(node);  // edited in place: may match again
         for (Node* n : readers) next.push_back(n);
         break;  // the node is gone
       }
