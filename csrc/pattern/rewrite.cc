@@ -122,23 +122,30 @@ void replace_value(Graph& g, Value* from, Value* to) {
 }
 
 void remove_dead(Graph& g, const std::vector<Node*>& candidates) {
-  bool progress = true;
-  while (progress) {
-    progress = false;
-    for (Node* n : candidates) {
-      if (!n->alive() || n->graph() != &g) continue;
-      bool dead = true;
-      for (Value* o : n->outputs()) {
-        if (o && (!o->uses().empty() || o->is_graph_output())) {
-          dead = false;
-          break;
-        }
-      }
-      if (dead) {
-        g.remove_node(n);
-        progress = true;
+  // Worklist: removing a node can only make the producers of its inputs dead, so only those
+  // (when they are candidates) are looked at again.
+  auto is_candidate = [&](const Node* n) {
+    return std::find(candidates.begin(), candidates.end(), n) != candidates.end();
+  };
+  std::vector<Node*> work(candidates.rbegin(), candidates.rend());
+  while (!work.empty()) {
+    Node* n = work.back();
+    work.pop_back();
+    if (!n->alive() || n->graph() != &g) continue;
+    bool dead = true;
+    for (Value* o : n->outputs()) {
+      if (o && (!o->uses().empty() || o->is_graph_output())) {
+        dead = false;
+        break;
       }
     }
+    if (!dead) continue;
+    std::vector<Node*> producers;
+    for (Value* in : n->inputs()) {
+      if (in && in->producer() && is_candidate(in->producer())) producers.push_back(in->producer());
+    }
+    g.remove_node(n);
+    work.insert(work.end(), producers.begin(), producers.end());
   }
 }
 
