@@ -204,6 +204,33 @@ def _histogram(model: Any) -> dict[str, int]:
     return dict(sorted(hist.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
+def _identity_weight_nodes(model: Any) -> dict[str, int]:
+    """Mul/Div by an all-ones weight and Add/Sub of an all-zeros weight (tensors of more than
+    one element), by op. Randomly initialised exports have these (norm weights are ones, biases
+    zeros); a tool that drops them gains nodes a trained model would keep."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    neutral = {"Mul": 1.0, "Div": 1.0, "Add": 0.0, "Sub": 0.0}
+    weights = {t.name: t for t in model.graph.initializer if np.prod(t.dims) > 1}
+    # TorchScript exports reach shared weights through Identity nodes
+    for node in model.graph.node:
+        if node.op_type == "Identity" and node.input[0] in weights:
+            weights[node.output[0]] = weights[node.input[0]]
+    out: dict[str, int] = {}
+    for node in model.graph.node:
+        value = neutral.get(node.op_type)
+        if value is None or node.domain not in ("", "ai.onnx"):
+            continue
+        # Div and Sub are neutral only with the weight on the right
+        slots = node.input[1:2] if node.op_type in ("Div", "Sub") else node.input[:2]
+        for name in slots:
+            if name in weights and np.all(numpy_helper.to_array(weights[name]) == value):
+                out[node.op_type] = out.get(node.op_type, 0) + 1
+                break
+    return out
+
+
 def _fallback_inputs(src: str, dims: dict[str, int]) -> dict[str, Any]:
     """Inputs for a corpus LLM when fastopt.make_inputs is unavailable: token ids < vocab from
     meta.json, masks of ones, position ids counting up, floats (past KV) standard normal."""
@@ -301,7 +328,10 @@ def run_verify(src: str, outputs_json: str) -> dict[str, Any]:
     res: dict[str, Any] = {
         "inputs": {k: f"{v.dtype}{list(v.shape)}" for k, v in feeds.items()},
         "input_source": input_source,
-        "original": {"ops": _histogram(original)},
+        "original": {
+            "ops": _histogram(original),
+            "identity_weight_nodes": _identity_weight_nodes(original),
+        },
         "tools": {},
     }
     ref = _run_ort(src, feeds)
@@ -560,6 +590,23 @@ def render_markdown(report: dict[str, Any]) -> str:
         orig = sum(m["verify"].get("original", {}).get("ops", {}).values()) or "?"
         cells = [_cell_nodes(vt.get(t) if t in vt else m["timing"].get(t), best) for t in tools]
         lines.append(f"| {name} | {orig} | " + " | ".join(cells) + " |")
+
+    neutral = {
+        name: sum(n.values())
+        for name, m in models.items()
+        if (n := m["verify"].get("original", {}).get("identity_weight_nodes"))
+    }
+    if neutral:
+        lines.extend(
+            [
+                "",
+                "Caveat: these exports have random weights with norm weights all ones and biases "
+                "all zeros, so `Mul`/`Add` nodes by those weights are no-ops here (not in a "
+                "trained model); a tool that drops them gets up to that many nodes for free: "
+                + ", ".join(f"{k} {v}" for k, v in neutral.items())
+                + ".",
+            ]
+        )
 
     # Lifting Constant nodes into initializers shrinks the count without changing any
     # computation, so the same counts without Constant nodes tell real removal apart.
