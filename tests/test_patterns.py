@@ -286,3 +286,32 @@ def test_rule_needs_exactly_one_rewrite() -> None:
     p.root(p.op("Relu", [p.var("x")]))
     with pytest.raises(fastopt.ModelError, match="exactly one"):
         fastopt.Rule("x", p)
+
+
+def _add_model(x_shape: list, b_shape: list) -> onnx.ModelProto:
+    return _model(
+        [helper.make_node("Add", ["X", "B"], ["s"]), helper.make_node("Relu", ["s"], ["Y"])],
+        [_vi("X", x_shape), _vi("B", b_shape)], [_vi("Y", x_shape)])
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "b_shape", "fires"),
+    [
+        (["batch", 4], [4], True),        # last dims equal (numbers)
+        (["batch", "h"], ["h"], True),    # last dims equal (same symbol)
+        (["batch", 4], [3], False),       # differ
+        (["batch", "h"], ["w"], False),   # different symbols: not provably equal
+        (["batch", None], [4], False),    # unknown dim: cannot prove
+    ],
+)
+def test_symbolic_dims_bind_once_per_match(x_shape: list, b_shape: list, fires: bool) -> None:
+    p = fastopt.Pattern("bias_relu")
+    x = p.var("x").dim(-1, "H")
+    b = p.var("b").dim(0, "H").rank(1)
+    p.root(p.op("Relu", [p.op("Add", [x, b]).commutative()]))
+    rule = fastopt.Rule("bias_relu", p, replace=("Relu", ["x"]))  # what fires is what matters
+    proto = _add_model(x_shape, b_shape)
+    m = fastopt.from_onnx(proto)
+    rewrites, _, lines = fastopt.apply_rules(m, [rule], max_iterations=1, explain_rule="*")
+    assert rewrites == int(fires), lines
+    m.verify()

@@ -221,6 +221,14 @@ void bind_patterns(py::module_& m) {
              return p;
            })
       .def(
+          "dim",
+          [](PyPat& p, int axis, const std::string& symbol) {
+            p.p().dim(axis, symbol);
+            return p;
+          },
+          py::arg("axis"), py::arg("symbol"),
+          "Dim `axis` must be known and equal to every other dim bound to `symbol` in the match")
+      .def(
           "attr",
           [](PyPat& p, const std::string& name, py::object value) {
             pattern::P h = p.p();

@@ -90,6 +90,11 @@ P& P::dtype_in(std::vector<int32_t> dtypes) {
       },
       text + "}");
 }
+P& P::dim(int axis, const std::string& symbol) {
+  pattern_->node(id_).dims.push_back({axis, symbol});
+  return *this;
+}
+
 P& P::rank(int r) {
   return check([r](const Value* v) { return value_rank(v) == r; }, "rank == " + std::to_string(r));
 }
@@ -257,17 +262,60 @@ bool Matcher::used(const Node* n) const {
 }
 
 bool Matcher::bind(int pn, Value* v, Node* n) {
-  if (n) {
-    if (used(n)) return false;
-    used_nodes_.push_back(n);
+  if (n && used(n)) {
+    fail(pn, v, "the node is already part of the match");
+    return false;
   }
+  if (!bind_dims(pn, v)) return false;
+  if (n) used_nodes_.push_back(n);
   m_->values_[pn] = v;
   m_->nodes_[pn] = n;
   ++depth_;
   return true;
 }
 
+namespace {
+bool same_dim(const Dim& a, const Dim& b) {
+  if (a.value && b.value) return *a.value == *b.value;
+  if (a.param && b.param) return *a.param == *b.param;
+  return false;
+}
+}  // namespace
+
+bool Matcher::bind_dims(int pn, const Value* v) {
+  const PatternNode& node = pattern_.node(pn);
+  if (node.dims.empty()) return true;
+  const TypeInfo& t = v->type;
+  if (!t.is_tensor || !t.has_shape) {
+    fail(pn, v, "the value's shape is unknown");
+    return false;
+  }
+  const int rank = static_cast<int>(t.dims.size());
+  const size_t mark = dim_bindings_.size();
+  for (const DimConstraint& c : node.dims) {
+    int axis = c.axis < 0 ? c.axis + rank : c.axis;
+    if (axis < 0 || axis >= rank || (!t.dims[axis].value && !t.dims[axis].param)) {
+      fail(pn, v, "a constrained dim is unknown");
+      dim_bindings_.resize(mark);
+      return false;
+    }
+    const Dim& d = t.dims[axis];
+    const DimBinding* bound = nullptr;
+    for (const auto& b : dim_bindings_) {
+      if (*b.symbol == c.symbol) bound = &b;
+    }
+    if (bound && !same_dim(bound->dim, d)) {
+      fail(pn, v, "a symbolic dim differs from where it was first bound");
+      dim_bindings_.resize(mark);
+      return false;
+    }
+    if (!bound) dim_bindings_.push_back({&c.symbol, d, pn});
+  }
+  return true;
+}
+
 void Matcher::unbind(int pn) {
+  while (!dim_bindings_.empty() && dim_bindings_.back().pn == pn) dim_bindings_.pop_back();
   if (m_->nodes_[pn]) used_nodes_.pop_back();  // bindings are undone in reverse order
   m_->values_[pn] = nullptr;
   m_->nodes_[pn] = nullptr;
@@ -289,6 +337,7 @@ bool Matcher::match(Node* node, Match* out, MatchFailure* why) {
     return false;
   }
   goals_.clear();
+  dim_bindings_.clear();
   goals_.push_back({root, node->outputs()[r.output_index]});
   return solve(goals_);
 }
@@ -348,7 +397,7 @@ bool Matcher::match_one(const Goal& g, std::vector<Goal>& goals) {
   const size_t mark = goals.size();
   switch (pn.kind) {
     case PatternNode::Kind::kVar: {
-      bind(g.pn, v, nullptr);
+      if (!bind(g.pn, v, nullptr)) return false;
       if (solve(goals)) return true;
       unbind(g.pn);
       return false;
@@ -370,13 +419,13 @@ bool Matcher::match_one(const Goal& g, std::vector<Goal>& goals) {
         return false;
       }
       // A Constant node is usually shared; it is not part of the match (DCE removes it later).
-      bind(g.pn, v, nullptr);
+      if (!bind(g.pn, v, nullptr)) return false;
       if (solve(goals)) return true;
       unbind(g.pn);
       return false;
     }
     case PatternNode::Kind::kAlt: {
-      bind(g.pn, v, nullptr);
+      if (!bind(g.pn, v, nullptr)) return false;
       for (int alternative : pn.inputs) {
         goals.push_back({alternative, v});
         if (solve(goals)) return true;
@@ -387,7 +436,7 @@ bool Matcher::match_one(const Goal& g, std::vector<Goal>& goals) {
     }
     case PatternNode::Kind::kOptional: {
       const int inner = pn.inputs[0];
-      bind(g.pn, v, nullptr);
+      if (!bind(g.pn, v, nullptr)) return false;
       goals.push_back({inner, v});
       if (solve(goals)) return true;
       goals.resize(mark);
@@ -426,10 +475,7 @@ bool Matcher::match_one(const Goal& g, std::vector<Goal>& goals) {
           return false;
         }
       }
-      if (!bind(g.pn, v, n)) {
-        fail(g.pn, v, "the node is already part of the match");
-        return false;
-      }
+      if (!bind(g.pn, v, n)) return false;
       const size_t k = pn.inputs.size();
       const int orders = pn.commutative && k == 2 ? 2 : 1;
       for (int order = 0; order < orders; ++order) {

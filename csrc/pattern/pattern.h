@@ -49,6 +49,9 @@ class P {
   // Any node: a check on the value itself (dtype, rank, ...).
   P& dtype_in(std::vector<int32_t> dtypes);
   P& rank(int r);
+  // Symbolic dimension: dim `axis` (negative counts from the end) of this value must be known
+  // and equal to every other dim bound to `symbol` in the same match.
+  P& dim(int axis, const std::string& symbol);
   P& check(std::function<bool(const Value*)> check, std::string description);
 
  private:
@@ -59,6 +62,11 @@ class P {
 struct Constraint {
   std::function<bool(const Value*)> check;
   std::string description;
+};
+
+struct DimConstraint {
+  int axis;
+  std::string symbol;
 };
 
 struct AttrConstraint {
@@ -80,6 +88,7 @@ struct PatternNode {
   int output_index = 0;
   std::vector<AttrConstraint> attrs;
   std::vector<Constraint> checks;
+  std::vector<DimConstraint> dims;
   // kConst: a check on the constant's elements (decoded as doubles, at most 4096 of them).
   std::function<bool(const std::vector<double>&)> const_check;
   std::string const_description;
@@ -177,6 +186,14 @@ class Matcher {
   bool solve(std::vector<Goal>& goals);
   std::vector<Goal> goals_;       // reused across candidates
   std::vector<double> constant_;  // decoded constant, reused
+  // Symbolic dims bound so far, in binding order (undone with the pattern node that bound them).
+  struct DimBinding {
+    const std::string* symbol;
+    Dim dim;
+    int pn;
+  };
+  std::vector<DimBinding> dim_bindings_;
+  bool bind_dims(int pn, const Value* v);
   bool match_one(const Goal& g, std::vector<Goal>& goals);
   bool bind(int pn, Value* v, Node* n);
   void unbind(int pn);

@@ -374,6 +374,10 @@ class PatternNode:
         """
     def commutative(self) -> PatternNode:
         ...
+    def dim(self, axis: typing.SupportsInt | typing.SupportsIndex, symbol: str) -> PatternNode:
+        """
+        Dim `axis` must be known and equal to every other dim bound to `symbol` in the match
+        """
     def dtype_in(self, arg0: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> PatternNode:
         ...
     def extra_inputs(self) -> PatternNode:
