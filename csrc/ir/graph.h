@@ -158,6 +158,8 @@ class Node {
   // Scratch space for graph algorithms (topological order, cycle search); no meaning between
   // calls.
   mutable int64_t scratch = 0;
+  // Marks a node as queued in the rewrite driver's current round (a round number).
+  mutable uint32_t queued_round = 0;
   bool has_subgraphs() const;
   // Where input `index`'s use sits in that value's use list.
   uint32_t use_slot(int index) const { return use_slots_[index]; }
@@ -283,7 +285,8 @@ struct Model {
   std::vector<Graph*> graphs;
   // Suffix counters for unique_name, so a name taken many times is not probed from _1 again.
   std::unordered_map<std::string, uint64_t> next_suffix;
-  uint64_t next_node_id = 0;  // numbers the names of nodes made by rewrites
+  uint64_t next_node_id = 0;   // numbers the names of nodes made by rewrites
+  uint32_t rewrite_round = 0;  // numbers the rounds of every apply_rules call (Node::queued_round)
 
   // Visits every live graph: the main graph, functions, nested subgraphs (parents first).
   void for_each_graph(const std::function<void(Graph&)>& fn) const;

@@ -140,12 +140,10 @@ void remove_dead(Graph& g, const std::vector<Node*>& candidates) {
       }
     }
     if (!dead) continue;
-    std::vector<Node*> producers;
-    for (Value* in : n->inputs()) {
-      if (in && in->producer() && is_candidate(in->producer())) producers.push_back(in->producer());
+    for (Value* in : n->inputs()) {  // queued before the removal, processed after it
+      if (in && in->producer() && is_candidate(in->producer())) work.push_back(in->producer());
     }
     g.remove_node(n);
-    work.insert(work.end(), producers.begin(), producers.end());
   }
 }
 
@@ -256,12 +254,14 @@ ApplyStats apply_rules(Model& model, const std::vector<Rule>& rules, const Apply
       }
     }
     stats.rewrites += changed;
-    // Deduplicate, keeping only nodes some rule may be rooted at.
-    std::sort(next.begin(), next.end());
-    next.erase(std::unique(next.begin(), next.end()), next.end());
+    // Deduplicate (a mark per round, no sort), keeping nodes some rule may be rooted at.
+    const uint32_t round = ++model.rewrite_round;
     work.clear();
     for (Node* n : next) {
-      if (n->alive() && by_op.count(n->op_type)) work.push_back(n);
+      if (n->alive() && n->queued_round != round && by_op.count(n->op_type)) {
+        n->queued_round = round;
+        work.push_back(n);
+      }
     }
   }
   return stats;
