@@ -155,6 +155,12 @@ PRESETS: dict[str, list[str]] = {
         "eliminate_noop",  # again: a folded chain can leave a no-op Reshape or Transpose
         "eliminate_common_subexpressions",
         "eliminate_dead_nodes",
+        # Classic fusions, after cleanup. fuse_conv_bn before fuse_conv_activation, so that
+        # Conv + BatchNormalization + Relu ends as one FusedConv.
+        "fuse_conv_bn",
+        "fuse_conv_activation",
+        "fuse_matmul_add",
+        "eliminate_dead_nodes",  # weights the fusions replaced
     ],
 }
 PRESETS["llm"] = list(PRESETS["default"])

@@ -1,0 +1,199 @@
+// Conv (+ bias) followed by an inference-mode BatchNormalization, folded into the Conv.
+//
+//    x    W   [b]                           x    W'   b'
+//     \   |   /                              \   |   /
+//       Conv                                   Conv
+//        |   scale  B  mean  var      ==>        |
+//   BatchNormalization                           y
+//        |
+//        y
+//
+//   s[m] = scale[m] / sqrt(var[m] + eps)          (m = output channel, axis 0 of W)
+//   W'[m, ...] = W[m, ...] * s[m]                  b'[m] = (b[m] - mean[m]) * s[m] + B[m]
+//
+// CNN exports keep BN as its own node when the exporter does not fold (PyTorch with
+// do_constant_folding=False or in training-mode export, Caffe2/MXNet/Keras conversions). Folding
+// removes a full pass over every activation. Group convs fold the same way (W's axis 0 is still
+// the output channel); ConvTranspose does not (its output channels are on axis 1, per group).
+// New W'/b' tensors are written; the originals stay untouched (DCE drops them once unused).
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "ir/constant.h"
+#include "passes/registry.h"
+
+namespace fastopt::passes {
+namespace {
+using namespace pattern;
+
+// fp32 -> fp16, rounding to nearest even (the decoder is in ir/constant.cc).
+uint16_t float_to_half(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000;
+  const uint32_t exp = (x >> 23) & 0xff;
+  uint32_t mant = x & 0x7fffff;
+  if (exp == 0xff) return static_cast<uint16_t>(sign | 0x7c00 | (mant ? 0x200 : 0));
+  const int e = static_cast<int>(exp) - 127 + 15;
+  if (e >= 31) return static_cast<uint16_t>(sign | 0x7c00);
+  if (e <= 0) {  // subnormal half (or zero)
+    if (e < -10) return static_cast<uint16_t>(sign);
+    mant |= 0x800000;
+    const int shift = 14 - e;
+    uint32_t h = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1))) ++h;
+    return static_cast<uint16_t>(sign | h);
+  }
+  uint32_t h = sign | (static_cast<uint32_t>(e) << 10) | (mant >> 13);
+  const uint32_t rem = mant & 0x1fff;
+  if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) ++h;  // a carry into the exponent is right
+  return static_cast<uint16_t>(h);
+}
+
+// Encodes doubles as `dtype` (float, double or float16).
+std::string encode(int32_t dtype, const std::vector<double>& values) {
+  std::string out;
+  if (dtype == kFloat) {
+    out.resize(values.size() * 4);
+    for (size_t i = 0; i < values.size(); ++i) {
+      float f = static_cast<float>(values[i]);
+      std::memcpy(&out[i * 4], &f, 4);
+    }
+  } else if (dtype == kDouble) {
+    out.resize(values.size() * 8);
+    std::memcpy(out.data(), values.data(), out.size());
+  } else {
+    out.resize(values.size() * 2);
+    for (size_t i = 0; i < values.size(); ++i) {
+      uint16_t h = float_to_half(static_cast<float>(values[i]));
+      std::memcpy(&out[i * 2], &h, 2);
+    }
+  }
+  return out;
+}
+
+// A constant's elements when it is a 1-D tensor of `n` elements.
+std::optional<std::vector<double>> channel_vector(const Value* v, int64_t n) {
+  auto t = constant_tensor(v);
+  if (!t || t->dims.size() != 1 || t->dims[0] != n) return std::nullopt;
+  return tensor_doubles(*t, static_cast<uint64_t>(n));
+}
+
+// Function bodies have no initializers: new tensors go into Constant nodes there.
+Value* add_constant(Rewriter& rw, const std::string& base, std::shared_ptr<Tensor> t) {
+  const Graph* top = &rw.graph();
+  while (top->parent()) top = top->parent();
+  if (top == rw.graph().model()->graph.get()) return rw.initializer(base, std::move(t));
+  std::vector<Attribute> attrs;
+  attrs.push_back(attr_tensor("value", std::move(t)));
+  return rw.op1("Constant", {}, std::move(attrs));
+}
+
+std::vector<Rule> rules(const PassContext&) {
+  auto p = std::make_shared<Pattern>("fuse_conv_bn");
+  P x = p->var("x"), w = p->var("w");
+  P conv = p->op("Conv", {x, w}).extra_inputs();  // optional bias
+  P bn = p->op("BatchNormalization",
+               {conv, p->var("scale"), p->var("B"), p->var("mean"), p->var("var")});
+  p->root(bn);
+
+  RewriteFn rewrite = [=](const Match& m, Rewriter& rw) -> Replacement {
+    Node* bn_node = m.node(bn);
+    Node* conv_node = m.node(conv);
+    if (conv_node->graph() != &rw.graph()) return rw.fail("the producer is in an enclosing graph");
+    // Inference mode only: batch statistics would replace mean/var.
+    if (auto* a = bn_node->attribute("training_mode"); a && a->i && *a->i != 0) {
+      return rw.fail("training_mode is set");
+    }
+    const int64_t opset = default_opset(*rw.graph().model());
+    if (opset > 0 && opset < 7) {
+      auto* a = bn_node->attribute("is_test");
+      if (!a || !a->i || *a->i == 0) return rw.fail("opset < 7 without is_test=1 (training)");
+    }
+    if (auto* a = bn_node->attribute("spatial"); a && a->i && *a->i != 1) {
+      return rw.fail("spatial=0 (per-activation statistics)");
+    }
+    for (size_t i = 1; i < bn_node->outputs().size(); ++i) {
+      Value* o = bn_node->outputs()[i];
+      if (o && (!o->uses().empty() || o->is_graph_output())) {
+        return rw.fail("a statistics output of the BatchNormalization is used");
+      }
+    }
+    double eps = 1e-5;
+    if (auto* a = bn_node->attribute("epsilon"); a && a->f) eps = *a->f;
+
+    auto wt = constant_tensor(m.value(w));
+    if (!wt) return rw.fail("the Conv weight is not a constant");
+    const int32_t dtype = wt->dtype();
+    if (dtype != kFloat && dtype != kDouble && dtype != kFloat16) {
+      return rw.fail("weight dtype " + dtype_name(dtype) + " is not handled");
+    }
+    if (wt->dims.size() < 3 || wt->dims[0] <= 0) return rw.fail("the weight is not [M, C/g, k...]");
+    const int64_t channels = wt->dims[0];
+
+    std::vector<double> bias(static_cast<size_t>(channels), 0.0);
+    Value* conv_bias = conv_node->inputs().size() > 2 ? conv_node->inputs()[2] : nullptr;
+    if (conv_bias) {
+      auto bt = constant_tensor(conv_bias);
+      if (!bt || bt->dtype() != dtype)
+        return rw.fail("the Conv bias is not a constant of W's dtype");
+      auto b = channel_vector(conv_bias, channels);
+      if (!b) return rw.fail("the Conv bias is not [M]");
+      bias = *b;
+    }
+    auto scale = channel_vector(m.value("scale"), channels);
+    auto shift = channel_vector(m.value("B"), channels);
+    auto mean = channel_vector(m.value("mean"), channels);
+    auto var = channel_vector(m.value("var"), channels);
+    if (!scale || !shift || !mean || !var) {
+      return rw.fail("scale, B, mean and var must be constants of shape [M]");
+    }
+
+    std::vector<double> new_bias(bias.size());
+    std::vector<double> factor(bias.size());
+    for (size_t c = 0; c < bias.size(); ++c) {
+      const double denom = (*var)[c] + eps;
+      if (!(denom > 0)) return rw.fail("var + epsilon is not positive");
+      factor[c] = (*scale)[c] / std::sqrt(denom);
+      new_bias[c] = (bias[c] - (*mean)[c]) * factor[c] + (*shift)[c];
+    }
+    // The weight is decoded last: every cheaper check has passed.
+    auto weights = tensor_doubles(*wt, wt->numel());
+    if (!weights) return rw.fail("the weight cannot be decoded");
+    const size_t per_channel = weights->size() / static_cast<size_t>(channels);
+    for (size_t i = 0; i < weights->size(); ++i) (*weights)[i] *= factor[i / per_channel];
+    // Folding must not overflow what the original computed in range (fp16 tops out at 65504).
+    double limit = std::numeric_limits<double>::max();
+    if (dtype == kFloat) limit = std::numeric_limits<float>::max();
+    if (dtype == kFloat16) limit = 65504.0;
+    auto in_range = [limit](const std::vector<double>& v) {
+      for (double d : v) {
+        if (!(std::fabs(d) <= limit)) return false;
+      }
+      return true;
+    };
+    if (!in_range(*weights) || !in_range(new_bias)) {
+      return rw.fail("a folded value overflows " + dtype_name(dtype));
+    }
+
+    Value* w_new = add_constant(rw, m.value(w)->name() + "_bn",
+                                make_tensor(dtype, wt->dims, encode(dtype, *weights)));
+    const std::string bias_base = conv_bias ? conv_bias->name() : m.value(w)->name() + "_bias";
+    Value* b_new = add_constant(rw, bias_base + "_bn",
+                                make_tensor(dtype, {channels}, encode(dtype, new_bias)));
+    std::vector<Attribute> attrs;
+    for (const Attribute& a : conv_node->attributes) attrs.push_back(copy_attribute(a));
+    Value* y = rw.op1("Conv", {m.value(x), w_new, b_new}, std::move(attrs));
+    return std::vector<Value*>{y};
+  };
+  return {{"fuse_conv_bn", p, rewrite}};
+}
+
+const PassRegistrar kRegister{rule_pass(
+    "fuse_conv_bn", "fold inference BatchNormalization after Conv into the Conv's weights and bias",
+    {"fusion"}, rules)};
+
+}  // namespace
+}  // namespace fastopt::passes
