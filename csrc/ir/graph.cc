@@ -143,11 +143,20 @@ Graph::Graph(Model* model, Graph* parent) : model_(model), parent_(parent) {
   if (model_) model_->graphs.push_back(this);
 }
 
+namespace {
+const Graph* top_of(const Graph* g) {
+  while (g->parent()) g = g->parent();
+  return g;
+}
+}  // namespace
+
 std::string Graph::unique_name(const std::string& base) const {
-  // Names must be unique across the whole model, enclosing and nested graphs included.
+  // Names are unique within one namespace: the main graph with its nested subgraphs, or one
+  // function body with its subgraphs (functions have scopes of their own).
+  const Graph* top = top_of(this);
   auto taken = [&](const std::string& name) {
     for (const Graph* g : model_->graphs) {
-      if (g->scope_.count(name)) return true;
+      if (g->scope_.count(name) && top_of(g) == top) return true;
     }
     return false;
   };

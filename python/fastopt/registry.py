@@ -143,8 +143,7 @@ def get_pass(name: str) -> PassSpec:
     raise KeyError(f"no pass named '{name}' (known: {known})")
 
 
-# Presets: ordered pass lists. Names that are not registered (yet) are skipped with a note in
-# the report, so a preset can name passes that arrive with later work.
+# Presets: ordered pass lists (data, not code). Every name must be a registered pass.
 PRESETS: dict[str, list[str]] = {
     "default": [
         "eliminate_identity",
