@@ -6,6 +6,7 @@
 #include <pybind11/typing.h>
 
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -13,6 +14,8 @@
 #include "ir/constant.h"
 #include "ir/error.h"
 #include "ir/graph.h"
+#include "ir/types.h"
+#include "passes/fold_constants.h"
 #include "passes/registry.h"
 #include "proto/onnx_reader.h"
 #include "proto/onnx_writer.h"
@@ -204,6 +207,47 @@ PYBIND11_MODULE(_C, m) {
           "Points every use of this value (and graph outputs) at `other`")
       .def("rename", [](const PyValue& v,
                         const std::string& name) { v.value->graph()->rename(v.value, name); })
+      .def_property_readonly(
+          "constant",
+          [](const PyValue& v) -> py::typing::Optional<PyTensor> {
+            auto t = constant_tensor(v.value);
+            if (!t) return py::none();
+            return py::cast(PyTensor{v.model, std::const_pointer_cast<Tensor>(t)});
+          },
+          "The value's tensor when it is fixed (an initializer that is not a graph input, or a "
+          "Constant node's output), else None")
+      .def(
+          "replace_with_constant",
+          [](const PyValue& v, int32_t dtype, const std::vector<int64_t>& shape,
+             const py::buffer& data) {
+            py::buffer_info info = data.request();
+            py::ssize_t expected_stride = info.itemsize;
+            for (size_t i = info.ndim; i-- > 0;) {
+              if (info.shape[i] > 1 && info.strides[i] != expected_stride) {
+                throw ModelError("replace_with_constant: data must be C-contiguous");
+              }
+              expected_stride *= info.shape[i];
+            }
+            std::string bytes(static_cast<const char*>(info.ptr),
+                              static_cast<size_t>(info.size * info.itemsize));
+            auto t = make_tensor(dtype, shape, std::move(bytes));
+            Graph& g = *v.value->graph();
+            Node* producer = v.value->producer();
+            Value* c = passes::replace_with_constant(g, v.value, std::move(t));
+            if (producer && producer->alive()) {
+              bool dead = true;
+              for (Value* o : producer->outputs()) {
+                dead = dead && (!o || (o->uses().empty() && !o->is_graph_output()));
+              }
+              if (dead) producer->graph()->remove_node(producer);
+            }
+            return PyValue{v.model, c};
+          },
+          py::arg("dtype"), py::arg("shape"), py::arg("data"),
+          "Puts a constant (ONNX element type, shape, little-endian bytes) in place of this value "
+          "everywhere: a new initializer, or a Constant node in function bodies and for graph "
+          "outputs (which keep their name). Removes the producer once none of its outputs is "
+          "used. Returns the constant's value.")
       .def("__eq__",
            [](const PyValue& a, const py::object& b) {
              return py::isinstance<PyValue>(b) && b.cast<const PyValue&>().value == a.value;
@@ -430,6 +474,35 @@ PYBIND11_MODULE(_C, m) {
       .def("self_contained_size", &self_contained_size, py::call_guard<py::gil_scoped_release>(),
            "Bytes of the model serialized with all data inline")
       .def(
+          "skeleton",
+          [](Model& mm, uint64_t threshold_bytes) {
+            std::string s;
+            {
+              py::gil_scoped_release release;
+              s = serialize_skeleton(mm, threshold_bytes);
+            }
+            return py::bytes(s);
+          },
+          py::arg("threshold_bytes") = 1024,
+          R"doc(The model as ModelProto bytes with every tensor payload of at least threshold_bytes
+replaced by an external-data placeholder (location '*fastopt-skeleton*', offset = an index into
+a table this Model keeps). Small whatever the weights weigh: hand it to tools that edit
+ModelProtos (onnx shape inference, version conversion), then bind the result back with
+fastopt._C.load_skeleton(bytes, model) or apply its types with Model.apply_types.)doc")
+      .def(
+          "apply_types",
+          [](ModelPtr& mm, py::bytes data) {
+            std::string s = data;
+            py::gil_scoped_release release;
+            auto inferred = read_skeleton(std::make_shared<OwnedBuffer>(std::move(s)), *mm);
+            return apply_types(*mm, *inferred);
+          },
+          py::arg("skeleton_bytes"),
+          "Applies the value types of an edited skeleton of this model (e.g. after onnx shape "
+          "inference): values are matched by name per graph; a type is set where missing and "
+          "refined where the other is more specific; graph inputs keep theirs. Values whose type "
+          "changed get value_info entries. Returns how many changed.")
+      .def(
           "serialize",
           [](const Model& mm) {
             std::string s;
@@ -505,6 +578,18 @@ several files.)doc");
             read_model_from_buffer(std::make_shared<OwnedBuffer>(std::move(s)), base_dir));
       },
       py::arg("data"), py::arg("base_dir") = "", "Reads a serialized ModelProto held in memory");
+  m.def(
+      "load_skeleton",
+      [](py::bytes data, const ModelPtr& original) {
+        std::string s = data;
+        py::gil_scoped_release release;
+        return std::shared_ptr<Model>(
+            read_skeleton(std::make_shared<OwnedBuffer>(std::move(s)), *original));
+      },
+      py::arg("data"), py::arg("original"),
+      "Reads a skeleton of `original` (Model.skeleton bytes, possibly edited by onnx tools): "
+      "placeholders take the original's tensor bytes as views (no copy); the new Model keeps "
+      "the original's buffers alive");
   m.def("dtype_name", &dtype_name);
   m.def(
       "make_tensor",
@@ -512,6 +597,42 @@ several files.)doc");
         return PyTensor{nullptr, make_tensor(dtype, std::move(dims), std::string(data))};
       },
       py::arg("dtype"), py::arg("dims"), py::arg("data"), "A new tensor owning a copy of `data`");
+  m.def("native_fold_ops", &passes::native_fold_ops,
+        "Op types fold_constants evaluates natively (others go to fold_constants_ort)");
+  m.def(
+      "native_fold_unsupported",
+      [](const PyNode& n, uint64_t max_bytes, uint64_t max_expand_bytes) {
+        Node* node = live(n);
+        passes::FoldLimits limits;
+        limits.max_bytes = max_bytes;
+        limits.max_expand_bytes = max_expand_bytes;
+        bool unsupported = false;
+        passes::evaluate_node(*node, passes::graph_opset(*n.model, *node->graph()), limits,
+                              &unsupported);
+        return unsupported;
+      },
+      py::arg("node"), py::arg("max_bytes"), py::arg("max_expand_bytes"),
+      "True when fold_constants declines this node (inputs constant, outputs within the limits) "
+      "only for lack of a native implementation for its types: ONNX Runtime may fold it");
+  m.def(
+      "constant_nodes_model",
+      [](const std::vector<PyNode>& nodes, const std::optional<std::vector<PyValue>>& outputs) {
+        std::vector<Node*> ns;
+        ModelPtr model;
+        for (const PyNode& n : nodes) {
+          ns.push_back(live(n));
+          model = n.model;
+        }
+        if (ns.empty()) throw ModelError("constant_nodes_model: no nodes");
+        std::vector<Value*> outs;
+        for (const PyValue& v : outputs.value_or(std::vector<PyValue>{})) outs.push_back(v.value);
+        std::string s = passes::constant_nodes_model(*model, ns, outs);
+        return py::bytes(s);
+      },
+      py::arg("nodes"), py::arg("outputs") = py::none(),
+      "A serialized model computing `nodes` (one graph, topological order, inputs constant or "
+      "computed by earlier nodes of the list); its graph outputs are `outputs` (default: every "
+      "output of the nodes)");
 
   py::class_<passes::PassInfo>(m, "PassInfo", "A pass implemented in C++")
       .def_readonly("name", &passes::PassInfo::name)
@@ -538,13 +659,14 @@ several files.)doc");
   m.def(
       "run_pass",
       [](Model& model, const std::string& name, const std::string& target, int max_iterations,
-         const std::string& explain_rule) {
+         const std::string& explain_rule, const std::map<std::string, int64_t>& options) {
         const passes::PassInfo* info = passes::find_pass(name);
         if (!info) throw ModelError("no C++ pass named '" + name + "'");
         passes::PassContext ctx;
         ctx.target = target;
         ctx.max_iterations = max_iterations;
         ctx.explain_rule = explain_rule;
+        ctx.options = options;
         int64_t rewrites;
         {
           py::gil_scoped_release release;
@@ -553,5 +675,6 @@ several files.)doc");
         return std::make_pair(rewrites, std::move(ctx));
       },
       py::arg("model"), py::arg("name"), py::arg("target") = "ort", py::arg("max_iterations") = 10,
-      py::arg("explain_rule") = "", "Runs a C++ pass; returns (rewrites, result)");
+      py::arg("explain_rule") = "", py::arg("options") = std::map<std::string, int64_t>{},
+      "Runs a C++ pass; returns (rewrites, result)");
 }

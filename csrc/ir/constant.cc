@@ -6,8 +6,6 @@
 
 namespace fastopt {
 
-namespace {
-
 float half_to_float(uint16_t h) {
   uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
   uint32_t exp = (h >> 10) & 0x1f;
@@ -34,6 +32,8 @@ float half_to_float(uint16_t h) {
   std::memcpy(&f, &bits, 4);
   return f;
 }
+
+namespace {
 
 template <typename T>
 T load(const uint8_t* p) {

@@ -36,6 +36,9 @@ bool decode_doubles(const Tensor& t, uint64_t max_elements, std::vector<double>&
 std::optional<std::vector<double>> tensor_doubles(const Tensor& t, uint64_t max_elements);
 std::optional<std::vector<int64_t>> tensor_ints(const Tensor& t, uint64_t max_elements);
 
+// IEEE half-precision bits -> float (exact).
+float half_to_float(uint16_t h);
+
 // Builds a tensor owning `bytes` (little-endian elements).
 std::shared_ptr<Tensor> make_tensor(int32_t dtype, std::vector<int64_t> dims, std::string bytes);
 std::shared_ptr<Tensor> make_int64_tensor(const std::vector<int64_t>& values,

@@ -288,6 +288,11 @@ struct Model {
   uint64_t next_node_id = 0;   // numbers the names of nodes made by rewrites
   uint32_t rewrite_round = 0;  // numbers the rounds of every apply_rules call (Node::queued_round)
 
+  // Tensors that skeletons (serialize_skeleton) stand in for with placeholders, by placeholder
+  // index. Append-only, so every skeleton made from this model stays valid while it lives.
+  std::vector<std::shared_ptr<const Tensor>> skeleton_tensors;
+  std::unordered_map<const Tensor*, uint64_t> skeleton_index;
+
   // Visits every live graph: the main graph, functions, nested subgraphs (parents first).
   void for_each_graph(const std::function<void(Graph&)>& fn) const;
   std::map<std::string, int64_t> op_counts() const;

@@ -21,6 +21,7 @@ struct PassContext {
   std::string explain_rule;  // rule name, "*" for all, "" for none
   std::vector<std::string> explain_lines;
   std::map<std::string, int64_t> counters;  // per rule or per kind of rewrite
+  std::map<std::string, int64_t> options;   // numeric options from the caller, by name
 };
 
 struct PassInfo {

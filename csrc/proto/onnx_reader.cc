@@ -11,6 +11,7 @@
 #include "ir/constant.h"
 #include "ir/error.h"
 #include "proto/onnx_fields.h"
+#include "proto/onnx_writer.h"
 #include "proto/wire.h"
 
 namespace fastopt {
@@ -121,6 +122,7 @@ struct ModelReader {
   std::string base_dir;       // as given
   std::string base_dir_real;  // resolved, for containment checks
   Model* model = nullptr;
+  const Model* skeleton_of = nullptr;  // reading a skeleton of this model
 
   struct PendingGraph {
     Attribute* attr;
@@ -349,6 +351,10 @@ struct ModelReader {
       throw ModelError(who + " has data but an unsupported data type " + std::to_string(dt));
     }
 
+    if (external && skeleton_of) {
+      bind_placeholder(ts, ext_entries);
+      return;
+    }
     if (external) {
       if (ts.has_raw_field) throw ModelError(who + " has both raw_data and external data");
       if (dt == kString) throw ModelError(who + " is a string tensor with external data");
@@ -390,6 +396,44 @@ struct ModelReader {
     if (numel > 0 && (bits > 0 || dt == kString)) {
       throw ModelError(who + " has shape " + shape_text(ts.dims) + " but no data");
     }
+  }
+
+  // A skeleton placeholder takes the payload (storage fields) of the original model's tensor:
+  // views, never copies. Its name, shape and type are the skeleton's and must still fit.
+  void bind_placeholder(Tensor& ts,
+                        const std::vector<std::pair<std::string, std::string>>& entries) {
+    const std::string who = "skeleton tensor '" + ts.name.value + "'";
+    std::string location, offset;
+    for (const auto& kv : entries) {
+      if (kv.first == "location") location = kv.second;
+      if (kv.first == "offset") offset = kv.second;
+    }
+    if (location != kSkeletonLocation) {
+      throw ModelError(who + " references external data '" + location +
+                       "'; a skeleton holds only placeholders");
+    }
+    const auto& table = skeleton_of->skeleton_tensors;
+    uint64_t index = UINT64_MAX;
+    if (!offset.empty() && offset.size() < 20 &&
+        offset.find_first_not_of("0123456789") == std::string::npos) {
+      index = std::stoull(offset);
+    }
+    if (index >= table.size()) {
+      throw ModelError(who + " has placeholder index '" + offset + "', not one of the " +
+                       std::to_string(table.size()) + " tensors of the original model's skeletons");
+    }
+    const Tensor& original = *table[index];
+    if (original.dims != ts.dims || original.dtype() != ts.dtype()) {
+      throw ModelError(who + " is " + dtype_name(ts.dtype()) + shape_text(ts.dims) +
+                       " but the original tensor '" + original.name.value + "' is " +
+                       dtype_name(original.dtype()) + shape_text(original.dims));
+    }
+    ts.storage = original.storage;
+    ts.raw = original.raw;
+    ts.has_raw_field = original.has_raw_field;
+    ts.external = original.external;
+    ts.data_location = original.data_location;
+    ts.typed = original.typed;
   }
 
   ExternalLocation resolve_external(const Tensor& ts,
@@ -968,6 +1012,17 @@ std::unique_ptr<Model> read_model_from_buffer(std::shared_ptr<const Buffer> buff
     }
   }
   return reader.read();
+}
+
+std::unique_ptr<Model> read_skeleton(std::shared_ptr<const Buffer> buffer, const Model& original) {
+  ModelReader reader;
+  reader.source = std::move(buffer);
+  reader.skeleton_of = &original;
+  auto m = reader.read();
+  m->path = original.path;
+  m->base_dir = original.base_dir;
+  m->external_files = original.external_files;
+  return m;
 }
 
 std::unique_ptr<Model> read_model_file(const std::string& path) {

@@ -17,4 +17,10 @@ std::unique_ptr<Model> read_model_file(const std::string& path);
 std::unique_ptr<Model> read_model_from_buffer(std::shared_ptr<const Buffer> buffer,
                                               const std::string& base_dir);
 
+// Reads a skeleton of `original` (serialize_skeleton's bytes, possibly edited by another tool
+// since): every placeholder takes the payload of the original's tensor it stands for, as views
+// of the same bytes (no copy), so the new model keeps the original's buffers alive. The new
+// model has the original's path, folder and external data files.
+std::unique_ptr<Model> read_skeleton(std::shared_ptr<const Buffer> buffer, const Model& original);
+
 }  // namespace fastopt

@@ -178,6 +178,10 @@ class ModelWriter {
  public:
   ModelWriter(const Model& m, DataFiles* data, uint64_t threshold)
       : model_(m), data_(data), threshold_(threshold) {}
+  // Skeleton mode: payloads of `threshold` bytes or more become placeholders recorded in the
+  // table of `table_owner` (the model being written).
+  ModelWriter(Model& table_owner, uint64_t threshold)
+      : model_(table_owner), skeleton_(&table_owner), threshold_(threshold) {}
 
   wire::Writer model() {
     namespace f = field::model;
@@ -252,12 +256,30 @@ class ModelWriter {
     return w;
   }
 
-  wire::Writer tensor(const Tensor& t) {
+  // Index of `t` in the skeleton table (added on first use).
+  uint64_t skeleton_slot(const std::shared_ptr<Tensor>& t) {
+    auto [it, added] =
+        skeleton_->skeleton_index.emplace(t.get(), skeleton_->skeleton_tensors.size());
+    if (added) skeleton_->skeleton_tensors.push_back(t);
+    return it->second;
+  }
+
+  wire::Writer tensor(const std::shared_ptr<Tensor>& tp) {
     namespace ft = field::tensor;
+    const Tensor& t = *tp;
     wire::Writer w;
     w.packed_ints(ft::kDims, t.dims);
     if (t.data_type) w.int_field(ft::kDataType, *t.data_type);
     if (t.name.written()) w.string_field(ft::kName, t.name.value);
+    if (skeleton_ && t.dtype() != kString && t.nbytes() >= threshold_ &&
+        t.storage != Tensor::Storage::kNone) {
+      w.message(ft::kExternalData, entry("location", kSkeletonLocation));
+      w.message(ft::kExternalData, entry("offset", std::to_string(skeleton_slot(tp))));
+      w.message(ft::kExternalData, entry("length", std::to_string(t.nbytes())));
+      w.int_field(ft::kDataLocation, ft::kLocationExternal);
+      w.raw_fields(t.extras);
+      return w;
+    }
     std::optional<int32_t> location = t.data_location;
     const bool has_bytes =
         t.storage == Tensor::Storage::kRaw || t.storage == Tensor::Storage::kExternal;
@@ -296,8 +318,8 @@ class ModelWriter {
 
   wire::Writer sparse(const SparseTensor& s) {
     wire::Writer w;
-    if (s.values) w.message(field::sparse::kValues, tensor(*s.values));
-    if (s.indices) w.message(field::sparse::kIndices, tensor(*s.indices));
+    if (s.values) w.message(field::sparse::kValues, tensor(s.values));
+    if (s.indices) w.message(field::sparse::kIndices, tensor(s.indices));
     w.packed_ints(field::sparse::kDims, s.dims);
     w.raw_fields(s.extras);
     return w;
@@ -310,12 +332,12 @@ class ModelWriter {
     if (a.f) w.float_field(fa::kF, *a.f);
     if (a.i) w.int_field(fa::kI, *a.i);
     if (a.s) w.string_field(fa::kS, *a.s);
-    if (a.t) w.message(fa::kT, tensor(*a.t));
+    if (a.t) w.message(fa::kT, tensor(a.t));
     if (a.g) w.message(fa::kG, graph(*a.g));
     w.packed_floats(fa::kFloats, a.floats);
     w.packed_ints(fa::kInts, a.ints);
     for (const auto& s : a.strings) w.string_field(fa::kStrings, s);
-    for (const auto& t : a.tensors) w.message(fa::kTensors, tensor(*t));
+    for (const auto& t : a.tensors) w.message(fa::kTensors, tensor(t));
     for (const auto& g : a.graphs) w.message(fa::kGraphs, graph(*g));
     if (a.type) w.int_field(fa::kType, *a.type);
     if (a.ref_attr_name.written()) w.string_field(fa::kRefAttrName, a.ref_attr_name.value);
@@ -348,7 +370,7 @@ class ModelWriter {
     wire::Writer w;
     for (Node* n = g.first(); n; n = n->next()) w.message(fg::kNode, node(*n));
     if (g.name.written()) w.string_field(fg::kName, g.name.value);
-    for (Value* v : g.initializer_order) w.message(fg::kInitializer, tensor(*v->initializer()));
+    for (Value* v : g.initializer_order) w.message(fg::kInitializer, tensor(v->initializer()));
     w.raw_fields(g.extras);
     for (const auto& e : g.input_entries) w.message(fg::kInput, value_info(e));
     for (const auto& e : g.output_entries) w.message(fg::kOutput, value_info(e));
@@ -382,7 +404,8 @@ class ModelWriter {
   }
 
   const Model& model_;
-  DataFiles* data_;
+  DataFiles* data_ = nullptr;
+  Model* skeleton_ = nullptr;
   uint64_t threshold_;
 };
 
@@ -397,9 +420,8 @@ uint64_t self_contained_size(const Model& model) {
   return ModelWriter(model, nullptr, 0).model().size();
 }
 
-std::string serialize_model(const Model& model) {
-  wire::Writer w = ModelWriter(model, nullptr, 0).model();
-  if (w.size() > kProtobufLimit) throw ModelError(too_big(w.size()));
+namespace {
+std::string flatten(const wire::Writer& w) {
   std::string out;
   out.reserve(w.size());
   for (const auto& piece : w.pieces()) {
@@ -409,6 +431,22 @@ std::string serialize_model(const Model& model) {
       out.append(piece.bytes);
   }
   return out;
+}
+}  // namespace
+
+std::string serialize_model(const Model& model) {
+  wire::Writer w = ModelWriter(model, nullptr, 0).model();
+  if (w.size() > kProtobufLimit) throw ModelError(too_big(w.size()));
+  return flatten(w);
+}
+
+std::string serialize_skeleton(Model& model, uint64_t threshold) {
+  wire::Writer w = ModelWriter(model, threshold).model();
+  if (w.size() > kProtobufLimit) {
+    throw ModelError("the model's skeleton is " + std::to_string(w.size()) +
+                     " bytes, over protobuf's 2 GB limit; use a lower threshold");
+  }
+  return flatten(w);
 }
 
 void write_model_file(const Model& model, const std::string& path, const SaveOptions& options) {

@@ -28,4 +28,15 @@ std::string serialize_model(const Model& model);
 // Bytes a self-contained serialization would take.
 uint64_t self_contained_size(const Model& model);
 
+// The external-data location of skeleton placeholders. A skeleton's only external data are
+// placeholders, so the marker cannot clash with a real file.
+inline constexpr const char* kSkeletonLocation = "*fastopt-skeleton*";
+
+// Serializes the model with every tensor payload of at least `threshold` bytes replaced by a
+// placeholder: data_location EXTERNAL, location kSkeletonLocation, offset = index into
+// model.skeleton_tensors (recorded here), length = the payload's size. The result is the
+// model's structure, small whatever its weights weigh, for tools that edit ModelProtos (onnx
+// shape inference, version conversion); read_skeleton binds the placeholders back.
+std::string serialize_skeleton(Model& model, uint64_t threshold);
+
 }  // namespace fastopt

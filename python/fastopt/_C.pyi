@@ -4,7 +4,8 @@ fastopt C++ core: ONNX wire-format reader/writer and graph IR
 from __future__ import annotations
 import collections.abc
 import typing
-__all__: list[str] = ['Bytes', 'Function', 'Graph', 'Match', 'Model', 'ModelError', 'Node', 'PassInfo', 'PassResult', 'Pattern', 'PatternNode', 'Rewriter', 'Rule', 'Tensor', 'Value', 'apply_rules', 'cpp_passes', 'dtype_name', 'load', 'load_bytes', 'make_tensor', 'run_pass']
+import typing_extensions
+__all__: list[str] = ['Bytes', 'Function', 'Graph', 'Match', 'Model', 'ModelError', 'Node', 'PassInfo', 'PassResult', 'Pattern', 'PatternNode', 'Rewriter', 'Rule', 'Tensor', 'Value', 'apply_rules', 'constant_nodes_model', 'cpp_passes', 'dtype_name', 'load', 'load_bytes', 'load_skeleton', 'make_tensor', 'native_fold_ops', 'native_fold_unsupported', 'run_pass']
 class ModelError(Exception):
     pass
 class Tensor:
@@ -63,6 +64,15 @@ class Value:
     def replace_all_uses_with(self, arg0: Value) -> None:
         """
         Points every use of this value (and graph outputs) at `other`
+        """
+    def replace_with_constant(self, dtype: typing.SupportsInt | typing.SupportsIndex, shape: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], data: typing_extensions.Buffer) -> Value:
+        """
+        Puts a constant (ONNX element type, shape, little-endian bytes) in place of this value everywhere: a new initializer, or a Constant node in function bodies and for graph outputs (which keep their name). Removes the producer once none of its outputs is used. Returns the constant's value.
+        """
+    @property
+    def constant(self) -> Tensor | None:
+        """
+        The value's tensor when it is fixed (an initializer that is not a graph input, or a Constant node's output), else None
         """
     @property
     def dtype(self) -> int:
@@ -213,6 +223,10 @@ class Model:
     """
     An ONNX model; weights stay in their files
     """
+    def apply_types(self, skeleton_bytes: bytes) -> int:
+        """
+        Applies the value types of an edited skeleton of this model (e.g. after onnx shape inference): values are matched by name per graph; a type is set where missing and refined where the other is more specific; graph inputs keep theirs. Values whose type changed get value_info entries. Returns how many changed.
+        """
     def external_data_files(self) -> list[str]:
         ...
     def num_parameters(self) -> int:
@@ -245,6 +259,14 @@ class Model:
     def serialize(self) -> bytes:
         """
         The model as ModelProto bytes, all data inline (under 2 GB only)
+        """
+    def skeleton(self, threshold_bytes: typing.SupportsInt | typing.SupportsIndex = 1024) -> bytes:
+        """
+        The model as ModelProto bytes with every tensor payload of at least threshold_bytes
+        replaced by an external-data placeholder (location '*fastopt-skeleton*', offset = an index into
+        a table this Model keeps). Small whatever the weights weigh: hand it to tools that edit
+        ModelProtos (onnx shape inference, version conversion), then bind the result back with
+        fastopt._C.load_skeleton(bytes, model) or apply its types with Model.apply_types.
         """
     def to_onnx(self) -> typing.Any:
         """
@@ -444,6 +466,10 @@ def apply_rules(model: Model, rules: collections.abc.Sequence[Rule], max_iterati
     """
     Applies rules to a fixed point; returns (rewrites, per-rule counts, explanation lines)
     """
+def constant_nodes_model(nodes: collections.abc.Sequence[Node], outputs: collections.abc.Sequence[Value] | None = None) -> bytes:
+    """
+    A serialized model computing `nodes` (one graph, topological order, inputs constant or computed by earlier nodes of the list); its graph outputs are `outputs` (default: every output of the nodes)
+    """
 def cpp_passes() -> list[PassInfo]:
     """
     The passes implemented in C++, in registration order
@@ -458,11 +484,23 @@ def load_bytes(data: bytes, base_dir: str = '') -> Model:
     """
     Reads a serialized ModelProto held in memory
     """
+def load_skeleton(data: bytes, original: Model) -> Model:
+    """
+    Reads a skeleton of `original` (Model.skeleton bytes, possibly edited by onnx tools): placeholders take the original's tensor bytes as views (no copy); the new Model keeps the original's buffers alive
+    """
 def make_tensor(dtype: typing.SupportsInt | typing.SupportsIndex, dims: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], data: bytes) -> Tensor:
     """
     A new tensor owning a copy of `data`
     """
-def run_pass(model: Model, name: str, target: str = 'ort', max_iterations: typing.SupportsInt | typing.SupportsIndex = 10, explain_rule: str = '') -> tuple[int, PassResult]:
+def native_fold_ops() -> list[str]:
+    """
+    Op types fold_constants evaluates natively (others go to fold_constants_ort)
+    """
+def native_fold_unsupported(node: Node, max_bytes: typing.SupportsInt | typing.SupportsIndex, max_expand_bytes: typing.SupportsInt | typing.SupportsIndex) -> bool:
+    """
+    True when fold_constants declines this node (inputs constant, outputs within the limits) only for lack of a native implementation for its types: ONNX Runtime may fold it
+    """
+def run_pass(model: Model, name: str, target: str = 'ort', max_iterations: typing.SupportsInt | typing.SupportsIndex = 10, explain_rule: str = '', options: collections.abc.Mapping[str, typing.SupportsInt | typing.SupportsIndex] = {}) -> tuple[int, PassResult]:
     """
     Runs a C++ pass; returns (rewrites, result)
     """

@@ -6,6 +6,7 @@ multi-GB export costs megabytes of RAM to load, inspect and save.
 
 from __future__ import annotations
 
+from fastopt import passes as _passes  # noqa: F401  (registers the Python passes)
 from fastopt._C import (
     Function,
     Graph,
@@ -34,6 +35,7 @@ from fastopt.registry import (
     register_rules,
     unregister_pass,
 )
+from fastopt.shapes import infer_shapes
 from fastopt.verify import VerifyError, VerifyReport, make_inputs, verify
 
 __version__ = "0.1.0"
@@ -66,6 +68,7 @@ __all__ = [
     "check",
     "from_onnx",
     "get_pass",
+    "infer_shapes",
     "load",
     "load_bytes",
     "make_inputs",

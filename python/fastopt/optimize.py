@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Union
 
@@ -75,6 +75,7 @@ def optimize(
     explain: str | None = None,
     max_iterations: int = 10,
     progress: ProgressFn | None = None,
+    options: Mapping[str, object] | None = None,
 ) -> OptimizeReport:
     """Optimizes a model and reports, per pass, the rewrites made and the time taken.
 
@@ -82,7 +83,8 @@ def optimize(
     place). ``passes`` overrides the preset. ``target`` is "ort" (ONNX Runtime, contrib ops
     allowed) or "onnx" (standard ops only). ``output`` saves the result (atomically; external
     data as in ``Model.save``). ``explain`` names a rule ("*" for all) whose non-matches are
-    explained in ``report.explain``.
+    explained in ``report.explain``. ``options`` are settings for the passes (``ctx.options``),
+    e.g. ``{"opset": 18}`` for convert_version or ``{"fold_max_bytes": 1 << 16}``.
     """
     if target not in ("ort", "onnx"):
         raise ValueError(f"target must be 'ort' or 'onnx', not {target!r}")
@@ -91,7 +93,11 @@ def optimize(
     names = list(passes) if passes is not None else _preset_passes(preset)
     ops_before = model.op_counts()
     ctx = PassContext(
-        model=model, target=target, max_iterations=max_iterations, explain_rule=explain or ""
+        model=model,
+        target=target,
+        max_iterations=max_iterations,
+        explain_rule=explain or "",
+        options=dict(options or {}),
     )
     reports: list[PassReport] = []
     for i, name in enumerate(names):

@@ -8,6 +8,11 @@ conversion, sets ``ctx.model``). Register one with the decorator::
     def my_pass(ctx: fastopt.PassContext) -> int:
         ...
 
+A pass tagged ``"needs_shapes"`` gets value types first: unless the model's types are fresh
+(``infer_shapes`` ran, and no pass changed the graph since), ``fastopt.shapes.infer_shapes`` runs
+before it. Passes read their settings from ``ctx.options`` (``fastopt.optimize(options=...)``);
+C++ passes see the integer ones.
+
 Presets are data: ordered lists of pass names.
 """
 
@@ -32,6 +37,10 @@ class PassContext:
     explain_rule: str = ""  # rule name, "*" for all, "" for none
     explain_lines: list[str] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
+    # Settings for passes, by name, e.g. {"opset": 18} for convert_version.
+    options: dict[str, object] = field(default_factory=dict)
+    # True while the model's value types are those of a shape inference run on its current graph.
+    shapes_inferred: bool = False
 
 
 PassFunction = Callable[[PassContext], int]
@@ -52,10 +61,22 @@ class PassSpec:
         return opset >= self.min_opset and (self.max_opset is None or opset <= self.max_opset)
 
     def run(self, ctx: PassContext) -> int:
+        if "needs_shapes" in self.tags and not ctx.shapes_inferred:
+            from fastopt.shapes import infer_shapes
+
+            infer_shapes(ctx.model)
+            ctx.shapes_inferred = True
+        rewrites = self._run(ctx)
+        if rewrites and "analysis" not in self.tags:
+            ctx.shapes_inferred = False
+        return rewrites
+
+    def _run(self, ctx: PassContext) -> int:
         if self.function is not None:
             return int(self.function(ctx))
+        int_options = {k: int(v) for k, v in ctx.options.items() if isinstance(v, (int, bool))}
         rewrites, result = _C.run_pass(
-            ctx.model, self.name, ctx.target, ctx.max_iterations, ctx.explain_rule
+            ctx.model, self.name, ctx.target, ctx.max_iterations, ctx.explain_rule, int_options
         )
         for key, n in result.counters.items():
             ctx.counters[key] = ctx.counters.get(key, 0) + n
@@ -144,8 +165,14 @@ def get_pass(name: str) -> PassSpec:
 
 
 # Presets: ordered pass lists (data, not code). Every name must be a registered pass.
+# "default": value types first (shape folding needs them), then folding (shapes, then constants,
+# natively and then through ONNX Runtime), then cleanup of what folding left dead.
 PRESETS: dict[str, list[str]] = {
     "default": [
+        "infer_shapes",
+        "fold_shapes",
+        "fold_constants",
+        "fold_constants_ort",
         "eliminate_identity",
         "eliminate_cast",
         "eliminate_noop",

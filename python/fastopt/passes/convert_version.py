@@ -1,0 +1,42 @@
+"""``convert_version``: converts the model to another opset of the default domain.
+
+Built on ``onnx.version_converter`` run over the model's skeleton (no weights through protobuf);
+``fastopt._C.load_skeleton`` then binds the converted graph to the original weights without
+copying them. The target is ``options["opset"]``; without it the pass does nothing.
+"""
+
+from __future__ import annotations
+
+import onnx
+import onnx.version_converter
+
+from fastopt import _C
+from fastopt.registry import PassContext, register_pass
+
+
+def _default_opset(model: _C.Model) -> int:
+    imports = model.opset_imports
+    return int(imports.get("", imports.get("ai.onnx", 0)))
+
+
+@register_pass(
+    "convert_version",
+    "convert to the opset options['opset'] (onnx.version_converter on the skeleton)",
+    tags=("conversion",),
+)
+def convert_version(ctx: PassContext) -> int:
+    target = ctx.options.get("opset")
+    if target is None:
+        return 0
+    if not isinstance(target, int) or isinstance(target, bool) or target < 1:
+        raise ValueError(f"options['opset'] must be an opset number, not {target!r}")
+    if _default_opset(ctx.model) == target:
+        return 0
+    proto = onnx.ModelProto.FromString(ctx.model.skeleton())
+    try:
+        converted = onnx.version_converter.convert_version(proto, target)
+    except Exception as e:  # the converter raises RuntimeError/ValueError/ConvertError
+        raise _C.ModelError(f"cannot convert the model to opset {target}: {e}") from e
+    ctx.model = _C.load_skeleton(converted.SerializeToString(), ctx.model)
+    ctx.counters["converted"] = ctx.counters.get("converted", 0) + 1
+    return 1

@@ -1,0 +1,203 @@
+"""``fold_constants_ort``: constant folding through ONNX Runtime, for what fold_constants leaves.
+
+fold_constants (C++) evaluates the ops of shape computations natively. Nodes whose inputs are
+all constants but whose op it does not implement (Sqrt, Pow, Trilu, Split, float Range, float16
+arithmetic, ...) are evaluated here: all such nodes of a graph, and the natively foldable nodes
+that depend on them, go into one small model (``_C.constant_nodes_model``) that ONNX Runtime runs
+once; if that fails, nodes are tried one by one. Results within the size limits
+(options ``fold_max_bytes``, ``fold_max_expand_bytes``, as for fold_constants) replace the
+nodes. Constant inputs over ``fold_max_bytes`` are never sent through protobuf; random ops are
+never folded; function bodies are left alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, cast
+
+import numpy as np
+
+from fastopt import _C
+from fastopt._numpy import numpy_dtype
+from fastopt.registry import PassContext, register_pass
+
+# Not deterministic, or not meant to run at fold time.
+_SKIP = frozenset(
+    {
+        "Bernoulli",
+        "Dropout",
+        "Multinomial",
+        "RandomNormal",
+        "RandomNormalLike",
+        "RandomUniform",
+        "RandomUniformLike",
+    }
+)
+# ONNX element types whose values ONNX Runtime returns as plain numpy arrays.
+_ONNX_TYPES = {numpy_dtype(t): t for t in (1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13)}
+
+
+def _graphs(graph: _C.Graph) -> Iterator[_C.Graph]:
+    yield graph
+    for node in graph.nodes:
+        for sub in node.subgraphs:
+            yield from _graphs(sub)
+
+
+class _Limits:
+    def __init__(self, options: dict[str, object]) -> None:
+        self.max_bytes = int(options.get("fold_max_bytes", 1 << 20))  # type: ignore[call-overload]
+        self.max_expand_bytes = int(
+            options.get("fold_max_expand_bytes", 64 << 10)  # type: ignore[call-overload]
+        )
+
+    def allows(self, out_bytes: int, in_bytes: int) -> bool:
+        return out_bytes <= self.max_bytes and (
+            out_bytes <= self.max_expand_bytes or out_bytes <= in_bytes
+        )
+
+
+def _candidates(graph: _C.Graph, limits: _Limits) -> tuple[list[_C.Node], dict[_C.Value, int]]:
+    """The foldable nodes, and for each value they compute the bytes of the constants it comes
+    from (what "not expanding a small constant" compares against)."""
+    native = set(_C.native_fold_ops())
+    found: list[_C.Node] = []
+    computed: dict[_C.Value, int] = {}
+    for node in graph.nodes:
+        if node.domain not in ("", "ai.onnx") or node.op_type in _SKIP or node.subgraphs:
+            continue
+        inputs = [v for v in node.inputs if v is not None]
+        if not inputs:
+            continue
+        if not all(v in computed or _small_constant(v, limits) for v in inputs):
+            continue
+        downstream = any(v in computed for v in inputs)
+        # A native op on plain constants was declined by fold_constants: for its types (then
+        # ONNX Runtime may fold it), or for its limits or values (then no one should).
+        if (
+            node.op_type in native
+            and not downstream
+            and not _C.native_fold_unsupported(node, limits.max_bytes, limits.max_expand_bytes)
+        ):
+            continue
+        if _safe_division(node):
+            found.append(node)
+            origin = sum(_input_bytes(v, computed) for v in inputs)
+            computed.update((v, origin) for v in node.outputs if v is not None)
+    return found, computed
+
+
+def _input_bytes(v: _C.Value, computed: dict[_C.Value, int]) -> int:
+    t = v.constant
+    return t.nbytes if t is not None else computed.get(v, 0)
+
+
+def _safe_division(node: _C.Node) -> bool:
+    """Integer division by zero crashes the runtime: only divisors known to be non-zero."""
+    if node.op_type not in ("Div", "Mod") or len(node.inputs) < 2:
+        return True
+    divisor = node.inputs[1]
+    t = divisor.constant if divisor is not None else None
+    if t is None:
+        return False  # computed by another folded node: unknown until run
+    arr = t.numpy()
+    return bool(np.issubdtype(arr.dtype, np.floating) or np.all(arr != 0))
+
+
+def _small_constant(v: _C.Value, limits: _Limits) -> bool:
+    t = v.constant
+    return t is not None and t.nbytes <= limits.max_bytes
+
+
+def _run(nodes: list[_C.Node], outputs: list[_C.Value] | None = None) -> dict[str, Any]:
+    import onnxruntime as ort  # type: ignore[import-untyped]
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 4
+    session = ort.InferenceSession(
+        _C.constant_nodes_model(nodes, outputs), so, providers=["CPUExecutionProvider"]
+    )
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(None, {})))
+
+
+def _replace(
+    node: _C.Node, results: dict[str, Any], limits: _Limits, origin: dict[_C.Value, int]
+) -> bool:
+    """Puts the computed outputs of ``node`` in place; True when at least one was."""
+    in_bytes = sum(_input_bytes(v, origin) for v in node.inputs if v is not None)
+    done = False
+    for out in node.outputs:
+        if out is None or (not out.uses and not out.is_graph_output):
+            continue
+        arr = results.get(out.name)
+        if not isinstance(arr, np.ndarray) or arr.dtype not in _ONNX_TYPES:
+            continue
+        if not limits.allows(arr.nbytes, in_bytes):
+            continue
+        data = cast(Any, np.ascontiguousarray(arr))  # a buffer (numpy's stubs say so from 3.12)
+        out.replace_with_constant(_ONNX_TYPES[arr.dtype], list(arr.shape), data)
+        done = True
+    return done
+
+
+def _dead(node: _C.Node) -> bool:
+    return all(o is None or (not o.uses and not o.is_graph_output) for o in node.outputs)
+
+
+def _fold_graph(graph: _C.Graph, limits: _Limits, counters: dict[str, int]) -> int:
+    nodes, origin = _candidates(graph, limits)
+    if not nodes:
+        return 0
+    folded = 0
+    # Only the values read outside the batch: ONNX Runtime then sees the chain as the model has
+    # it (exposing an intermediate float16 value, say, would change how it computes the rest).
+    members = set(nodes)
+    needed = [
+        o
+        for node in nodes
+        for o in node.outputs
+        if o is not None and (o.is_graph_output or any(u not in members for u, _ in o.uses))
+    ]
+    try:
+        results = _run(nodes, needed)
+    except Exception:  # ONNX Runtime refused the batch: one node at a time, in order
+        for node in nodes:
+            if not node.alive or any(v is not None and v.constant is None for v in node.inputs):
+                continue
+            op = node.op_type
+            try:
+                replaced = _replace(node, _run([node]), limits, origin)
+            except Exception:
+                continue
+            if replaced:
+                folded += 1
+                counters[f"folded_{op}"] = counters.get(f"folded_{op}", 0) + 1
+            if node.alive and _dead(node):
+                graph.remove_node(node)
+        return folded
+    # Last nodes first: a node whose consumers all folded is dropped without a constant.
+    for node in reversed(nodes):
+        if not node.alive:
+            continue
+        op = node.op_type
+        if _replace(node, results, limits, origin):
+            folded += 1
+            counters[f"folded_{op}"] = counters.get(f"folded_{op}", 0) + 1
+        if node.alive and _dead(node):
+            graph.remove_node(node)
+    return folded
+
+
+@register_pass(
+    "fold_constants_ort",
+    "evaluate constant nodes without a native folder through ONNX Runtime (size-capped)",
+    tags=("cleanup",),
+)
+def fold_constants_ort(ctx: PassContext) -> int:
+    limits = _Limits(ctx.options)
+    graphs = list(_graphs(ctx.model.graph))
+    return sum(_fold_graph(g, limits, ctx.counters) for g in graphs)
