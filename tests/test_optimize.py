@@ -8,12 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import fastopt
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
-
-import fastopt
 
 
 def _model_with_identities(opset: int = 17) -> onnx.ModelProto:
@@ -143,3 +142,15 @@ def test_cli_passes_lists_everything() -> None:
     assert r.returncode == 0
     for p in fastopt.all_passes():
         assert p.name[:12] in r.stdout
+
+
+def test_cli_options_reach_the_passes(tmp_path: Path) -> None:
+    src = tmp_path / "m.onnx"
+    onnx.save(_model_with_identities(opset=13), src)
+    out = tmp_path / "o.onnx"
+    r = _cli("optimize", str(src), "-o", str(out), "--passes", "convert_version",
+             "--option", "opset=18")
+    assert r.returncode == 0, r.stderr
+    assert [o.version for o in onnx.load(out).opset_import if o.domain == ""] == [18]
+    r = _cli("optimize", str(src), "--passes", "convert_version", "--option", "opset")
+    assert r.returncode == 2 and "KEY=VALUE" in r.stderr

@@ -118,6 +118,19 @@ def _files_size(model_path: str) -> int:
     return total
 
 
+def _parse_options(items: list[str]) -> dict[str, object]:
+    options: dict[str, object] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--option takes KEY=VALUE, not {item!r}")
+        try:
+            options[key] = int(value)
+        except ValueError:
+            options[key] = value
+    return options
+
+
 def _cmd_optimize(args: argparse.Namespace) -> int:
     import os
 
@@ -151,6 +164,7 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
             external_data=external,
             explain=args.explain,
             progress=on_pass,
+            options=_parse_options(args.option),
         )
     out = Console()
     if args.explain:
@@ -240,6 +254,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--explain",
         metavar="RULE",
         help="explain, per candidate node, why RULE did or did not apply ('*': all)",
+    )
+    opt.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting for the passes, e.g. --option opset=18 for convert_version "
+        "(repeatable; integers are parsed as integers)",
     )
     opt.set_defaults(func=_cmd_optimize)
 
