@@ -212,7 +212,9 @@ Node* Match::node(const std::string& name) const {
   return id < 0 ? nullptr : nodes_[id];
 }
 std::vector<Node*> Match::matched_nodes() const {
-  std::vector<Node*> out{root()};
+  std::vector<Node*> out;
+  out.reserve(nodes_.size() + 1);
+  out.push_back(root());
   for (Node* n : nodes_) {
     if (n && std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
   }

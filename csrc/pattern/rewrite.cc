@@ -74,9 +74,13 @@ std::vector<Value*> Rewriter::op(const std::string& op_type, const std::vector<V
   // Names: "<root name or op>/<op>_<n>", n counting per model, so they are almost never taken
   // (create_node still makes value names unique). Node names need not be unique.
   const std::string& root_name = root_->name.value;
-  std::string base = (root_name.empty() ? op_type : root_name) + "/" + op_type + "_" +
-                     std::to_string(graph_.model()->next_node_id++);
+  const std::string id = std::to_string(graph_.model()->next_node_id++);
+  std::string base;
+  base.reserve(root_name.size() + 2 * op_type.size() + id.size() + 2);
+  base.append(root_name.empty() ? op_type : root_name).append("/").append(op_type);
+  base.append("_").append(id);
   std::vector<std::string> names;
+  names.reserve(static_cast<size_t>(num_outputs));
   for (int i = 0; i < num_outputs; ++i) {
     names.push_back(num_outputs > 1 ? base + ":" + std::to_string(i) : base);
   }
@@ -209,10 +213,12 @@ ApplyStats apply_rules(Model& model, const std::vector<Rule>& rules, const Apply
     }
   });
   std::vector<Node*> readers;  // reused: readers of replaced values
+  work.reserve(work.size() * 2);
   for (int iteration = 0; iteration < options.max_iterations && !work.empty(); ++iteration) {
     ++stats.iterations;
     int64_t changed = 0;
     std::vector<Node*> next;
+    next.reserve(work.size());
     for (Node* node : work) {
       if (!node->alive()) continue;
       auto it = by_op.find(node->op_type);
