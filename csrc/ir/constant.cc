@@ -97,9 +97,16 @@ bool for_each_element(const Tensor& t, uint64_t max_elements, F&& fn) {
 
 }  // namespace
 
+bool fixed_initializer(const Value* v) {
+  if (!v || !v->initializer()) return false;
+  if (!v->is_graph_input()) return true;
+  const Model* m = v->graph() ? v->graph()->model() : nullptr;
+  return m && m->ir_version && *m->ir_version < 4;
+}
+
 std::shared_ptr<const Tensor> constant_tensor(const Value* v) {
   if (!v) return nullptr;
-  if (v->initializer() && !v->is_graph_input()) return v->initializer();
+  if (fixed_initializer(v)) return v->initializer();
   Node* p = v->producer();
   if (!p || p->op_type != "Constant" ||
       !(p->domain.value.empty() || p->domain.value == "ai.onnx")) {
@@ -121,7 +128,7 @@ std::shared_ptr<const Tensor> constant_tensor(const Value* v) {
 
 const Tensor* constant_tensor_view(const Value* v) {
   if (!v) return nullptr;
-  if (v->initializer() && !v->is_graph_input()) return v->initializer().get();
+  if (fixed_initializer(v)) return v->initializer().get();
   Node* p = v->producer();
   if (!p || p->op_type != "Constant") return nullptr;
   const Attribute* a = p->attribute("value");

@@ -11,6 +11,11 @@
 
 namespace fastopt {
 
+// True when `v` is an initializer whose value cannot be overridden: not a graph input, or a
+// graph input of a model with IR version < 4, where every initializer had to be listed as an
+// input (ONNX Runtime treats those as constants too).
+bool fixed_initializer(const Value* v);
+
 // The tensor behind `v` when its value is fixed, or null.
 std::shared_ptr<const Tensor> constant_tensor(const Value* v);
 

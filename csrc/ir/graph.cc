@@ -298,10 +298,26 @@ Value* Graph::add_initializer(const std::string& name, std::shared_ptr<Tensor> t
   return v;
 }
 
+namespace {
+// IR version < 4: every initializer of the main graph must also be a graph input.
+bool initializers_are_inputs(const Graph& g) {
+  const Model* m = g.model();
+  return m && m->graph.get() == &g && m->ir_version && *m->ir_version < 4;
+}
+}  // namespace
+
 void Graph::set_initializer(Value* v, std::shared_ptr<Tensor> t) {
   if (v->producer_) throw ModelError("value '" + v->name_ + "' is produced by a node");
   if (!v->initializer_) initializer_order.push_back(v);
   t->name.set(v->name_);
+  if (initializers_are_inputs(*this) && !v->is_graph_input_) {
+    TypeInfo type;
+    type.known = type.is_tensor = type.has_shape = true;
+    type.elem_type = t->dtype();
+    for (int64_t d : t->dims) type.dims.push_back(Dim{d, std::nullopt});
+    v->type = std::move(type);
+    add_input(v);
+  }
   v->initializer_ = std::move(t);
 }
 
@@ -310,6 +326,13 @@ void Graph::remove_initializer(Value* v) {
   v->initializer_.reset();
   initializer_order.erase(std::remove(initializer_order.begin(), initializer_order.end(), v),
                           initializer_order.end());
+  if (v->is_graph_input_ && initializers_are_inputs(*this)) {
+    // The input entry only existed because IR < 4 lists every initializer as an input.
+    input_entries.erase(std::remove_if(input_entries.begin(), input_entries.end(),
+                                       [v](const ValueInfoEntry& e) { return e.value == v; }),
+                        input_entries.end());
+    v->is_graph_input_ = false;
+  }
   if (!v->is_graph_input_) scope_.erase(v->name_);
 }
 

@@ -299,7 +299,7 @@ void cse_graph(Graph& g, Counts& counts) {
   // Initializers first: they are visible to every node, so they make the best representatives.
   std::vector<Value*> initializers = g.initializer_order;
   for (Value* v : initializers) {
-    if (v->is_graph_input() || !v->initializer()) continue;  // overridable: not a constant
+    if (!fixed_initializer(v) || v->is_graph_input()) continue;  // keep the interface
     auto key = constant_key(*v->initializer());
     if (!key) continue;
     auto [it, inserted] = constants.emplace(std::move(*key), v);

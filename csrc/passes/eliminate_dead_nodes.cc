@@ -1,5 +1,6 @@
 // Dead-code elimination: nodes none of whose outputs reach a graph output, and initializers
 // nothing reads. Subgraphs count as readers of the outer values they use.
+#include "ir/constant.h"
 #include "passes/registry.h"
 
 namespace fastopt::passes {
@@ -29,7 +30,9 @@ int64_t eliminate_dead_nodes(Model& model, PassContext& ctx) {
     }
     std::vector<Value*> initializers = g.initializer_order;
     for (Value* v : initializers) {
-      if (v->uses().empty() && !v->is_graph_output() && !v->is_graph_input()) {
+      // IR < 4 lists every initializer as a graph input; those are still weights.
+      if (v->uses().empty() && !v->is_graph_output() &&
+          (!v->is_graph_input() || fixed_initializer(v))) {
         g.remove_initializer(v);
         ++removed_initializers;
       }
