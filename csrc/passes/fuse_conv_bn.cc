@@ -91,6 +91,67 @@ Value* add_constant(Rewriter& rw, const std::string& base, std::shared_ptr<Tenso
   return rw.op1("Constant", {}, std::move(attrs));
 }
 
+// A weight computed from constants only (ConstantOfShape of a constant shape, a Cast or
+// Reshape of a constant ...): exporters that keep files small emit these. The weight is not
+// materialized here; W' = W * factor[M, 1, ...] is left for the runtime's constant folding.
+bool computed_from_constants(const Value* v, int depth) {
+  if (constant_tensor(v)) return true;
+  const Node* n = v ? v->producer() : nullptr;
+  if (!n || depth == 0 || n->has_subgraphs() || n->op_type.rfind("Random", 0) == 0) return false;
+  for (const Value* in : n->inputs()) {
+    if (in && !computed_from_constants(in, depth - 1)) return false;
+  }
+  return true;
+}
+
+Replacement fold_into_computed_weight(const Match& m, Rewriter& rw, Node* conv_node, Node* bn_node,
+                                      double eps) {
+  (void)bn_node;
+  Value* w = m.value("w");
+  if (!computed_from_constants(w, 4)) return rw.fail("the Conv weight is not a constant");
+  const int32_t dtype = value_dtype(w);
+  if (dtype != kFloat && dtype != kDouble && dtype != kFloat16) {
+    return rw.fail("the computed weight's dtype is unknown or not handled");
+  }
+  const int rank = value_rank(w);
+  if (rank < 3) return rw.fail("the computed weight's rank is unknown");
+  auto scale_t = constant_tensor(m.value("scale"));
+  if (!scale_t || scale_t->dims.size() != 1) return rw.fail("scale is not a constant [M]");
+  const int64_t channels = scale_t->dims[0];
+  Value* conv_bias = conv_node->inputs().size() > 2 ? conv_node->inputs()[2] : nullptr;
+  std::vector<double> bias(static_cast<size_t>(channels), 0.0);
+  if (conv_bias) {
+    auto b = channel_vector(conv_bias, channels);
+    if (!b || value_dtype(conv_bias) != dtype)
+      return rw.fail("the Conv bias is not a constant [M]");
+    bias = *b;
+  }
+  auto scale = channel_vector(m.value("scale"), channels);
+  auto shift = channel_vector(m.value("B"), channels);
+  auto mean = channel_vector(m.value("mean"), channels);
+  auto var = channel_vector(m.value("var"), channels);
+  if (!scale || !shift || !mean || !var) {
+    return rw.fail("scale, B, mean and var must be constants of shape [M]");
+  }
+  std::vector<double> factor(bias.size()), new_bias(bias.size());
+  for (size_t c = 0; c < bias.size(); ++c) {
+    const double denom = (*var)[c] + eps;
+    if (!(denom > 0)) return rw.fail("var + epsilon is not positive");
+    factor[c] = (*scale)[c] / std::sqrt(denom);
+    new_bias[c] = (bias[c] - (*mean)[c]) * factor[c] + (*shift)[c];
+  }
+  std::vector<int64_t> factor_dims(static_cast<size_t>(rank), 1);
+  factor_dims[0] = channels;
+  Value* f = add_constant(rw, w->name() + "_bn_scale",
+                          make_tensor(dtype, factor_dims, encode(dtype, factor)));
+  Value* b_new = add_constant(rw, w->name() + "_bn_bias",
+                              make_tensor(dtype, {channels}, encode(dtype, new_bias)));
+  Value* w_new = rw.op1("Mul", {w, f});
+  std::vector<Attribute> attrs;
+  for (const Attribute& a : conv_node->attributes) attrs.push_back(copy_attribute(a));
+  return std::vector<Value*>{rw.op1("Conv", {m.value("x"), w_new, b_new}, std::move(attrs))};
+}
+
 std::vector<Rule> rules(const PassContext&) {
   auto p = std::make_shared<Pattern>("fuse_conv_bn");
   P x = p->var("x"), w = p->var("w");
@@ -125,7 +186,7 @@ std::vector<Rule> rules(const PassContext&) {
     if (auto* a = bn_node->attribute("epsilon"); a && a->f) eps = *a->f;
 
     auto wt = constant_tensor(m.value(w));
-    if (!wt) return rw.fail("the Conv weight is not a constant");
+    if (!wt) return fold_into_computed_weight(m, rw, conv_node, bn_node, eps);
     const int32_t dtype = wt->dtype();
     if (dtype != kFloat && dtype != kDouble && dtype != kFloat16) {
       return rw.fail("weight dtype " + dtype_name(dtype) + " is not handled");
