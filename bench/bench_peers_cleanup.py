@@ -151,9 +151,11 @@ def run_child(tool: str, src: str, dst: str) -> dict[str, Any]:
         # the passes alone, without load, verify and save
         res["passes_s"] = sum(p.seconds for p in report.passes)
         res["passes"] = [
-            {"name": p.name, "rewrites": p.rewrites, "skipped": p.skipped} for p in report.passes
+            {"name": p.name, "rewrites": p.rewrites, "seconds": p.seconds, "skipped": p.skipped}
+            for p in report.passes
         ]
         res["preset"] = list(fastopt.PRESETS["default"])
+        res["fastopt_file"] = fastopt.__file__  # the run's snapshot, not the live install
     elif tool in ("ort_basic", "ort_extended"):
         import onnxruntime as ort
 
@@ -370,12 +372,14 @@ def run_verify(src: str, outputs_json: str) -> dict[str, Any]:
 # parent side
 
 
-def _spawn(cmd: list[str], timeout: float) -> tuple[int, float, int, str, str]:
+def _spawn(
+    cmd: list[str], timeout: float, env: dict[str, str] | None = None
+) -> tuple[int, float, int, str, str]:
     """Run cmd; (exit code, wall seconds, peak RSS bytes, stdout, stderr). wait4 gives this
     child's own rusage (RUSAGE_CHILDREN would be the max over all children)."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
-        p = subprocess.Popen(cmd, stdout=out, stderr=err)
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
         deadline = t0 + timeout
         while True:
             pid, status, usage = os.wait4(p.pid, os.WNOHANG)
@@ -415,12 +419,14 @@ def _error_text(rc: int, err: str) -> str:
     return (lines[-1] if lines else f"exit code {rc}")[:300]
 
 
-def measure(tool: str, src: str, dst: str, timeout: float) -> dict[str, Any]:
+def measure(
+    tool: str, src: str, dst: str, timeout: float, env: dict[str, str] | None = None
+) -> dict[str, Any]:
     with contextlib.suppress(FileNotFoundError):
         os.remove(dst)
     with open(src, "rb") as f:  # warm page cache: no run pays for the first read
         f.read()
-    rc, wall, peak, out, err = _spawn(_self_cmd("--child", tool, src, dst), timeout)
+    rc, wall, peak, out, err = _spawn(_self_cmd("--child", tool, src, dst), timeout, env)
     res: dict[str, Any] = {"tool": tool, "rc": rc, "process_wall_s": wall, "peak_rss": peak}
     if rc != 0:
         res["error"] = _error_text(rc, err)
@@ -481,6 +487,45 @@ def _mem_total() -> int:
 def _git(*args: str) -> str:
     res = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
     return res.stdout.strip() if res.returncode == 0 else "unknown"
+
+
+def _fastopt_dir() -> str | None:
+    spec = importlib.util.find_spec("fastopt")  # top-level: finds without importing
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return str(next(iter(spec.submodule_search_locations)))
+
+
+def _install_stamp(folder: str) -> str:
+    """(path, size, mtime) of every file of the installed package, skipping bytecode caches."""
+    stamp = []
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            st = os.stat(os.path.join(root, name))
+            stamp.append(
+                f"{os.path.relpath(os.path.join(root, name), folder)}:{st.st_size}:{st.st_mtime_ns}"
+            )
+    return ";".join(stamp)
+
+
+def snapshot_fastopt(dest: str) -> str:
+    """Copy the installed fastopt into dest/fastopt and return dest, for the children's
+    PYTHONPATH: fastopt gets reinstalled while others work, and a reinstall in the middle of a
+    run would mix two builds in one table. Retries while the install is being rewritten."""
+    folder = _fastopt_dir()
+    if folder is None:
+        raise RuntimeError("fastopt is not installed")
+    for _ in range(10):
+        before = _install_stamp(folder)
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(
+            folder, os.path.join(dest, "fastopt"), ignore=shutil.ignore_patterns("__pycache__")
+        )
+        if _install_stamp(folder) == before:
+            return dest
+        time.sleep(5)
+    raise RuntimeError(f"{folder} kept changing while it was copied")
 
 
 def environment() -> dict[str, Any]:
@@ -561,7 +606,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"- versions: python {env['python']}, "
         + ", ".join(f"{d} {vers[d]}" for d in DISTS)
         + f" (fastopt repo {env['fastopt_commit']})",
-        f"- fastopt `default` preset: {', '.join(preset) if preset else 'unknown'}",
+        f"- fastopt `default` preset: {', '.join(preset) if preset else 'unknown'} (the "
+        "installed build, copied aside at the start so that a reinstall cannot change it "
+        "mid-run)",
         '- tools: fastopt `optimize(path, preset="default", output=...)`; onnxscript '
         "`optimizer.optimize(ModelProto)` (defaults); onnxslim `slim(ModelProto)` (defaults); "
         "onnxoptimizer `optimize(ModelProto)` (default fuse-and-eliminate passes); ONNX Runtime "
@@ -743,19 +790,27 @@ def render_markdown(report: dict[str, Any]) -> str:
                 "",
                 "## fastopt rewrites per pass",
                 "",
+                "Rewrites / time of each pass (summed for a pass the preset lists twice), "
+                "last run.",
+                "",
                 "| model | " + " | ".join(names) + " |",
                 "|---|" + "---:|" * len(names),
             ]
         )
         for name, m in models.items():
             done: dict[str, int] = {}
+            secs: dict[str, float] = {}
             skipped: dict[str, str] = {}
             for p in m["timing"].get("fastopt", {}).get("passes", []):
                 done[p["name"]] = done.get(p["name"], 0) + p["rewrites"]
+                secs[p["name"]] = secs.get(p["name"], 0.0) + p.get("seconds", 0.0)
                 if p["skipped"]:
                     skipped[p["name"]] = p["skipped"]
             cells = [
-                f"skipped ({skipped[n]})" if n in skipped else str(done.get(n, "-")) for n in names
+                f"skipped ({skipped[n]})"
+                if n in skipped
+                else (f"{done[n]} / {_fmt_s(secs[n])}" if n in done else "-")
+                for n in names
             ]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines.append("")
@@ -809,6 +864,11 @@ def main(argv: list[str] | None = None) -> int:
     }
     work = tempfile.mkdtemp(prefix="fastopt-peers-")
     try:
+        site = snapshot_fastopt(os.path.join(work, "site"))
+        child_env = dict(os.environ)
+        child_env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (site, os.environ.get("PYTHONPATH", "")) if p
+        )
         for src in paths:
             name = os.path.basename(os.path.dirname(src)) or src
             out_dir = os.path.join(work, name)
@@ -818,7 +878,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== {name}", flush=True)
             for rep in range(args.repeat):
                 for t in modes:  # interleaved, so drift hits every tool alike
-                    r = measure(t, src, dst[t], args.timeout)
+                    r = measure(t, src, dst[t], args.timeout, child_env)
                     r["repeat"] = rep
                     runs[t].append(r)
                     key = "load_s" if t == "fastopt_load" else "optimize_s"
@@ -833,7 +893,7 @@ def main(argv: list[str] | None = None) -> int:
                 t: dst[t] for t in tools if runs[t][-1]["rc"] == 0 and os.path.exists(dst[t])
             }
             rc, _, _, out, err = _spawn(
-                _self_cmd("--verify", src, json.dumps(outputs)), args.timeout
+                _self_cmd("--verify", src, json.dumps(outputs)), args.timeout, child_env
             )
             verify: dict[str, Any]
             try:
