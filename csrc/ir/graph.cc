@@ -115,16 +115,21 @@ std::vector<Value*> Graph::outputs() const {
 Value* Graph::lookup(std::string_view name) const {
   for (const Graph* g = this; g; g = g->parent_) {
     auto it = g->scope_.find(name);
-    if (it != g->scope_.end()) return it->second;
+    if (it != g->scope_.end() && it->second->defined()) return it->second;
   }
   return nullptr;
 }
 
 void Graph::define(Value* v) {
-  if (!scope_.emplace(std::string_view(v->name_), v).second) {
-    throw ModelError("value '" + v->name_ + "' is defined more than once in graph '" + name.value +
-                     "'");
+  auto it = scope_.find(std::string_view(v->name_));
+  if (it != scope_.end()) {
+    if (it->second->defined()) {
+      throw ModelError("value '" + v->name_ + "' is defined more than once in graph '" +
+                       name.value + "'");
+    }
+    scope_.erase(it);  // a tombstone: the key views the old value's name, so re-insert
   }
+  scope_.emplace(std::string_view(v->name_), v);
 }
 
 void Graph::add_outer_reference(Value* v) {
@@ -156,7 +161,8 @@ std::string Graph::unique_name(const std::string& base) const {
   const Graph* top = top_of(this);
   auto taken = [&](const std::string& name) {
     for (const Graph* g : model_->graphs) {
-      if (g->scope_.count(name) && top_of(g) == top) return true;
+      auto it = g->scope_.find(name);
+      if (it != g->scope_.end() && it->second->defined() && top_of(g) == top) return true;
     }
     return false;
   };
@@ -254,9 +260,7 @@ void Graph::remove_node(Node* node) {
     if (node->inputs_[i]) node->drop_use(static_cast<int>(i));
   }
   for (Value* out : node->outputs_) {
-    if (!out) continue;
-    scope_.erase(out->name_);
-    out->producer_ = nullptr;
+    if (out) out->producer_ = nullptr;  // now a tombstone in scope_
   }
   unlink(node);
   node->alive_ = false;
@@ -282,13 +286,14 @@ void Graph::replace_all_uses(Value* from, Value* to) {
 void Graph::rename(Value* v, const std::string& new_name) {
   if (v->name_ == new_name) return;
   if (new_name.empty()) throw ModelError("cannot rename a value to the empty name");
+  if (!v->defined()) throw ModelError("cannot rename '" + v->name_ + "': it was removed");
   if (unique_name(new_name) != new_name) {
     throw ModelError("cannot rename '" + v->name_ + "' to '" + new_name + "': name is taken");
   }
   Graph* home = v->graph_;
   home->scope_.erase(v->name_);
   v->name_ = new_name;
-  home->scope_.emplace(std::string_view(v->name_), v);
+  home->define(v);
   if (v->initializer_) v->initializer_->name.set(new_name);
 }
 
@@ -514,6 +519,7 @@ void Model::verify() const {
     }
     if (count != g.node_count()) throw ModelError(gname + " node count is inconsistent");
     for (const auto& kv : g.scope()) {
+      if (!kv.second->defined()) continue;
       for (const Use& u : kv.second->uses()) {
         if (!u.node->alive() || u.input_index < 0 ||
             static_cast<size_t>(u.input_index) >= u.node->inputs().size() ||

@@ -98,6 +98,10 @@ class Value {
   bool is_graph_output() const { return graph_output_count_ > 0; }
   const std::shared_ptr<Tensor>& initializer() const { return initializer_; }
   const std::shared_ptr<SparseTensor>& sparse_initializer() const { return sparse_; }
+  // Something still gives this value its contents. The outputs of a removed node are not
+  // defined: they stay in their graph's name table as tombstones, which lookups skip (removing
+  // a node then costs no hash-table erase).
+  bool defined() const { return producer_ || is_graph_input_ || initializer_ || sparse_; }
   TypeInfo type;
 
  private:
