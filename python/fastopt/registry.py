@@ -179,6 +179,7 @@ PRESETS: dict[str, list[str]] = {
         "fold_transposes",
         "fold_reshapes",
         "eliminate_noop",  # again: a folded chain can leave a no-op Reshape or Transpose
+        "eliminate_neutral_arithmetic",
         "eliminate_common_subexpressions",
         "eliminate_dead_nodes",
         # Classic fusions, after cleanup. fuse_conv_bn before fuse_conv_activation, so that
