@@ -44,6 +44,21 @@ void Node::append_input(Value* v) {
   if (v) add_use(static_cast<int>(inputs_.size()) - 1);
 }
 
+void Node::remove_input(int index) {
+  if (index < 0 || static_cast<size_t>(index) >= inputs_.size()) {
+    throw ModelError("input index " + std::to_string(index) + " out of range");
+  }
+  // Uses record input positions: drop those from `index` on, shift, add them back.
+  for (size_t i = static_cast<size_t>(index); i < inputs_.size(); ++i) {
+    if (inputs_[i]) drop_use(static_cast<int>(i));
+  }
+  inputs_.erase(inputs_.begin() + index);
+  use_slots_.erase(use_slots_.begin() + index);
+  for (size_t i = static_cast<size_t>(index); i < inputs_.size(); ++i) {
+    if (inputs_[i]) add_use(static_cast<int>(i));
+  }
+}
+
 bool Node::has_subgraphs() const {
   for (const auto& a : attributes) {
     if (a.g || !a.graphs.empty()) return true;
@@ -346,6 +361,16 @@ void Graph::add_output(Value* v) {
   e.value = v;
   output_entries.push_back(std::move(e));
   ++v->graph_output_count_;
+}
+
+void Graph::remove_input(size_t index) {
+  if (index >= input_entries.size()) throw ModelError("graph input index out of range");
+  Value* v = input_entries[index].value;
+  if (v && (!v->uses_.empty() || v->is_graph_output() || v->initializer_)) {
+    throw ModelError("graph input '" + v->name_ + "' is still used");
+  }
+  input_entries.erase(input_entries.begin() + static_cast<std::ptrdiff_t>(index));
+  if (v) v->is_graph_input_ = false;  // a tombstone in scope_ now
 }
 
 void Graph::add_input(Value* v) {

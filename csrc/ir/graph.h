@@ -142,6 +142,8 @@ class Node {
   void set_input(int index, Value* v);  // keeps use lists right; nullptr = omitted input
   // Appends an input (reader and IR use).
   void append_input(Value* v);
+  // Removes input `index`; later inputs move down one position.
+  void remove_input(int index);
 
  private:
   friend class Graph;
@@ -220,6 +222,8 @@ class Graph {
   void remove_initializer(Value* v);
   void add_output(Value* v);
   void add_input(Value* v);
+  // Removes graph input `index` (its value must be unused and not an initializer).
+  void remove_input(size_t index);
   // Reorders nodes so producers come first; ModelError naming a node on a cycle if there is one.
   void topological_sort();
   // Finds a cycle or returns nullptr. Considers subgraph outer references as dependencies.

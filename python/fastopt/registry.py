@@ -181,6 +181,7 @@ PRESETS: dict[str, list[str]] = {
         "eliminate_noop",  # again: a folded chain can leave a no-op Reshape or Transpose
         "eliminate_neutral_arithmetic",
         "eliminate_common_subexpressions",
+        "eliminate_unused_function_inputs",
         "eliminate_dead_nodes",
         # Classic fusions, after cleanup. fuse_conv_bn before fuse_conv_activation, so that
         # Conv + BatchNormalization + Relu ends as one FusedConv.
