@@ -34,6 +34,16 @@ namespace fastopt::passes {
 
 namespace {
 
+// Equal, Less, Greater, LessOrEqual, GreaterOrEqual on two elements.
+template <typename T>
+bool compare(const std::string& op, T a, T b) {
+  return op == "Equal"         ? a == b
+         : op == "Less"        ? a < b
+         : op == "Greater"     ? a > b
+         : op == "LessOrEqual" ? a <= b
+                               : a >= b;
+}
+
 using Tensors = std::vector<std::shared_ptr<Tensor>>;
 using Result = std::optional<Tensors>;
 using Dims = std::vector<int64_t>;
@@ -879,12 +889,7 @@ class Evaluator {
         for (size_t k = 1; k < xs.size(); ++k) {
           const double b = xs[k].f(o[k]);
           if (kind == Kind::kCompare) {
-            const bool r = op == "Equal"         ? acc == b
-                           : op == "Less"        ? acc < b
-                           : op == "Greater"     ? acc > b
-                           : op == "LessOrEqual" ? acc <= b
-                                                 : acc >= b;
-            put_int(bytes, kBool, r);
+            put_int(bytes, kBool, compare(op, acc, b));
             return;
           }
           if (kind == Kind::kMinMax) {
@@ -907,12 +912,7 @@ class Evaluator {
         const int64_t b = xs[k].i64(o[k]);
         const uint64_t ua = static_cast<uint64_t>(acc), ub = static_cast<uint64_t>(b);
         if (kind == Kind::kCompare) {
-          const bool r = op == "Equal"         ? acc == b
-                         : op == "Less"        ? acc < b
-                         : op == "Greater"     ? acc > b
-                         : op == "LessOrEqual" ? acc <= b
-                                               : acc >= b;
-          put_int(bytes, kBool, r);
+          put_int(bytes, kBool, compare(op, acc, b));
           return;
         }
         if (kind == Kind::kLogic) {

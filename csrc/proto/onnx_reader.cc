@@ -798,27 +798,25 @@ struct ModelReader {
       attach_type(entry, v, std::move(type), true);
       g.input_entries.push_back(std::move(entry));
     }
-    for (auto [tb, te] : inits) {
-      auto tensor = read_tensor(tb, te);
-      const std::string& name = tensor->name.value;
+    // The value an initializer defines: a graph input of that name, or a new value.
+    auto initializer_value = [&](const std::string& name) {
       if (name.empty()) throw ModelError(gname + " has an initializer with an empty name");
       auto it = g.scope().find(name);
       Value* v = it != g.scope().end() ? it->second : g.create_value(name);
       if (v->initializer_ || v->sparse_) {
         throw ModelError(gname + " has two initializers named '" + name + "'");
       }
+      return v;
+    };
+    for (auto [tb, te] : inits) {
+      auto tensor = read_tensor(tb, te);
+      Value* v = initializer_value(tensor->name.value);
       v->initializer_ = std::move(tensor);
       g.initializer_order.push_back(v);
     }
     for (auto [sb, se] : sparse) {
       auto sp = read_sparse(sb, se);
-      const std::string& name = sp->values->name.value;
-      if (name.empty()) throw ModelError(gname + " has a sparse initializer with no name");
-      auto it = g.scope().find(name);
-      Value* v = it != g.scope().end() ? it->second : g.create_value(name);
-      if (v->initializer_ || v->sparse_) {
-        throw ModelError(gname + " has two initializers named '" + name + "'");
-      }
+      Value* v = initializer_value(sp->values->name.value);
       v->sparse_ = std::move(sp);
       g.sparse_initializer_order.push_back(v);
     }
