@@ -1,0 +1,33 @@
+"""The project's own LLM fixtures (tests/fixtures/make_fixtures.py: real torch.onnx exports of
+8 architectures with both exporters, fp32 and fp16): each round-trips exactly, and the
+`default` preset keeps ONNX Runtime outputs within tolerance and passes onnx.checker."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import fastopt
+import onnx
+import pytest
+
+FIXTURES = sorted((Path(__file__).parent / "fixtures" / "models").glob("*/model.onnx"))
+
+
+def test_fixture_set_is_complete() -> None:
+    archs = {json.loads((p.parent / "meta.json").read_text())["arch"] for p in FIXTURES}
+    assert archs == {"llama", "mistral", "qwen2", "phi3", "gemma", "gpt2", "gpt_neox", "bert"}
+    exporters = {json.loads((p.parent / "meta.json").read_text())["exporter"] for p in FIXTURES}
+    assert exporters == {"ts", "dynamo"}
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=[p.parent.name for p in FIXTURES])
+def test_fixture_roundtrip_and_default_preset(path: Path, tmp_path: Path) -> None:
+    same = tmp_path / "same.onnx"
+    fastopt.load(path).save(same)
+    assert onnx.load(str(same)) == onnx.load(str(path))
+    out = tmp_path / "opt.onnx"
+    report = fastopt.optimize(path, preset="default", output=out)
+    assert report.nodes_after < report.nodes_before
+    onnx.checker.check_model(str(out), full_check=True)
+    fastopt.verify(path, out)  # dtype-aware tolerances (fp32 1e-4, fp16 1e-2)
