@@ -435,6 +435,14 @@ PYBIND11_MODULE(_C, m) {
                                  l.append(PyFunction{mm, f.get()});
                                return l;
                              })
+      .def(
+          "graphs",
+          [](const ModelPtr& mm) {
+            py::typing::List<PyGraph> l;
+            mm->for_each_graph([&](Graph& g) { l.append(PyGraph{mm, &g}); });
+            return l;
+          },
+          "Every graph: the main graph, function bodies and nested subgraphs")
       .def_property_readonly("path",
                              [](const Model& mm) -> py::typing::Optional<py::str> {
                                if (mm.path.empty()) return py::none();

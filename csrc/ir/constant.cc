@@ -142,8 +142,7 @@ bool decode_doubles(const Tensor& t, uint64_t max_elements, std::vector<double>&
 
 std::optional<std::vector<double>> tensor_doubles(const Tensor& t, uint64_t max_elements) {
   std::vector<double> out;
-  bool ok = for_each_element(t, max_elements, [&](double d, int64_t = 0) { out.push_back(d); });
-  if (!ok) return std::nullopt;
+  if (!decode_doubles(t, max_elements, out)) return std::nullopt;
   return out;
 }
 

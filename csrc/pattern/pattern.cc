@@ -220,9 +220,6 @@ std::vector<Node*> Match::matched_nodes() const {
   }
   return out;
 }
-std::optional<double> Match::scalar(P p) const {
-  return constant_scalar(values_[p.id()]);
-}
 
 std::string MatchFailure::format(const Pattern& p) const {
   std::string s = "stopped at ";

@@ -152,7 +152,6 @@ class Match {
   Node* root() const { return nodes_[pattern_->root_id()]; }
   const Pattern& pattern() const { return *pattern_; }
   std::vector<Node*> matched_nodes() const;  // each op node once, root first
-  std::optional<double> scalar(P p) const;
 
  private:
   friend class Matcher;

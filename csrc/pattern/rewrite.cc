@@ -8,45 +8,42 @@
 
 namespace fastopt::pattern {
 
-Attribute attr_int(const std::string& name, int64_t v) {
+namespace {
+Attribute typed(const std::string& name, AttrType type) {
   Attribute a;
   a.name = name;
-  a.type = static_cast<int32_t>(AttrType::kInt);
+  a.type = static_cast<int32_t>(type);
+  return a;
+}
+}  // namespace
+
+Attribute attr_int(const std::string& name, int64_t v) {
+  Attribute a = typed(name, AttrType::kInt);
   a.i = v;
   return a;
 }
 Attribute attr_float(const std::string& name, float v) {
-  Attribute a;
-  a.name = name;
-  a.type = static_cast<int32_t>(AttrType::kFloat);
+  Attribute a = typed(name, AttrType::kFloat);
   a.f = v;
   return a;
 }
 Attribute attr_ints(const std::string& name, std::vector<int64_t> v) {
-  Attribute a;
-  a.name = name;
-  a.type = static_cast<int32_t>(AttrType::kInts);
+  Attribute a = typed(name, AttrType::kInts);
   a.ints = std::move(v);
   return a;
 }
 Attribute attr_floats(const std::string& name, std::vector<float> v) {
-  Attribute a;
-  a.name = name;
-  a.type = static_cast<int32_t>(AttrType::kFloats);
+  Attribute a = typed(name, AttrType::kFloats);
   a.floats = std::move(v);
   return a;
 }
 Attribute attr_string(const std::string& name, const std::string& v) {
-  Attribute a;
-  a.name = name;
-  a.type = static_cast<int32_t>(AttrType::kString);
+  Attribute a = typed(name, AttrType::kString);
   a.s = v;
   return a;
 }
 Attribute attr_tensor(const std::string& name, std::shared_ptr<Tensor> t) {
-  Attribute a;
-  a.name = name;
-  a.type = static_cast<int32_t>(AttrType::kTensor);
+  Attribute a = typed(name, AttrType::kTensor);
   a.t = std::move(t);
   return a;
 }

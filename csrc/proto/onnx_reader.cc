@@ -441,7 +441,7 @@ struct ModelReader {
                                     uint64_t expected, bool sized) {
     const std::string who = "tensor '" + ts.name.value + "'";
     std::string location;
-    bool has_offset = false, has_length = false;
+    bool has_length = false;
     uint64_t offset = 0, length = 0;
     auto parse_u64 = [&](const std::string& key, const std::string& v) -> uint64_t {
       if (v.empty() || v.size() > 20 || v.find_first_not_of("0123456789") != std::string::npos) {
@@ -457,13 +457,11 @@ struct ModelReader {
         location = kv.second;
       else if (kv.first == "offset") {
         offset = parse_u64("offset", kv.second);
-        has_offset = true;
       } else if (kv.first == "length") {
         length = parse_u64("length", kv.second);
         has_length = true;
       }
     }
-    (void)has_offset;
     if (location.empty()) throw ModelError(who + " is external but has no location");
     if (location.find('\0') != std::string::npos) {
       throw ModelError(who + " external data location contains a NUL byte");
@@ -574,8 +572,7 @@ struct ModelReader {
 
   // ---- attributes and nodes ----
 
-  Attribute read_attribute(uint64_t b, uint64_t e, std::vector<PendingGraph>* pending_raw,
-                           size_t attr_slot) {
+  Attribute read_attribute(uint64_t b, uint64_t e, std::vector<PendingGraph>* pending_raw) {
     Attribute a;
     wire::Reader r(base, b, e, "AttributeProto");
     uint32_t f;
@@ -638,7 +635,6 @@ struct ModelReader {
       pending_raw->push_back({nullptr, static_cast<int>(i), graphs[i].first, graphs[i].second});
     }
     a.graphs.resize(graphs.size());
-    (void)attr_slot;
     return a;
   }
 
@@ -669,7 +665,7 @@ struct ModelReader {
         case field::node::kAttribute: {
           auto [ab, ae] = sub(r, t, "attribute");
           std::vector<PendingGraph> raw;
-          n.attributes.push_back(read_attribute(ab, ae, &raw, n.attributes.size()));
+          n.attributes.push_back(read_attribute(ab, ae, &raw));
           for (auto& pg : raw) pn.graphs.emplace_back(n.attributes.size() - 1, pg);
           break;
         }
@@ -884,7 +880,7 @@ struct ModelReader {
         case field::function::kAttributeProto: {
           auto [ab, ae] = sub(r, t, "attribute_proto");
           std::vector<PendingGraph> raw;
-          fn->attribute_defaults.push_back(read_attribute(ab, ae, &raw, 0));
+          fn->attribute_defaults.push_back(read_attribute(ab, ae, &raw));
           if (!raw.empty()) {
             throw ModelError("function '" + fn->name.value +
                              "' has a graph-valued attribute default (unsupported)");

@@ -229,6 +229,10 @@ class Model:
         """
     def external_data_files(self) -> list[str]:
         ...
+    def graphs(self) -> list[Graph]:
+        """
+        Every graph: the main graph, function bodies and nested subgraphs
+        """
     def num_parameters(self) -> int:
         """
         Elements in all initializers (subgraphs included)

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Union
 
 from fastopt import _C
+from fastopt._io import load
 from fastopt.registry import PassContext, Target, get_pass, preset
 
 ModelOrPath = Union[_C.Model, str, "os.PathLike[str]"]
@@ -89,7 +90,7 @@ def optimize(
     if target not in ("ort", "onnx"):
         raise ValueError(f"target must be 'ort' or 'onnx', not {target!r}")
     start = time.perf_counter()
-    model = model_or_path if isinstance(model_or_path, _C.Model) else _load_path(model_or_path)
+    model = model_or_path if isinstance(model_or_path, _C.Model) else load(model_or_path)
     names = list(passes) if passes is not None else _preset_passes(preset)
     ops_before = model.op_counts()
     ctx = PassContext(
@@ -145,12 +146,6 @@ def optimize(
         explain=list(ctx.explain_lines),
         model=model,
     )
-
-
-def _load_path(path: str | os.PathLike[str]) -> _C.Model:
-    from fastopt._io import load
-
-    return load(path)
 
 
 def _preset_passes(name: str) -> list[str]:

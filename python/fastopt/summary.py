@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Union
@@ -49,29 +48,12 @@ def _value_summary(v: _C.Value) -> ValueSummary:
     )
 
 
-def _all_graphs(model: _C.Model) -> list[_C.Graph]:
-    graphs: list[_C.Graph] = []
-    stack = [model.graph] + [f.graph for f in model.functions]
-    while stack:
-        g = stack.pop()
-        graphs.append(g)
-        for n in g.nodes:
-            stack.extend(n.subgraphs)
-    return graphs
-
-
 def summarize(model: _C.Model) -> ModelSummary:
     """Collects what ``fastopt info`` reports; reads no tensor bytes."""
-    params = 0
-    param_bytes = 0
-    count = 0
-    external = 0
-    for g in _all_graphs(model):
-        for t in g.initializers:
-            count += 1
-            params += math.prod(t.shape)
-            param_bytes += t.nbytes
-            external += t.is_external
+    # Totals come from C++; only the initializer lists are walked here, never the nodes.
+    initializers = [t for g in model.graphs() for t in g.initializers]
+    count = len(initializers)
+    external = sum(t.is_external for t in initializers)
     histogram = dict(sorted(model.op_counts().items(), key=lambda kv: (-kv[1], kv[0])))
     return ModelSummary(
         path=model.path,
@@ -80,8 +62,8 @@ def summarize(model: _C.Model) -> ModelSummary:
         producer=" ".join(p for p in (model.producer_name, model.producer_version) if p),
         nodes=sum(histogram.values()),
         op_histogram=histogram,
-        parameters=params,
-        parameter_bytes=param_bytes,
+        parameters=model.num_parameters(),
+        parameter_bytes=model.parameter_bytes(),
         initializers=count,
         external_initializers=external,
         inputs=[_value_summary(v) for v in model.graph.inputs if v is not None],
