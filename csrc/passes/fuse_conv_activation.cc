@@ -17,38 +17,12 @@
 #include <limits>
 
 #include "ir/constant.h"
+#include "passes/fusion_util.h"
 #include "passes/registry.h"
 
 namespace fastopt::passes {
 namespace {
 using namespace pattern;
-
-constexpr const char* kMsDomain = "com.microsoft";
-
-float float_attr(const Node* n, const std::string& name, float fallback) {
-  const Attribute* a = n->attribute(name);
-  return a && a->f ? *a->f : fallback;
-}
-
-// FusedConv nodes need the com.microsoft opset in the model (and in a function using them).
-void import_ms_domain(Graph& g) {
-  auto add = [](std::vector<OpsetId>& imports) {
-    for (const OpsetId& o : imports) {
-      if (o.domain.value == kMsDomain) return;
-    }
-    OpsetId id;
-    id.domain.set(kMsDomain);
-    id.version = 1;
-    imports.push_back(std::move(id));
-  };
-  Model* model = g.model();
-  add(model->opset_import);
-  const Graph* top = &g;
-  while (top->parent()) top = top->parent();
-  for (auto& f : model->functions) {
-    if (f->body.get() == top) add(f->opset_import);
-  }
-}
 
 // activation_params for `act`, or nullopt when they are not constants.
 std::optional<std::vector<float>> activation_params(const Node* act) {
@@ -104,7 +78,7 @@ std::vector<Rule> rules(const PassContext& ctx) {
     std::vector<Value*> inputs = conv_node->inputs();
     while (!inputs.empty() && !inputs.back()) inputs.pop_back();
     Value* y = rw.op1("FusedConv", inputs, std::move(attrs), kMsDomain);
-    import_ms_domain(rw.graph());
+    import_domain(rw.graph(), kMsDomain);
     return std::vector<Value*>{y};
   };
   return {{"fuse_conv_activation", p, rewrite}};

@@ -1,0 +1,56 @@
+// Helpers shared by the fusion passes: opset imports for the ops they emit, and small checks on
+// the constants that decomposed patterns carry (epsilons, scales).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ir/constant.h"
+#include "ir/graph.h"
+
+namespace fastopt::passes {
+
+inline constexpr const char* kMsDomain = "com.microsoft";
+// Internal ops that exist only between two stages of one pass run (never written to a file).
+inline constexpr const char* kInternalDomain = "ai.fastopt.internal";
+
+// Makes sure `domain` is imported (at least `version`) by the model and by the function whose
+// body holds `g`, so that nodes of that domain created in `g` are valid.
+inline void import_domain(Graph& g, const std::string& domain, int64_t version = 1) {
+  auto add = [&](std::vector<OpsetId>& imports) {
+    for (OpsetId& o : imports) {
+      if (o.domain.value == domain) {
+        if (o.version.value_or(0) < version) o.version = version;
+        return;
+      }
+    }
+    OpsetId id;
+    if (!domain.empty()) id.domain.set(domain);
+    id.version = version;
+    imports.push_back(std::move(id));
+  };
+  Model* model = g.model();
+  add(model->opset_import);
+  const Graph* top = &g;
+  while (top->parent()) top = top->parent();
+  for (auto& f : model->functions) {
+    if (f->body.get() == top) add(f->opset_import);
+  }
+}
+
+// Opset of `domain` imported by the model, or 0.
+inline int64_t imported_opset(const Model& m, const std::string& domain) {
+  for (const OpsetId& o : m.opset_import) {
+    if (o.domain.value == domain) return o.version.value_or(1);
+  }
+  return 0;
+}
+
+inline float float_attr(const Node* n, const std::string& name, float fallback) {
+  const Attribute* a = n->attribute(name);
+  return a && a->f ? *a->f : fallback;
+}
+
+}  // namespace fastopt::passes

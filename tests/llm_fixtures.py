@@ -1,0 +1,181 @@
+"""Helpers for tests on the LLM fixtures (tests/fixtures/models, made by
+tests/fixtures/make_fixtures.py): pick fixtures, make realistic feeds (with padding), run passes,
+count fused ops, and check ONNX Runtime parity of the logits."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import fastopt
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+ort.set_default_logger_severity(3)
+
+FIXTURE_DIR = Path(__file__).parent / "fixtures" / "models"
+# Max abs error of the logits allowed after fusion (issue 4's acceptance bounds).
+PARITY_ATOL = {"float32": 1e-4, "float16": 2e-2}
+
+
+@dataclass(frozen=True)
+class Fixture:
+    path: Path
+
+    @cached_property
+    def meta(self) -> dict[str, Any]:
+        return dict(json.loads((self.path.parent / "meta.json").read_text()))
+
+    @property
+    def name(self) -> str:
+        return self.path.parent.name
+
+    @property
+    def arch(self) -> str:
+        return str(self.meta["arch"])
+
+    @property
+    def exporter(self) -> str:
+        return str(self.meta["exporter"])
+
+    @property
+    def dtype(self) -> str:
+        return str(self.meta["dtype"])
+
+    @property
+    def is_decoder(self) -> bool:
+        return bool(self.meta["kind"] == "decoder")
+
+    @property
+    def layers(self) -> int:
+        config = self.meta["config"]
+        return int(config.get("num_hidden_layers", config.get("n_layer", 0)))
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def fixtures(
+    arch: str | Sequence[str] | None = None,
+    exporter: str | None = None,
+    dtype: str | None = None,
+    decoder: bool | None = None,
+) -> list[Fixture]:
+    """The committed fixtures, filtered; sorted by name (stable test ids)."""
+    archs = [arch] if isinstance(arch, str) else arch
+    out = []
+    for path in sorted(FIXTURE_DIR.glob("*/model.onnx")):
+        fx = Fixture(path)
+        if archs is not None and fx.arch not in archs:
+            continue
+        if exporter is not None and fx.exporter != exporter:
+            continue
+        if dtype is not None and fx.dtype != dtype:
+            continue
+        if decoder is not None and fx.is_decoder != decoder:
+            continue
+        out.append(fx)
+    return out
+
+
+def ids(items: Sequence[Fixture]) -> list[str]:
+    return [fx.name for fx in items]
+
+
+def feeds(
+    fx: Fixture, batch: int = 2, seq: int = 13, padding: str | None = "right", seed: int = 0
+) -> dict[str, np.ndarray]:
+    """input_ids, attention_mask and position_ids (where the model takes them). With padding
+    "right" or "left" and batch > 1, the second row is shorter by a third of `seq`; positions
+    follow the mask (cumsum - 1, pads at 1), the way generate() makes them."""
+    rng = np.random.default_rng(seed)
+    vocab = int(fx.meta["config"].get("vocab_size", 512))
+    out: dict[str, np.ndarray] = {
+        "input_ids": rng.integers(0, vocab, (batch, seq), dtype=np.int64),
+    }
+    mask = np.ones((batch, seq), dtype=np.int64)
+    if padding and batch > 1:
+        short = max(1, seq // 3)
+        if padding == "right":
+            mask[1, seq - short :] = 0
+        elif padding == "left":
+            mask[1, :short] = 0
+        else:
+            raise ValueError(f"padding must be right, left or None, not {padding!r}")
+    out["attention_mask"] = mask
+    if "position_ids" in fx.meta["inputs"]:
+        positions = np.cumsum(mask, axis=1) - 1
+        positions[mask == 0] = 1
+        out["position_ids"] = positions.astype(np.int64)
+    return {k: v for k, v in out.items() if k in fx.meta["inputs"]}
+
+
+def optimize(
+    fx: Fixture,
+    preset: str | None = None,
+    passes: Sequence[str] | None = None,
+    target: str = "ort",
+    **kwargs: Any,
+) -> tuple[fastopt.OptimizeReport, onnx.ModelProto]:
+    """Runs a preset or passes on a fixture; checks the IR invariants; returns the report and
+    the optimized model as a ModelProto (fixtures are small)."""
+    report = fastopt.optimize(
+        fx.path,
+        preset=preset,  # type: ignore[arg-type]
+        passes=None if passes is None else list(passes),
+        target=target,  # type: ignore[arg-type]
+        **kwargs,
+    )
+    assert report.model is not None
+    report.model.verify()
+    return report, report.model.to_onnx()
+
+
+def op_count(model: onnx.ModelProto, op_type: str, domain: str | None = None) -> int:
+    """Nodes of `op_type` in the main graph (domain None: any domain; "" is ai.onnx)."""
+    return sum(
+        1
+        for n in model.graph.node
+        if n.op_type == op_type and (domain is None or (n.domain or "") == domain)
+    )
+
+
+def run(model: onnx.ModelProto | Path, inputs: dict[str, np.ndarray], optimize_ort: bool = False):  # type: ignore[no-untyped-def]
+    """Outputs of `model` in ONNX Runtime CPU; ORT's own graph optimizations off unless asked."""
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if not optimize_ort:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    source = str(model) if isinstance(model, Path) else model.SerializeToString()
+    session = ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
+    names = {i.name for i in session.get_inputs()}
+    return session.run(None, {k: v for k, v in inputs.items() if k in names})
+
+
+def max_abs_diff(fx: Fixture, optimized: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> float:
+    """Max abs difference of the first output (logits / last_hidden_state) between the fixture
+    and `optimized`, over the positions the attention mask keeps (pad positions' outputs are
+    don't-care, and fused kernels legitimately differ there)."""
+    expected = np.asarray(run(fx.path, inputs)[0], dtype=np.float64)
+    got = np.asarray(run(optimized, inputs)[0], dtype=np.float64)
+    assert expected.shape == got.shape, (expected.shape, got.shape)
+    keep = inputs["attention_mask"].astype(bool)
+    return float(np.max(np.abs(expected[keep] - got[keep])))
+
+
+def assert_parity(
+    fx: Fixture,
+    optimized: onnx.ModelProto,
+    paddings: Sequence[str | None] = (None, "right", "left"),
+) -> None:
+    """Logits agree within the dtype's bound on unpadded, right-padded and left-padded
+    batches."""
+    bound = PARITY_ATOL[fx.dtype]
+    for padding in paddings:
+        diff = max_abs_diff(fx, optimized, feeds(fx, padding=padding))
+        assert diff <= bound, f"{fx}: max abs diff {diff:.3g} > {bound} (padding={padding})"
