@@ -28,7 +28,7 @@ PassRegistrar::PassRegistrar(PassInfo info) {
 }
 
 PassInfo rule_pass(std::string name, std::string description, std::vector<std::string> tags,
-                   std::function<std::vector<pattern::Rule>(const PassContext&)> make_rules) {
+                   std::function<std::vector<pattern::Rule>(PassContext&)> make_rules) {
   PassInfo info;
   info.name = name;
   info.description = std::move(description);

@@ -42,9 +42,10 @@ struct PassRegistrar {
   explicit PassRegistrar(PassInfo info);
 };
 
-// A pass made of pattern rules applied to a fixed point. `make_rules` runs once, on first use.
+// A pass made of pattern rules applied to a fixed point. `make_rules` runs at each run of the
+// pass; the rules it makes may keep a reference to `ctx` (target, options, counters) for that run.
 PassInfo rule_pass(std::string name, std::string description, std::vector<std::string> tags,
-                   std::function<std::vector<pattern::Rule>(const PassContext&)> make_rules);
+                   std::function<std::vector<pattern::Rule>(PassContext&)> make_rules);
 
 // Opset of the default domain, or 0.
 int64_t default_opset(const Model& m);

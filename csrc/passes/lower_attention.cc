@@ -1,0 +1,48 @@
+// Stage 2 of the attention fusion: every internal Attention node (see attention.h) becomes what
+// the target runs. The target's lowering is tried first; when its preconditions do not hold the
+// node goes back to standard ops, so the internal op never survives the pass. Why a lowering did
+// not apply is kept as an explanation (`--explain lower_attention`) and a counter.
+#include "passes/attention.h"
+#include "passes/fusion_util.h"
+
+namespace fastopt::passes {
+namespace {
+using namespace pattern;
+
+std::vector<Rule> rules(PassContext& ctx) {
+  auto p = std::make_shared<Pattern>("lower_attention");
+  P q = p->var("Q"), k = p->var("K"), v = p->var("V");
+  P attention = p->op(kInternalAttention, {q, k, v}, kInternalDomain).extra_inputs();
+  p->root(attention);
+
+  PassContext* c = &ctx;
+  RewriteFn rewrite = [c](const Match& m, Rewriter& rw) -> Replacement {
+    Node* node = m.root();
+    const bool ort = c->target == "ort";
+    Replacement lowered =
+        ort ? lower_attention_ort(node, rw, *c) : lower_attention_onnx(node, rw, *c);
+    if (lowered) {
+      c->counters[ort ? "lowered for ort" : "lowered to Attention-23"] += 1;
+      return lowered;
+    }
+    const std::string why = rw.failure();
+    rw.rollback();
+    if (!c->explain_rule.empty() &&
+        (c->explain_rule == "*" || c->explain_rule == "lower_attention")) {
+      c->explain_lines.push_back("lower_attention: " + node->name.value +
+                                 ": kept as standard ops: " + why);
+    }
+    c->counters["kept as standard ops"] += 1;
+    return decompose_attention(node, rw, *c);
+  };
+  return {{"lower_attention", p, rewrite}};
+}
+
+const PassRegistrar kRegister{rule_pass(
+    "lower_attention",
+    "lower the internal Attention op for the target: MultiHeadAttention/GroupQueryAttention "
+    "(ort), Attention-23 (onnx), else standard ops",
+    {"fusion", "llm"}, rules)};
+
+}  // namespace
+}  // namespace fastopt::passes
