@@ -90,3 +90,14 @@ def test_corpus_export_17_to_18(tmp_path: Path) -> None:
     assert reduce and all(len(n.input) == 2 for n in reduce)
     for e, a in zip(run_ort(path, feeds), run_ort(out_path, feeds)):
         np.testing.assert_allclose(a, e, rtol=0, atol=1e-5)
+
+
+def test_target_opset_converts_only_for_target_onnx() -> None:
+    path = Path(__file__).parent / "fixtures" / "models" / "llama_ts_float32" / "model.onnx"
+    ort_report = fastopt.optimize(path, passes=["target_opset"], target="ort")
+    assert ort_report.model is not None and ort_report.model.opset_imports[""] == 17
+    onnx_report = fastopt.optimize(path, passes=["target_opset"], target="onnx")
+    assert onnx_report.model is not None and onnx_report.model.opset_imports[""] == 23
+    assert onnx_report.passes[0].rewrites == 1
+    again = fastopt.optimize(onnx_report.model, passes=["target_opset"], target="onnx")
+    assert again.passes[0].rewrites == 0

@@ -111,20 +111,10 @@ def optimize(
                 PassReport(name, 0, 0.0, _node_count(ctx.model), skipped=f"opset {opset}")
             )
             continue
-        before = dict(ctx.counters)
-        t0 = time.perf_counter()
-        rewrites = spec.run(ctx)
-        seconds = time.perf_counter() - t0
-        counters = {k: v - before.get(k, 0) for k, v in ctx.counters.items()}
-        reports.append(
-            PassReport(
-                name,
-                rewrites,
-                seconds,
-                _node_count(ctx.model),
-                {k: v for k, v in counters.items() if v},
-            )
-        )
+        reports.append(_run_pass(name, ctx))
+    if any(op.startswith(_INTERNAL_DOMAIN + "::") for op in ctx.model.op_counts()):
+        # A pass list that fused attention without lowering it: internal ops never leave.
+        reports.append(_run_pass("lower_attention", ctx))
     if progress is not None:
         progress(len(names), len(names), "")
     model = ctx.model
@@ -146,6 +136,21 @@ def optimize(
         explain=list(ctx.explain_lines),
         model=model,
     )
+
+
+def _run_pass(name: str, ctx: PassContext) -> PassReport:
+    before = dict(ctx.counters)
+    t0 = time.perf_counter()
+    rewrites = get_pass(name).run(ctx)
+    seconds = time.perf_counter() - t0
+    counters = {k: v - before.get(k, 0) for k, v in ctx.counters.items()}
+    return PassReport(
+        name, rewrites, seconds, _node_count(ctx.model), {k: v for k, v in counters.items() if v}
+    )
+
+
+# Ops that exist only between two passes (see csrc/passes/attention.h).
+_INTERNAL_DOMAIN = "ai.fastopt.internal"
 
 
 def _preset_passes(name: str) -> list[str]:

@@ -32,6 +32,10 @@ def convert_version(ctx: PassContext) -> int:
         raise ValueError(f"options['opset'] must be an opset number, not {target!r}")
     if _default_opset(ctx.model) == target:
         return 0
+    return _convert(ctx, target)
+
+
+def _convert(ctx: PassContext, target: int) -> int:
     proto = onnx.ModelProto.FromString(ctx.model.skeleton())
     try:
         converted = onnx.version_converter.convert_version(proto, target)
@@ -40,3 +44,20 @@ def convert_version(ctx: PassContext) -> int:
     ctx.model = _C.load_skeleton(converted.SerializeToString(), ctx.model)
     ctx.counters["converted"] = ctx.counters.get("converted", 0) + 1
     return 1
+
+
+# The opset of the standard fused ops target "onnx" emits: RMSNormalization, RotaryEmbedding,
+# Attention.
+FUSED_OPS_OPSET = 23
+
+
+@register_pass(
+    "target_opset",
+    f"target onnx: convert to opset {FUSED_OPS_OPSET} (the standard fused ops) when older; "
+    "target ort: nothing",
+    tags=("conversion", "llm"),
+)
+def target_opset(ctx: PassContext) -> int:
+    if ctx.target != "onnx" or _default_opset(ctx.model) >= FUSED_OPS_OPSET:
+        return 0
+    return _convert(ctx, FUSED_OPS_OPSET)
