@@ -1,0 +1,265 @@
+"""lower_attention for target ort: the internal Attention op (csrc/passes/attention.h) becomes
+com.microsoft MultiHeadAttention or GroupQueryAttention. Test graphs hold the internal op
+directly; the reference is the same graph with ONNX Attention-23 (the internal op's semantics),
+run by ORT CPU. Rows of pad queries (every key masked) are don't-care and not compared."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import fastopt
+import numpy as np
+import onnx
+import pytest
+from fusion_util import ort_run
+from onnx import TensorProto, helper
+
+INTERNAL = "ai.fastopt.internal"
+PASSES = ["lower_attention", "fold_transposes", "fold_reshapes", "eliminate_noop",
+          "eliminate_dead_nodes"]  # fmt: skip
+NP = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16}
+
+
+@dataclass
+class Case:
+    hq: int = 4
+    hkv: int = 4
+    s: int = 7
+    d: int = 8
+    b: int = 2
+    dtype: int = TensorProto.FLOAT
+    causal: int = 1
+    scale: float | None = None  # None: 1/sqrt(d)
+    mask: str | None = None  # None, "bool", "float", "bool_key" (B,1,1,T), "float_inf"
+    padding: str | None = None  # "right", "left" (with a mask)
+    kv_len: int | None = None  # T != S (cross attention); default S
+    shapes: bool = True  # value_info for Q/K/V (what infer_shapes gives)
+    softmax_precision: int | None = None
+
+    @property
+    def t(self) -> int:
+        return self.kv_len or self.s
+
+
+def build(c: Case, domain: str = INTERNAL) -> onnx.ModelProto:
+    """q3/k3/v3 (B,S,H*D) -> Reshape -> Transpose -> Attention -> Transpose -> Reshape -> y."""
+    f = c.dtype
+    sdim = "S"
+    tdim = "T" if c.kv_len else "S"
+    nodes, inits = [], []
+    inputs = [
+        helper.make_tensor_value_info("q3", f, ["B", sdim, c.hq * c.d]),
+        helper.make_tensor_value_info("k3", f, ["B", tdim, c.hkv * c.d]),
+        helper.make_tensor_value_info("v3", f, ["B", tdim, c.hkv * c.d]),
+    ]
+    vinfo = []
+    for name, heads, dim in (("q", c.hq, sdim), ("k", c.hkv, tdim), ("v", c.hkv, tdim)):
+        inits.append(helper.make_tensor(f"{name}_shape", TensorProto.INT64, [4], [0, 0, heads, -1]))
+        nodes.append(helper.make_node("Reshape", [f"{name}3", f"{name}_shape"], [f"{name}_bshd"]))
+        nodes.append(helper.make_node("Transpose", [f"{name}_bshd"], [name], perm=[0, 2, 1, 3]))
+        if c.shapes:
+            vinfo.append(helper.make_tensor_value_info(name, f, ["B", heads, dim, c.d]))
+    att_inputs = ["q", "k", "v"]
+    if c.mask:
+        if c.mask == "bool_key":  # (the reference gets it expanded: see reference_feeds)
+            mt, shape = TensorProto.BOOL, ["B", 1, 1 if domain else sdim, tdim]
+        elif c.mask == "bool":
+            mt, shape = TensorProto.BOOL, ["B", 1, sdim, tdim]
+        else:
+            mt, shape = f, ["B", 1, sdim, tdim]
+        inputs.append(helper.make_tensor_value_info("mask", mt, shape))
+        att_inputs.append("mask")
+    attrs = {"is_causal": c.causal}
+    if domain == INTERNAL:
+        attrs.update(q_num_heads=c.hq, kv_num_heads=c.hkv, scale=c.scale or 1 / np.sqrt(c.d))
+    elif c.scale is not None:
+        attrs["scale"] = c.scale
+    if c.softmax_precision is not None:
+        attrs["softmax_precision"] = c.softmax_precision
+    nodes.append(helper.make_node("Attention", att_inputs, ["y4"], domain=domain, **attrs))
+    nodes.append(helper.make_node("Transpose", ["y4"], ["y_bshd"], perm=[0, 2, 1, 3]))
+    inits.append(helper.make_tensor("y_shape", TensorProto.INT64, [3], [0, 0, -1]))
+    nodes.append(helper.make_node("Reshape", ["y_bshd", "y_shape"], ["y"]))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        inputs,
+        [helper.make_tensor_value_info("y", f, ["B", sdim, c.hq * c.d])],
+        inits,
+        value_info=vinfo,
+    )
+    opsets = [helper.make_opsetid("", 23 if domain == "" else 18)]
+    if domain == INTERNAL:
+        opsets.append(helper.make_opsetid(INTERNAL, 1))
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 10
+    return model
+
+
+def feeds(c: Case, seed: int = 0) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Inputs, and which query rows are valid (B, S)."""
+    rng = np.random.default_rng(seed)
+    dt = NP[c.dtype]
+    out = {
+        "q3": rng.standard_normal((c.b, c.s, c.hq * c.d)).astype(dt),
+        "k3": rng.standard_normal((c.b, c.t, c.hkv * c.d)).astype(dt),
+        "v3": rng.standard_normal((c.b, c.t, c.hkv * c.d)).astype(dt),
+    }
+    valid = np.ones((c.b, c.s), bool)
+    if c.mask:
+        keys = np.ones((c.b, c.t), bool)
+        short = max(1, c.t // 3)
+        if c.padding == "right":
+            keys[-1, c.t - short :] = False
+        elif c.padding == "left":
+            keys[-1, :short] = False
+        allowed = np.broadcast_to(keys[:, None, None, :], (c.b, 1, c.s, c.t)).copy()
+        if c.causal:  # which rows end up with no key at all (pad queries)
+            allowed &= np.tril(np.ones((c.s, c.t), bool), c.t - c.s)
+        valid = allowed.any(-1)[:, 0]
+        if c.mask == "bool_key":
+            out["mask"] = keys[:, None, None, :]
+        elif c.mask == "bool":
+            out["mask"] = np.broadcast_to(keys[:, None, None, :], (c.b, 1, c.s, c.t)).copy()
+        else:
+            low = -np.inf if c.mask == "float_inf" else np.finfo(dt).min
+            m = np.where(keys[:, None, None, :], 0, low).astype(dt)
+            out["mask"] = np.broadcast_to(m, (c.b, 1, c.s, c.t)).copy()
+    return out, valid
+
+
+def reference_feeds(c: Case, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """ORT's Attention-23 does not broadcast the mask over S: give it the full mask."""
+    if c.mask != "bool_key":
+        return x
+    return {**x, "mask": np.broadcast_to(x["mask"], (c.b, 1, c.s, c.t)).copy()}
+
+
+def lower(model: onnx.ModelProto, **kwargs) -> tuple[fastopt.OptimizeReport, onnx.ModelProto]:  # type: ignore[no-untyped-def]
+    report = fastopt.optimize(fastopt.from_onnx(model), passes=PASSES, target="ort", **kwargs)
+    assert report.model is not None
+    report.model.verify()
+    return report, report.model.to_onnx()
+
+
+def ops(model: onnx.ModelProto) -> list[str]:
+    return [n.op_type for n in model.graph.node]
+
+
+def check(c: Case, expect_op: str, transposes: int = 0, **kwargs) -> onnx.ModelProto:  # type: ignore[no-untyped-def]
+    _, out = lower(build(c), **kwargs)
+    got = ops(out)
+    assert got.count(expect_op) == 1, got
+    assert "Attention" not in got
+    # The head splits and the merge of Y are gone: the op reads and writes 3-D tensors.
+    assert got.count("Transpose") == transposes, got
+    onnx.checker.check_model(out)
+    x, valid = feeds(c)
+    (ref,) = ort_run(build(c, domain=""), reference_feeds(c, x))
+    (y,) = ort_run(out, x)
+    assert not np.isnan(y).any()
+    tol = 1e-4 if c.dtype == TensorProto.FLOAT else 2e-2
+    diff = np.abs(y.astype(np.float64) - ref.astype(np.float64))[valid]
+    assert diff.max() <= tol, diff.max()
+    return out
+
+
+MHA, GQA = "MultiHeadAttention", "GroupQueryAttention"
+F16 = TensorProto.FLOAT16
+
+CASES = {
+    # fp32, Hkv == Hq: MultiHeadAttention
+    "mha_causal": (Case(), MHA),
+    "mha_causal_right": (Case(mask="bool", padding="right"), MHA),
+    "mha_causal_left": (Case(mask="bool", padding="left"), MHA),
+    "mha_causal_left_additive": (Case(mask="float", padding="left"), MHA),
+    "mha_causal_left_inf": (Case(mask="float_inf", padding="left"), MHA),
+    "mha_key_mask": (Case(mask="bool_key", padding="left"), MHA),
+    "mha_encoder": (Case(causal=0, mask="bool", padding="right"), MHA),
+    "mha_encoder_additive": (Case(causal=0, mask="float", padding="left"), MHA),
+    "mha_cross": (Case(causal=0, kv_len=5), MHA),
+    "mha_scale": (Case(scale=0.05, mask="bool", padding="right"), MHA),
+    "mha_s1": (Case(s=1), MHA),
+    "mha_no_shapes_encoder": (Case(causal=0, shapes=False, mask="bool"), MHA),
+    # fp32, Hkv < Hq: GroupQueryAttention (CPU)
+    "gqa_causal": (Case(hkv=2), GQA),
+    "gqa_causal_right": (Case(hkv=2, mask="bool", padding="right"), GQA),
+    "gqa_causal_left": (Case(hkv=2, mask="bool", padding="left"), GQA),
+    "gqa_causal_left_additive": (Case(hkv=1, mask="float", padding="left"), GQA),
+    "gqa_key_mask": (Case(hkv=2, mask="bool_key", padding="right"), GQA),
+    "gqa_scale": (Case(hkv=2, scale=0.5), GQA),
+    "gqa_s1": (Case(hkv=2, s=1, mask="bool"), GQA),
+    "gqa_encoder": (Case(hkv=2, causal=0, mask="bool", padding="left"), GQA),
+    # fp16: GroupQueryAttention for any heads
+    "fp16_mha_heads": (Case(dtype=F16, mask="bool", padding="right"), GQA),
+    "fp16_gqa_left": (Case(dtype=F16, hkv=2, mask="float", padding="left"), GQA),
+    "fp16_gqa_left_inf": (Case(dtype=F16, hkv=2, mask="float_inf", padding="left"), GQA),
+    "fp16_softmax_fp32": (
+        Case(dtype=F16, hkv=2, mask="bool", padding="right", softmax_precision=1),
+        GQA,
+    ),
+    "fp16_encoder": (Case(dtype=F16, causal=0, mask="bool", padding="left"), GQA),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_lowering(name: str) -> None:
+    c, op = CASES[name]
+    check(c, op)
+
+
+def test_repeated_kv_heads_for_cuda() -> None:
+    """options attention_cuda=1: fp32 Hkv < Hq -> MHA over repeated kv heads (no fp32 GQA on
+    CUDA); fp16 stays GQA."""
+    # K and V stay BNSH (their Transposes) for the head repeat.
+    check(Case(hkv=2, mask="bool", padding="left"), MHA, 2, options={"attention_cuda": 1})
+    check(Case(hkv=2, dtype=F16, mask="bool"), GQA, options={"attention_cuda": 1})
+
+
+def test_mask_bias_shared_by_layers() -> None:
+    """Two attention nodes on one mask: one Where, one seqlens_k chain."""
+    c = Case(hkv=2, mask="bool", padding="right")
+    model = build(c)
+    g = model.graph
+    att = next(n for n in g.node if n.op_type == "Attention")
+    second = onnx.NodeProto()
+    second.CopyFrom(att)
+    del second.input[:]
+    second.input.extend(["q", "k", "v", "mask"])
+    second.output[0] = "y4b"
+    g.node.append(second)
+    g.node.append(helper.make_node("Add", ["y4", "y4b"], ["y4sum"]))
+    for n in g.node:
+        if n.op_type == "Transpose" and n.input[0] == "y4":
+            n.input[0] = "y4sum"
+    g.node.sort(key=lambda n: 1 if n.output[0] in ("y_bshd", "y") else 0)
+    _, out = lower(model)
+    assert ops(out).count(GQA) == 2
+    assert ops(out).count("Where") == 1 and ops(out).count("Shape") == 1, ops(out)
+    x, valid = feeds(c)
+    (ref,) = ort_run(build(c, domain=""), reference_feeds(c, x))
+    (y,) = ort_run(out, x)
+    np.testing.assert_allclose(y[valid], 2 * ref[valid], atol=2e-4)
+
+
+NOT_LOWERED = {
+    "causal_cross": (Case(kv_len=5), "S == T"),
+    "causal_no_shapes": (Case(shapes=False), "S == T"),
+    "gqa_cross": (Case(hkv=2, causal=0, kv_len=5), "S == T"),
+    "softmax_precision_fp16": (
+        Case(softmax_precision=TensorProto.FLOAT16),
+        "softmax_precision",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(NOT_LOWERED))
+def test_not_lowered(name: str) -> None:
+    c, why = NOT_LOWERED[name]
+    report = fastopt.optimize(
+        fastopt.from_onnx(build(c)), passes=["lower_attention"], explain="lower_attention"
+    )
+    assert report.model is not None
+    out = report.model.to_onnx()
+    assert MHA not in ops(out) and GQA not in ops(out)
+    assert any(why in line for line in report.explain), report.explain
