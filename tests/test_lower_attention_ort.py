@@ -44,8 +44,8 @@ class Case:
 def build(c: Case, domain: str = INTERNAL) -> onnx.ModelProto:
     """q3/k3/v3 (B,S,H*D) -> Reshape -> Transpose -> Attention -> Transpose -> Reshape -> y."""
     f = c.dtype
-    sdim = "S"
-    tdim = "T" if c.kv_len else "S"
+    sdim: str | int = 1 if c.s == 1 else "S"  # a static 1: one query row
+    tdim = "T" if c.kv_len else sdim
     nodes, inits = [], []
     inputs = [
         helper.make_tensor_value_info("q3", f, ["B", sdim, c.hq * c.d]),
@@ -128,6 +128,27 @@ def feeds(c: Case, seed: int = 0) -> tuple[dict[str, np.ndarray], np.ndarray]:
     return out, valid
 
 
+def reference(c: Case, x: dict[str, np.ndarray]) -> np.ndarray:
+    """attention.h in numpy (fp64): causal bottom-right, bool or additive mask."""
+
+    def split(a: np.ndarray, heads: int) -> np.ndarray:
+        return a.astype(np.float64).reshape(c.b, -1, heads, c.d).transpose(0, 2, 1, 3)
+
+    q, k, v = split(x["q3"], c.hq), split(x["k3"], c.hkv), split(x["v3"], c.hkv)
+    k, v = np.repeat(k, c.hq // c.hkv, 1), np.repeat(v, c.hq // c.hkv, 1)
+    scores = (c.scale or 1 / np.sqrt(c.d)) * q @ k.transpose(0, 1, 3, 2)
+    if c.causal:
+        visible = np.tril(np.ones((c.s, c.t), bool), c.t - c.s)
+        scores = np.where(visible, scores, -np.inf)
+    if "mask" in x:
+        m = x["mask"]
+        scores = np.where(m, scores, -np.inf) if m.dtype == bool else scores + m
+    scores = scores - scores.max(-1, keepdims=True)
+    p = np.exp(scores)
+    y = (p / p.sum(-1, keepdims=True)) @ v
+    return y.transpose(0, 2, 1, 3).reshape(c.b, c.s, -1)
+
+
 def reference_feeds(c: Case, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """ORT's Attention-23 does not broadcast the mask over S: give it the full mask."""
     if c.mask != "bool_key":
@@ -155,7 +176,10 @@ def check(c: Case, expect_op: str, transposes: int = 0, **kwargs) -> onnx.ModelP
     assert got.count("Transpose") == transposes, got
     onnx.checker.check_model(out)
     x, valid = feeds(c)
-    (ref,) = ort_run(build(c, domain=""), reference_feeds(c, x))
+    if c.kv_len is None:
+        (ref,) = ort_run(build(c, domain=""), reference_feeds(c, x))
+    else:  # ORT's Attention-23 aligns causal top-left when T != S (no past)
+        ref = reference(c, x)
     (y,) = ort_run(out, x)
     assert not np.isnan(y).any()
     tol = 1e-4 if c.dtype == TensorProto.FLOAT else 2e-2
@@ -190,6 +214,8 @@ CASES = {
     "gqa_scale": (Case(hkv=2, scale=0.5), GQA),
     "gqa_s1": (Case(hkv=2, s=1, mask="bool"), GQA),
     "gqa_encoder": (Case(hkv=2, causal=0, mask="bool", padding="left"), GQA),
+    # one query row over 5 keys (a decode step): causal sees every key, MHA without mask
+    "mha_one_row_causal": (Case(s=1, kv_len=5, mask="bool_key", padding="left"), MHA),
     # fp16: GroupQueryAttention for any heads
     "fp16_mha_heads": (Case(dtype=F16, mask="bool", padding="right"), GQA),
     "fp16_gqa_left": (Case(dtype=F16, hkv=2, mask="float", padding="left"), GQA),
@@ -214,6 +240,12 @@ def test_repeated_kv_heads_for_cuda() -> None:
     # K and V stay BNSH (their Transposes) for the head repeat.
     check(Case(hkv=2, mask="bool", padding="left"), MHA, 2, options={"attention_cuda": 1})
     check(Case(hkv=2, dtype=F16, mask="bool"), GQA, options={"attention_cuda": 1})
+
+
+def test_gqa_does_not_fit() -> None:
+    """GQA kernels need head_size % 8 == 0 and T == S: fp32 takes MHA over repeated kv heads."""
+    check(Case(hkv=2, d=6, mask="bool", padding="left"), MHA, 2)
+    check(Case(hkv=2, causal=0, kv_len=5, mask="bool", padding="right"), MHA, 2)
 
 
 def test_mask_bias_shared_by_layers() -> None:
@@ -245,7 +277,8 @@ def test_mask_bias_shared_by_layers() -> None:
 NOT_LOWERED = {
     "causal_cross": (Case(kv_len=5), "S == T"),
     "causal_no_shapes": (Case(shapes=False), "S == T"),
-    "gqa_cross": (Case(hkv=2, causal=0, kv_len=5), "S == T"),
+    "fp16_cross": (Case(dtype=F16, hkv=2, causal=0, kv_len=5), "S == T"),
+    "fp16_head_size_6": (Case(dtype=F16, d=6), "multiple of 8"),
     "softmax_precision_fp16": (
         Case(softmax_precision=TensorProto.FLOAT16),
         "softmax_precision",

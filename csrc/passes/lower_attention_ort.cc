@@ -304,9 +304,19 @@ Replacement lower_attention_ort(Node* node, Rewriter& rw, PassContext& ctx) {
 
   const Dim* s_dim = dim_at(q, 4, 2);
   const Dim* t_dim = dim_at(k, 4, 2);
+  const Dim* head_dim = dim_at(k, 4, 3);
+  const bool static_head = head_dim && head_dim->value;
   const bool same_len = same_dim(s_dim, t_dim);
+  // One query row sees every key under bottom-right alignment: no causal mask at all.
+  const bool one_row = s_dim && s_dim->value && *s_dim->value == 1;
+  const bool mha_causal = causal && !one_row;
+  // GQA takes K/V of the query's length, one head size for K and V, a multiple of 8.
+  const bool gqa_fits =
+      same_len && static_head && *head_dim->value % 8 == 0 && same_dim(head_dim, dim_at(v, 4, 3));
   const bool cuda = ctx.options.count("attention_cuda") && ctx.options.at("attention_cuda") != 0;
-  const bool use_gqa = dtype != kFloat || (hkv != hq && !cuda);
+  bool use_gqa = dtype != kFloat || (hkv != hq && !cuda);
+  // fp32 has MHA over repeated kv heads to fall back on.
+  if (use_gqa && dtype == kFloat && !gqa_fits && static_head) use_gqa = false;
   const bool repeat_kv = !use_gqa && hkv != hq;
 
   if (use_gqa && !same_len) {
@@ -314,16 +324,16 @@ Replacement lower_attention_ort(Node* node, Rewriter& rw, PassContext& ctx) {
                    (dtype == kFloat ? ", Hkv < Hq" : "") +
                    ") needs S == T, not shown by the shapes of Q and K");
   }
-  if (!use_gqa && causal && !same_len) {
+  if (use_gqa && !gqa_fits) {
+    return rw.fail(
+        "GroupQueryAttention needs a static head size, a multiple of 8, the same for K and V");
+  }
+  if (!use_gqa && mha_causal && !same_len) {
     return rw.fail(
         "causal MultiHeadAttention needs S == T (its causal mask is top-left "
         "aligned), not shown by the shapes of Q and K");
   }
-  if (use_gqa && !same_dim(dim_at(k, 4, 3), dim_at(v, 4, 3))) {
-    return rw.fail("GroupQueryAttention needs V's head size == K's, not shown by the shapes");
-  }
-  const Dim* head_dim = dim_at(k, 4, 3);
-  if (repeat_kv && !(head_dim && head_dim->value)) {
+  if (repeat_kv && !static_head) {
     return rw.fail("repeating kv heads for MultiHeadAttention needs a static head size");
   }
 
@@ -403,7 +413,7 @@ Replacement lower_attention_ort(Node* node, Rewriter& rw, PassContext& ctx) {
     std::vector<Attribute> a;
     a.push_back(attr_int("num_heads", hq));
     a.push_back(attr_float("scale", scale));
-    if (causal) a.push_back(attr_int("unidirectional", 1));
+    if (mha_causal) a.push_back(attr_int("unidirectional", 1));
     std::vector<Value*> inputs = {q3, kx, vx};
     if (bias) inputs.insert(inputs.end(), {none, none, bias});
     out3 = rw.op1("MultiHeadAttention", inputs, std::move(a), kMsDomain);
