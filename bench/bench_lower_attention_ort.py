@@ -19,10 +19,10 @@ import fastopt
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import TensorProto, helper
+from onnx import helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from test_lower_attention_ort import Case, build  # noqa: E402
+from test_lower_attention_ort import Case, build
 
 THREADS = 1
 
@@ -34,7 +34,7 @@ def decomposed(c: Case) -> onnx.ModelProto:
     att = next(n for n in g.node if n.op_type == "Attention")
     idx = list(g.node).index(att)
     g.node.remove(att)
-    f, group = c.dtype, c.hq // c.hkv
+    group = c.hq // c.hkv
     nodes, inits = [], []
 
     def const(name: str, arr: np.ndarray) -> str:
@@ -130,8 +130,8 @@ def main() -> None:
     global THREADS
     THREADS = args.threads
     print(
-        f"ORT {ort.__version__} CPU, {args.threads} thread(s), optimizations ON, batch {args.batch}, "
-        f"seq {args.seq}, fp32, head 64; median of {args.runs} runs (ms)\n"
+        f"ORT {ort.__version__} CPU, {args.threads} thread(s), optimizations ON, "
+        f"batch {args.batch}, seq {args.seq}, fp32, head 64; median of {args.runs} runs (ms)\n"
     )
     print("| heads (q/kv) | mask | variant | ops | ms |")
     print("|---|---|---|---|---|")
