@@ -12,11 +12,13 @@ import numpy as np
 import onnx
 import pytest
 from fusion_util import ort_run
+from llm_fixtures import Fixture, assert_parity, fixtures, ids, op_count
 from onnx import TensorProto, helper
 
 INTERNAL = "ai.fastopt.internal"
 PASSES = ["lower_attention", "fold_transposes", "fold_reshapes", "eliminate_noop",
           "eliminate_dead_nodes"]  # fmt: skip
+DYNAMO = fixtures(exporter="dynamo")
 NP = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16}
 
 
@@ -296,3 +298,80 @@ def test_not_lowered(name: str) -> None:
     out = report.model.to_onnx()
     assert MHA not in ops(out) and GQA not in ops(out)
     assert any(why in line for line in report.explain), report.explain
+
+
+# ---- real exports: a stand-in for stage 1 (fuse_attention) on the dynamo fixtures ----
+
+
+def internal_attention_standin(fx: Fixture) -> onnx.ModelProto:
+    """The fixture after the default preset, each dynamo SDPA core (MatMul(q*c, kT*c) + mask ->
+    Softmax -> Where(IsNaN) -> MatMul(v)) replaced by the internal op, the way stage 1 will
+    (is_causal 0: the exporters' mask holds the causal part)."""
+    report = fastopt.optimize(fx.path, preset="default")
+    assert report.model is not None
+    model = report.model.to_onnx()
+    g = model.graph
+    prod = {o: n for n in g.node for o in n.output}
+    users: dict[str, list[onnx.NodeProto]] = {}
+    for n in g.node:
+        for i in n.input:
+            users.setdefault(i, []).append(n)
+    consts = {t.name: onnx.numpy_helper.to_array(t) for t in g.initializer}
+
+    def unscaled(v: str) -> tuple[str, float]:
+        n = prod.get(v)
+        if n is not None and n.op_type == "Mul" and n.input[1] in consts:
+            return n.input[0], float(consts[n.input[1]])
+        return v, 1.0
+
+    def kv_source(v: str) -> str:  # back through repeat_kv and the K^T reshapes
+        n = prod.get(v)
+        while n is not None and (
+            n.op_type in ("Reshape", "Expand", "Unsqueeze")
+            or (n.op_type == "Transpose" and list(n.attribute[0].ints) != [0, 2, 1, 3])
+        ):
+            v, n = n.input[0], prod.get(n.input[0])
+        return v
+
+    cfg = fx.meta["config"]
+    hq = cfg.get("num_attention_heads", cfg.get("n_head"))
+    hkv = cfg.get("num_key_value_heads", hq)
+    for softmax in [n for n in g.node if n.op_type == "Softmax"]:
+        where = next(u for u in users[softmax.output[0]] if u.op_type == "Where")
+        pv = next(u for u in users[where.output[0]] if u.op_type == "MatMul")
+        add = prod[softmax.input[0]]
+        qk, mask = add.input if prod[add.input[0]].op_type == "MatMul" else add.input[::-1]
+        q, cq = unscaled(prod[qk].input[0])
+        kt, ck = unscaled(prod[qk].input[1])
+        att = helper.make_node(
+            "Attention",
+            [q, kv_source(kt), kv_source(pv.input[1]), mask],
+            [pv.output[0]],
+            domain=INTERNAL,
+            scale=cq * ck,
+            is_causal=0,
+            q_num_heads=hq,
+            kv_num_heads=hkv,
+        )
+        idx = list(g.node).index(pv)
+        g.node.remove(pv)
+        g.node.insert(idx, att)
+    model.opset_import.append(helper.make_opsetid(INTERNAL, 1))
+    return model
+
+
+@pytest.mark.parametrize("fx", DYNAMO, ids=ids(DYNAMO))
+def test_fixture(fx: Fixture) -> None:
+    model = internal_attention_standin(fx)
+    report = fastopt.optimize(
+        fastopt.from_onnx(model), passes=["infer_shapes", "lower_attention", "eliminate_dead_nodes"]
+    )
+    assert report.model is not None
+    report.model.verify()
+    out = report.model.to_onnx()
+    cfg = fx.meta["config"]
+    hq = cfg.get("num_attention_heads", cfg.get("n_head"))
+    gqa = fx.dtype == "float16" or cfg.get("num_key_value_heads", hq) < hq
+    assert op_count(out, GQA if gqa else MHA, "com.microsoft") == fx.layers
+    assert op_count(out, "Attention") == 0 and op_count(out, "Softmax") == 0
+    assert_parity(fx, out)
