@@ -236,12 +236,15 @@ def test_lowering(name: str) -> None:
     check(c, op)
 
 
-def test_repeated_kv_heads_for_cuda() -> None:
-    """options attention_cuda=1: fp32 Hkv < Hq -> MHA over repeated kv heads (no fp32 GQA on
-    CUDA); fp16 stays GQA."""
+def test_attention_cuda_option() -> None:
+    """options attention_cuda=1: no fp32 GQA and no GQA attention_bias on CUDA, so GQA only for
+    fp16 causal attention without a mask; MHA (over repeated kv heads) for the rest."""
+    cuda = {"attention_cuda": 1}
     # K and V stay BNSH (their Transposes) for the head repeat.
-    check(Case(hkv=2, mask="bool", padding="left"), MHA, 2, options={"attention_cuda": 1})
-    check(Case(hkv=2, dtype=F16, mask="bool"), GQA, options={"attention_cuda": 1})
+    check(Case(hkv=2, mask="bool", padding="left"), MHA, 2, options=cuda)
+    check(Case(hkv=2, dtype=F16), GQA, options=cuda)
+    check(Case(hkv=2, dtype=F16, mask="bool", padding="right"), MHA, 2, options=cuda)
+    check(Case(dtype=F16, causal=0, mask="bool", padding="left"), MHA, options=cuda)
 
 
 def test_gqa_does_not_fit() -> None:

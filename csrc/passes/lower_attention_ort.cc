@@ -1,37 +1,44 @@
 // Lowering of the internal Attention op (attention.h) for target "ort": com.microsoft
 // MultiHeadAttention or GroupQueryAttention, exact to the internal op's semantics or not at all.
 //
-//   q3 (B,S,Hq*D) ─Reshape─Transpose(0,2,1,3)─ Q ─┐              q3 ──────────────┐
-//                              K (B,Hkv,T,D) ─────┤                K (BNSH) ───────┤ MHA
-//                              V (B,Hkv,T,Dv) ────┼─ Attention  ==> V (BNSH) ───────┤  or
-//                              mask? ─────────────┘      │         bias (B|1,H|1,S,T)┘ GQA
-//                                                        Y             │ (B,S,Hq*Dv)
-//                                                                  Reshape(0,0,Hq,-1)
-//                                                                  Transpose(0,2,1,3) -> Y
+//   q3 (B,S,Hq*D) -Reshape-Transpose(0,2,1,3)- Q -+
+//   k3 (B,T,Hkv*D) ---- ... same split ------- K -+                 q3, k3, v3 (3-D; else
+//   v3 (B,T,Hkv*Dv) --- ... same split ------- V -+- Attention ==>  split back from Q/K/V)
+//                                          mask? -+     |           bias (B|1,Hq|1,S,T)?
+//                                                       Y           MHA | GQA -> (B,S,Hq*Dv)
+//                                                       |               |
+//                      Transpose(0,2,1,3)-Reshape(B,S,Hq*Dv)          (read directly)
 //
-// Every exporter's head split is Reshape + Transpose(0,2,1,3) of the projection (both
-// exporters; rotary in between or before), and the merge after attention is the inverse pair:
-// the lowering reads the 3-D projection directly when the Reshape provably keeps (B, S), and
-// returns Y as Reshape + Transpose of the 3-D output, which fold_transposes / fold_reshapes /
-// eliminate_noop cancel against the merge.
+// Both exporters split heads as Reshape + Transpose(0,2,1,3) of the projection (rotary before
+// or after) and merge them back with the inverse pair. The lowering reads the 3-D projection
+// when the Reshape provably keeps (B, S) (else inserts Transpose + Reshape), and hands the 3-D
+// output to the merging Reshape's readers when Y's only readers are that pair (else returns Y
+// as Reshape + Transpose of it). MHA takes K/V as BNSH when they have no 3-D source.
 //
-// Which op (per node):
-//   fp16 / bf16                 -> GroupQueryAttention (CPU fp16 kernel; CUDA fp16/bf16)
-//   fp32, Hkv == Hq             -> MultiHeadAttention (K/V passed 4-D BNSH, no transposes)
-//   fp32, Hkv <  Hq             -> GroupQueryAttention (CPU), or with options
-//                                  attention_cuda=1: MultiHeadAttention over repeated kv heads
-//                                  (CUDA has no fp32 GQA kernel)
-// Masks become MHA/GQA's additive attention_bias (B|1, Hq|1, S, T): Where(mask, 0, lowest) for
-// bool masks; additive masks are clamped to the dtype's lowest unless provably finite (an -inf
-// row is NaN in GQA fp16, and a NaN pad row poisons valid rows in the next layer). GQA gets
-// seqlens_k = S-1 and total_sequence_length = S for every batch row, so padding (left or right)
-// is handled by the bias alone and stays exact. Rows whose every key is masked are the only
-// difference from the internal op (0 there, a finite average here): those are pad queries.
+// Which op, per node (latencies in bench/results/lower_attention_ort.md):
+//   fp16 / bf16                 -> GroupQueryAttention (CPU fp16; CUDA fp16/bf16)
+//   fp32, Hkv == Hq             -> MultiHeadAttention
+//   fp32, Hkv <  Hq             -> GroupQueryAttention (CPU only: no fp32 GQA on CUDA), or MHA
+//                                  over repeated kv heads when GQA does not fit (below)
+//   options attention_cuda=1    -> GQA only for fp16/bf16, causal, without mask (CUDA rejects
+//                                  GQA's attention_bias); everything else MHA (repeated kv heads
+//                                  when Hkv < Hq)
+// GQA fits when T == S is shown by the shapes (it takes K/V of the query's length) and the
+// head size is static, a multiple of 8 (kernel check) and the same for K and V.
 //
-// Fails (the driver then writes standard ops) when: the dtype is not fp32/fp16/bf16; causal
-// attention (and every GQA) without a proof that S == T (MHA's causal mask is top-left
-// aligned, the internal op's bottom-right; GQA takes K/V of the query's length); GQA without a
-// proof that V's head size equals K's; a softmax_precision other than the dtype or fp32.
+// Masks become the ops' additive attention_bias (B|1, Hq|1, S, T), expanded over (S, T) when
+// the mask broadcasts there: Where(mask, 0, lowest) for bool masks; additive masks are clamped
+// to the dtype's lowest unless provably finite (a row of -inf is NaN in GQA fp16, and a NaN pad
+// row poisons valid rows in the next layer). GQA gets seqlens_k = S-1 and total_sequence_length
+// = S for every batch row, so padding on either side is the bias's job and stays exact. Rows
+// whose every key is masked (pad queries) are the one difference from the internal op: 0 there,
+// a finite average here. MHA's causal mask is top-left aligned, the internal op's bottom-right:
+// causal MHA needs S == T from the shapes too (or S == 1, where causal masks nothing).
+//
+// Fails (the driver then writes standard ops) when: the dtype is not fp32/fp16/bf16; S == T is
+// needed and not shown; GQA does not fit and MHA cannot stand in (fp16, or no static head size
+// to repeat kv heads with); softmax_precision is neither the dtype nor fp32 (the kernels
+// accumulate the softmax in fp32); past key/value inputs or extra outputs are present.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -314,7 +321,7 @@ Replacement lower_attention_ort(Node* node, Rewriter& rw, PassContext& ctx) {
   const bool gqa_fits =
       same_len && static_head && *head_dim->value % 8 == 0 && same_dim(head_dim, dim_at(v, 4, 3));
   const bool cuda = ctx.options.count("attention_cuda") && ctx.options.at("attention_cuda") != 0;
-  bool use_gqa = dtype != kFloat || (hkv != hq && !cuda);
+  bool use_gqa = cuda ? dtype != kFloat && causal && !mask : dtype != kFloat || hkv != hq;
   // fp32 has MHA over repeated kv heads to fall back on.
   if (use_gqa && dtype == kFloat && !gqa_fits && static_head) use_gqa = false;
   const bool repeat_kv = !use_gqa && hkv != hq;
