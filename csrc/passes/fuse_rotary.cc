@@ -21,8 +21,12 @@
 // (TorchScript computes rotate_half's bounds from Shape -> Gather -> Div(2)). The cos/sin
 // subgraph becomes two (max_positions, D/2) constant caches shared by every layer's q and k;
 // on-the-fly sources get max_positions = options["rotary_max_positions"] (default 4096), table
-// sources keep the table's rows. Positions must stay below max_positions: ORT's kernels index
-// the caches with them without a bounds check.
+// sources keep the table's rows. Positions must stay below max_positions: ONNX Runtime 1.32's CPU
+// kernels (both ops) fail the run with INVALID_ARGUMENT "position_ids value ... is out of range"
+// (older contrib kernels read past the cache), where the decomposed graph had no limit.
+//
+// position_ids are the graph's positions before their Unsqueeze/Cast; (1, S) positions (computed
+// with Range) are expanded to (B, S) unless their batch dim is known to be x's.
 //
 // The 3-D form is what MultiHeadAttention / GroupQueryAttention take, so the attention fusion
 // that follows finds RotaryEmbedding(x3d) -> Reshape -> Transpose in front of its Q and K.
@@ -189,6 +193,33 @@ bool is_rotary(const Node* n) {
          (n->domain.value == kMsDomain || n->domain.value.empty() || n->domain.value == "ai.onnx");
 }
 
+// Dim 0 of `v` from its type, or from the value a last-axis Slice / Transpose(0, ...) keeps it
+// from (types inferred through a whole layer can run out).
+std::optional<Dim> batch_dim(const Value* v) {
+  for (int hops = 0; v && hops < 8; ++hops) {
+    if (v->type.is_tensor && v->type.has_shape && !v->type.dims.empty()) {
+      const Dim& d = v->type.dims[0];
+      if (d.value || (d.param && !d.param->empty())) return d;
+    }
+    Node* n = v->producer();
+    if (Node* sl = made_by(v, "Slice")) {
+      auto axes = sl->inputs().size() > 3 ? constant_ints(sl->inputs()[3]) : std::nullopt;
+      const int rank = value_rank(sl->inputs()[0]);
+      if (!axes || rank < 2) return std::nullopt;
+      for (int64_t a : *axes) {
+        if (a == 0 || a == -rank) return std::nullopt;
+      }
+    } else if (Node* tr = made_by(v, "Transpose")) {
+      const Attribute* perm = tr->attribute("perm");
+      if (!perm || perm->ints.empty() || perm->ints[0] != 0) return std::nullopt;
+    } else {
+      return std::nullopt;
+    }
+    v = n->inputs()[0];
+  }
+  return std::nullopt;
+}
+
 // Per pass run: the cache initializers made so far, shared by every layer's q and k.
 using CacheMemo = std::map<std::string, std::pair<Value*, Value*>>;
 
@@ -205,10 +236,30 @@ struct Emitter {
     return std::nullopt;
   }
 
+  // position_ids (B, S) as the ops want them. The positions broadcast against x in the
+  // original graph, so their first dim is B or 1 ((1, S) when the model computes them with
+  // Range): unless it is known to be B, Expand them to [B, S] of the op's input.
+  Value* positions(Rewriter& rw, Value* pos, Value* in, Value* x, int64_t seq_axis) const {
+    auto d = batch_dim(pos);
+    for (const Value* v : {in, x}) {
+      auto b = batch_dim(v);
+      if (d && b &&
+          ((d->value && b->value && *d->value == *b->value) ||
+           (d->param && b->param && !d->param->empty() && *d->param == *b->param))) {
+        return pos;
+      }
+    }
+    ++ctx->counters["expanded_positions"];
+    Value* axes = rw.initializer("rotary_bs_axes", make_int64_tensor({0, seq_axis}, {2}));
+    Value* bs = rw.op1("Gather", {rw.op1("Shape", {in}), axes});
+    return rw.op1("Expand", {pos, bs});
+  }
+
   // RotaryEmbedding over x (B,H,S,D): the 3-D form on x3d when x is a head split of it.
   Value* emit(Rewriter& rw, Value* x, Value* pos, Value* cos, Value* sin, int64_t interleaved,
               int64_t rotary_dim) const {
     auto rope = [&](Value* in, std::optional<int64_t> heads) {
+      pos = positions(rw, pos, in, x, in != x ? 1 : 2);  // S: axis 1 of x3d, 2 of x
       std::vector<Attribute> attrs;
       attrs.push_back(attr_int("interleaved", interleaved));
       if (heads) attrs.push_back(attr_int("num_heads", *heads));

@@ -187,6 +187,7 @@ std::optional<CosSinSource> trace_cos_sin(Value* v, const std::string& fn, std::
   }
   if (Node* gather = made_by(cur, "Gather")) {
     if (!trace_table(gather, &s, why)) return std::nullopt;
+    if (s.dtype == 0) s.dtype = casts.empty() ? s.table->dtype() : casts.front();
     bool same = s.table->dtype() == s.dtype;
     for (int32_t to : casts) same = same && to == s.dtype;
     if (!same) {
@@ -213,10 +214,8 @@ std::optional<CosSinSource> trace_cos_sin(Value* v, const std::string& fn, std::
     *why = "the " + fn + " operand comes neither from " + fn + "(angles) nor from a table Gather";
     return std::nullopt;
   }
-  if (value_dtype(trig->outputs()[0]) != kFloat) {
-    *why = "the " + fn + " is not computed in fp32";
-    return std::nullopt;
-  }
+  // fp32: the angles come from Cast(float) positions times float inv_freq (checked below).
+  if (s.dtype == 0) s.dtype = casts.empty() ? kFloat : casts.front();  // no type info
   // angles = Concat(f, f, -1): rotate_half's layout repeats the frequencies.
   Node* cat = made_by(trig->inputs()[0], "Concat");
   const auto axis = cat ? int_attr(cat, "axis") : std::nullopt;
