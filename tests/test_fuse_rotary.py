@@ -87,6 +87,8 @@ def rope_model(
     extra_output: str | None = None,
     opset: int = 17,
     pos_batch: int = B,
+    split_heads: list[int] | None = None,
+    pass_through: int = 0,
 ) -> onnx.ModelProto:
     """out = x * cos + rotate_half(x) * sin on x (B, H, S, D), cos/sin from position_ids."""
     nodes = []
@@ -135,19 +137,38 @@ def rope_model(
     nodes += [
         mk("Unsqueeze", ["cos3", "ax1"], ["cos4"]),
         mk("Unsqueeze", ["sin3", "ax1"], ["sin4"]),
-        mk("Slice", ["x", "zero", "split", "ax3"], ["x1"]),
-        mk("Slice", ["x", "split", "big", "ax3"], ["x2"]),
+        mk("Slice", ["xr", "zero", "split", "ax3"], ["x1"]),
+        mk("Slice", ["xr", "split", "big", "ax3"], ["x2"]),
         mk("Neg", ["x2"], ["nx2"]),
         mk("Concat", ["x1", "nx2"] if swap_halves else ["nx2", "x1"], ["rot"], axis=-1),
-        mk("Mul", ["x", "cos4"], ["xc"]),
+        mk("Mul", ["xr", "cos4"], ["xc"]),
         mk("Mul", ["rot", "sin4"], ["rs"]),
         mk("Add", ["xc", "rs"], ["y"]),
     ]
+    if pass_through:  # partial rotary: rope on x[..., :D], x[..., D:] passes through
+        inits.append(tensor("d", np.array([D], np.int64)))
+        nodes[-1].output[0] = "yr"  # the rotation's Add
+        nodes.insert(0, mk("Slice", ["x", "zero", "d", "ax3"], ["xr"]))
+        nodes += [
+            mk("Slice", ["x", "d", "big", "ax3"], ["xp"]),
+            mk("Concat", ["yr", "xp"], ["y"], axis=-1),
+        ]
+    else:
+        for n in nodes:
+            n.input[:] = ["x" if i == "xr" else i for i in n.input]
     outputs = [out_info("y", F, 4)]
     if extra_output:
         outputs.append(out_info(extra_output, F, 4))
+    x_info = info("x", F, [B, H, S, D + pass_through])
+    if split_heads:  # x = Transpose(0, 2, 1, 3)(Reshape(x3d (B, S, H*D), split_heads))
+        inits.append(tensor("heads_shape", np.array(split_heads, np.int64)))
+        nodes[:0] = [
+            mk("Reshape", ["x3d", "heads_shape"], ["xs"]),
+            mk("Transpose", ["xs"], ["x"], perm=[0, 2, 1, 3]),
+        ]
+        x_info = info("x3d", F, [B, S, H * (D + pass_through)])
     graph = helper.make_graph(
-        nodes, "g", [info("x", F, [B, H, S, D]), info("pos", I64, [pos_batch, S])], outputs, inits
+        nodes, "g", [x_info, info("pos", I64, [pos_batch, S])], outputs, inits
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
@@ -155,19 +176,20 @@ def rope_model(
     return model
 
 
-def feeds(pos_batch: int = B) -> dict[str, np.ndarray]:
+def feeds(pos_batch: int = B, x3d: bool = False, dx: int = D) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
+    x = rng.standard_normal((B, H, S, dx)).astype(np.float32)
     return {
-        "x": rng.standard_normal((B, H, S, D)).astype(np.float32),
+        "x3d" if x3d else "x": x.transpose(0, 2, 1, 3).reshape(B, S, H * dx) if x3d else x,
         "pos": np.array([[0, 1, 2, 3, 4], [1, 1, 0, 1, 2]], np.int64)[:pos_batch],
     }
 
 
-def run(model: onnx.ModelProto, target: str = "ort", **kw):  # type: ignore[no-untyped-def]
-    pre = TO_OPSET_23 if target == "onnx" else []
+def run(model: onnx.ModelProto, target: str = "ort", pre: tuple[str, ...] = (), **kw):  # type: ignore[no-untyped-def]
+    pre = (*pre, *(TO_OPSET_23 if target == "onnx" else []))
     report = fastopt.optimize(
         fastopt.from_onnx(model),
-        passes=pre + PASSES,
+        passes=[*pre, *PASSES],
         target=target,  # type: ignore[arg-type]
         options={"opset": 23, **kw.pop("options", {})},
         **kw,
@@ -195,6 +217,45 @@ def test_hand_built(variant: dict, target: str) -> None:
     cache = next(t for t in out.graph.initializer if "cos" in t.name)
     assert list(cache.dims) == [64 if variant.get("source") == "table" else 4096, D // 2]
     inputs = feeds(variant.get("pos_batch", B))
+    assert_close(ort_run(model, inputs), ort_run(out, inputs), 1e-5)
+
+
+@pytest.mark.parametrize("target", ["ort", "onnx"])
+@pytest.mark.parametrize("shape", [[0, 0, H, D], [B, S, -1, D], [0, 0, -1, D]])
+def test_head_split_3d(shape: list[int], target: str) -> None:
+    """x a head split of x3d: RotaryEmbedding on x3d (num_heads), then the split again."""
+    model = rope_model(split_heads=shape)
+    _, out = run(model, target)
+    assert [n.op_type for n in out.graph.node] == ["RotaryEmbedding", "Reshape", "Transpose"]
+    rope = out.graph.node[0]
+    assert rope.input[0] == "x3d"
+    assert helper.get_attribute_value(rope.attribute[1]) == H  # num_heads
+    inputs = feeds(x3d=True)
+    assert_close(ort_run(model, inputs), ort_run(out, inputs), 1e-5)
+
+
+def test_head_split_other_dims_stays_4d() -> None:
+    """A Reshape that does not keep (B, S) in front is no head split: the 4-D form."""
+    model = rope_model(split_heads=[B, S, H, D])
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 1  # x3d (1, B*S, H*D)
+    model.graph.input[0].type.tensor_type.shape.dim[1].dim_value = B * S
+    _, out = run(model, pre=("infer_shapes",))
+    assert [n.op_type for n in out.graph.node][-1] == "RotaryEmbedding"
+    assert out.graph.node[-1].input[0] == "x"
+
+
+@pytest.mark.parametrize("target", ["ort", "onnx"])
+@pytest.mark.parametrize("split_heads", [None, [0, 0, H, 2 * D]], ids=["4d", "3d"])
+def test_partial(split_heads: list[int] | None, target: str) -> None:
+    """Concat(rope(x[..., :r]), x[..., r:]) -> one RotaryEmbedding(rotary_embedding_dim=r)."""
+    model = rope_model(pass_through=D, split_heads=split_heads)
+    _, out = run(model, target, pre=("infer_shapes",))
+    rope = [n for n in out.graph.node if n.op_type == "RotaryEmbedding"]
+    assert len(rope) == 1 and op_count(out, "Concat") == 0 and op_count(out, "Slice") == 0
+    attrs = {a.name: helper.get_attribute_value(a) for a in rope[0].attribute}
+    assert attrs["rotary_embedding_dim"] == D and attrs["num_heads"] == H
+    assert rope[0].input[0] == ("x3d" if split_heads else "x")
+    inputs = feeds(x3d=bool(split_heads), dx=2 * D)
     assert_close(ort_run(model, inputs), ort_run(out, inputs), 1e-5)
 
 

@@ -116,8 +116,15 @@ std::optional<HeadSplit> head_split(const Value* x) {
   }
   if (!heads || *heads <= 0) return std::nullopt;
   if (hidden && *hidden != *heads * h.head_dim) return std::nullopt;
-  // B and S must pass through the Reshape unchanged (dims 0 and 1 of the shape: 0 or copies);
-  // a constant shape says so only with 0s (allowzero unset) or the known sizes.
+  // B and S must pass through the Reshape unchanged: a constant element 0/1 of the shape must be
+  // 0 (copy, allowzero unset) or x3d's known size there. (Dynamic elements are the Shape ->
+  // Gather copies exporters write; the positions broadcast against x checks the rest.)
+  const bool allowzero = int_attr(rs, "allowzero").value_or(0) != 0;
+  for (int i = 0; i < 2; ++i) {
+    auto e = shape_element(shape, static_cast<size_t>(i));
+    if (!e || (*e == 0 && !allowzero)) continue;
+    if (known_dim(h.x3d, i) != *e) return std::nullopt;
+  }
   h.heads = *heads;
   return h;
 }
@@ -339,8 +346,9 @@ std::vector<Rule> rules(PassContext& ctx) {
     Value* vx = m.value(x);
     if (m.node(rot)->graph() != &rw.graph()) return rw.fail("the match spans graphs");
     if (auto problem = em.target_problem(rw.graph())) return rw.fail(*problem);
-    if (value_rank(vx) != 4) return rw.fail("x is not known to be rank 4 (B, H, S, D)");
-    const int32_t t = value_dtype(vx);
+    auto split = head_split(vx);
+    if (value_rank(vx) != 4 && !split) return rw.fail("x is not known to be rank 4 (B, H, S, D)");
+    const int32_t t = value_dtype(vx) ? value_dtype(vx) : split ? value_dtype(split->x3d) : 0;
     if (t != kFloat && t != kFloat16) {
       return rw.fail("dtype " + dtype_name(t) + " (RotaryEmbedding: float, float16)");
     }
@@ -410,7 +418,9 @@ std::vector<Rule> rules(PassContext& ctx) {
       re = rs ? rs->inputs()[0]->producer() : nullptr;
       if (!is_rotary(re)) return rw.fail("the first input is not a fused rotary embedding");
     }
-    if (value_rank(vx) != 4) return rw.fail("x is not known to be rank 4 (B, H, S, D)");
+    if (value_rank(vx) != 4 && !head_split(vx)) {
+      return rw.fail("x is not known to be rank 4 (B, H, S, D)");
+    }
     auto d = head_dim(vx);
     if (!d) return rw.fail("the head size D is unknown");
     auto b = last_axis_slice(m.node(pass));
