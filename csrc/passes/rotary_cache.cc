@@ -1,0 +1,307 @@
+#include "passes/rotary_cache.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "ir/constant.h"
+
+namespace fastopt::passes::rotary {
+namespace {
+
+// The producer of `v` when it is the standard op `op`, else null.
+Node* made_by(const Value* v, const char* op) {
+  if (!v) return nullptr;
+  Node* n = v->producer();
+  if (!n || n->op_type != op || !(n->domain.value.empty() || n->domain.value == "ai.onnx")) {
+    return nullptr;
+  }
+  return n;
+}
+
+std::optional<int64_t> int_attr(const Node* n, const char* name) {
+  const Attribute* a = n->attribute(name);
+  if (!a || !a->i) return std::nullopt;
+  return *a->i;
+}
+
+// Unsqueeze axes: input 1 from opset 13 on, the attribute before.
+std::optional<std::vector<int64_t>> unsqueeze_axes(const Node* n) {
+  if (n->inputs().size() > 1 && n->inputs()[1]) return constant_ints(n->inputs()[1]);
+  if (const Attribute* a = n->attribute("axes")) return a->ints;
+  return std::nullopt;
+}
+
+bool unsqueezes_at(const Node* n, int64_t axis, int64_t alt_axis) {
+  auto axes = unsqueeze_axes(n);
+  return axes && axes->size() == 1 && ((*axes)[0] == axis || (*axes)[0] == alt_axis);
+}
+
+// A constant whose dims are all 1 except one, of size `numel`: that dim's index, or -1.
+int single_axis(const Tensor& t) {
+  int axis = -1;
+  for (size_t i = 0; i < t.dims.size(); ++i) {
+    if (t.dims[i] == 1 && t.numel() != 1) continue;
+    if (axis >= 0) return -1;
+    axis = static_cast<int>(i);
+  }
+  return axis;
+}
+
+std::optional<std::vector<float>> float_values(const Value* v, uint64_t max) {
+  auto t = constant_tensor(v);
+  if (!t || t->dtype() != kFloat) return std::nullopt;
+  auto d = tensor_doubles(*t, max);
+  if (!d) return std::nullopt;
+  return std::vector<float>(d->begin(), d->end());  // exact: the values were floats
+}
+
+// Mul form: f = Cast(float)(Unsqueeze(pos, 2)) * inv_freq.
+bool trace_mul(const Node* mul, CosSinSource* s, std::string* why) {
+  for (int i = 0; i < 2; ++i) {
+    Value* inv = mul->inputs()[i];
+    Node* cast = made_by(mul->inputs()[1 - i], "Cast");
+    auto t = constant_tensor(inv);
+    if (!t || !cast) continue;
+    if (t->dims.empty() || single_axis(*t) != static_cast<int>(t->dims.size()) - 1) {
+      *why = "the inverse frequencies are not a vector along the last axis";
+      return false;
+    }
+    if (int_attr(cast, "to") != kFloat) {
+      *why = "the positions are not cast to float (the angles must be computed in fp32)";
+      return false;
+    }
+    Node* unsq = made_by(cast->inputs()[0], "Unsqueeze");
+    if (!unsq || !unsqueezes_at(unsq, 2, -1)) {
+      *why = "the positions do not reach the frequencies through Unsqueeze(axis 2)";
+      return false;
+    }
+    auto values = float_values(inv, 1 << 16);
+    if (!values) {
+      *why = "the inverse frequencies are not a float constant";
+      return false;
+    }
+    s->inv_freq = std::move(*values);
+    s->positions = unsq->inputs()[0];
+    return true;
+  }
+  *why = "the angles are not Mul(Cast(Unsqueeze(positions)), constant inv_freq)";
+  return false;
+}
+
+// MatMul form: f = Transpose(0,2,1)(MatMul([Expand](inv_freq (1,D/2,1)), Cast(Unsqueeze(pos,1)))).
+bool trace_matmul(const Node* transpose, CosSinSource* s, std::string* why) {
+  const Attribute* perm = transpose->attribute("perm");
+  Node* mm = made_by(transpose->inputs()[0], "MatMul");
+  if (!perm || perm->ints != std::vector<int64_t>{0, 2, 1} || !mm) {
+    *why = "the angles are not Transpose(0,2,1)(MatMul(inv_freq, positions))";
+    return false;
+  }
+  Value* inv = mm->inputs()[0];
+  if (Node* e = made_by(inv, "Expand")) inv = e->inputs()[0];  // broadcast over the batch
+  auto t = constant_tensor(inv);
+  if (!t || t->dims.size() != 3 || t->dims[0] != 1 || t->dims[2] != 1) {
+    *why = "the inverse frequencies are not a constant (1, D/2, 1)";
+    return false;
+  }
+  Node* cast = made_by(mm->inputs()[1], "Cast");
+  if (!cast || int_attr(cast, "to") != kFloat) {
+    *why = "the positions are not cast to float (the angles must be computed in fp32)";
+    return false;
+  }
+  Node* unsq = made_by(cast->inputs()[0], "Unsqueeze");
+  if (!unsq || !unsqueezes_at(unsq, 1, 1)) {
+    *why = "the positions do not reach the MatMul through Unsqueeze(axis 1)";
+    return false;
+  }
+  auto values = float_values(inv, 1 << 16);
+  if (!values) {
+    *why = "the inverse frequencies are not a float constant";
+    return false;
+  }
+  s->inv_freq = std::move(*values);
+  s->positions = unsq->inputs()[0];
+  return true;
+}
+
+// Source B: Gather(table | Slice(table, 0, n, axis 0), pos).
+bool trace_table(const Node* gather, CosSinSource* s, std::string* why) {
+  if (int_attr(gather, "axis").value_or(0) != 0) {
+    *why = "the table Gather is not along axis 0";
+    return false;
+  }
+  Value* table = gather->inputs()[0];
+  if (Node* sl = made_by(table, "Slice")) {
+    // table[:n] keeps row indices: the Gather reads the same rows of the whole table.
+    const auto& in = sl->inputs();
+    auto starts = in.size() > 1 ? constant_ints(in[1]) : std::nullopt;
+    auto axes = in.size() > 3 && in[3] ? constant_ints(in[3]) : std::vector<int64_t>{0};
+    auto steps = in.size() > 4 && in[4] ? constant_ints(in[4]) : std::vector<int64_t>{1};
+    if (!starts || *starts != std::vector<int64_t>{0} || axes != std::vector<int64_t>{0} ||
+        steps != std::vector<int64_t>{1}) {
+      *why = "the table is sliced other than [0:n] along axis 0";
+      return false;
+    }
+    table = in[0];
+  }
+  auto t = constant_tensor(table);
+  if (!t || t->dims.size() != 2 || t->dims[1] % 2 != 0) {
+    *why = "the gathered table is not a constant (M, D) with D even";
+    return false;
+  }
+  s->kind = CosSinSource::Kind::kTable;
+  s->table = t;
+  s->half = t->dims[1] / 2;
+  s->positions = gather->inputs()[1];
+  return true;
+}
+
+}  // namespace
+
+std::optional<CosSinSource> trace_cos_sin(Value* v, const std::string& fn, std::string* why) {
+  CosSinSource s;
+  s.dtype = value_dtype(v);
+  // Cast? -> Unsqueeze(1) -> Cast?: the casts say how the fp32 values were rounded.
+  std::vector<int32_t> casts;
+  Value* cur = v;
+  bool unsqueezed = false;
+  while (Node* n = cur->producer()) {
+    if (made_by(cur, "Cast")) {
+      casts.push_back(static_cast<int32_t>(int_attr(n, "to").value_or(0)));
+    } else if (!unsqueezed && made_by(cur, "Unsqueeze") && unsqueezes_at(n, 1, 1)) {
+      unsqueezed = true;
+    } else {
+      break;
+    }
+    cur = n->inputs()[0];
+  }
+  if (!unsqueezed) {
+    *why = "the " + fn + " operand is not Unsqueeze(axis 1) of a (B, S, D) " + fn;
+    return std::nullopt;
+  }
+  for (int32_t to : casts) {
+    if (to == kFloat16) s.via_half = true;
+    if (to != kFloat && to != kFloat16) {
+      *why = "the " + fn + " is cast to " + dtype_name(to) + " (caches: float, float16)";
+      return std::nullopt;
+    }
+  }
+  if (Node* gather = made_by(cur, "Gather")) {
+    if (!trace_table(gather, &s, why)) return std::nullopt;
+    if (s.dtype == 0) s.dtype = casts.empty() ? s.table->dtype() : casts.front();
+    bool same = s.table->dtype() == s.dtype;
+    for (int32_t to : casts) same = same && to == s.dtype;
+    if (!same) {
+      *why = "the " + fn + " table's dtype differs from the input's";
+      return std::nullopt;
+    }
+    return s;
+  }
+  if (Node* mul = made_by(cur, "Mul")) {  // attention_scaling
+    for (int i = 0; i < 2 && !s.scaling; ++i) {
+      if (auto c = constant_scalar(mul->inputs()[i]);
+          c && made_by(mul->inputs()[1 - i], fn.c_str())) {
+        s.scaling = static_cast<float>(*c);
+        cur = mul->inputs()[1 - i];
+      }
+    }
+    if (!s.scaling) {
+      *why = "the " + fn + " is multiplied by something other than a scalar constant";
+      return std::nullopt;
+    }
+  }
+  Node* trig = made_by(cur, fn.c_str());
+  if (!trig) {
+    *why = "the " + fn + " operand comes neither from " + fn + "(angles) nor from a table Gather";
+    return std::nullopt;
+  }
+  // fp32: the angles come from Cast(float) positions times float inv_freq (checked below).
+  if (s.dtype == 0) s.dtype = casts.empty() ? kFloat : casts.front();  // no type info
+  // angles = Concat(f, f, -1): rotate_half's layout repeats the frequencies.
+  Node* cat = made_by(trig->inputs()[0], "Concat");
+  const auto axis = cat ? int_attr(cat, "axis") : std::nullopt;
+  if (!cat || cat->inputs().size() != 2 || cat->inputs()[0] != cat->inputs()[1] ||
+      !(axis == -1 || axis == 2)) {
+    *why = "the angles are not Concat(f, f, axis -1)";
+    return std::nullopt;
+  }
+  s.angles = cat->outputs()[0];
+  Value* f = cat->inputs()[0];
+  if (Node* mul = made_by(f, "Mul")) {
+    if (!trace_mul(mul, &s, why)) return std::nullopt;
+  } else if (Node* tr = made_by(f, "Transpose")) {
+    if (!trace_matmul(tr, &s, why)) return std::nullopt;
+  } else {
+    *why = "the frequencies f of Concat(f, f) are neither a Mul nor a Transpose(MatMul)";
+    return std::nullopt;
+  }
+  s.half = static_cast<int64_t>(s.inv_freq.size());
+  return s;
+}
+
+uint16_t float_to_half(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  x &= 0x7fffffffu;
+  if (x >= 0x7f800000u)
+    return static_cast<uint16_t>(sign | 0x7c00u | (x > 0x7f800000u ? 0x200u : 0));
+  if (x >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to infinity
+  if (x < 0x38800000u) {                                               // subnormal half (or zero)
+    if (x < 0x33000000u) return static_cast<uint16_t>(sign);
+    const uint32_t e = x >> 23;
+    const uint32_t m = (x & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126 - e + 13;  // to the 10-bit subnormal mantissa
+    uint32_t h = m >> shift;
+    const uint32_t rest = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rest > half || (rest == half && (h & 1))) ++h;
+    return static_cast<uint16_t>(sign | h);
+  }
+  uint32_t h = ((x >> 13) - (112u << 10));
+  const uint32_t rest = x & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1))) ++h;  // may carry into the exponent
+  return static_cast<uint16_t>(sign | h);
+}
+
+std::shared_ptr<Tensor> frequency_cache(const CosSinSource& s, bool cos, int64_t max_positions) {
+  const size_t n = static_cast<size_t>(max_positions) * static_cast<size_t>(s.half);
+  const bool half = s.dtype == kFloat16;
+  std::string bytes(n * (half ? 2 : 4), '\0');
+  size_t k = 0;
+  for (int64_t p = 0; p < max_positions; ++p) {
+    for (int64_t i = 0; i < s.half; ++i, ++k) {
+      // The graph's order of fp32 operations: Cast(p) * inv_freq, Cos/Sin, * scaling.
+      const float angle = static_cast<float>(p) * s.inv_freq[static_cast<size_t>(i)];
+      float v = cos ? std::cos(angle) : std::sin(angle);
+      if (s.scaling) v *= *s.scaling;
+      if (s.via_half) v = half_to_float(float_to_half(v));  // a Cast to fp16 and back
+      if (half) {
+        const uint16_t h = float_to_half(v);
+        std::memcpy(&bytes[k * 2], &h, 2);
+      } else {
+        std::memcpy(&bytes[k * 4], &v, 4);
+      }
+    }
+  }
+  return make_tensor(s.dtype, {max_positions, s.half}, std::move(bytes));
+}
+
+std::shared_ptr<Tensor> table_cache(const CosSinSource& s) {
+  const Tensor& t = *s.table;
+  const int64_t rows = t.dims[0], cols = t.dims[1];
+  const size_t esize = static_cast<size_t>(dtype_bits(t.dtype()) / 8);
+  if (esize == 0) return nullptr;
+  const ByteRef src = t.bytes();
+  const size_t row_bytes = static_cast<size_t>(cols) * esize, half_bytes = row_bytes / 2;
+  std::string bytes;
+  bytes.reserve(static_cast<size_t>(rows) * half_bytes);
+  for (int64_t r = 0; r < rows; ++r) {
+    const char* row =
+        reinterpret_cast<const char*>(src.data()) + static_cast<size_t>(r) * row_bytes;
+    // rotate_half needs cos[..., :D/2] == cos[..., D/2:] bit for bit.
+    if (std::memcmp(row, row + half_bytes, half_bytes) != 0) return nullptr;
+    bytes.append(row, half_bytes);
+  }
+  return make_tensor(t.dtype(), {rows, s.half}, std::move(bytes));
+}
+
+}  // namespace fastopt::passes::rotary

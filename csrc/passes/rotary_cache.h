@@ -1,0 +1,57 @@
+// The cos/sin inputs of a decomposed rotary embedding, traced back to where they come from, and
+// the 2-D caches RotaryEmbedding takes in their place (used by fuse_rotary).
+//
+// Source A, computed on the fly (current Hugging Face rotary classes, both exporters):
+//
+//   pos (B,S) int64 -> Unsqueeze(2) -> Cast(float) -> Mul(inv_freq (D/2))          = f (B,S,D/2)
+//   or: MatMul([Expand](inv_freq (1,D/2,1)), Cast(float)(Unsqueeze(pos, 1))) -> Transpose(0,2,1)
+//   Concat(f, f, axis -1) -> Cos | Sin -> [Mul(attention_scaling)] -> [Cast(dtype)] -> Unsqueeze(1)
+//
+// Casts around the Unsqueeze (fp16 models; fp32 layers of a mixed export) are followed, and a
+// round trip through float16 is reproduced in the caches.
+//
+// Source B, a table (older Hugging Face classes, TorchScript): cos_cached (M, D), maybe sliced
+// [:seq_len] along axis 0, then Gather(table, pos) -> [Cast(dtype)] -> Unsqueeze(1).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace fastopt::passes::rotary {
+
+struct CosSinSource {
+  enum class Kind { kFrequencies, kTable };
+  Kind kind = Kind::kFrequencies;
+  Value* positions = nullptr;  // int64 (B, S), before its Unsqueeze / Cast
+  int32_t dtype = 0;           // element type of the cos/sin that reach the multiplications
+  int64_t half = 0;            // columns of the cache (rotary dim / 2)
+  bool via_half = false;       // the fp32 values pass through a Cast to float16
+  // kFrequencies: the constant inverse frequencies and the optional attention_scaling factor;
+  // `angles` is the Concat(f, f) both Cos and Sin read.
+  std::vector<float> inv_freq;
+  std::optional<float> scaling;
+  const Value* angles = nullptr;
+  // kTable: the constant table (M, 2 * half) this one (cos or sin) gathers from.
+  std::shared_ptr<const Tensor> table;
+};
+
+// Traces `v` (the 4-D cos or sin a rotary multiplication reads) back to its source; `fn` is
+// "Cos" or "Sin". On failure returns nullopt with the reason in `why`.
+std::optional<CosSinSource> trace_cos_sin(Value* v, const std::string& fn, std::string* why);
+
+// Element tensors for the caches, (max_positions, half), in `dtype` (float or float16).
+// Frequencies: cos/sin(float(p) * inv_freq[i]) [* scaling], computed in fp32 as the graph does.
+std::shared_ptr<Tensor> frequency_cache(const CosSinSource& s, bool cos, int64_t max_positions);
+// Table: the first `half` columns of the (M, 2 * half) table, after checking that both halves are
+// equal (rotate_half's layout); null when they are not.
+std::shared_ptr<Tensor> table_cache(const CosSinSource& s);
+
+// Float -> IEEE half bits, rounded to nearest even.
+uint16_t float_to_half(float f);
+
+}  // namespace fastopt::passes::rotary
