@@ -14,6 +14,7 @@ namespace {
 constexpr int kMaxDepth = 16;  // producer chains between a head split and attention are short
 
 std::optional<int64_t> dim_rec(const Value* v, int axis, int depth);
+int rank_rec(const Value* v, int depth);
 std::optional<int64_t> element_rec(const Value* shape, int index, int depth);
 std::optional<int64_t> length_rec(const Value* shape, int depth);
 
@@ -181,13 +182,14 @@ bool shape_preserving(const Node* n) {
 
 std::optional<int64_t> dim_rec(const Value* v, int axis, int depth) {
   if (!v || depth > kMaxDepth) return std::nullopt;
-  const int rank = value_rank(v);
+  const int rank = rank_rec(v, depth + 1);
   if (axis < 0) {
     if (rank < 0) return std::nullopt;
     axis += rank;
   }
   if (axis < 0 || (rank >= 0 && axis >= rank)) return std::nullopt;
-  if (v->type.is_tensor && v->type.has_shape && v->type.dims[axis].value) {
+  if (v->type.is_tensor && v->type.has_shape && axis < static_cast<int>(v->type.dims.size()) &&
+      v->type.dims[axis].value) {
     return *v->type.dims[axis].value;
   }
   if (auto t = constant_tensor(v)) return t->dims[axis];
@@ -275,7 +277,7 @@ std::optional<int64_t> dim_rec(const Value* v, int axis, int depth) {
     if (rank < 0) return std::nullopt;
     bool all_one = true;
     for (const Value* x : in) {
-      const int rx = value_rank(x);
+      const int rx = rank_rec(x, depth + 1);
       if (rx < 0) {
         all_one = false;
         continue;
@@ -293,7 +295,62 @@ std::optional<int64_t> dim_rec(const Value* v, int axis, int depth) {
   return std::nullopt;
 }
 
+int32_t dtype_rec(const Value* v, int depth) {
+  if (!v || depth > kMaxDepth) return 0;
+  if (int32_t t = value_dtype(v)) return t;
+  const Node* p = v->producer();
+  if (!p || p->inputs().empty()) return 0;
+  if (p->op_type == "Cast") return static_cast<int32_t>(int_attr(p, "to", 0));
+  if (p->op_type == "Where" && p->inputs().size() == 3) return dtype_rec(p->inputs()[1], depth + 1);
+  static const char* kSame[] = {"Transpose", "Reshape", "Slice",  "Unsqueeze",
+                                "Squeeze",   "Expand",  "Concat", "Split"};
+  const bool same = std::any_of(std::begin(kSame), std::end(kSame),
+                                [&](const char* o) { return p->op_type == o; });
+  if (same || elementwise(p->op_type) || shape_preserving(p)) {
+    return dtype_rec(p->inputs()[0], depth + 1);
+  }
+  return 0;
+}
+
+int rank_rec(const Value* v, int depth) {
+  if (!v || depth > kMaxDepth) return -1;
+  const int r = value_rank(v);
+  if (r >= 0) return r;
+  const Node* p = v->producer();
+  if (!p || p->inputs().empty()) return -1;
+  if (p->op_type == "Transpose") {
+    const auto* perm = ints_attr(p, "perm");
+    return perm && !perm->empty() ? static_cast<int>(perm->size())
+                                  : rank_rec(p->inputs()[0], depth + 1);
+  }
+  if (p->op_type == "Reshape" && p->inputs().size() == 2) {
+    auto n = length_rec(p->inputs()[1], depth + 1);
+    return n ? static_cast<int>(*n) : -1;
+  }
+  if (elementwise(p->op_type)) {
+    int out = -1;
+    for (const Value* x : p->inputs()) {
+      const int rx = rank_rec(x, depth + 1);
+      if (rx < 0) return -1;
+      out = std::max(out, rx);
+    }
+    return out;
+  }
+  if (shape_preserving(p) || p->op_type == "Concat" || p->op_type == "Slice") {
+    return rank_rec(p->inputs()[0], depth + 1);
+  }
+  return -1;
+}
+
 }  // namespace
+
+int32_t dtype_of(const Value* v) {
+  return dtype_rec(v, 0);
+}
+
+int rank_of(const Value* v) {
+  return rank_rec(v, 0);
+}
 
 std::optional<int64_t> resolve_dim(const Value* v, int axis) {
   return dim_rec(v, axis, 0);

@@ -22,4 +22,9 @@ std::optional<int64_t> shape_element(const Value* shape, int index);
 // Number of elements of a 1-D shape tensor, or nullopt.
 std::optional<int64_t> shape_length(const Value* shape);
 
+// Element type / rank of `v` from its type, else from its producers (values made by earlier
+// fusions, e.g. a fused RotaryEmbedding's output, carry no type). 0 / -1 when unknown.
+int32_t dtype_of(const Value* v);
+int rank_of(const Value* v);
+
 }  // namespace fastopt::passes

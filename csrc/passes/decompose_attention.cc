@@ -14,6 +14,7 @@
 
 #include "ir/constant.h"
 #include "passes/attention.h"
+#include "passes/attention_shapes.h"
 #include "passes/fusion_util.h"
 
 namespace fastopt::passes {
@@ -112,7 +113,7 @@ pattern::Replacement decompose_attention(Node* node, pattern::Rewriter& rw, Pass
   Value *q = in[0], *k = in[1], *v = in[2];
   Value* mask = in.size() > 3 ? in[3] : nullptr;
   if (default_opset(*rw.graph().model()) < 13) return rw.fail("opset < 13");
-  const int32_t t = value_dtype(q);
+  const int32_t t = dtype_of(q);
   const int64_t hq = int_attr(node, "q_num_heads", 0), hkv = int_attr(node, "kv_num_heads", 0);
   const int32_t precision = static_cast<int32_t>(int_attr(node, "softmax_precision", 0));
   const Attribute* scale_attr = node->attribute("scale");
@@ -143,10 +144,10 @@ pattern::Replacement decompose_attention(Node* node, pattern::Rewriter& rw, Pass
   };
   if (mask) {
     Value* bias = mask;
-    if (value_dtype(mask) == kBool) {
+    if (dtype_of(mask) == kBool) {
       constants();
       bias = rw.op1("Where", {mask, zero, neg});
-    } else if (value_dtype(mask) != ct) {
+    } else if (dtype_of(mask) != ct) {
       bias = rw.op1("Cast", {mask}, one(attr_int("to", ct)));
     }
     s = rw.op1("Add", {s, bias});

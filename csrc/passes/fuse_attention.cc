@@ -103,15 +103,15 @@ class Matcher {
       auto s = constant_scalar(c);
       if (!s) {
         // A rank-0 or one-element factor that is not constant: a dynamic scale.
-        const int r = value_rank(c);
+        const int r = rank_of(c);
         const bool scalar_shaped =
             r == 0 || (r == 1 && c->type.has_shape && c->type.dims[0].value == 1);
-        if (scalar_shaped && value_rank(other) == 4) {
+        if (scalar_shaped && rank_of(other) == 4) {
           error = "the scale factor (" + p->op_type + " '" + p->name.value + "') is not a constant";
         }
         continue;
       }
-      if (value_rank(c) > 0 && constant_tensor(c)->dims.size() > 4) continue;
+      if (rank_of(c) > 4) continue;  // would broadcast the scores to a higher rank
       if (!std::isfinite(*s) || *s == 0) {
         error = "the scale factor is not finite or zero";
         return false;
@@ -140,7 +140,7 @@ class Matcher {
       if (c) axes = *c;
     }
     Value* kv = unsq->inputs()[0];
-    if (axes != std::vector<int64_t>{2} || value_rank(kv) != 4) return x;
+    if (axes != std::vector<int64_t>{2} || rank_of(kv) != 4) return x;
     // The merged heads: Reshape target element 1 (Hkv*G) when computable; Expand element 2 = G.
     auto g = shape_element(expand->inputs()[1], 2);
     auto target_heads = shape_element(reshape->inputs()[1], 1);
@@ -170,7 +170,7 @@ class Matcher {
         take(t);
         f_.k = t->inputs()[0];
         f_.k_bshd = true;
-        return value_rank(f_.k) == 4 || fail("K is not 4-D");
+        return rank_of(f_.k) == 4 || fail("K is not 4-D");
       } else {
         return fail("K is transposed with an unsupported permutation");
       }
@@ -183,7 +183,7 @@ class Matcher {
         return fail("K^T is not Transpose(K) nor Reshape-Transpose-Reshape");
       }
       Value* k = inner->inputs()[0];
-      if (value_rank(k) != 4) return fail("K is not 4-D");
+      if (rank_of(k) != 4) return fail("K is not 4-D");
       // The 3-D view keeps K's last two dims; the 4-D result is (lead..., D, T).
       if (shape_length(inner->inputs()[1]) != 3 || shape_length(outer->inputs()[1]) != 4) {
         return fail("K^T's reshapes are not 4-D -> 3-D -> 4-D");
@@ -221,20 +221,20 @@ class Matcher {
   }
 
   bool match_mask(Value* m, int32_t score_dtype) {
-    if (value_rank(m) > 4) return fail("the mask has rank > 4");
+    if (rank_of(m) > 4) return fail("the mask has rank > 4");
     if (Node* w = producer_of(m, "Where")) {
       Value* cond = w->inputs()[0];
       auto zero = constant_doubles(w->inputs()[1], 1);
       auto neg = constant_doubles(w->inputs()[2], 1);
-      if (value_dtype(cond) == kBool && zero && neg && zero->size() == 1 && neg->size() == 1 &&
+      if (dtype_of(cond) == kBool && zero && neg && zero->size() == 1 && neg->size() == 1 &&
           (*zero)[0] == 0.0 && (*neg)[0] <= kMaskedBelow) {
-        if (value_rank(cond) > 4) return fail("the mask has rank > 4");
+        if (rank_of(cond) > 4) return fail("the mask has rank > 4");
         f_.mask = cond;
         f_.mask_bool = true;
         return true;
       }
     }
-    const int32_t t = value_dtype(m);
+    const int32_t t = dtype_of(m);
     if (!is_float(t)) return fail("the added mask is not a float tensor");
     if (t != score_dtype) return fail("the mask's dtype differs from the scores'");
     f_.mask = m;
@@ -244,7 +244,7 @@ class Matcher {
   bool match(Node* root) {
     Value* p = root->inputs()[0];
     Value* v = root->inputs()[1];
-    const int32_t out_dtype = value_dtype(root->outputs()[0]);
+    const int32_t out_dtype = dtype_of(root->outputs()[0]);
     // Probabilities side: [Cast] <- [Where(IsNaN(s), 0, s)] <- Softmax.
     if (Node* c = producer_of(p, "Cast")) {
       take(c);
@@ -273,11 +273,11 @@ class Matcher {
       take(softmax);
     }
     Value* s = softmax->inputs()[0];
-    const int sr = value_rank(s);
+    const int sr = rank_of(s);
     const int64_t axis = int_attr(softmax, "axis", -1);
     if (sr != 4) return fail("the scores are not 4-D");
     if (axis != -1 && axis != 3) return fail("Softmax is not over the last axis");
-    const int32_t score_dtype = value_dtype(s);
+    const int32_t score_dtype = dtype_of(s);
     // Scores side: [Add(mask)] / [Cast] / [Mul|Div c] in any order, down to MatMul(q', Kt').
     Node* mm = nullptr;
     bool casted = false;
@@ -296,7 +296,7 @@ class Matcher {
         Value *a = n->inputs()[0], *b = n->inputs()[1];
         if (!reaches_matmul(a) && reaches_matmul(b)) std::swap(a, b);
         if (!reaches_matmul(a)) return fail("neither Add input comes from the scores MatMul");
-        if (!match_mask(b, value_dtype(n->outputs()[0]))) return false;
+        if (!match_mask(b, dtype_of(n->outputs()[0]))) return false;
         take(n);
         s = a;
       } else if (peel_scale(s)) {
@@ -319,10 +319,10 @@ class Matcher {
     }
     f_.v = through_repeat_kv(v);
     // Types.
-    const int32_t t = value_dtype(f_.q);
+    const int32_t t = dtype_of(f_.q);
     if (!is_float(t)) return fail("Q is not a float tensor");
-    if (value_dtype(f_.k) != t || value_dtype(f_.v) != t) return fail("Q, K, V dtypes differ");
-    if (value_rank(f_.q) != 4 || value_rank(f_.k) != 4 || value_rank(f_.v) != 4) {
+    if (dtype_of(f_.k) != t || dtype_of(f_.v) != t) return fail("Q, K, V dtypes differ");
+    if (rank_of(f_.q) != 4 || rank_of(f_.k) != 4 || rank_of(f_.v) != 4) {
       return fail("Q, K, V are not 4-D");
     }
     if (score_dtype != t) {
@@ -330,7 +330,7 @@ class Matcher {
       f_.softmax_precision = kFloat;
     }
     if (out_dtype != t && out_dtype != score_dtype) return fail("unexpected output dtype");
-    if (f_.mask && !f_.mask_bool && value_dtype(f_.mask) != t && value_dtype(f_.mask) != kFloat) {
+    if (f_.mask && !f_.mask_bool && dtype_of(f_.mask) != t && dtype_of(f_.mask) != kFloat) {
       return fail("the mask's dtype is neither Q's nor float");
     }
     // Heads: from Q (or from the repeated K it is multiplied with), kv heads from K and V.
@@ -402,13 +402,13 @@ int64_t fuse_attention(Model& model, PassContext& ctx) {
         continue;
       }
       Rewriter rw(g, root);
-      const int32_t t = value_dtype(f.q);
+      const int32_t t = dtype_of(f.q);
       Value* k = f.k;
       if (f.k_bshd) k = rw.op1("Transpose", {k}, one(attr_ints("perm", {0, 2, 1, 3})));
       std::vector<Value*> inputs = {f.q, k, f.v};
       if (f.mask) {
         Value* mask = f.mask;
-        if (!f.mask_bool && value_dtype(mask) != t) {
+        if (!f.mask_bool && dtype_of(mask) != t) {
           mask = rw.op1("Cast", {mask}, one(attr_int("to", t)));
         }
         inputs.push_back(mask);
@@ -420,7 +420,7 @@ int64_t fuse_attention(Model& model, PassContext& ctx) {
       attrs.push_back(attr_int("kv_num_heads", f.hkv));
       if (f.softmax_precision) attrs.push_back(attr_int("softmax_precision", f.softmax_precision));
       Value* y = rw.op1(kInternalAttention, inputs, std::move(attrs), kInternalDomain);
-      const int32_t out_dtype = value_dtype(root->outputs()[0]);
+      const int32_t out_dtype = dtype_of(root->outputs()[0]);
       if (out_dtype != t) y = rw.op1("Cast", {y}, one(attr_int("to", out_dtype)));
       if (!can_replace(g, root->outputs()[0], y)) {
         rw.rollback();
