@@ -177,6 +177,23 @@ def test_small_fuses_with_parity(target: str, scale_on: str) -> None:
     onnx.checker.check_model(out, full_check=target == "onnx")
 
 
+def test_untyped_intermediates() -> None:
+    # Without shape inference only the graph inputs have types (as for the outputs of an
+    # earlier fusion, e.g. a fused RotaryEmbedding): dtypes and ranks come from the producers.
+    model = sdpa_model(scale_on="q")
+    report = fastopt.optimize(
+        fastopt.from_onnx(model),
+        passes=["fuse_attention", "lower_attention"],
+        target="ort",
+        options={"attention_lowering": 0},
+    )
+    assert report.model is not None
+    assert counters(report, "fuse_attention").get("attention") == 1
+    out = report.model.to_onnx()
+    feeds = sdpa_feeds()
+    np.testing.assert_allclose(ort_run(out, feeds)[0], ort_run(model, feeds)[0], atol=1e-5)
+
+
 def test_finite_mask_value_stays_additive() -> None:
     # Where(mask, 0, -1): not a "masked" value, so the additive float mask is kept as is.
     model = sdpa_model(mask_neg=-1.0)

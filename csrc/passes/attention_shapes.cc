@@ -306,7 +306,7 @@ int32_t dtype_rec(const Value* v, int depth) {
                                 "Squeeze",   "Expand",  "Concat", "Split"};
   const bool same = std::any_of(std::begin(kSame), std::end(kSame),
                                 [&](const char* o) { return p->op_type == o; });
-  if (same || elementwise(p->op_type) || shape_preserving(p)) {
+  if (same || elementwise(p->op_type) || shape_preserving(p) || p->op_type == "MatMul") {
     return dtype_rec(p->inputs()[0], depth + 1);
   }
   return 0;
@@ -326,6 +326,10 @@ int rank_rec(const Value* v, int depth) {
   if (p->op_type == "Reshape" && p->inputs().size() == 2) {
     auto n = length_rec(p->inputs()[1], depth + 1);
     return n ? static_cast<int>(*n) : -1;
+  }
+  if (p->op_type == "MatMul" && p->inputs().size() == 2) {  // batched: the larger rank, >= 2
+    const int a = rank_rec(p->inputs()[0], depth + 1), b = rank_rec(p->inputs()[1], depth + 1);
+    return a >= 2 && b >= 2 ? std::max(a, b) : -1;
   }
   if (elementwise(p->op_type)) {
     int out = -1;
