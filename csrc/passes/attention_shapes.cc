@@ -66,9 +66,9 @@ std::optional<int64_t> length_rec(const Value* shape, int depth) {
   }
   const Node* p = shape->producer();
   if (!p) return std::nullopt;
-  if (p->op_type == "Unsqueeze" && value_rank(p->inputs()[0]) == 0) return 1;
+  if (p->op_type == "Unsqueeze" && rank_rec(p->inputs()[0], depth + 1) == 0) return 1;
   if (p->op_type == "Shape") {
-    const int r = value_rank(p->inputs()[0]);
+    const int r = rank_rec(p->inputs()[0], depth + 1);
     if (r < 0) return std::nullopt;
     int64_t start = int_attr(p, "start", 0), end = int_attr(p, "end", r);
     if (start < 0) start += r;
@@ -103,7 +103,7 @@ std::optional<int64_t> element_rec(const Value* shape, int index, int depth) {
   if (p->op_type == "Shape") {  // element i of Shape(x)[start:end]
     const Value* x = p->inputs()[0];
     int64_t start = int_attr(p, "start", 0);
-    const int r = value_rank(x);
+    const int r = rank_rec(x, depth + 1);
     if (start < 0) {
       if (r < 0) return std::nullopt;
       start += r;
@@ -212,7 +212,7 @@ std::optional<int64_t> dim_rec(const Value* v, int axis, int depth) {
     // -1: the elements left over. Exporters keep the leading dims of the input (batch,
     // sequence) as the leading target elements and split or merge only the trailing ones, so
     // -1 = prod(input dims [r-1, r)) / prod(other target elements from r-1 on).
-    const int r = value_rank(in[0]);
+    const int r = rank_rec(in[0], depth + 1);
     auto n_out = length_rec(in[1], depth + 1);
     if (r < 1 || !n_out || axis < r - 1) return std::nullopt;
     int64_t total = 1;
