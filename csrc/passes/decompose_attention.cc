@@ -1,10 +1,167 @@
-// The internal Attention op (see attention.h) written back as standard ops. Work in progress.
+// The internal Attention op (see attention.h) written back as standard ops: the fallback of
+// lower_attention when the target's lowering does not apply. Exactly the op's semantics:
+//
+//   k, v (B,Hkv,T,D) -> [Unsqueeze(2) -> Expand(1,1,G,1,1) -> Reshape(Shape(k) * (1,G,1,1))]?
+//   Q (B,Hq,S,D)  Kt = Transpose(k, 0,1,3,2)
+//        \        /
+//        MatMul -> Mul(scale) -> [Cast(softmax_precision)]? -> [Add(mask | Where(bool, 0, -inf))]?
+//        -> [Add(causal)]? -> Softmax(-1) -> Where(IsNaN(p), 0, p) -> [Cast back]? -> MatMul(v)
+//
+// Needs opset >= 13 (Softmax over the last axis only, Unsqueeze with an axes input).
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "ir/constant.h"
 #include "passes/attention.h"
+#include "passes/attention_shapes.h"
+#include "passes/fusion_util.h"
 
 namespace fastopt::passes {
+namespace {
+using namespace pattern;
 
-pattern::Replacement decompose_attention(Node*, pattern::Rewriter& rw, PassContext&) {
-  return rw.fail("decomposition not written yet");
+// One attribute as the list Rewriter::op takes (Attribute is move-only).
+std::vector<Attribute> one(Attribute a) {
+  std::vector<Attribute> v;
+  v.push_back(std::move(a));
+  return v;
+}
+
+// fp32 -> fp16 bits, rounding to nearest even (as in fuse_conv_bn.cc).
+uint16_t float_to_half(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000;
+  const uint32_t exp = (x >> 23) & 0xff;
+  uint32_t mant = x & 0x7fffff;
+  if (exp == 0xff) return static_cast<uint16_t>(sign | 0x7c00 | (mant ? 0x200 : 0));
+  const int e = static_cast<int>(exp) - 127 + 15;
+  if (e >= 31) return static_cast<uint16_t>(sign | 0x7c00);
+  if (e <= 0) {
+    if (e < -10) return static_cast<uint16_t>(sign);
+    mant |= 0x800000;
+    const int shift = 14 - e;
+    uint32_t h = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1))) ++h;
+    return static_cast<uint16_t>(sign | h);
+  }
+  uint32_t h = sign | (static_cast<uint32_t>(e) << 10) | (mant >> 13);
+  const uint32_t rem = mant & 0x1fff;
+  if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) ++h;
+  return static_cast<uint16_t>(h);
+}
+
+// A scalar (rank 0) of a float dtype; null for other dtypes.
+std::shared_ptr<Tensor> scalar(int32_t dtype, double value) {
+  std::string bytes;
+  if (dtype == kFloat) {
+    const float f = static_cast<float>(value);
+    bytes.assign(reinterpret_cast<const char*>(&f), 4);
+  } else if (dtype == kDouble) {
+    bytes.assign(reinterpret_cast<const char*>(&value), 8);
+  } else if (dtype == kFloat16) {
+    const uint16_t h = float_to_half(static_cast<float>(value));
+    bytes.assign(reinterpret_cast<const char*>(&h), 2);
+  } else if (dtype == kBFloat16) {
+    const float f = static_cast<float>(value);
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    const uint16_t b = static_cast<uint16_t>((x + 0x7fff + ((x >> 16) & 1)) >> 16);
+    bytes.assign(reinterpret_cast<const char*>(&b), 2);
+  } else {
+    return nullptr;
+  }
+  return make_tensor(dtype, {}, std::move(bytes));
+}
+
+int64_t int_attr(const Node* n, const std::string& name, int64_t fallback) {
+  const Attribute* a = n->attribute(name);
+  return a && a->i ? *a->i : fallback;
+}
+
+// (B,Hkv,T,D) -> (B,Hkv*G,T,D) with head h reading kv head h / G (HF repeat_kv).
+Value* repeat_kv(Value* x, int64_t groups, Rewriter& rw) {
+  Value* axes = rw.initializer("attention_unsqueeze_axes", make_int64_tensor({2}, {1}));
+  Value* expand =
+      rw.initializer("attention_kv_expand", make_int64_tensor({1, 1, groups, 1, 1}, {5}));
+  Value* factor = rw.initializer("attention_kv_heads", make_int64_tensor({1, groups, 1, 1}, {4}));
+  Value* x5 = rw.op1("Expand", {rw.op1("Unsqueeze", {x, axes}), expand});
+  Value* shape = rw.op1("Mul", {rw.op1("Shape", {x}), factor});
+  return rw.op1("Reshape", {x5, shape});
+}
+
+// Bool (S,T): key j visible to query i iff j <= i + T - S (bottom-right aligned, Attention-23).
+Value* causal_mask(Value* q, Value* k, Rewriter& rw) {
+  Value* two = rw.initializer("attention_dim2", make_int64_tensor({2}, {}));
+  Value* zero = rw.initializer("attention_zero", make_int64_tensor({0}, {}));
+  Value* step = rw.initializer("attention_one", make_int64_tensor({1}, {}));
+  Value* axis1 = rw.initializer("attention_axis1", make_int64_tensor({1}, {1}));
+  Value* s = rw.op1("Gather", {rw.op1("Shape", {q}), two}, one(attr_int("axis", 0)));
+  Value* t = rw.op1("Gather", {rw.op1("Shape", {k}), two}, one(attr_int("axis", 0)));
+  Value* rows = rw.op1("Range", {rw.op1("Sub", {t, s}), t, step});  // i + T - S
+  Value* cols = rw.op1("Range", {zero, t, step});
+  return rw.op1("LessOrEqual", {cols, rw.op1("Unsqueeze", {rows, axis1})});
+}
+
+}  // namespace
+
+pattern::Replacement decompose_attention(Node* node, pattern::Rewriter& rw, PassContext&) {
+  const auto& in = node->inputs();
+  if (in.size() < 3) return rw.fail("Attention has fewer than 3 inputs");
+  Value *q = in[0], *k = in[1], *v = in[2];
+  Value* mask = in.size() > 3 ? in[3] : nullptr;
+  if (default_opset(*rw.graph().model()) < 13) return rw.fail("opset < 13");
+  const int32_t t = dtype_of(q);
+  const int64_t hq = int_attr(node, "q_num_heads", 0), hkv = int_attr(node, "kv_num_heads", 0);
+  const int32_t precision = static_cast<int32_t>(int_attr(node, "softmax_precision", 0));
+  const Attribute* scale_attr = node->attribute("scale");
+  if (hq <= 0 || hkv <= 0 || hq % hkv != 0) return rw.fail("bad q_num_heads / kv_num_heads");
+  if (!scale_attr || !scale_attr->f) return rw.fail("no scale attribute");
+  const int32_t ct = precision && precision != t ? precision : t;  // softmax dtype
+  auto scale_t = scalar(t, *scale_attr->f);
+  if (!scale_t || !scalar(ct, 0.0)) return rw.fail("unsupported dtype " + dtype_name(t));
+  if (hkv != hq) {
+    k = repeat_kv(k, hq / hkv, rw);
+    v = repeat_kv(v, hq / hkv, rw);
+  }
+  Value* kt = rw.op1("Transpose", {k}, one(attr_ints("perm", {0, 1, 3, 2})));
+  Value* s = rw.op1("MatMul", {q, kt});
+  s = rw.op1("Mul", {s, rw.initializer("attention_scale", scale_t)});
+  if (ct != t) s = rw.op1("Cast", {s}, one(attr_int("to", ct)));
+  Value* zero = nullptr;
+  Value* neg = nullptr;
+  auto constants = [&]() {
+    if (!zero) {
+      zero = rw.initializer("attention_zero", scalar(ct, 0.0));
+      // -inf, not the lowest finite value: a row whose keys are all masked then becomes NaN,
+      // which the Where(IsNaN) below turns into the 0 the op specifies (a finite bias would
+      // give the mean of V instead).
+      neg =
+          rw.initializer("attention_masked", scalar(ct, -std::numeric_limits<double>::infinity()));
+    }
+  };
+  if (mask) {
+    Value* bias = mask;
+    if (dtype_of(mask) == kBool) {
+      constants();
+      bias = rw.op1("Where", {mask, zero, neg});
+    } else if (dtype_of(mask) != ct) {
+      bias = rw.op1("Cast", {mask}, one(attr_int("to", ct)));
+    }
+    s = rw.op1("Add", {s, bias});
+  }
+  if (int_attr(node, "is_causal", 0) != 0) {
+    constants();
+    s = rw.op1("Add", {s, rw.op1("Where", {causal_mask(q, k, rw), zero, neg})});
+  }
+  Value* p = rw.op1("Softmax", {s}, one(attr_int("axis", -1)));
+  // Rows whose every key is masked: -inf masks make them NaN, the op's semantics make them 0.
+  constants();
+  p = rw.op1("Where", {rw.op1("IsNaN", {p}), zero, p});
+  if (ct != t) p = rw.op1("Cast", {p}, one(attr_int("to", t)));
+  return std::vector<Value*>{rw.op1("MatMul", {p, v})};
 }
 
 }  // namespace fastopt::passes

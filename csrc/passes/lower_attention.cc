@@ -19,8 +19,12 @@ std::vector<Rule> rules(PassContext& ctx) {
   RewriteFn rewrite = [c](const Match& m, Rewriter& rw) -> Replacement {
     Node* node = m.root();
     const bool ort = c->target == "ort";
-    Replacement lowered =
-        ort ? lower_attention_ort(node, rw, *c) : lower_attention_onnx(node, rw, *c);
+    // Option attention_lowering=0: standard ops whatever the target (tests, debugging).
+    auto forced = c->options.find("attention_lowering");
+    Replacement lowered = forced != c->options.end() && forced->second == 0
+                              ? rw.fail("attention_lowering=0")
+                          : ort ? lower_attention_ort(node, rw, *c)
+                                : lower_attention_onnx(node, rw, *c);
     if (lowered) {
       c->counters[ort ? "lowered for ort" : "lowered to Attention-23"] += 1;
       return lowered;

@@ -1,0 +1,472 @@
+// Stage 1 of the attention fusion: scaled dot-product attention as exporters write it becomes one
+// internal Attention node (attention.h); lower_attention turns it into what the target runs.
+//
+//   q (B,Hq,S,D)       k (B,Hkv,T,D)                 v (B,Hkv,T,Dv)
+//     |                  |                             |
+//   [Mul|Div c]?      [repeat_kv]?                  [repeat_kv]?     repeat_kv: Unsqueeze(2) ->
+//     |                  |                             |              Expand(B,Hkv,G,T,D) ->
+//     |               Kt: Transpose(0,1,3,2)           |              Reshape(B,Hq,T,D)
+//     |                 | Reshape-Transpose(0,2,1)-Reshape (torchlib SDPA)
+//     |                 | Transpose(k_BSHD, 0,2,3,1)   |
+//     |               [Mul|Div c]?                      |
+//      \               /                                |
+//        MatMul -> [Mul|Div c]? -> [Cast fp32]? -> [Add(mask)]? -> Softmax(-1)
+//                                                                    |
+//                                            [Where(IsNaN(p), 0, p)]? -> [Cast]? -> MatMul <-
+//                                            [Cast]?
+//
+//   ==>  ai.fastopt.internal::Attention(q, k, v, mask?) [-> Cast]
+//
+// Both PyTorch exporters decompose F.scaled_dot_product_attention (what HF's sdpa attention
+// calls) this way: TorchScript and dynamo split sqrt(scale) onto Q and K, dynamo transposes K
+// through a 3-D Reshape, HF repeats the kv heads for GQA, fp16 TorchScript exports cast the
+// scores to fp32 for the softmax (and V to fp32 for the last MatMul), and Where(IsNaN) zeroes
+// rows whose keys are all masked. Older exports scale the scores instead; all placements
+// multiply into one scale. The mask HF adds is Where(bool_mask, 0, -inf | finfo.min): the
+// boolean (true = attend) becomes the internal op's mask; any other additive mask is kept as is.
+#include <cmath>
+#include <set>
+
+#include "ir/constant.h"
+#include "passes/attention.h"
+#include "passes/attention_shapes.h"
+#include "passes/fusion_util.h"
+
+namespace fastopt::passes {
+namespace {
+using namespace pattern;
+
+// One attribute as the list Rewriter::op takes (Attribute is move-only).
+std::vector<Attribute> one(Attribute a) {
+  std::vector<Attribute> v;
+  v.push_back(std::move(a));
+  return v;
+}
+
+// An additive mask value this negative removes the key: exp() of it underflows to 0 in fp32.
+constexpr double kMaskedBelow = -1e4;
+
+Node* producer_of(const Value* v, const char* op) {
+  Node* p = v ? v->producer() : nullptr;
+  return p && p->op_type == op && (p->domain.value.empty() || p->domain.value == "ai.onnx")
+             ? p
+             : nullptr;
+}
+
+int64_t int_attr(const Node* n, const std::string& name, int64_t fallback) {
+  const Attribute* a = n->attribute(name);
+  return a && a->i ? *a->i : fallback;
+}
+
+bool is_float(int32_t t) {
+  return t == kFloat || t == kFloat16 || t == kBFloat16 || t == kDouble;
+}
+
+struct Found {
+  Value* q = nullptr;
+  Value* k = nullptr;  // BNSH, or BSNH when k_bshd
+  Value* v = nullptr;
+  bool k_bshd = false;
+  Value* mask = nullptr;
+  bool mask_bool = false;
+  double scale = 1.0;
+  int32_t softmax_precision = 0;
+  int64_t hq = 0, hkv = 0;
+  std::vector<Node*> nodes;           // matched nodes (removed when dead after the rewrite)
+  std::vector<Value*> intermediates;  // values that must not be used outside the match
+};
+
+class Matcher {
+ public:
+  explicit Matcher(Found& f) : f_(f) {}
+  std::string error;
+
+  bool fail(std::string why) {
+    error = std::move(why);
+    return false;
+  }
+
+  void take(Node* n) {
+    f_.nodes.push_back(n);
+    f_.intermediates.push_back(n->outputs()[0]);
+  }
+
+  // Mul/Div by a constant scalar: folds it into the scale; true when one was peeled.
+  // Sets error when the factor is a scalar that is not constant.
+  bool peel_scale(Value*& x) {
+    Node* p = x->producer();
+    if (!p || (p->op_type != "Mul" && p->op_type != "Div") || p->inputs().size() != 2) return false;
+    for (int i = 0; i < 2; ++i) {
+      if (p->op_type == "Div" && i == 0) continue;  // c / x is not a scale
+      Value* c = p->inputs()[i];
+      Value* other = p->inputs()[1 - i];
+      auto s = constant_scalar(c);
+      if (!s) {
+        // A rank-0 or one-element factor that is not constant: a dynamic scale.
+        const int r = rank_of(c);
+        const bool scalar_shaped =
+            r == 0 || (r == 1 && c->type.has_shape && c->type.dims[0].value == 1);
+        if (scalar_shaped && rank_of(other) == 4) {
+          error = "the scale factor (" + p->op_type + " '" + p->name.value + "') is not a constant";
+        }
+        continue;
+      }
+      if (rank_of(c) > 4) continue;  // would broadcast the scores to a higher rank
+      if (!std::isfinite(*s) || *s == 0) {
+        error = "the scale factor is not finite or zero";
+        return false;
+      }
+      f_.scale = p->op_type == "Mul" ? f_.scale * *s : f_.scale / *s;
+      take(p);
+      x = other;
+      return true;
+    }
+    return false;
+  }
+
+  // HF repeat_kv: Reshape(Expand(Unsqueeze(kv, [2]), (B,Hkv,G,T,D)), (B,Hkv*G,T,D)).
+  Value* through_repeat_kv(Value* x) {
+    Node* reshape = producer_of(x, "Reshape");
+    if (!reshape) return x;
+    Node* expand = producer_of(reshape->inputs()[0], "Expand");
+    if (!expand) return x;
+    Node* unsq = producer_of(expand->inputs()[0], "Unsqueeze");
+    if (!unsq) return x;
+    std::vector<int64_t> axes;
+    if (const Attribute* a = unsq->attribute("axes")) {
+      axes = a->ints;
+    } else if (unsq->inputs().size() > 1) {
+      auto c = constant_ints(unsq->inputs()[1], 4);
+      if (c) axes = *c;
+    }
+    Value* kv = unsq->inputs()[0];
+    if (axes != std::vector<int64_t>{2} || rank_of(kv) != 4) return x;
+    // The merged heads: Reshape target element 1 (Hkv*G) when computable; Expand element 2 = G.
+    auto g = shape_element(expand->inputs()[1], 2);
+    auto target_heads = shape_element(reshape->inputs()[1], 1);
+    auto hkv = resolve_dim(kv, 1);
+    auto d_in = resolve_dim(kv, 3);
+    auto d_out = shape_element(reshape->inputs()[1], 3);
+    if (shape_length(reshape->inputs()[1]).value_or(4) != 4) return x;
+    if (d_in && d_out && *d_out > 0 && *d_in != *d_out) return x;
+    if (g && hkv && target_heads && *target_heads > 0 && *target_heads != *g * *hkv) return x;
+    take(reshape);
+    take(expand);
+    take(unsq);
+    return kv;
+  }
+
+  // K^T forms; sets f_.k (BNSH before transposing, or BSNH with k_bshd).
+  bool match_kt(Value* kt) {
+    while (peel_scale(kt)) {
+    }
+    if (!error.empty()) return false;
+    if (Node* t = producer_of(kt, "Transpose")) {
+      const Attribute* perm = t->attribute("perm");
+      if (perm && perm->ints == std::vector<int64_t>{0, 1, 3, 2}) {
+        take(t);
+        f_.k = t->inputs()[0];
+      } else if (perm && perm->ints == std::vector<int64_t>{0, 2, 3, 1}) {
+        take(t);
+        f_.k = t->inputs()[0];
+        f_.k_bshd = true;
+        return rank_of(f_.k) == 4 || fail("K is not 4-D");
+      } else {
+        return fail("K is transposed with an unsupported permutation");
+      }
+    } else if (Node* outer = producer_of(kt, "Reshape")) {
+      // torchlib: Reshape(k, (-1, T, D)) -> Transpose(0,2,1) -> Reshape(lead..., D, T)
+      Node* t = producer_of(outer->inputs()[0], "Transpose");
+      Node* inner = t ? producer_of(t->inputs()[0], "Reshape") : nullptr;
+      const Attribute* perm = t ? t->attribute("perm") : nullptr;
+      if (!inner || !perm || perm->ints != std::vector<int64_t>{0, 2, 1}) {
+        return fail("K^T is not Transpose(K) nor Reshape-Transpose-Reshape");
+      }
+      Value* k = inner->inputs()[0];
+      if (rank_of(k) != 4) return fail("K is not 4-D");
+      // The 3-D view keeps K's last two dims; the 4-D result is (lead..., D, T).
+      if (shape_length(inner->inputs()[1]) != 3 || shape_length(outer->inputs()[1]) != 4) {
+        return fail("K^T's reshapes are not 4-D -> 3-D -> 4-D");
+      }
+      auto d = resolve_dim(k, 3);
+      auto d1 = shape_element(inner->inputs()[1], 2), d2 = shape_element(outer->inputs()[1], 2);
+      if (!d || !d1 || !d2 || *d != *d1 || *d != *d2) {
+        return fail("K^T's reshapes do not keep the head size");
+      }
+      take(outer);
+      take(t);
+      take(inner);
+      f_.k = k;
+    } else {
+      return fail("K^T is not a Transpose or Reshape");
+    }
+    while (peel_scale(f_.k)) {
+    }
+    if (!error.empty()) return false;
+    if (!f_.k_bshd) f_.k = through_repeat_kv(f_.k);
+    return true;
+  }
+
+  // Does `x` lead to the scores MatMul through scale/Cast ops?
+  static bool reaches_matmul(const Value* x, int depth = 0) {
+    const Node* p = x->producer();
+    if (!p || depth > 6) return false;
+    if (p->op_type == "MatMul") return true;
+    if (p->op_type == "Cast" || p->op_type == "Mul" || p->op_type == "Div") {
+      for (const Value* in : p->inputs()) {
+        if (reaches_matmul(in, depth + 1)) return true;
+      }
+    }
+    return false;
+  }
+
+  bool match_mask(Value* m, int32_t score_dtype) {
+    if (rank_of(m) > 4) return fail("the mask has rank > 4");
+    if (Node* w = producer_of(m, "Where")) {
+      Value* cond = w->inputs()[0];
+      auto zero = constant_doubles(w->inputs()[1], 1);
+      auto neg = constant_doubles(w->inputs()[2], 1);
+      if (dtype_of(cond) == kBool && zero && neg && zero->size() == 1 && neg->size() == 1 &&
+          (*zero)[0] == 0.0 && (*neg)[0] <= kMaskedBelow) {
+        if (rank_of(cond) > 4) return fail("the mask has rank > 4");
+        f_.mask = cond;
+        f_.mask_bool = true;
+        return true;
+      }
+    }
+    const int32_t t = dtype_of(m);
+    if (!is_float(t)) return fail("the added mask is not a float tensor");
+    if (t != score_dtype) return fail("the mask's dtype differs from the scores'");
+    f_.mask = m;
+    return true;
+  }
+
+  bool match(Node* root) {
+    Value* p = root->inputs()[0];
+    Value* v = root->inputs()[1];
+    const int32_t out_dtype = dtype_of(root->outputs()[0]);
+    // Probabilities side: [Cast] <- [Where(IsNaN(s), 0, s)] <- Softmax.
+    if (Node* c = producer_of(p, "Cast")) {
+      take(c);
+      p = c->inputs()[0];
+    }
+    Node* softmax = nullptr;
+    if (Node* w = producer_of(p, "Where")) {
+      Node* isnan = producer_of(w->inputs()[0], "IsNaN");
+      auto zero = constant_doubles(w->inputs()[1], 1);
+      if (!isnan || isnan->inputs()[0] != w->inputs()[2] || !zero || zero->size() != 1 ||
+          (*zero)[0] != 0.0) {
+        return fail("the probabilities are a Where that is not Where(IsNaN(p), 0, p)");
+      }
+      softmax = producer_of(w->inputs()[2], "Softmax");
+      if (!softmax) return fail("Where(IsNaN(p), 0, p) of something other than a Softmax");
+      take(w);
+      f_.nodes.push_back(isnan);
+      // The softmax output feeds both the IsNaN and the Where.
+      for (const Use& u : softmax->outputs()[0]->uses()) {
+        if (u.node != isnan && u.node != w) return fail("the softmax output has other uses");
+      }
+      f_.nodes.push_back(softmax);
+    } else {
+      softmax = producer_of(p, "Softmax");
+      if (!softmax) return fail("the first MatMul input is not a softmax");
+      take(softmax);
+    }
+    Value* s = softmax->inputs()[0];
+    const int sr = rank_of(s);
+    const int64_t axis = int_attr(softmax, "axis", -1);
+    if (sr != 4) return fail("the scores are not 4-D");
+    if (axis != -1 && axis != 3) return fail("Softmax is not over the last axis");
+    const int32_t score_dtype = dtype_of(s);
+    // Scores side: [Add(mask)] / [Cast] / [Mul|Div c] in any order, down to MatMul(q', Kt').
+    Node* mm = nullptr;
+    bool casted = false;
+    while (!mm) {
+      Node* n = s->producer();
+      if (!n) return fail("the scores have no producer");
+      if (n->op_type == "MatMul") {
+        mm = n;
+        take(n);
+      } else if (n->op_type == "Cast") {
+        if (casted) return fail("two Casts on the scores");
+        casted = true;
+        take(n);
+        s = n->inputs()[0];
+      } else if (n->op_type == "Add" && !f_.mask) {
+        Value *a = n->inputs()[0], *b = n->inputs()[1];
+        if (!reaches_matmul(a) && reaches_matmul(b)) std::swap(a, b);
+        if (!reaches_matmul(a)) return fail("neither Add input comes from the scores MatMul");
+        if (!match_mask(b, dtype_of(n->outputs()[0]))) return false;
+        take(n);
+        s = a;
+      } else if (peel_scale(s)) {
+      } else {
+        if (!error.empty()) return false;
+        return fail("unexpected " + n->op_type + " between the scores MatMul and the Softmax");
+      }
+    }
+    // Q side.
+    Value* q = mm->inputs()[0];
+    while (peel_scale(q)) {
+    }
+    if (!error.empty()) return false;
+    f_.q = q;
+    if (!match_kt(mm->inputs()[1])) return false;
+    // V side: [Cast] <- [repeat_kv].
+    if (Node* c = producer_of(v, "Cast")) {
+      take(c);
+      v = c->inputs()[0];
+    }
+    f_.v = through_repeat_kv(v);
+    // Types.
+    const int32_t t = dtype_of(f_.q);
+    if (!is_float(t)) return fail("Q is not a float tensor");
+    if (dtype_of(f_.k) != t || dtype_of(f_.v) != t) return fail("Q, K, V dtypes differ");
+    if (rank_of(f_.q) != 4 || rank_of(f_.k) != 4 || rank_of(f_.v) != 4) {
+      return fail("Q, K, V are not 4-D");
+    }
+    if (score_dtype != t) {
+      if (!casted || score_dtype != kFloat) return fail("the softmax runs in an unexpected dtype");
+      f_.softmax_precision = kFloat;
+    }
+    if (out_dtype != t && out_dtype != score_dtype) return fail("unexpected output dtype");
+    if (f_.mask && !f_.mask_bool && dtype_of(f_.mask) != t && dtype_of(f_.mask) != kFloat) {
+      return fail("the mask's dtype is neither Q's nor float");
+    }
+    // Heads: from Q (or from the repeated K it is multiplied with), kv heads from K and V.
+    auto hq = resolve_dim(f_.q, 1);
+    if (!hq) hq = resolve_dim(mm->inputs()[0], 1);
+    if (!hq) hq = resolve_dim(s, 1);
+    auto hkv = resolve_dim(f_.k, f_.k_bshd ? 2 : 1);
+    auto hv = resolve_dim(f_.v, 1);
+    if (!hq) return fail("the number of query heads is unknown");
+    if (!hkv || !hv) return fail("the number of kv heads is unknown");
+    if (*hkv != *hv) return fail("K and V have different head counts");
+    if (*hkv <= 0 || *hq % *hkv != 0) return fail("query heads are not a multiple of kv heads");
+    f_.hq = *hq;
+    f_.hkv = *hkv;
+    // Nothing computed inside may be used outside (Shape reads of the repeated K excepted:
+    // torchlib's K^T reshapes read them, and they only need the shape).
+    std::set<const Node*> inside(f_.nodes.begin(), f_.nodes.end());
+    inside.insert(root);
+    for (const Value* x : f_.intermediates) {
+      if (x == root->outputs()[0]) continue;
+      if (x->is_graph_output()) return fail("an intermediate value is a graph output");
+      for (const Use& u : x->uses()) {
+        if (!inside.count(u.node) && u.node->op_type != "Shape") {
+          return fail("intermediate '" + x->name() + "' has another use (" + u.node->op_type + ")");
+        }
+      }
+    }
+    return true;
+  }
+
+ private:
+  Found& f_;
+};
+
+int64_t fuse_attention(Model& model, PassContext& ctx) {
+  const bool explain = ctx.explain_rule == "*" || ctx.explain_rule == "fuse_attention";
+  int64_t fused = 0;
+  std::vector<Graph*> graphs;
+  model.for_each_graph([&](Graph& g) { graphs.push_back(&g); });
+  for (Graph* gp : graphs) {
+    Graph& g = *gp;
+    std::vector<Node*> candidates;
+    for (Node* n = g.first(); n; n = n->next()) {
+      if (n->op_type != "MatMul" || !n->domain.value.empty() || n->inputs().size() != 2) continue;
+      // Cheap filter: attention's second MatMul reads a softmax (through Cast / Where).
+      const Node* p = n->inputs()[0]->producer();
+      for (int i = 0; i < 2 && p && p->op_type != "Softmax"; ++i) {
+        if (p->op_type == "Cast" || p->op_type == "Where") {
+          p = p->inputs().back()->producer();
+        } else {
+          p = nullptr;
+        }
+      }
+      if (p && p->op_type == "Softmax") candidates.push_back(n);
+    }
+    for (Node* root : candidates) {
+      if (!root->alive()) continue;
+      Found f;
+      Matcher m(f);
+      auto why = [&](const std::string& reason) {
+        if (explain) {
+          ctx.explain_lines.push_back("fuse_attention @ node '" + root->name.value +
+                                      "' (MatMul): " + reason);
+        }
+        ctx.counters["not fused"] += 1;
+      };
+      if (!m.match(root)) {
+        why(m.error);
+        continue;
+      }
+      Rewriter rw(g, root);
+      const int32_t t = dtype_of(f.q);
+      Value* k = f.k;
+      if (f.k_bshd) k = rw.op1("Transpose", {k}, one(attr_ints("perm", {0, 2, 1, 3})));
+      std::vector<Value*> inputs = {f.q, k, f.v};
+      if (f.mask) {
+        Value* mask = f.mask;
+        if (!f.mask_bool && dtype_of(mask) != t) {
+          mask = rw.op1("Cast", {mask}, one(attr_int("to", t)));
+        }
+        inputs.push_back(mask);
+      }
+      std::vector<Attribute> attrs;
+      attrs.push_back(attr_float("scale", static_cast<float>(f.scale)));
+      attrs.push_back(attr_int("is_causal", 0));
+      attrs.push_back(attr_int("q_num_heads", f.hq));
+      attrs.push_back(attr_int("kv_num_heads", f.hkv));
+      if (f.softmax_precision) attrs.push_back(attr_int("softmax_precision", f.softmax_precision));
+      Value* y = rw.op1(kInternalAttention, inputs, std::move(attrs), kInternalDomain);
+      const int32_t out_dtype = dtype_of(root->outputs()[0]);
+      if (out_dtype != t) y = rw.op1("Cast", {y}, one(attr_int("to", out_dtype)));
+      if (!can_replace(g, root->outputs()[0], y)) {
+        rw.rollback();
+        why("the output cannot be replaced");
+        continue;
+      }
+      import_domain(g, kInternalDomain);
+      replace_value(g, root->outputs()[0], y);
+      std::vector<Node*> dead = f.nodes;
+      dead.insert(dead.begin(), root);
+      remove_dead(g, dead);
+      if (explain) {
+        ctx.explain_lines.push_back("fuse_attention @ node '" + root->name.value +
+                                    "' (MatMul): rewritten");
+      }
+      ctx.counters["attention"] += 1;
+      if (f.hkv != f.hq) ctx.counters["grouped kv heads"] += 1;
+      if (f.mask) ctx.counters[f.mask_bool ? "boolean mask" : "additive mask"] += 1;
+      ++fused;
+    }
+    if (fused) {
+      // What only fed the matched nodes' shapes (torchlib's K^T reshape targets, Shape reads of
+      // the repeated K) is dead now.
+      for (Node* n = g.last(); n;) {
+        Node* prev = n->prev();
+        bool dead = !n->has_subgraphs();
+        for (Value* o : n->outputs())
+          dead = dead && (!o || (o->uses().empty() && !o->is_graph_output()));
+        if (dead) g.remove_node(n);
+        n = prev;
+      }
+    }
+  }
+  return fused;
+}
+
+const PassRegistrar kRegister{{
+    "fuse_attention",
+    "recognise scaled dot-product attention (scale placements, repeat_kv, masks, fp32 softmax "
+    "casts) as the internal Attention op; run lower_attention after it",
+    {"fusion", "llm"},
+    1,
+    INT64_MAX,
+    true,
+    fuse_attention,
+}};
+
+}  // namespace
+}  // namespace fastopt::passes
