@@ -132,6 +132,9 @@ def rms_nodes(
         helper.make_node("Add", ["ms", "eps"], ["var"]),
         helper.make_node("Sqrt", ["var"], ["rms"]),
     ]
+    if recip == "direct":  # x / sqrt(...), as hand-written norms do
+        nodes.append(helper.make_node("Div", [x, "rms"], ["n"]))
+        return nodes, inits
     if recip == "div":
         nodes.append(helper.make_node("Div", ["one", "rms"], ["inv"]))
     else:
@@ -160,8 +163,18 @@ def rms_model(weight: bool = True, opset: int = 17, **kw) -> onnx.ModelProto:  #
         {"weight": False},
         {"axes": (2,)},
         {"opset": 18, "axes_input": True},
+        {"recip": "direct"},
+        {"recip": "direct", "weight": False},
     ],
-    ids=["pow_div", "mul_reciprocal", "no_weight", "axis_2", "axes_input"],
+    ids=[
+        "pow_div",
+        "mul_reciprocal",
+        "no_weight",
+        "axis_2",
+        "axes_input",
+        "x_div_sqrt",
+        "x_div_sqrt_no_weight",
+    ],
 )
 def test_rms_norm_variants(kw) -> None:  # type: ignore[no-untyped-def]
     model = rms_model(**kw)

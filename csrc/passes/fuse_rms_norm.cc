@@ -18,6 +18,8 @@
 //                        [Cast]?
 //                           y
 //
+// (or Div(x, Sqrt) directly, as hand-written norms do.)
+//
 // Every HF decoder with LlamaRMSNorm (llama, mistral, qwen2, phi3, gemma) exports this. TorchScript
 // writes `Div(1, Sqrt)`, dynamo `Reciprocal(Sqrt)`; ReduceMean takes its axes as an attribute
 // before opset 18 and as an input from 18 on. fp16 models compute the norm in fp32: a Cast up
@@ -41,14 +43,19 @@ struct Core {
   P x, mean, eps, n;
 };
 
-// The shared part: x -> ... -> Mul(x, 1 / sqrt(mean(x^2) + eps)).
-Core core(Pattern& p) {
+// The shared part: x -> ... -> Mul(x, 1 / sqrt(mean(x^2) + eps)), or with `div`,
+// Div(x, sqrt(mean(x^2) + eps)) (hand-written norms).
+Core core(Pattern& p, bool div) {
   Core c;
   c.x = p.var("x");
   P sq = p.alt("square", {p.op("Pow", {c.x, p.scalar("two", 2.0)}), p.op("Mul", {c.x, c.x})});
   c.mean = p.op("ReduceMean", {sq}).extra_inputs();  // axes input from opset 18
   c.eps = p.var("epsilon");
   P sqrt = p.op("Sqrt", {p.op("Add", {c.mean, c.eps}).commutative()});
+  if (div) {
+    c.n = p.op("Div", {c.x, sqrt});
+    return c;
+  }
   P inv =
       p.alt("reciprocal", {p.op("Div", {p.scalar("one", 1.0), sqrt}), p.op("Reciprocal", {sqrt})});
   c.n = p.op("Mul", {c.x, inv}).commutative();
@@ -152,12 +159,11 @@ Replacement fuse(const Core& c, const Tail& t, const Match& m, Rewriter& rw, Pas
   return std::vector<Value*>{y};
 }
 
-std::vector<Rule> rules(PassContext& ctx) {
-  std::vector<Rule> out;
+void add_rules(std::vector<Rule>& out, PassContext& ctx, bool div) {
   // 1. core [-> Cast] -> Mul(weight)
   {
     auto p = std::make_shared<Pattern>("fuse_rms_norm");
-    Core c = core(*p);
+    Core c = core(*p, div);
     P cast_mid = p->op("Cast", {c.n});
     P w = p->var("weight");
     P root = p->op("Mul", {p->optional(cast_mid), w}).commutative();
@@ -173,7 +179,7 @@ std::vector<Rule> rules(PassContext& ctx) {
   // 2. core -> Mul(weight) -> Cast
   {
     auto p = std::make_shared<Pattern>("fuse_rms_norm");
-    Core c = core(*p);
+    Core c = core(*p, div);
     P w = p->var("weight");
     P root = p->op("Cast", {p->op("Mul", {c.n, w}).commutative()});
     p->root(root);
@@ -185,7 +191,7 @@ std::vector<Rule> rules(PassContext& ctx) {
   // 3. core -> Cast (no weight)
   {
     auto p = std::make_shared<Pattern>("fuse_rms_norm");
-    Core c = core(*p);
+    Core c = core(*p, div);
     P root = p->op("Cast", {c.n});
     p->root(root);
     out.push_back({"fuse_rms_norm", p, [=, &ctx](const Match& m, Rewriter& rw) -> Replacement {
@@ -200,7 +206,7 @@ std::vector<Rule> rules(PassContext& ctx) {
   // 4. core alone (no weight)
   {
     auto p = std::make_shared<Pattern>("fuse_rms_norm");
-    Core c = core(*p);
+    Core c = core(*p, div);
     p->root(c.n);
     out.push_back({"fuse_rms_norm", p, [=, &ctx](const Match& m, Rewriter& rw) -> Replacement {
                      const Value* y = m.root()->outputs()[0];
@@ -212,6 +218,11 @@ std::vector<Rule> rules(PassContext& ctx) {
                      return fuse(c, Tail{}, m, rw, ctx);
                    }});
   }
+}
+
+std::vector<Rule> rules(PassContext& ctx) {
+  std::vector<Rule> out;
+  for (bool div : {false, true}) add_rules(out, ctx, div);
   return out;
 }
 
