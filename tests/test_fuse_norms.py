@@ -219,6 +219,20 @@ def test_rms_norm_fp32_weight_after_cast_out() -> None:
     parity(model, out, tol=2e-2)
 
 
+def test_rms_norm_down_cast_input_kept() -> None:
+    """fp32 input cast down to fp16, the norm in fp16, cast back up: the fused op takes the
+    rounded fp16 value (what the model normalizes), not the fp32 input."""
+    nodes, _ = rms_nodes(x="xh")
+    inits = [tensor(k, np.array(v, np.float16)) for k, v in (("two", 2), ("eps", 1e-6), ("one", 1))]
+    nodes.insert(0, helper.make_node("Cast", ["x"], ["xh"], to=H))
+    nodes.append(helper.make_node("Cast", ["n"], ["y"], to=F))
+    model = ort_model(nodes, [info("x", F, ["B", "S", D])], [info("y", F, ["B", "S", D])], inits)
+    _, out = run(model, ["fuse_rms_norm", "eliminate_dead_nodes"])
+    assert [n.op_type for n in out.graph.node] == ["Cast", "SimplifiedLayerNormalization", "Cast"]
+    assert out.graph.node[1].input[0] == "xh"
+    parity(model, out, tol=2e-2)
+
+
 def rms_negative_cases() -> dict[str, onnx.ModelProto]:
     cases = {
         "axis_1": rms_model(axes=(1,)),
@@ -338,6 +352,35 @@ def test_layer_norm_variants(kw, target: str) -> None:  # type: ignore[no-untype
     assert len(out.graph.node[0].input) == (2 if kw.get("beta") is False else 3)
     onnx.checker.check_model(out, full_check=True)
     parity(model, out)
+
+
+def test_layer_norm_fp16_casts() -> None:
+    """fp16: the centered value cast up for the variance, the root cast back (ORT's
+    fusion_layernorm.py form)."""
+    inits = [
+        tensor("two", np.array(2.0, np.float32)),
+        tensor("eps", np.array(1e-5, np.float32)),
+        tensor("gamma", random((D,), np.float16, seed=3)),
+        tensor("beta", random((D,), np.float16, seed=4)),
+    ]
+    nodes = [
+        helper.make_node("ReduceMean", ["x"], ["m"], axes=[-1]),
+        helper.make_node("Sub", ["x", "m"], ["d"]),
+        helper.make_node("Cast", ["d"], ["df"], to=F),
+        helper.make_node("Pow", ["df", "two"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq"], ["v"], axes=[-1]),
+        helper.make_node("Add", ["v", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s"]),
+        helper.make_node("Cast", ["s"], ["sh"], to=H),
+        helper.make_node("Div", ["d", "sh"], ["nrm"]),
+        helper.make_node("Mul", ["nrm", "gamma"], ["g"]),
+        helper.make_node("Add", ["g", "beta"], ["y"]),
+    ]
+    model = ort_model(nodes, [info("x", H, ["B", "S", D])], [info("y", H, ["B", "S", D])], inits)
+    _, out = run(model, ["fuse_layer_norm", "eliminate_dead_nodes"])
+    assert [n.op_type for n in out.graph.node] == ["LayerNormalization"]
+    onnx.checker.check_model(out, full_check=True)
+    parity(model, out, tol=2e-2, dtype=np.float16)
 
 
 @pytest.mark.parametrize(

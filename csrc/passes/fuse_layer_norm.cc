@@ -62,6 +62,13 @@ Replacement fuse(const Core& c, Value* gamma, Value* beta, const Match& m, Rewri
   for (const Node* r : {mean, m.node(c.var)}) {
     if (auto e = norm::check_last_axis_mean(r, rank)) return rw.fail(*e);
   }
+  for (const Node* n : m.matched_nodes()) {
+    if (n->op_type != "Cast") continue;
+    const Attribute* to = n->attribute("to");
+    if (!to || !to->i || !norm::is_float_type(static_cast<int32_t>(*to->i))) {
+      return rw.fail("a Cast in the norm is not to a float type");
+    }
+  }
   auto eps = constant_scalar(m.value(c.eps));
   if (!eps) return rw.fail("epsilon is not a constant scalar");
   if (!std::isfinite(*eps) || *eps < 0 || *eps >= 1) return rw.fail("epsilon outside [0, 1)");

@@ -114,17 +114,19 @@ Replacement fuse(const Core& c, const Tail& t, const Match& m, Rewriter& rw, Pas
   auto size = norm::last_dim(x);
   if (!size) return rw.fail("the normalized (last) dim of the input is unknown");
 
+  if (t.cast_mid && !is_float_cast(t.cast_mid)) return rw.fail("the Cast is not to a float");
   // Output dtype: the input's, changed by each Cast of the tail.
   int32_t out_dt = xdt;
   if (t.cast_mid) out_dt = cast_to(t.cast_mid);
   const int32_t weight_dt = out_dt;
   if (t.cast_out) out_dt = cast_to(t.cast_out);
 
-  // An input cast up from the dtype the output is cast back to: take the original input.
+  // An input cast up from the dtype the output is cast back to: take the original input (a
+  // down-cast is kept: the norm of the rounded input is what the model computes).
   Value* in = x;
   Node* up = x->producer();
   if (out_dt != xdt && is_float_cast(up) && up->graph() == &rw.graph() &&
-      value_dtype(up->inputs()[0]) == out_dt) {
+      value_dtype(up->inputs()[0]) == out_dt && dtype_bits(out_dt) < dtype_bits(xdt)) {
     in = up->inputs()[0];
   }
   const int32_t in_dt = value_dtype(in);
