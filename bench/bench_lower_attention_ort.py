@@ -152,7 +152,7 @@ def main() -> None:
             variants = [("decomposed", decomposed(c), "")]
             variants.append(("lowered (default)", *lowered(c)))
             if hkv != 14:
-                variants.append(("lowered attention_cuda=1", *lowered(c, attention_cuda=1)))
+                variants.append(("lowered cuda=1", *lowered(c, cuda=1)))
             else:
                 variants.append(("GQA instead", gqa_for_mha(c), "GroupQueryAttention"))
             for name, model, ops in variants:

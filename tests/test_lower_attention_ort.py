@@ -236,10 +236,10 @@ def test_lowering(name: str) -> None:
     check(c, op)
 
 
-def test_attention_cuda_option() -> None:
-    """options attention_cuda=1: no fp32 GQA and no GQA attention_bias on CUDA, so GQA only for
+def test_cuda_option() -> None:
+    """options cuda=1: no fp32 GQA and no GQA attention_bias on CUDA, so GQA only for
     fp16 causal attention without a mask; MHA (over repeated kv heads) for the rest."""
-    cuda = {"attention_cuda": 1}
+    cuda = {"cuda": 1}
     # K and V stay BNSH (their Transposes) for the head repeat.
     check(Case(hkv=2, mask="bool", padding="left"), MHA, 2, options=cuda)
     check(Case(hkv=2, dtype=F16), GQA, options=cuda)

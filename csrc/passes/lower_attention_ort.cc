@@ -20,7 +20,7 @@
 //   fp32, Hkv == Hq             -> MultiHeadAttention
 //   fp32, Hkv <  Hq             -> GroupQueryAttention (CPU only: no fp32 GQA on CUDA), or MHA
 //                                  over repeated kv heads when GQA does not fit (below)
-//   options attention_cuda=1    -> GQA only for fp16/bf16, causal, without mask (CUDA rejects
+//   options cuda=1              -> GQA only for fp16/bf16, causal, without mask (CUDA rejects
 //                                  GQA's attention_bias); everything else MHA (repeated kv heads
 //                                  when Hkv < Hq)
 // GQA fits when T == S is shown by the shapes (it takes K/V of the query's length) and the
@@ -320,7 +320,7 @@ Replacement lower_attention_ort(Node* node, Rewriter& rw, PassContext& ctx) {
   // GQA takes K/V of the query's length, one head size for K and V, a multiple of 8.
   const bool gqa_fits =
       same_len && static_head && *head_dim->value % 8 == 0 && same_dim(head_dim, dim_at(v, 4, 3));
-  const bool cuda = ctx.options.count("attention_cuda") && ctx.options.at("attention_cuda") != 0;
+  const bool cuda = ctx.options.count("cuda") && ctx.options.at("cuda") != 0;
   bool use_gqa = cuda ? dtype != kFloat && causal && !mask : dtype != kFloat || hkv != hq;
   // fp32 has MHA over repeated kv heads to fall back on.
   if (use_gqa && dtype == kFloat && !gqa_fits && static_head) use_gqa = false;
