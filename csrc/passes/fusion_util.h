@@ -2,6 +2,7 @@
 // the constants that decomposed patterns carry (epsilons, scales).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -38,6 +39,22 @@ inline void import_domain(Graph& g, const std::string& domain, int64_t version =
   for (auto& f : model->functions) {
     if (f->body.get() == top) add(f->opset_import);
   }
+}
+
+// Removes the model's (and functions') import of `domain` when no node uses it any more.
+inline void drop_unused_domain(Model& m, const std::string& domain) {
+  bool used = false;
+  m.for_each_graph([&](Graph& g) {
+    for (Node* n = g.first(); n && !used; n = n->next()) used = n->domain.value == domain;
+  });
+  if (used) return;
+  auto drop = [&](std::vector<OpsetId>& imports) {
+    imports.erase(std::remove_if(imports.begin(), imports.end(),
+                                 [&](const OpsetId& o) { return o.domain.value == domain; }),
+                  imports.end());
+  };
+  drop(m.opset_import);
+  for (auto& f : m.functions) drop(f->opset_import);
 }
 
 // Opset of `domain` imported by the model, or 0.

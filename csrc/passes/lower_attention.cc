@@ -42,11 +42,22 @@ std::vector<Rule> rules(PassContext& ctx) {
   return {{"lower_attention", p, rewrite}};
 }
 
-const PassRegistrar kRegister{rule_pass(
-    "lower_attention",
-    "lower the internal Attention op for the target: MultiHeadAttention/GroupQueryAttention "
-    "(ort), Attention-23 (onnx), else standard ops",
-    {"fusion", "llm"}, rules)};
+PassInfo lower_attention_pass() {
+  PassInfo info = rule_pass(
+      "lower_attention",
+      "lower the internal Attention op for the target: MultiHeadAttention/GroupQueryAttention "
+      "(ort), Attention-23 (onnx), else standard ops",
+      {"fusion", "llm"}, rules);
+  // The internal domain's import goes with its last node.
+  info.run = [run = info.run](Model& m, PassContext& ctx) {
+    const int64_t n = run(m, ctx);
+    drop_unused_domain(m, kInternalDomain);
+    return n;
+  };
+  return info;
+}
+
+const PassRegistrar kRegister{lower_attention_pass()};
 
 }  // namespace
 }  // namespace fastopt::passes

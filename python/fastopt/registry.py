@@ -191,7 +191,32 @@ PRESETS: dict[str, list[str]] = {
         "eliminate_dead_nodes",  # weights the fusions replaced
     ],
 }
-PRESETS["llm"] = list(PRESETS["default"])
+# Cleanup, then the LLM fusions. Order matters: norms and activations first (they do not depend
+# on one another); rotary before attention (the attention lowering reads Q and K through the
+# RotaryEmbedding op on the 3-D projection); the skip norms after the attention lowering (the
+# residual Adds read the attention's merged output); packing last (it packs the projections a
+# GroupQueryAttention reads). Target onnx converts to opset 23 first (RMSNormalization,
+# RotaryEmbedding, Attention).
+PRESETS["llm"] = [
+    "target_opset",
+    *[p for p in PRESETS["default"] if p not in ("fuse_conv_bn", "fuse_conv_activation")],
+    "fuse_layer_norm",
+    "fuse_rms_norm",
+    "fuse_gelu",
+    "fuse_bias_gelu",
+    "fuse_silu",
+    "fuse_rotary",
+    "eliminate_dead_nodes",  # the cos/sin subgraphs
+    "fuse_attention",
+    "lower_attention",
+    "fuse_skip_norm",
+    "fold_transposes",  # head split/merge pairs around the lowered attention
+    "fold_reshapes",
+    "eliminate_noop",
+    "pack_matmuls",
+    "eliminate_common_subexpressions",
+    "eliminate_dead_nodes",
+]
 
 
 def preset(name: str) -> list[str]:

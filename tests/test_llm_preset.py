@@ -1,0 +1,68 @@
+"""The `llm` preset end to end on every fixture (8 architectures, both exporters, fp32/fp16), for
+both targets: every layer's norms, attention and rotary fused (counts against the number of
+layers), nothing decomposed left behind, and ONNX Runtime parity of the logits on unpadded,
+right-padded and left-padded batches. Per-pass tests cover the variants; this covers the order
+the preset runs them in."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+from llm_fixtures import Fixture, assert_parity, fixtures, ids, op_count, optimize
+
+ALL = fixtures()
+ROPE_ARCHS = {"llama", "mistral", "qwen2", "phi3", "gemma", "gpt_neox"}
+RMS_ARCHS = {"llama", "mistral", "qwen2", "phi3", "gemma"}
+
+NORMS_ORT = (
+    "SimplifiedLayerNormalization",
+    "SkipSimplifiedLayerNormalization",
+    "LayerNormalization",
+    "SkipLayerNormalization",
+)
+NORMS_ONNX = ("RMSNormalization", "LayerNormalization")
+ATTENTION_ORT = ("MultiHeadAttention", "GroupQueryAttention")
+# Ops that only a decomposed norm, softmax attention or rotary would leave.
+DECOMPOSED = ("ReduceMean", "Softmax", "Sin", "Cos", "Neg", "Sqrt", "Erf")
+
+
+def expected_norms(fx: Fixture) -> int:
+    # Two per layer plus the final one; bert: the embeddings' norm instead of a final one.
+    return 2 * fx.layers + 1
+
+
+def count(model: onnx.ModelProto, op_types: tuple[str, ...]) -> int:
+    return sum(op_count(model, t) for t in op_types)
+
+
+@pytest.mark.parametrize("fx", ALL, ids=ids(ALL))
+def test_llm_preset_target_ort(fx: Fixture) -> None:
+    _, out = optimize(fx, preset="llm", target="ort")
+    assert count(out, NORMS_ORT) == expected_norms(fx)
+    if fx.arch in RMS_ARCHS:
+        # Every norm but the first (it reads the embeddings, no residual) takes the residual Add.
+        assert op_count(out, "SkipSimplifiedLayerNormalization", "com.microsoft") == 2 * fx.layers
+    assert count(out, ATTENTION_ORT) == fx.layers
+    assert op_count(out, "RotaryEmbedding", "com.microsoft") == (
+        2 * fx.layers if fx.arch in ROPE_ARCHS else 0
+    )
+    left = {t: op_count(out, t) for t in DECOMPOSED if op_count(out, t)}
+    assert not left, f"decomposed ops left: {left}"
+    assert not any(n.domain == "ai.fastopt.internal" for n in out.graph.node)
+    assert_parity(fx, out)
+
+
+@pytest.mark.parametrize("fx", ALL, ids=ids(ALL))
+def test_llm_preset_target_onnx(fx: Fixture) -> None:
+    _, out = optimize(fx, preset="llm", target="onnx")
+    assert {o.domain or "" for o in out.opset_import} <= {"", "ai.onnx"}
+    assert {n.domain or "" for n in out.graph.node} <= {"", "ai.onnx"}
+    onnx.checker.check_model(out, full_check=True)
+    assert count(out, NORMS_ONNX) == expected_norms(fx)
+    if fx.arch in RMS_ARCHS:
+        assert op_count(out, "RMSNormalization") == expected_norms(fx)
+    assert op_count(out, "Attention", "") == fx.layers
+    assert op_count(out, "RotaryEmbedding", "") == (2 * fx.layers if fx.arch in ROPE_ARCHS else 0)
+    left = {t: op_count(out, t) for t in DECOMPOSED if op_count(out, t)}
+    assert not left, f"decomposed ops left: {left}"
+    assert_parity(fx, out)
