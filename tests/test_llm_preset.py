@@ -6,8 +6,13 @@ the preset runs them in."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import fastopt
 import onnx
 import pytest
+from conftest import CORPUS_DIR
 from llm_fixtures import Fixture, assert_parity, fixtures, ids, op_count, optimize
 
 ALL = fixtures()
@@ -66,3 +71,30 @@ def test_llm_preset_target_onnx(fx: Fixture) -> None:
     left = {t: op_count(out, t) for t in DECOMPOSED if op_count(out, t)}
     assert not left, f"decomposed ops left: {left}"
     assert_parity(fx, out)
+
+
+# The reference corpus (../shared/corpus, absent in a user's clone): exports of other runs,
+# including models exported WITH a KV cache (attention over past + new keys).
+CORPUS = sorted(CORPUS_DIR.glob("*/model.onnx")) if CORPUS_DIR.is_dir() else []
+
+
+@pytest.mark.skipif(not CORPUS, reason="../shared/corpus is absent")
+@pytest.mark.parametrize("path", CORPUS, ids=[p.parent.name for p in CORPUS])
+@pytest.mark.parametrize("target", ["ort", "onnx"])
+def test_llm_preset_on_corpus(path: Path, target: str) -> None:
+    meta = json.loads((path.parent / "meta.json").read_text())
+    config = meta["config"]
+    layers = int(config.get("num_hidden_layers") or config.get("n_layer"))
+    report = fastopt.optimize(path, preset="llm", target=target)  # type: ignore[arg-type]
+    assert report.model is not None
+    ops = {k.split("::")[-1]: v for k, v in report.ops_after.items()}
+    attention = ("Attention",) if target == "onnx" else ATTENTION_ORT
+    assert sum(ops.get(t, 0) for t in attention) == layers
+    assert "Softmax" not in ops and "ReduceMean" not in ops
+    if meta["arch"] in ROPE_ARCHS:
+        assert ops.get("RotaryEmbedding") == 2 * layers
+    for dims in (
+        {"batch_size": 1, "sequence_length": 16, "past_sequence_length": 5},
+        {"batch_size": 2, "sequence_length": 7, "past_sequence_length": 0},
+    ):
+        fastopt.verify(path, report.model, dims=dims)
