@@ -378,3 +378,114 @@ def test_fixture(fx: Fixture) -> None:
     assert op_count(out, GQA if gqa else MHA, "com.microsoft") == fx.layers
     assert op_count(out, "Attention") == 0 and op_count(out, "Softmax") == 0
     assert_parity(fx, out)
+
+
+# ---- S == T proven from the graph (TorchScript exports lose the sequence dims) ----
+
+TS_GQA = fixtures(arch=["llama", "mistral", "qwen2", "phi3", "gemma"], exporter="ts")
+
+
+@pytest.mark.parametrize("fx", TS_GQA, ids=ids(TS_GQA))
+def test_ts_fixture_gqa(fx: Fixture) -> None:
+    """Q and K come from one hidden state through head-split Reshapes whose target reads
+    Shape(hidden)[1]: GroupQueryAttention (fp16 and fp32, Hkv < Hq) without shape facts."""
+    import fastopt.registry
+    from llm_fixtures import optimize
+
+    _, out = optimize(fx, passes=fastopt.registry.preset("llm"), target="ort")
+    assert op_count(out, GQA, "com.microsoft") == fx.layers
+    assert op_count(out, "Softmax") == 0 and op_count(out, MHA, "com.microsoft") == 0
+    assert_parity(fx, out)
+
+
+def projected(kv: str = "self", domain: str = INTERNAL) -> onnx.ModelProto:
+    """x (B,S,64) -MatMul-Reshape(Concat(Shape(x)[0], Shape(x)[1], -1, 16))-Transpose- Q, the
+    same for K/V (Hkv 2) from `kv`: "self" (x), "cross" (another input y, its own Shape), "slice"
+    (x, its projection sliced along the sequence axis, Reshape(0, 0, -1, 16)). fp16, causal; the
+    projections' types have rank 3 and no dims, Q/K/V's only the head size (what TorchScript
+    exports give)."""
+    f, rng = TensorProto.FLOAT16, np.random.default_rng(0)
+    nodes, vinfo = [], []
+    inits = [
+        helper.make_tensor(n, f, [64, c], rng.standard_normal((64, c)).astype(np.float16) / 8)
+        for n, c in (("wq", 64), ("wk", 32), ("wv", 32))
+    ]
+    inits += [
+        helper.make_tensor("i0", TensorProto.INT64, [], [0]),
+        helper.make_tensor("i1", TensorProto.INT64, [], [1]),
+        helper.make_tensor("ax0", TensorProto.INT64, [1], [0]),
+        helper.make_tensor("tail", TensorProto.INT64, [2], [-1, 16]),
+        helper.make_tensor("keep", TensorProto.INT64, [4], [0, 0, -1, 16]),
+        helper.make_tensor("s0", TensorProto.INT64, [1], [0]),
+        helper.make_tensor("s1", TensorProto.INT64, [1], [-1]),
+    ]
+    inputs = [helper.make_tensor_value_info("x", f, ["B", "S", 64])]
+    src = "x"
+    if kv == "cross":
+        inputs.append(helper.make_tensor_value_info("y", f, ["B", "T", 64]))
+        src = "y"
+
+    def split(name: str, x: str, w: str, cut: bool) -> None:
+        nodes.append(helper.make_node("MatMul", [x, w], [f"{name}p"]))
+        p = f"{name}p"
+        if cut:  # drops the last position: T = S - 1
+            nodes.append(helper.make_node("Slice", [p, "s0", "s1", "i1_1d"], [f"{name}c"]))
+            p = f"{name}c"
+            target = "keep"
+        else:
+            for i in (0, 1):
+                nodes.append(helper.make_node("Shape", [x], [f"{name}shape{i}"]))
+                nodes.append(
+                    helper.make_node("Gather", [f"{name}shape{i}", f"i{i}"], [f"{name}d{i}"])
+                )
+                nodes.append(helper.make_node("Unsqueeze", [f"{name}d{i}", "ax0"], [f"{name}u{i}"]))
+            nodes.append(
+                helper.make_node("Concat", [f"{name}u0", f"{name}u1", "tail"], [f"{name}t"], axis=0)
+            )
+            target = f"{name}t"
+        vinfo.append(helper.make_tensor_value_info(p, f, [None, None, None]))
+        nodes.append(helper.make_node("Reshape", [p, target], [f"{name}r"]))
+        nodes.append(helper.make_node("Transpose", [f"{name}r"], [name], perm=[0, 2, 1, 3]))
+        vinfo.append(helper.make_tensor_value_info(name, f, [None, None, None, 16]))
+
+    inits.append(helper.make_tensor("i1_1d", TensorProto.INT64, [1], [1]))
+    split("q", "x", "wq", False)
+    split("k", src, "wk", kv == "slice")
+    split("v", src, "wv", kv == "slice")
+    attrs: dict = {"is_causal": 1}
+    if domain == INTERNAL:
+        attrs.update(q_num_heads=4, kv_num_heads=2, scale=0.25)
+    nodes.append(helper.make_node("Attention", ["q", "k", "v"], ["y4"], domain=domain, **attrs))
+    nodes.append(helper.make_node("Transpose", ["y4"], ["y_bshd"], perm=[0, 2, 1, 3]))
+    inits.append(helper.make_tensor("y_shape", TensorProto.INT64, [3], [0, 0, -1]))
+    nodes.append(helper.make_node("Reshape", ["y_bshd", "y_shape"], ["out"]))
+    graph = helper.make_graph(
+        nodes, "g", inputs, [helper.make_tensor_value_info("out", f, None)], inits, value_info=vinfo
+    )
+    opsets = [helper.make_opsetid("", 23 if domain == "" else 18)]
+    if domain == INTERNAL:
+        opsets.append(helper.make_opsetid(INTERNAL, 1))
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 10
+    return model
+
+
+def test_same_sequence_from_graph() -> None:
+    _, out = lower(projected())
+    assert ops(out).count(GQA) == 1 and "Attention" not in ops(out), ops(out)
+    x = {"x": np.random.default_rng(1).standard_normal((2, 7, 64)).astype(np.float16)}
+    (ref,) = ort_run(projected(domain=""), x)
+    (y,) = ort_run(out, x)
+    assert np.abs(y.astype(np.float64) - ref.astype(np.float64)).max() <= 2e-2
+
+
+@pytest.mark.parametrize("kv", ["cross", "slice"])
+def test_same_sequence_not_proven(kv: str) -> None:
+    """K from another input (cross-attention), or sliced along the sequence axis: no proof."""
+    report = fastopt.optimize(
+        fastopt.from_onnx(projected(kv)), passes=["lower_attention"], explain="lower_attention"
+    )
+    assert report.model is not None
+    out = report.model.to_onnx()
+    assert GQA not in ops(out) and MHA not in ops(out), ops(out)
+    assert any("needs S == T" in line for line in report.explain), report.explain

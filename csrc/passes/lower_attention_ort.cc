@@ -39,12 +39,15 @@
 // needed and not shown; GQA does not fit and MHA cannot stand in (fp16, or no static head size
 // to repeat kv heads with); softmax_precision is neither the dtype nor fp32 (the kernels
 // accumulate the softmax in fp32); past key/value inputs or extra outputs are present.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ir/constant.h"
@@ -263,6 +266,220 @@ std::vector<Node*> head_merges(const Value* y, const Value* q) {
   return merges;
 }
 
+// ---- S == T from the graph: Q and K derive from one hidden state by ops that keep its length --
+//
+// A position in the walk: `axis` of `v` (of rank `rank`) has the length being tracked.
+struct SeqAt {
+  const Value* v;
+  int axis;
+  int rank;
+};
+
+bool standard(const Node* n) {
+  return n->domain.value.empty() || n->domain.value == "ai.onnx";
+}
+
+bool is_norm(const Node* n) {
+  const std::string& op = n->op_type;
+  return (standard(n) || n->domain.value == kMsDomain) &&
+         (op == "SimplifiedLayerNormalization" || op == "LayerNormalization" ||
+          op == "RMSNormalization");
+}
+
+// The non-constant operand of Add/Sub/Mul/Div whose other operand is a constant of rank <= 1
+// (it broadcasts over the last axis at most), or null.
+const Value* arithmetic_operand(const Node* n) {
+  const std::string& op = n->op_type;
+  if (!standard(n) || (op != "Add" && op != "Sub" && op != "Mul" && op != "Div") ||
+      n->inputs().size() != 2 || !n->inputs()[0] || !n->inputs()[1]) {
+    return nullptr;
+  }
+  for (int i = 0; i < 2; ++i) {
+    auto c = constant_tensor(n->inputs()[i]);
+    if (c && c->dims.size() <= 1 && !constant_tensor(n->inputs()[1 - i])) return n->inputs()[1 - i];
+  }
+  return nullptr;
+}
+
+// Rank of `v`, looking back through ops that keep the shape when its type does not say.
+int rank_of(const Value* v) {
+  for (int i = 0; v && i < 8; ++i) {
+    if (int r = value_rank(v); r >= 0) return r;
+    const Node* n = v->producer();
+    if (!n || n->inputs().empty()) return -1;
+    if (const Value* x = arithmetic_operand(n)) {
+      v = x;
+    } else if (is_norm(n) || (n->op_type == "Cast" && standard(n)) ||
+               (n->op_type == "RotaryEmbedding" && (standard(n) || n->domain.value == kMsDomain))) {
+      v = n->inputs()[0];
+    } else {
+      return -1;
+    }
+  }
+  return -1;
+}
+
+// The z of a 1-element int64 value that is dim `*index` of Shape(z): Unsqueeze(Gather(Shape(z),
+// i scalar)), Gather(Shape(z), [i]) or Slice(Shape(z), [i], [i+1]); else null.
+const Value* shape_element(const Value* v, int64_t* index) {
+  const Node* n = v ? v->producer() : nullptr;
+  if (!n || !standard(n) || n->inputs().empty() || !n->inputs()[0]) return nullptr;
+  bool scalar = false;  // the Gather index must then be a scalar
+  if (n->op_type == "Unsqueeze") {
+    const Attribute* a = n->attribute("axes");  // opset < 13: an attribute
+    auto axes = n->inputs().size() > 1
+                    ? constant_ints(n->inputs()[1])
+                    : std::optional<std::vector<int64_t>>(a ? a->ints : std::vector<int64_t>{});
+    if (!axes || axes->size() != 1 || ((*axes)[0] != 0 && (*axes)[0] != -1)) return nullptr;
+    n = n->inputs()[0]->producer();
+    scalar = true;
+    if (!n || !standard(n) || n->op_type != "Gather" || n->inputs().size() != 2) return nullptr;
+  }
+  std::optional<std::vector<int64_t>> at;
+  if (n->op_type == "Gather" && n->inputs().size() == 2 && int_attr_or(n, "axis", 0) == 0) {
+    auto t = constant_tensor(n->inputs()[1]);
+    if (!t || t->dims.size() != (scalar ? 0u : 1u)) return nullptr;
+    at = constant_ints(n->inputs()[1]);
+  } else if (n->op_type == "Slice" && n->inputs().size() >= 3) {
+    auto starts = constant_ints(n->inputs()[1]), ends = constant_ints(n->inputs()[2]);
+    for (size_t i = 3; i < n->inputs().size(); ++i) {  // axes [0], steps [1]
+      if (!n->inputs()[i]) continue;
+      auto c = constant_ints(n->inputs()[i]);
+      if (!c || *c != std::vector<int64_t>{i == 3 ? 0 : 1}) return nullptr;
+    }
+    if (starts && ends && starts->size() == 1 && ends->size() == 1 && (*starts)[0] >= 0 &&
+        (*ends)[0] == (*starts)[0] + 1) {
+      at = starts;
+    }
+  }
+  if (!at || at->size() != 1 || (*at)[0] < 0) return nullptr;
+  const Node* shape = n->inputs()[0] ? n->inputs()[0]->producer() : nullptr;
+  if (!shape || !standard(shape) || shape->op_type != "Shape" || shape->attribute("start") ||
+      shape->attribute("end") || !shape->inputs()[0]) {
+    return nullptr;
+  }
+  *index = (*at)[0];
+  return shape->inputs()[0];
+}
+
+// Element 1 of a Reshape target: the copy of the input's dim 1 (a constant 0; allowzero 0) or
+// dim 1 of Shape(z) (*z set). False when it is neither.
+bool target_dim1(const Node* reshape, const Value** z) {
+  const Value* target = reshape->inputs()[1];
+  const bool zero_copies = int_attr_or(reshape, "allowzero", 0) == 0;
+  if (auto c = constant_ints(target)) return c->size() > 1 && (*c)[1] == 0 && zero_copies;
+  const Node* cat = target ? target->producer() : nullptr;
+  if (!cat || !standard(cat) || cat->op_type != "Concat") return false;
+  int64_t pos = 0;  // of the current input's first element in the target
+  for (const Value* in : cat->inputs()) {
+    int64_t index = -1;
+    const Value* src = shape_element(in, &index);
+    int64_t value = 0;
+    if (!src) {  // elements before 1 must be 1 each
+      auto c = constant_ints(in);
+      if (!c || c->size() != 1) return false;
+      value = c->front();
+    }
+    if (pos == 1) {
+      if (src && index == 1) *z = src;
+      return src ? index == 1 : value == 0 && zero_copies;
+    }
+    ++pos;
+  }
+  return false;
+}
+
+// The step back from `at` to the input of its producer whose `axis` has the same length, when
+// the producer provably keeps it. A head split/merge Reshape sets *z when its target takes the
+// length from Shape(z).
+std::optional<SeqAt> seq_step(const SeqAt& at, const Value** z) {
+  const Node* n = at.v->producer();
+  if (!n || n->inputs().empty() || !n->inputs()[0]) return std::nullopt;
+  const std::string& op = n->op_type;
+  const bool last = at.axis == at.rank - 1;
+  auto last_axis = [&](int64_t a) { return a == -1 || a == at.rank - 1; };
+  if (standard(n) && op == "Transpose") {
+    const Attribute* perm = n->attribute("perm");
+    if (!perm || static_cast<int>(perm->ints.size()) != at.rank || (at.rank != 3 && at.rank != 4))
+      return std::nullopt;
+    return SeqAt{n->inputs()[0], static_cast<int>(perm->ints[at.axis]), at.rank};
+  }
+  if (standard(n) && op == "Reshape" && n->inputs().size() == 2) {
+    // Head split (3-D -> 4-D) or merge (4-D -> 3-D), the length at axis 1 on both sides.
+    const int in_rank = 7 - at.rank;
+    if (at.axis != 1 || (at.rank != 3 && at.rank != 4) || rank_of(n->inputs()[0]) != in_rank ||
+        !target_dim1(n, z)) {
+      return std::nullopt;
+    }
+    return SeqAt{n->inputs()[0], 1, in_rank};
+  }
+  if (op == "RotaryEmbedding" && (standard(n) || n->domain.value == kMsDomain)) {
+    return SeqAt{n->inputs()[0], at.axis, at.rank};
+  }
+  if (is_norm(n) || (standard(n) && op == "Cast")) return SeqAt{n->inputs()[0], at.axis, at.rank};
+  if (!standard(n) || last) return std::nullopt;  // the rest change the last axis at most
+  if (const Value* x = arithmetic_operand(n)) return SeqAt{x, at.axis, at.rank};
+  if (op == "Slice" && n->inputs().size() >= 4 && n->inputs()[3]) {
+    auto axes = constant_ints(n->inputs()[3]);
+    if (!axes || axes->empty()) return std::nullopt;
+    for (int64_t a : *axes) {
+      if (!last_axis(a)) return std::nullopt;
+    }
+    return SeqAt{n->inputs()[0], at.axis, at.rank};
+  }
+  if ((op == "Split" || op == "Concat") && last_axis(int_attr_or(n, "axis", 0))) {
+    return SeqAt{n->inputs()[0], at.axis, at.rank};
+  }
+  if (op == "MatMul" && n->inputs().size() == 2) {
+    auto b = constant_tensor(n->inputs()[1]);
+    if (b && b->dims.size() == 2) return SeqAt{n->inputs()[0], at.axis, at.rank};
+  }
+  return std::nullopt;
+}
+
+// The values whose tracked axis provably has the length of axis 2 of `x4` (B, H, S, D).
+std::vector<SeqAt> seq_chain(const Value* x4) {
+  std::vector<SeqAt> chain{{x4, 2, 4}};
+  std::vector<std::pair<size_t, const Value*>> jumps;  // a Reshape's input index, its z
+  while (chain.size() < 30) {
+    const Value* z = nullptr;
+    auto prev = seq_step(chain.back(), &z);
+    if (!prev) break;
+    if (z) jumps.emplace_back(chain.size(), z);
+    chain.push_back(*prev);
+  }
+  // Such a Reshape ties its output to z, not to its input: z must be further back (axis 1), and
+  // the values from the input to z prove nothing.
+  std::vector<bool> proven(chain.size(), true);
+  for (auto [i, z] : jumps) {
+    size_t j = i;
+    while (j < chain.size() && !(chain[j].v == z && chain[j].axis == 1)) ++j;
+    const bool found = j < chain.size();
+    // Not found: nothing from the input on holds.
+    std::fill(proven.begin() + static_cast<std::ptrdiff_t>(i),
+              found ? proven.begin() + static_cast<std::ptrdiff_t>(j) : proven.end(), false);
+    if (!found) break;
+  }
+  std::vector<SeqAt> out;
+  for (size_t i = 0; i < chain.size(); ++i) {
+    if (proven[i]) out.push_back(chain[i]);
+  }
+  return out;
+}
+
+// S == T of a self-attention: Q (B, Hq, S, D) and K (B, Hkv, T, D) reach one value with the
+// length at the same axis. Not for cross-attention (K from another input) or when an op on the
+// way may change the length (a Slice of the sequence axis stops the walk).
+bool same_sequence(const Value* q4, const Value* k4) {
+  const std::vector<SeqAt> qs = seq_chain(q4);
+  for (const SeqAt& k : seq_chain(k4)) {
+    for (const SeqAt& q : qs) {
+      if (q.v == k.v && q.axis == k.axis) return true;
+    }
+  }
+  return false;
+}
+
 std::vector<Attribute> attrs_of(Attribute a) {
   std::vector<Attribute> out;
   out.push_back(std::move(a));
@@ -313,7 +530,8 @@ Replacement lower_attention_ort(Node* node, Rewriter& rw, PassContext& ctx) {
   const Dim* t_dim = dim_at(k, 4, 2);
   const Dim* head_dim = dim_at(k, 4, 3);
   const bool static_head = head_dim && head_dim->value;
-  const bool same_len = same_dim(s_dim, t_dim);
+  // From the types, else from the graph (TorchScript exports lose the dims).
+  const bool same_len = same_dim(s_dim, t_dim) || same_sequence(q, k);
   // One query row sees every key under bottom-right alignment: no causal mask at all.
   const bool one_row = s_dim && s_dim->value && *s_dim->value == 1;
   const bool mha_causal = causal && !one_row;
@@ -329,7 +547,7 @@ Replacement lower_attention_ort(Node* node, Rewriter& rw, PassContext& ctx) {
   if (use_gqa && !same_len) {
     return rw.fail("GroupQueryAttention (" + dtype_name(dtype) +
                    (dtype == kFloat ? ", Hkv < Hq" : "") +
-                   ") needs S == T, not shown by the shapes of Q and K");
+                   ") needs S == T, not shown by the shapes of Q and K nor by the graph");
   }
   if (use_gqa && !gqa_fits) {
     return rw.fail(
@@ -338,7 +556,7 @@ Replacement lower_attention_ort(Node* node, Rewriter& rw, PassContext& ctx) {
   if (!use_gqa && mha_causal && !same_len) {
     return rw.fail(
         "causal MultiHeadAttention needs S == T (its causal mask is top-left "
-        "aligned), not shown by the shapes of Q and K");
+        "aligned), not shown by the shapes of Q and K nor by the graph");
   }
   if (repeat_kv && !static_head) {
     return rw.fail("repeating kv heads for MultiHeadAttention needs a static head size");
