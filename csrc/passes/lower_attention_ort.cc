@@ -23,8 +23,8 @@
 //   options cuda=1              -> GQA only for fp16/bf16, causal, without mask (CUDA rejects
 //                                  GQA's attention_bias); everything else MHA (repeated kv heads
 //                                  when Hkv < Hq)
-// GQA fits when T == S is shown by the shapes (it takes K/V of the query's length) and the
-// head size is static, a multiple of 8 (kernel check) and the same for K and V.
+// GQA fits when T == S is shown (it takes K/V of the query's length) and the head size is
+// static, a multiple of 8 (kernel check) and the same for K and V.
 //
 // Masks become the ops' additive attention_bias (B|1, Hq|1, S, T), expanded over (S, T) when
 // the mask broadcasts there: Where(mask, 0, lowest) for bool masks; additive masks are clamped
@@ -33,7 +33,14 @@
 // = S for every batch row, so padding on either side is the bias's job and stays exact. Rows
 // whose every key is masked (pad queries) are the one difference from the internal op: 0 there,
 // a finite average here. MHA's causal mask is top-left aligned, the internal op's bottom-right:
-// causal MHA needs S == T from the shapes too (or S == 1, where causal masks nothing).
+// causal MHA needs S == T too (or S == 1, where causal masks nothing).
+//
+// S == T is shown by the types of Q and K, else by the graph (same_sequence): TorchScript
+// exports lose the dims, but Q and K of a self-attention both walk back to one hidden state X
+// through ops that keep its length (head split Reshape whose target's dim 1 is 0 or
+// Shape(X)[1], Transpose, RotaryEmbedding, norms, Cast, MatMul by a 2-D weight, arithmetic with
+// a rank <= 1 constant, Slice/Split/Concat of the last axis). Cross-attention (K from another
+// input) or a Slice of the sequence axis stops the proof.
 //
 // Fails (the driver then writes standard ops) when: the dtype is not fp32/fp16/bf16; S == T is
 // needed and not shown; GQA does not fit and MHA cannot stand in (fp16, or no static head size
