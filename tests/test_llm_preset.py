@@ -36,6 +36,15 @@ def expected_norms(fx: Fixture) -> int:
     return 2 * fx.layers + 1
 
 
+def expected_attention_op(fx: Fixture) -> str:
+    """GroupQueryAttention for fp16 (what CUDA runs) and for grouped kv heads, else MHA."""
+    config = fx.meta["config"]
+    heads = int(config.get("num_attention_heads") or config.get("n_head"))
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    grouped = fx.dtype == "float16" or kv_heads < heads
+    return "GroupQueryAttention" if grouped else "MultiHeadAttention"
+
+
 def count(model: onnx.ModelProto, op_types: tuple[str, ...]) -> int:
     return sum(op_count(model, t) for t in op_types)
 
@@ -48,6 +57,7 @@ def test_llm_preset_target_ort(fx: Fixture) -> None:
         # Every norm but the first (it reads the embeddings, no residual) takes the residual Add.
         assert op_count(out, "SkipSimplifiedLayerNormalization", "com.microsoft") == 2 * fx.layers
     assert count(out, ATTENTION_ORT) == fx.layers
+    assert op_count(out, expected_attention_op(fx), "com.microsoft") == fx.layers
     assert op_count(out, "RotaryEmbedding", "com.microsoft") == (
         2 * fx.layers if fx.arch in ROPE_ARCHS else 0
     )
