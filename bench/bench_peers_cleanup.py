@@ -37,21 +37,29 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as _dt
 import glob
 import importlib.util
 import json
 import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from _benchlib import (  # shared with the other benchmarks (bench/ is on sys.path as a script)
+    RESULT_TAG,
+    snapshot_fastopt,
+)
+from _benchlib import environment as _environment
+from _benchlib import error_text as _error_text
+from _benchlib import fmt_mb as _fmt_mb
+from _benchlib import fmt_s as _fmt_s
+from _benchlib import proc_status as _proc_status
+from _benchlib import result_line as _result_line
+from _benchlib import spawn as _spawn
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -59,8 +67,6 @@ CORPUS_DIR = REPO.parent / "shared" / "corpus"
 DEFAULT_OUT = HERE / "results" / "cleanup_peers.md"
 DIMS = {"batch_size": 1, "sequence_length": 16}
 ATOL = 1e-4
-MB = 1024 * 1024
-RESULT_TAG = "@@RESULT "  # the child's result line: tools may print their own chatter
 
 # tool -> (label, module the tool needs)
 TOOLS: dict[str, tuple[str, str]] = {
@@ -78,16 +84,6 @@ DISTS = ["fastopt", "onnx", "onnxruntime", "onnxscript", "onnx-ir", "onnxslim", 
 
 # ---------------------------------------------------------------------------------------------
 # child side: one tool on one model per process
-
-
-def _proc_status() -> dict[str, int]:
-    out: dict[str, int] = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                out[key] = int(rest.split()[0]) * 1024
-    return out
 
 
 def _with_onnx(tool: str, src: str, dst: str) -> dict[str, float]:
@@ -372,51 +368,8 @@ def run_verify(src: str, outputs_json: str) -> dict[str, Any]:
 # parent side
 
 
-def _spawn(
-    cmd: list[str], timeout: float, env: dict[str, str] | None = None
-) -> tuple[int, float, int, str, str]:
-    """Run cmd; (exit code, wall seconds, peak RSS bytes, stdout, stderr). wait4 gives this
-    child's own rusage (RUSAGE_CHILDREN would be the max over all children)."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        t0 = time.perf_counter()
-        p = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
-        deadline = t0 + timeout
-        while True:
-            pid, status, usage = os.wait4(p.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() > deadline:
-                p.kill()
-                _, status, usage = os.wait4(p.pid, 0)
-                break
-            time.sleep(0.005)
-        wall = time.perf_counter() - t0
-        p.returncode = os.waitstatus_to_exitcode(status)  # already reaped: tell Popen
-        out.seek(0)
-        err.seek(0)
-        return (
-            p.returncode,
-            wall,
-            usage.ru_maxrss * 1024,
-            out.read().decode(errors="replace"),
-            err.read().decode(errors="replace"),
-        )
-
-
 def _self_cmd(*args: str) -> list[str]:
     return [sys.executable, str(Path(__file__).resolve()), *args]
-
-
-def _result_line(out: str) -> dict[str, Any]:
-    for line in reversed(out.splitlines()):
-        if line.startswith(RESULT_TAG):
-            return dict(json.loads(line[len(RESULT_TAG) :]))
-    raise ValueError("no result line")
-
-
-def _error_text(rc: int, err: str) -> str:
-    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-    return (lines[-1] if lines else f"exit code {rc}")[:300]
 
 
 def measure(
@@ -459,98 +412,6 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         if key in ok[-1]:
             s[key] = ok[-1][key]
     return s
-
-
-def _version(dist: str) -> str:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
-def _mem_total() -> int:
-    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def _git(*args: str) -> str:
-    res = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
-    return res.stdout.strip() if res.returncode == 0 else "unknown"
-
-
-def _fastopt_dir() -> str | None:
-    spec = importlib.util.find_spec("fastopt")  # top-level: finds without importing
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return str(next(iter(spec.submodule_search_locations)))
-
-
-def _install_stamp(folder: str) -> str:
-    """(path, size, mtime) of every file of the installed package, skipping bytecode caches."""
-    stamp = []
-    for root, dirs, files in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(files):
-            st = os.stat(os.path.join(root, name))
-            stamp.append(
-                f"{os.path.relpath(os.path.join(root, name), folder)}:{st.st_size}:{st.st_mtime_ns}"
-            )
-    return ";".join(stamp)
-
-
-def snapshot_fastopt(dest: str) -> str:
-    """Copy the installed fastopt into dest/fastopt and return dest, for the children's
-    PYTHONPATH: fastopt gets reinstalled while others work, and a reinstall in the middle of a
-    run would mix two builds in one table. Retries while the install is being rewritten."""
-    folder = _fastopt_dir()
-    if folder is None:
-        raise RuntimeError("fastopt is not installed")
-    for _ in range(10):
-        before = _install_stamp(folder)
-        shutil.rmtree(dest, ignore_errors=True)
-        shutil.copytree(
-            folder, os.path.join(dest, "fastopt"), ignore=shutil.ignore_patterns("__pycache__")
-        )
-        if _install_stamp(folder) == before:
-            return dest
-        time.sleep(5)
-    raise RuntimeError(f"{folder} kept changing while it was copied")
-
-
-def environment() -> dict[str, Any]:
-    return {
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "cpu": _cpu_model(),
-        "cores": os.cpu_count(),
-        "ram_bytes": _mem_total(),
-        "os": f"{platform.system()} {platform.release()}",
-        "python": platform.python_version(),
-        "versions": {d: _version(d) for d in DISTS},
-        "fastopt_commit": _git("describe", "--always", "--dirty"),
-    }
-
-
-def _fmt_s(s: float | None) -> str:
-    if s is None:
-        return "-"
-    if s < 0.01:
-        return f"{s * 1000:.2f} ms"
-    return f"{s * 1000:.0f} ms" if s < 1 else f"{s:.2f} s"
-
-
-def _fmt_mb(b: float | None) -> str:
-    return "-" if b is None else f"{b / MB:,.0f} MB"
 
 
 def _valid(v: dict[str, Any]) -> bool:
@@ -856,7 +717,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = [*tools, *(m for m, base in EXTRA_MODES.items() if base in tools)]
 
     report: dict[str, Any] = {
-        "environment": environment(),
+        "environment": _environment(DISTS),
         "repeat": args.repeat,
         "tools": tools,
         "missing_tools": missing,
