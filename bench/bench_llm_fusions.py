@@ -1,0 +1,916 @@
+#!/usr/bin/env python3
+"""LLM fusions: fastopt `--preset llm` against ONNX Runtime's transformers optimizer, onnxscript's
+ORT fusions and ORT's own offline optimization, in one run.
+
+Models: the fixtures in tests/fixtures/models (2 layers, hidden 64) and a 0.5B-sized Qwen2
+export (hidden 896, 24 layers, 14 heads, 2 kv heads, intermediate 4864, vocab 151936, untied
+lm_head: ~2.4 GB fp32, random weights) from both exporters, generated once into --models-dir
+with tests/fixtures/make_fixtures.py's export() (skipped when present).
+
+Tools (each in a fresh process; time = the whole optimize + save, imports excluded; peak RSS =
+the child's ru_maxrss from wait4, imports included):
+
+  fastopt           `fastopt optimize SRC -o DST --preset llm --target ort` (the CLI's main)
+  fastopt_onnx      the same with --target onnx (standard ops only)
+  ort_transformers  onnxruntime.transformers.optimizer.optimize_model(SRC, model_type=...,
+                    num_heads, hidden_size, use_gpu=False, opt_level default) + save
+  onnxscript        onnx_ir.load + onnxscript.optimizer.optimize +
+                    onnxscript.rewriter.ort_fusions.optimize_for_ort + onnx_ir.save
+  ort_offline       InferenceSession(SRC, ORT_ENABLE_EXTENDED, optimized_model_filepath=DST)
+
+Then, per model: fused-op counts of every output, onnx.checker (full check), whether ONNX Runtime
+loads it, and its logits against the original's (ORT optimizations off, batch 1, 16 tokens);
+and ORT CPU latency (optimizations ON, as users run it; intra_op threads 2) of the original and
+every output: prefill, batch 1, 128 tokens, --runs timed runs after warm-up, the models
+interleaved round by round so machine noise hits all alike; median.
+
+A tool that crashes, times out or writes an invalid model is recorded as such; the benchmark
+goes on. The parent imports only the standard library (see bench/_benchlib.py).
+
+    nice -n 10 python bench/bench_llm_fusions.py                      # everything
+    python bench/bench_llm_fusions.py --skip-large --runs 20          # fixtures only
+    python bench/bench_llm_fusions.py --models qwen2_0.5b_ts,qwen2_0.5b_dynamo \\
+        --tools fastopt,onnxscript --skip-latency --out /tmp/large.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fnmatch
+import json
+import os
+import shlex
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _benchlib import (
+    MB,
+    RESULT_TAG,
+    environment,
+    error_text,
+    fmt_mb,
+    fmt_s,
+    proc_status,
+    result_line,
+    snapshot_fastopt,
+    spawn,
+)
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+FIXTURES = REPO / "tests" / "fixtures" / "models"
+DEFAULT_OUT = HERE / "results" / "llm_fusions.md"
+DEFAULT_MODELS_DIR = "/tmp/fastopt-bench"
+DISTS = ["fastopt", "onnx", "onnxruntime", "onnxscript", "onnx-ir", "torch", "transformers"]
+LARGE_BYTES = 2 * 1024**3 - 64 * MB  # past this, outputs need external data (protobuf limit)
+
+TOOLS: dict[str, str] = {
+    "fastopt": "fastopt llm (ort)",
+    "fastopt_onnx": "fastopt llm (onnx)",
+    "ort_transformers": "ORT transformers",
+    "onnxscript": "onnxscript + ort_fusions",
+    "ort_offline": "ORT offline (extended)",
+}
+PEERS = ["ort_transformers", "onnxscript", "ort_offline"]
+
+# The 0.5B-sized export: Qwen2-0.5B's shape with an untied lm_head (transformers config keys).
+QWEN2_05B: dict[str, Any] = {
+    "hidden_size": 896,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "intermediate_size": 4864,
+    "vocab_size": 151936,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 32768,
+    "initializer_range": 0.02,  # the fixtures' wider 0.1 would overflow through 24 layers
+}
+LARGE_EXPORTERS = ("ts", "dynamo")
+
+# ORT transformers model_type per architecture, as a user would pick it. There is no llama
+# type: for the llama-like decoders (and qwen2/mistral/phi3/gemma) "gpt2" fuses as much as any
+# other type (qwen3, gpt_neox give the same fused ops on the fixtures, but default to
+# opt_level 0, so fewer nodes folded; "phi" expects the dynamo exporter's function-based
+# export of Phi-2 and crashes on these).
+ORT_MODEL_TYPE = {"gpt_neox": "gpt_neox", "bert": "bert"}
+ORT_MODEL_TYPE_DEFAULT = "gpt2"
+
+# Counted ops: (column, op_type, domain or None for any). ORT registers
+# SimplifiedLayerNormalization in the ai.onnx domain, the Skip* and Gelu ops in com.microsoft.
+FUSED: list[tuple[str, str, str | None]] = [
+    ("SimplifiedLayerNormalization", "SimplifiedLayerNormalization", None),
+    ("SkipSimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", None),
+    ("LayerNormalization", "LayerNormalization", None),
+    ("SkipLayerNormalization", "SkipLayerNormalization", None),
+    ("RMSNormalization", "RMSNormalization", None),
+    ("RotaryEmbedding", "RotaryEmbedding", "com.microsoft"),
+    ("RotaryEmbedding (ai.onnx)", "RotaryEmbedding", ""),
+    ("MultiHeadAttention", "MultiHeadAttention", None),
+    ("GroupQueryAttention", "GroupQueryAttention", None),
+    ("Attention (com.microsoft)", "Attention", "com.microsoft"),
+    ("Attention (ai.onnx)", "Attention", ""),
+    ("Gelu", "Gelu", None),
+    ("FastGelu", "FastGelu", None),
+    ("BiasGelu", "BiasGelu", None),
+    ("QuickGelu", "QuickGelu", None),
+]
+SHORT = {
+    "SimplifiedLayerNormalization": "SLN",
+    "SkipSimplifiedLayerNormalization": "SkipSLN",
+    "LayerNormalization": "LN",
+    "SkipLayerNormalization": "SkipLN",
+    "RMSNormalization": "RMSNorm",
+    "RotaryEmbedding": "Rotary",
+    "RotaryEmbedding (ai.onnx)": "Rotary/onnx",
+    "MultiHeadAttention": "MHA",
+    "GroupQueryAttention": "GQA",
+    "Attention (com.microsoft)": "Attn/ms",
+    "Attention (ai.onnx)": "Attn/onnx",
+    "Gelu": "Gelu",
+    "FastGelu": "FastGelu",
+    "BiasGelu": "BiasGelu",
+    "QuickGelu": "QuickGelu",
+}
+CHECK_SEQ = 16
+PARITY_TOL = {"float32": 1e-4, "float16": 2e-2}
+
+
+# ---------------------------------------------------------------------------------------------
+# model metadata (parent side: json only)
+
+
+def _meta(src: str) -> dict[str, Any]:
+    try:
+        with open(os.path.join(os.path.dirname(src), "meta.json")) as f:
+            return dict(json.load(f))
+    except (OSError, ValueError):
+        return {}
+
+
+def _cfg(meta: dict[str, Any], *keys: str) -> int | None:
+    cfg = meta.get("config", {})
+    for k in keys:
+        if isinstance(cfg.get(k), int):
+            return int(cfg[k])
+    return None
+
+
+def _layers(meta: dict[str, Any]) -> int | None:
+    return _cfg(meta, "num_hidden_layers", "n_layer", "num_layers")
+
+
+def _model_bytes(src: str) -> int:
+    folder = os.path.dirname(src)
+    return os.path.getsize(src) + sum(
+        os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder) if f.endswith(".data")
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# child: one tool on one model
+
+
+def _run_tool(tool: str, src: str, dst: str, meta: dict[str, Any], large: bool) -> dict[str, Any]:
+    res: dict[str, Any] = {}
+    data_name = os.path.basename(dst) + ".data"
+    if tool in ("fastopt", "fastopt_onnx"):
+        import fastopt.cli
+
+        res["rss_after_import"] = proc_status()["VmRSS"]
+        report = dst + ".report.json"
+        target = "onnx" if tool == "fastopt_onnx" else "ort"
+        t0 = time.perf_counter()
+        rc = fastopt.cli.main(
+            ["optimize", src, "-o", dst, "--preset", "llm", "--target", target, "--report", report]
+        )
+        res["optimize_s"] = time.perf_counter() - t0
+        if rc != 0:
+            raise SystemExit(f"fastopt exited with {rc}")
+        with open(report) as f:
+            passes = json.load(f)["optimize"].get("passes", [])
+        res["passes"] = [
+            {k: p.get(k) for k in ("name", "rewrites", "seconds", "skipped")} for p in passes
+        ]
+        res["preset"] = list(fastopt.PRESETS["llm"])
+    elif tool == "ort_transformers":
+        import logging
+
+        from onnxruntime.transformers.optimizer import optimize_model
+
+        logging.disable(logging.WARNING)  # its fusion chatter
+        res["rss_after_import"] = proc_status()["VmRSS"]
+        arch = meta.get("arch", "")
+        model_type = ORT_MODEL_TYPE.get(arch, ORT_MODEL_TYPE_DEFAULT)
+        heads = _cfg(meta, "num_attention_heads", "n_head") or 0
+        hidden = _cfg(meta, "hidden_size", "n_embd") or 0
+        res["settings"] = f"model_type={model_type}, num_heads={heads}, hidden_size={hidden}"
+        t0 = time.perf_counter()
+        m = optimize_model(
+            src, model_type=model_type, num_heads=heads, hidden_size=hidden, use_gpu=False
+        )
+        m.save_model_to_file(dst, use_external_data_format=large)
+        res["optimize_s"] = time.perf_counter() - t0
+    elif tool == "onnxscript":
+        import onnx_ir as ir
+        import onnxscript.optimizer
+        from onnxscript.rewriter import ort_fusions
+
+        res["rss_after_import"] = proc_status()["VmRSS"]
+        t0 = time.perf_counter()
+        model = ir.load(src)
+        onnxscript.optimizer.optimize(model)
+        model, counts = ort_fusions.optimize_for_ort(model)
+        ir.save(model, dst, external_data=data_name if large else None)
+        res["optimize_s"] = time.perf_counter() - t0
+        res["fusions"] = {k: v for k, v in counts.items() if v}
+    elif tool == "ort_offline":
+        import onnxruntime as ort
+
+        res["rss_after_import"] = proc_status()["VmRSS"]
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        so.optimized_model_filepath = dst
+        if large:
+            so.add_session_config_entry(
+                "session.optimized_model_external_initializers_file_name", data_name
+            )
+            so.add_session_config_entry(
+                "session.optimized_model_external_initializers_min_size_in_bytes", "1024"
+            )
+        t0 = time.perf_counter()
+        ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+        res["optimize_s"] = time.perf_counter() - t0
+    else:
+        raise SystemExit(f"unknown tool {tool!r}")
+    res["status_end"] = proc_status()
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+# child: counts and checks of every output of one model
+
+
+def _feeds(meta: dict[str, Any], seq: int, seed: int) -> dict[str, Any]:
+    import numpy as np
+
+    vocab = _cfg(meta, "vocab_size") or 512
+    rng = np.random.default_rng(seed)
+    feeds = {
+        "input_ids": rng.integers(0, vocab, (1, seq)).astype(np.int64),
+        "attention_mask": np.ones((1, seq), np.int64),
+        "position_ids": np.arange(seq, dtype=np.int64)[None, :],
+    }
+    return {k: v for k, v in feeds.items() if k in meta.get("inputs", list(feeds))}
+
+
+def _session(path: str, optimize: bool, threads: int = 0) -> Any:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if optimize
+        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    )
+    if threads:
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        # Several sessions share one process (interleaved rounds): a session's pool threads
+        # spinning after its run would steal the cores from the next session's run.
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.log_severity_level = 3
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
+def _run(sess: Any, feeds: dict[str, Any]) -> Any:
+    wanted = {i.name for i in sess.get_inputs()}
+    return sess.run(None, {k: v for k, v in feeds.items() if k in wanted})[0]
+
+
+def _op_counts(model: Any) -> dict[str, int]:
+    """'domain::op' (plain op for ai.onnx) -> count over the graph, subgraphs and functions."""
+    from onnx import AttributeProto
+
+    hist: dict[str, int] = {}
+
+    def walk(nodes: Any) -> None:
+        for node in nodes:
+            key = (
+                node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+            )
+            hist[key] = hist.get(key, 0) + 1
+            for a in node.attribute:
+                if a.type == AttributeProto.GRAPH:
+                    walk(a.g.node)
+                elif a.type == AttributeProto.GRAPHS:
+                    for g in a.graphs:
+                        walk(g.node)
+
+    walk(model.graph.node)
+    for fn in model.functions:
+        walk(fn.node)
+    return hist
+
+
+def _fused(hist: dict[str, int]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for col, op, domain in FUSED:
+        n = 0
+        for key, count in hist.items():
+            dom, _, name = key.rpartition("::")
+            if name == op and (domain is None or dom == domain):
+                n += count
+        if n:
+            out[col] = n
+    return out
+
+
+def run_check(src: str, outputs_json: str) -> dict[str, Any]:
+    import numpy as np
+    import onnx
+
+    meta = _meta(src)
+    outputs: dict[str, str] = json.loads(outputs_json)
+    feeds = _feeds(meta, CHECK_SEQ, seed=1)
+    original = onnx.load(src, load_external_data=False)
+    hist = _op_counts(original)
+    res: dict[str, Any] = {
+        "original": {"nodes": sum(hist.values()), "fused": _fused(hist)},
+        "tools": {},
+    }
+    ref = np.asarray(_run(_session(src, optimize=False), feeds), np.float64)
+    for tool, path in outputs.items():
+        r: dict[str, Any] = {}
+        res["tools"][tool] = r
+        try:
+            model = onnx.load(path, load_external_data=False)
+            hist = _op_counts(model)
+            r.update(nodes=sum(hist.values()), fused=_fused(hist), ops=hist)
+            r["opset"] = next(
+                (o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None
+            )
+            del model
+        except Exception as e:  # an unreadable output is a result, not a benchmark failure
+            r["load_error"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            continue
+        try:
+            onnx.checker.check_model(path, full_check=True)
+            r["checker"] = "ok"
+        except Exception as e:
+            r["checker"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        try:
+            sess = _session(path, optimize=False)
+        except Exception as e:
+            r["ort"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            continue
+        r["ort"] = "ok"
+        try:
+            got = np.asarray(_run(sess, feeds), np.float64)
+            if got.shape != ref.shape:
+                r["parity_note"] = f"logits shape {list(got.shape)} != {list(ref.shape)}"
+            else:
+                r["max_abs"] = float(np.max(np.abs(got - ref)))
+        except Exception as e:  # loads but does not run: as unusable as not loading
+            r["ort"] = f"run fails: {type(e).__name__}: {e}".splitlines()[0][:300]
+        del sess
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+# child: interleaved latency of several models
+
+
+def run_latency(src: str, paths_json: str, runs: int, warmup: int, seq: int) -> dict[str, Any]:
+    paths: dict[str, str] = json.loads(paths_json)
+    feeds = _feeds(_meta(src), seq, seed=2)
+    sessions: dict[str, Any] = {}
+    res: dict[str, Any] = {"ms": {}, "errors": {}}
+    for label, path in paths.items():
+        try:
+            sessions[label] = _session(path, optimize=True, threads=2)
+            _run(sessions[label], feeds)
+        except Exception as e:
+            res["errors"][label] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            sessions.pop(label, None)
+    times: dict[str, list[float]] = {k: [] for k in sessions}
+    labels = list(sessions)
+    for rnd in range(warmup + runs):
+        # rotate the order each round: no model always runs right after the same one
+        for label in labels[rnd % len(labels) :] + labels[: rnd % len(labels)]:
+            t0 = time.perf_counter()
+            _run(sessions[label], feeds)
+            if rnd >= warmup:
+                times[label].append((time.perf_counter() - t0) * 1000)
+    for label, ts in times.items():
+        res["ms"][label] = {
+            "median": statistics.median(ts),
+            "p10": sorted(ts)[len(ts) // 10],
+            "p90": sorted(ts)[(len(ts) * 9) // 10],
+            "runs": len(ts),
+        }
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+# child: the 0.5B-sized export
+
+
+def run_make_large(exporter: str, out_dir: str) -> dict[str, Any]:
+    sys.path.insert(0, str(REPO / "tests" / "fixtures"))
+    import make_fixtures
+
+    tmp = out_dir + ".partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    meta = make_fixtures.export(
+        "qwen2",
+        exporter,
+        "float32",
+        Path(tmp),
+        config_overrides=QWEN2_05B,
+        external_data=True,
+        check=False,  # ORT vs torch would hold two more copies of the weights
+    )
+    os.replace(tmp, out_dir)  # only complete exports count as present
+    return {"export_s": meta["export_s"], "bytes": meta["bytes"]}
+
+
+# ---------------------------------------------------------------------------------------------
+# parent
+
+
+def _self_cmd(*args: str) -> list[str]:
+    return [sys.executable, str(Path(__file__).resolve()), *args]
+
+
+def _child(args: list[str], timeout: float, env: dict[str, str]) -> dict[str, Any]:
+    """One child; its result, or {"error": ...}; always wall time and peak RSS."""
+    rc, wall, peak, out, err = spawn(_self_cmd(*args), timeout, env)
+    res: dict[str, Any] = {"rc": rc, "process_wall_s": wall, "peak_rss": peak}
+    if rc != 0:
+        timed_out = rc == -9 and wall >= timeout
+        res["error"] = f"timed out after {timeout:.0f} s" if timed_out else error_text(rc, err)
+        res["stderr_tail"] = err[-3000:]
+        return res
+    try:
+        res.update(result_line(out))
+    except ValueError:
+        res.update(rc=-1, error="child printed no result", stderr_tail=err[-3000:])
+    return res
+
+
+def _mem_available() -> int:
+    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 8 * 1024**3
+
+
+def ensure_large(models_dir: str, timeout: float, env: dict[str, str]) -> dict[str, Any]:
+    info: dict[str, Any] = {}
+    for exporter in LARGE_EXPORTERS:
+        out = os.path.join(models_dir, f"qwen2_0.5b_{exporter}")
+        if os.path.exists(os.path.join(out, "model.onnx")):
+            info[exporter] = {"cached": True, **_meta(os.path.join(out, "model.onnx"))}
+            continue
+        os.makedirs(models_dir, exist_ok=True)
+        print(f"exporting qwen2_0.5b_{exporter} into {out} ...", flush=True)
+        r = _child(["--make-large", exporter, out], timeout, env)
+        info[exporter] = {"cached": False, **r}
+        shown = r.get("error") or f"{r.get('export_s')} s export, {fmt_mb(r.get('bytes'))}"
+        print(f"  {shown}; process {fmt_s(r['process_wall_s'])}, peak RSS {fmt_mb(r['peak_rss'])}")
+    return info
+
+
+def select_models(args: argparse.Namespace) -> dict[str, str]:
+    found = {p.parent.name: str(p) for p in sorted(FIXTURES.glob("*/model.onnx"))}
+    if not args.skip_large:
+        for exporter in LARGE_EXPORTERS:
+            path = os.path.join(args.models_dir, f"qwen2_0.5b_{exporter}", "model.onnx")
+            found[f"qwen2_0.5b_{exporter}"] = path
+    if args.models:
+        pats = [p.strip() for p in args.models.split(",") if p.strip()]
+        found = {
+            k: v for k, v in found.items() if any(fnmatch.fnmatch(k, p) or p == k for p in pats)
+        }
+    return found
+
+
+def bench_model(
+    name: str, src: str, tools: list[str], args: argparse.Namespace, env: dict[str, str], work: str
+) -> dict[str, Any]:
+    out_dir = os.path.join(work, name)
+    os.makedirs(out_dir, exist_ok=True)
+    meta = _meta(src)
+    size = _model_bytes(src)
+    large = size > LARGE_BYTES
+    m: dict[str, Any] = {"path": src, "bytes": size, "layers": _layers(meta), "meta": meta}
+    m["dtype"] = meta.get("dtype", "float32")
+    with open(src, "rb") as f:  # warm the page cache: no tool pays for the first read
+        while f.read(64 * MB):
+            pass
+    runs: dict[str, list[dict[str, Any]]] = {t: [] for t in tools}
+    dst = {t: os.path.join(out_dir, t, "model.onnx") for t in tools}
+    for rep in range(args.repeat):
+        for t in tools:  # interleaved: drift hits every tool alike
+            shutil.rmtree(os.path.dirname(dst[t]), ignore_errors=True)
+            os.makedirs(os.path.dirname(dst[t]))
+            r = _child(["--tool", t, src, dst[t], "1" if large else "0"], args.timeout, env)
+            runs[t].append(r)
+            shown = fmt_s(r.get("optimize_s")) if r["rc"] == 0 else f"FAILED: {r['error']}"
+            rss = fmt_mb(r["peak_rss"])
+            print(f"  [{rep + 1}/{args.repeat}] {t:17s} {shown:>10s}  peak RSS {rss}", flush=True)
+    m["timing"] = {t: _summarize(rs) for t, rs in runs.items()}
+    outputs = {t: dst[t] for t in tools if runs[t][-1]["rc"] == 0 and os.path.exists(dst[t])}
+    m["check"] = _child(["--check", src, json.dumps(outputs)], args.timeout * 2, env)
+    for t, v in m["check"].get("tools", {}).items():
+        print(
+            f"  {t:17s} {_fused_cell(v)}; checker {v.get('checker', '-')[:40]}, ORT "
+            f"{v.get('ort', '-')[:40]}, max abs {v.get('max_abs', '-')}",
+            flush=True,
+        )
+    if not args.skip_latency:
+        loadable = {"original": src}
+        loadable.update(
+            {
+                t: p
+                for t, p in outputs.items()
+                if m["check"].get("tools", {}).get(t, {}).get("ort") == "ok"
+            }
+        )
+        m["latency"] = measure_latency(src, loadable, size, args, env)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    return m
+
+
+def measure_latency(
+    src: str, paths: dict[str, str], size: int, args: argparse.Namespace, env: dict[str, str]
+) -> dict[str, Any]:
+    """All models in one process when they fit in memory; otherwise groups, each with the
+    original, so that every ratio compares runs of the same process."""
+    per_session = max(1, int(size * 2.5))  # weights + ORT's optimized copies + arena
+    fit = max(2, int(_mem_available() * 0.6 // per_session))
+    others = [k for k in paths if k != "original"]
+    groups = [others[i : i + fit - 1] for i in range(0, len(others), fit - 1)] or [[]]
+    res: dict[str, Any] = {"ms": {}, "errors": {}, "groups": len(groups), "ratio": {}}
+    for group in groups:
+        sel = {"original": src, **{k: paths[k] for k in group}}
+        r = _child(
+            ["--latency", src, json.dumps(sel), str(args.runs), str(args.warmup), str(args.seq)],
+            args.timeout * 4,
+            env,
+        )
+        if r["rc"] != 0:
+            for k in sel:
+                res["errors"].setdefault(k, r["error"])
+            continue
+        res["errors"].update(r.get("errors", {}))
+        orig = r["ms"].get("original", {}).get("median")
+        for k, v in r["ms"].items():
+            if k == "original" and "original" in res["ms"]:
+                continue  # the first group's original is reported
+            res["ms"][k] = v
+            if orig and k != "original":
+                res["ratio"][k] = v["median"] / orig
+    shown = ", ".join(f"{k} {v['median']:.2f} ms" for k, v in res["ms"].items())
+    print(f"  latency: {shown}", flush=True)
+    for k, e in res["errors"].items():
+        print(f"  latency {k}: {e}", flush=True)
+    return res
+
+
+def _summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in runs if r["rc"] == 0]
+    s: dict[str, Any] = {"runs": len(ok), "failed": len(runs) - len(ok)}
+    if len(ok) < len(runs):
+        s["error"] = next(r["error"] for r in runs if r["rc"] != 0)
+        s["peak_rss_failed"] = max(r["peak_rss"] for r in runs if r["rc"] != 0)
+    if not ok:
+        return s
+    s["optimize_s"] = statistics.median(r["optimize_s"] for r in ok)
+    s["process_wall_s"] = statistics.median(r["process_wall_s"] for r in ok)
+    s["peak_rss"] = max(r["peak_rss"] for r in ok)
+    for key in ("passes", "preset", "settings", "fusions", "rss_after_import"):
+        if key in ok[-1]:
+            s[key] = ok[-1][key]
+    return s
+
+
+# ---------------------------------------------------------------------------------------------
+# report
+
+
+def _fused_cell(v: dict[str, Any] | None) -> str:
+    if not v:
+        return "-"
+    if "load_error" in v:
+        return "unreadable"
+    fused = v.get("fused", {})
+    text = ", ".join(f"{SHORT[c]} {fused[c]}" for c, _, _ in FUSED if c in fused) or "none"
+    if v.get("checker", "ok") != "ok":
+        text += " x"
+    if v.get("ort", "ok") != "ok":
+        text += " !"
+    return text
+
+
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    env, models, tools = report["environment"], report["models"], report["tools"]
+    vers = env["versions"]
+    preset = next(
+        (
+            m["timing"][t].get("preset")
+            for m in models.values()
+            for t in ("fastopt", "fastopt_onnx")
+            if m.get("timing", {}).get(t, {}).get("preset")
+        ),
+        None,
+    )
+    lines = [
+        "# LLM fusions: fastopt `--preset llm` vs peers",
+        "",
+        f"- date: {env['date']}",
+        f"- machine: {env['cpu']}, {env['cores']} cores, {fmt_mb(env['ram_bytes'])} RAM, "
+        f"{env['os']} (shared with other jobs; run at `nice -n 10`)",
+        f"- versions: python {env['python']}, "
+        + ", ".join(f"{d} {vers[d]}" for d in DISTS)
+        + f" (fastopt repo {env['fastopt_commit']})",
+        f"- command: `{report['command']}` (took {report['total_s'] / 60:.1f} min)",
+        f"- fastopt `llm` preset at run time: {', '.join(preset) if preset else 'unknown'}",
+        "- tools: "
+        + "; ".join(f"`{t}` = {TOOLS[t]}" for t in tools)
+        + ". ORT transformers: `optimize_model(path, model_type, num_heads, hidden_size, "
+        "use_gpu=False)` with its default opt_level (1 for gpt2/bert, 0 for gpt_neox); model_type "
+        f"{ORT_MODEL_TYPE_DEFAULT!r} for the llama-like decoders and gpt2, 'gpt_neox', 'bert' "
+        "(no llama type exists; qwen3/gpt_neox fuse the same on llama-like fixtures but fold "
+        "less, phi crashes). onnxscript: `optimizer.optimize` then "
+        "`rewriter.ort_fusions.optimize_for_ort` on an `onnx_ir` model. ORT offline: session at "
+        "ORT_ENABLE_EXTENDED with `optimized_model_filepath`.",
+        "",
+        "## Fused ops",
+        "",
+        "Per output: "
+        + ", ".join(f"{v} = {k}" for k, v in SHORT.items())
+        + ". `x`: fails `onnx.checker.check_model(full_check=True)` (expected for "
+        "SimplifiedLayerNormalization and other ORT contrib ops that ORT registers in the "
+        "ai.onnx domain: the checker does not know them); `!`: ONNX Runtime does not load or "
+        "run it; `failed`: the tool crashed or timed out (see Failures).",
+        "",
+        "| model | layers | original | " + " | ".join(TOOLS[t] for t in tools) + " |",
+        "|---|---:|---|" + "---|" * len(tools),
+    ]
+    for name, m in models.items():
+        chk = m.get("check", {})
+        cells = []
+        for t in tools:
+            if m["timing"].get(t, {}).get("error") and not m["timing"][t].get("runs"):
+                cells.append("failed")
+            else:
+                cells.append(_fused_cell(chk.get("tools", {}).get(t)))
+        orig = _fused_cell(chk.get("original")) if "original" in chk else "-"
+        lines.append(f"| {name} | {m.get('layers') or '?'} | {orig} | " + " | ".join(cells) + " |")
+
+    lines.extend(
+        [
+            "",
+            "## Checks",
+            "",
+            f"Nodes after / opset / logits max abs diff against the original ({CHECK_SEQ} tokens, "
+            "ORT optimizations off on both; tolerance "
+            + ", ".join(f"{k} {v:g}" for k, v in PARITY_TOL.items())
+            + ", marked `(!)` above it).",
+            "",
+            "| model | original nodes | " + " | ".join(TOOLS[t] for t in tools) + " |",
+            "|---|---:|" + "---|" * len(tools),
+        ]
+    )
+    for name, m in models.items():
+        chk = m.get("check", {})
+        tol = PARITY_TOL.get(m.get("dtype", "float32"), 1e-4)
+        cells = []
+        for t in tools:
+            v = chk.get("tools", {}).get(t)
+            if not v or "nodes" not in v:
+                cells.append("-")
+                continue
+            diff = v.get("max_abs")
+            d = "-" if diff is None else f"{diff:.1e}" + (" (!)" if diff > tol else "")
+            cells.append(f"{v['nodes']} / {v.get('opset')} / {d}")
+        lines.append(
+            f"| {name} | {chk.get('original', {}).get('nodes', '?')} | " + " | ".join(cells) + " |"
+        )
+
+    if any("latency" in m for m in models.values()):
+        lines.extend(
+            [
+                "",
+                "## ORT CPU latency (prefill)",
+                "",
+                f"Batch 1, {report['seq']} tokens, ORT_ENABLE_ALL, intra_op threads 2; median of "
+                f"{report['runs']} runs after {report['warmup']} warm-up rounds, models "
+                "interleaved round by round in one process (per group of models when they do "
+                "not fit in memory together; the original is in every group). Each cell: ms "
+                "(ratio to the original). Last columns: fastopt's time over the best peer's.",
+                "",
+                "| model | original | "
+                + " | ".join(TOOLS[t] for t in tools)
+                + " | fastopt (ort) / best peer | fastopt (onnx) / best peer |",
+                "|---|---:|" + "---:|" * (len(tools) + 2),
+            ]
+        )
+        for name, m in models.items():
+            lat = m.get("latency")
+            if not lat:
+                continue
+            ms = lat["ms"]
+            orig = ms.get("original", {}).get("median")
+            cells = [f"{orig:.2f}" if orig else "-"]
+            for t in tools:
+                if t in ms:
+                    cells.append(f"{ms[t]['median']:.2f} ({_ratio(lat['ratio'].get(t))})")
+                else:
+                    cells.append("error" if t in lat["errors"] else "-")
+            peers = [ms[p]["median"] for p in PEERS if p in ms]
+            best = min(peers) if peers else None
+            for t in ("fastopt", "fastopt_onnx"):
+                cells.append(_ratio(ms[t]["median"] / best) if best and t in ms else "-")
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+
+    lines.extend(
+        [
+            "",
+            "## Optimization time and peak RSS",
+            "",
+            f"Each tool in a fresh process, median of {report['repeat']} run(s); time = the "
+            "whole optimize + save call (imports excluded), peak RSS = the child's ru_maxrss "
+            "(imports included). Timeout "
+            f"{report['timeout']:.0f} s per run.",
+            "",
+            "| model | size | " + " | ".join(TOOLS[t] for t in tools) + " |",
+            "|---|---:|" + "---:|" * len(tools),
+        ]
+    )
+    for name, m in models.items():
+        cells = []
+        for t in tools:
+            s = m["timing"].get(t, {})
+            if s.get("optimize_s") is not None:
+                cells.append(f"{fmt_s(s['optimize_s'])} / {fmt_mb(s['peak_rss'])}")
+            elif s.get("error"):
+                cells.append(f"failed ({s['error'][:40]}) / {fmt_mb(s.get('peak_rss_failed'))}")
+            else:
+                cells.append("-")
+        lines.append(f"| {name} | {fmt_mb(m['bytes'])} | " + " | ".join(cells) + " |")
+
+    large = {n: m for n, m in models.items() if n.startswith("qwen2_0.5b")}
+    if large:
+        lines.extend(
+            ["", "Targets (issue) on the 0.5B export: fastopt <= 2.5 s, peak RSS < 150 MB."]
+        )
+        for name, m in large.items():
+            s = m["timing"].get("fastopt", {})
+            if s.get("optimize_s") is None:
+                lines.append(f"- {name}: fastopt did not finish ({s.get('error', 'not run')})")
+                continue
+            ok_t = s["optimize_s"] <= 2.5
+            ok_m = s["peak_rss"] < 150 * MB
+            lines.append(
+                f"- {name}: {fmt_s(s['optimize_s'])} ({'met' if ok_t else 'MISSED'}), "
+                f"{fmt_mb(s['peak_rss'])} ({'met' if ok_m else 'MISSED'})"
+            )
+    gen = report.get("large_export")
+    if gen:
+        lines.extend(["", "The 0.5B export (make_fixtures.export, float32, external data):"])
+        for exporter, g in gen.items():
+            if g.get("cached"):
+                lines.append(f"- {exporter}: cached ({g.get('export_s', '?')} s export when made)")
+            else:
+                done = g.get("error") or f"{g.get('export_s')} s export"
+                wall, rss = fmt_s(g.get("process_wall_s")), fmt_mb(g.get("peak_rss"))
+                lines.append(f"- {exporter}: {done}; process {wall}, peak RSS {rss}")
+
+    problems = []
+    for name, m in models.items():
+        for t in tools:
+            s = m["timing"].get(t, {})
+            if s.get("error"):
+                problems.append(f"- {name} / {t}: {s['failed']} run(s) failed: {s['error']}")
+        chk = m.get("check", {})
+        if chk.get("error"):
+            problems.append(f"- {name}: check failed: {chk['error']}")
+        for t, v in chk.get("tools", {}).items():
+            for key in ("load_error", "parity_note"):
+                if v.get(key):
+                    problems.append(f"- {name} / {t}: {v[key]}")
+            if v.get("checker", "ok") != "ok":
+                problems.append(f"- {name} / {t}: checker: {v['checker']}")
+            if v.get("ort", "ok") != "ok":
+                problems.append(f"- {name} / {t}: ORT: {v['ort']}")
+        for t, e in m.get("latency", {}).get("errors", {}).items():
+            problems.append(f"- {name} / {t}: latency: {e}")
+    lines.extend(["", "## Failures", ""])
+    lines.extend(problems or ["None."])
+    lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    mode = argv[:1]
+    if mode == ["--tool"]:
+        tool, src, dst, large = argv[1:5]
+        print(RESULT_TAG + json.dumps(_run_tool(tool, src, dst, _meta(src), large == "1")))
+        return 0
+    if mode == ["--check"]:
+        print(RESULT_TAG + json.dumps(run_check(*argv[1:3])))
+        return 0
+    if mode == ["--latency"]:
+        src, paths, runs, warmup, seq = argv[1:6]
+        print(RESULT_TAG + json.dumps(run_latency(src, paths, int(runs), int(warmup), int(seq))))
+        return 0
+    if mode == ["--make-large"]:
+        print(RESULT_TAG + json.dumps(run_make_large(*argv[1:3])))
+        return 0
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument(
+        "--models",
+        help="comma-separated names or globs (fixture folder names, "
+        "qwen2_0.5b_ts, qwen2_0.5b_dynamo); default all",
+    )
+    ap.add_argument(
+        "--tools", default=",".join(TOOLS), help="comma-separated subset of: " + ", ".join(TOOLS)
+    )
+    ap.add_argument("--skip-latency", action="store_true", help="no ORT latency measurement")
+    ap.add_argument("--skip-large", action="store_true", help="no 0.5B export (nor generating it)")
+    ap.add_argument("--models-dir", default=DEFAULT_MODELS_DIR, help="cache of the 0.5B exports")
+    ap.add_argument("--runs", type=int, default=20, help="timed latency runs per model (median)")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed latency rounds first")
+    ap.add_argument("--seq", type=int, default=128, help="prefill tokens for latency")
+    ap.add_argument("--repeat", type=int, default=1, help="optimize runs per tool and model")
+    ap.add_argument("--timeout", type=float, default=300, help="seconds per tool run")
+    ap.add_argument("--out", default=str(DEFAULT_OUT), help="Markdown file; JSON goes beside it")
+    args = ap.parse_args(argv)
+    tools = [t.strip() for t in args.tools.split(",") if t.strip()]
+    if set(tools) - set(TOOLS):
+        ap.error(f"unknown tools: {sorted(set(tools) - set(TOOLS))} (known: {', '.join(TOOLS)})")
+    if args.runs < 1 or args.repeat < 1:
+        ap.error("--runs and --repeat must be at least 1")
+
+    t_start = time.perf_counter()
+    report: dict[str, Any] = {
+        "environment": environment(DISTS),
+        "command": shlex.join(["python", "bench/bench_llm_fusions.py", *argv]),
+        "tools": tools,
+        "runs": args.runs,
+        "warmup": args.warmup,
+        "seq": args.seq,
+        "repeat": args.repeat,
+        "timeout": args.timeout,
+        "models": {},
+    }
+    work = tempfile.mkdtemp(
+        prefix="fastopt-llm-bench-", dir=args.models_dir if os.path.isdir(args.models_dir) else None
+    )
+    try:
+        # children import the build as it was at the start, not a reinstall made meanwhile
+        site = snapshot_fastopt(os.path.join(work, "site"))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (site, env.get("PYTHONPATH", "")) if p)
+        models = select_models(args)
+        wanted_large = [n for n in models if n.startswith("qwen2_0.5b")]
+        if wanted_large:
+            report["large_export"] = ensure_large(args.models_dir, 3600, env)
+        for name, src in models.items():
+            if not os.path.exists(src):
+                print(f"== {name}: {src} missing, skipped", flush=True)
+                continue
+            print(f"== {name}", flush=True)
+            report["models"][name] = bench_model(name, src, tools, args, env, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    report["total_s"] = time.perf_counter() - t_start
+    md = render_markdown(report)
+    print()
+    print(md)
+    md_path = Path(args.out)
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    md_path.write_text(md)
+    md_path.with_suffix(".json").write_text(json.dumps(report, indent=2, default=str))
+    print(f"wrote {md_path} and {md_path.with_suffix('.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
