@@ -554,11 +554,12 @@ def measure_latency(
 ) -> dict[str, Any]:
     """All models in one process when they fit in memory; otherwise groups, each with the
     original, so that every ratio compares runs of the same process."""
-    per_session = max(1, int(size * 2.5))  # weights + ORT's optimized copies + arena
-    fit = max(2, int(_mem_available() * 0.6 // per_session))
+    per_session = max(1, int(size * 1.3))  # seen: ~0.9x the model per session, + arena
+    fit = max(2, int(_mem_available() * 0.7 // per_session))
     others = [k for k in paths if k != "original"]
     groups = [others[i : i + fit - 1] for i in range(0, len(others), fit - 1)] or [[]]
     res: dict[str, Any] = {"ms": {}, "errors": {}, "groups": len(groups), "ratio": {}}
+    res["original_ms_per_group"] = []
     for group in groups:
         sel = {"original": src, **{k: paths[k] for k in group}}
         r = _child(
@@ -572,6 +573,7 @@ def measure_latency(
             continue
         res["errors"].update(r.get("errors", {}))
         orig = r["ms"].get("original", {}).get("median")
+        res["original_ms_per_group"].append(orig)
         for k, v in r["ms"].items():
             if k == "original" and "original" in res["ms"]:
                 continue  # the first group's original is reported
@@ -645,7 +647,12 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"- versions: python {env['python']}, "
         + ", ".join(f"{d} {vers[d]}" for d in DISTS)
         + f" (fastopt repo {env['fastopt_commit']})",
-        f"- command: `{report['command']}` (took {report['total_s'] / 60:.1f} min)",
+        (
+            f"- commands (runs merged with --merge): {report['command']} (took "
+            if report.get("merged")
+            else f"- command: `{report['command']}` (took "
+        )
+        + f"{report['total_s'] / 60:.1f} min)",
         f"- fastopt `llm` preset at run time: {', '.join(preset) if preset else 'unknown'}",
         "- tools: "
         + "; ".join(f"`{t}` = {TOOLS[t]}" for t in tools)
@@ -719,8 +726,9 @@ def render_markdown(report: dict[str, Any]) -> str:
                 f"Batch 1, {report['seq']} tokens, ORT_ENABLE_ALL, intra_op threads 2; median of "
                 f"{report['runs']} runs after {report['warmup']} warm-up rounds, models "
                 "interleaved round by round in one process (per group of models when they do "
-                "not fit in memory together; the original is in every group). Each cell: ms "
-                "(ratio to the original). Last columns: fastopt's time over the best peer's.",
+                "not fit in memory together; the original is in every group, and the `original` "
+                "column is the first group's). Each cell: ms (ratio to the original of the same "
+                "group). Last columns: fastopt's ratio over the best peer's ratio.",
                 "",
                 "| model | original | "
                 + " | ".join(TOOLS[t] for t in tools)
@@ -740,10 +748,13 @@ def render_markdown(report: dict[str, Any]) -> str:
                     cells.append(f"{ms[t]['median']:.2f} ({_ratio(lat['ratio'].get(t))})")
                 else:
                     cells.append("error" if t in lat["errors"] else "-")
-            peers = [ms[p]["median"] for p in PEERS if p in ms]
+            # through the ratios to the original: with several groups, each tool's ms comes
+            # from another process (another moment), its ratio from the same one
+            rat = lat["ratio"]
+            peers = [rat[p] for p in PEERS if p in rat]
             best = min(peers) if peers else None
             for t in ("fastopt", "fastopt_onnx"):
-                cells.append(_ratio(ms[t]["median"] / best) if best and t in ms else "-")
+                cells.append(_ratio(rat[t] / best) if best and t in rat else "-")
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
 
     lines.extend(
@@ -861,7 +872,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="optimize runs per tool and model")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per tool run")
     ap.add_argument("--out", default=str(DEFAULT_OUT), help="Markdown file; JSON goes beside it")
+    ap.add_argument(
+        "--merge",
+        metavar="JSON,JSON",
+        help="measure nothing: one report from the JSON files of earlier runs (e.g. the "
+        "fixtures and the 0.5B exports run apart); later files win for a model in both",
+    )
     args = ap.parse_args(argv)
+    if args.merge:
+        return write_report(merge_reports(args.merge.split(",")), args.out)
     tools = [t.strip() for t in args.tools.split(",") if t.strip()]
     if set(tools) - set(TOOLS):
         ap.error(f"unknown tools: {sorted(set(tools) - set(TOOLS))} (known: {', '.join(TOOLS)})")
@@ -901,10 +920,30 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report["total_s"] = time.perf_counter() - t_start
+    return write_report(report, args.out)
+
+
+def merge_reports(paths: list[str]) -> dict[str, Any]:
+    reports = [json.loads(Path(p).read_text()) for p in paths]
+    merged = dict(reports[0])
+    merged["models"] = {}
+    for r in reports:
+        merged["models"].update(r["models"])
+        merged["large_export"] = r.get("large_export") or merged.get("large_export")
+        for key in ("runs", "warmup", "seq", "repeat", "timeout", "tools"):
+            if r[key] != merged[key]:
+                raise SystemExit(f"cannot merge: {key} differs ({r[key]} vs {merged[key]})")
+    merged["command"] = "; ".join(f"`{r['command']}` ({r['environment']['date']})" for r in reports)
+    merged["merged"] = True
+    merged["total_s"] = sum(r["total_s"] for r in reports)
+    return merged
+
+
+def write_report(report: dict[str, Any], out: str) -> int:
     md = render_markdown(report)
     print()
     print(md)
-    md_path = Path(args.out)
+    md_path = Path(out)
     md_path.parent.mkdir(parents=True, exist_ok=True)
     md_path.write_text(md)
     md_path.with_suffix(".json").write_text(json.dumps(report, indent=2, default=str))
