@@ -762,7 +762,8 @@ def render_markdown(report: dict[str, Any]) -> str:
             "",
             "## Optimization time and peak RSS",
             "",
-            f"Each tool in a fresh process, median of {report['repeat']} run(s); time = the "
+            f"Each tool in a fresh process, median of {report['repeat']} run(s) (see the "
+            "commands above for each model's); time = the "
             "whole optimize + save call (imports excluded), peak RSS = the child's ru_maxrss "
             "(imports included). Timeout "
             f"{report['timeout']:.0f} s per run.",
@@ -930,9 +931,12 @@ def merge_reports(paths: list[str]) -> dict[str, Any]:
     for r in reports:
         merged["models"].update(r["models"])
         merged["large_export"] = r.get("large_export") or merged.get("large_export")
-        for key in ("runs", "warmup", "seq", "repeat", "timeout", "tools"):
+        merged["tools"] = [*merged["tools"], *(t for t in r["tools"] if t not in merged["tools"])]
+        for key in ("runs", "warmup", "seq", "timeout"):
             if r[key] != merged[key]:
                 raise SystemExit(f"cannot merge: {key} differs ({r[key]} vs {merged[key]})")
+        # repeat may differ (e.g. more optimize runs on the big models): the largest is shown
+        merged["repeat"] = max(merged["repeat"], r["repeat"])
     merged["command"] = "; ".join(f"`{r['command']}` ({r['environment']['date']})" for r in reports)
     merged["merged"] = True
     merged["total_s"] = sum(r["total_s"] for r in reports)
