@@ -1,0 +1,415 @@
+// add_kv_cache: turns a decoder exported WITHOUT a KV cache into one WITH a cache, by editing the
+// internal Attention ops (attention.h) between fuse_attention and lower_attention.
+//
+// Before (per layer i; exporters: TorchScript and dynamo exports with use_cache=False, which
+// recompute every key and value of the whole sequence at each step):
+//
+//   input_ids (B,S)   attention_mask (B,S)   position_ids (B,S)
+//        |                  |                      |
+//       ...          mask subgraph (B,1,S,S)   RotaryEmbedding ...
+//        |                  |                      |
+//   Q (B,Hq,S,D)  K (B,Hkv,S,D)  V (B,Hkv,S,D)     |
+//        \              |             /            |
+//         internal::Attention(Q, K, V, mask) -> Y (B,Hq,S,D)
+//
+// After (the cached internal form, one shared mask subgraph for all layers):
+//
+//   past_key_values.i.key (B,Hkv,P,D)   K (B,Hkv,S,D)
+//                     \                /
+//                  Concat(axis=2) = present.i.key (B,Hkv,T,D)   [graph output]; same for V
+//
+//   P = Shape(past_key_values.0.key)[2]    S = Shape(input_ids)[1]    T = P + S
+//   causal(s, t)  = Range(0,T)[t] <= Range(P,T)[s]                              (S, T)
+//   allowed       = And(causal, Unsqueeze(Cast(attention_mask, bool), [1, 2]))  (B, 1, S, T)
+//   internal::Attention(Q, present.i.key, present.i.value, allowed), is_causal = 0
+//
+// attention_mask becomes (B, T). Every other use the export made of it (its Shape gives B and S
+// to head-split Reshapes in dynamo exports, where S and the mask width share one symbol) reads
+// its last S columns, attention_mask[:, P:], so nothing else ties S to the key length. The old
+// mask subgraph is left dead (eliminate_dead_nodes removes it). Positions: a position_ids input
+// is kept (callers pass absolute positions); positions computed inside the graph by Range(0, S)
+// feeding a RotaryEmbedding become Range(P, P + S).
+//
+// Refused (ModelError, the graph is not changed) when: no internal Attention node exists; the
+// model already has past inputs or present outputs; input_ids or attention_mask is missing; the
+// sequence length is static (fixed dims, a constant mask); K/V are not (B, Hkv, S, D);
+// positions are computed in a way this pass does not know.
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "ir/constant.h"
+#include "ir/dtype.h"
+#include "ir/error.h"
+#include "passes/attention.h"
+#include "passes/attention_shapes.h"
+#include "passes/fusion_util.h"
+
+namespace fastopt::passes {
+namespace {
+using pattern::attr_int;
+using pattern::attr_ints;
+
+bool is_internal_attention(const Node* n) {
+  return n->op_type == kInternalAttention && n->domain.value == kInternalDomain;
+}
+
+int64_t int_attr(const Node* n, const std::string& name, int64_t fallback) {
+  const Attribute* a = n->attribute(name);
+  return a && a->i ? *a->i : fallback;
+}
+
+[[noreturn]] void refuse(const std::string& why) {
+  throw ModelError("add_kv_cache: cannot add a KV cache: " + why);
+}
+
+const Dim* dim_of(const Value* v, size_t axis) {
+  if (!v || !v->type.known || !v->type.is_tensor || !v->type.has_shape) return nullptr;
+  return axis < v->type.dims.size() ? &v->type.dims[axis] : nullptr;
+}
+
+Value* graph_input(const Graph& g, const std::string& name) {
+  for (Value* v : g.inputs()) {
+    if (v && v->name() == name) return v;
+  }
+  return nullptr;
+}
+
+TypeInfo tensor_type(int32_t dtype, std::vector<Dim> dims) {
+  TypeInfo t;
+  t.known = true;
+  t.is_tensor = true;
+  t.elem_type = dtype;
+  t.has_shape = true;
+  t.dims = std::move(dims);
+  return t;
+}
+
+Dim param_dim(const std::string& p) {
+  Dim d;
+  d.param = p;
+  return d;
+}
+
+Dim value_dim(int64_t n) {
+  Dim d;
+  d.value = n;
+  return d;
+}
+
+// The K or V an attention reads must be (B, Hkv, S, D): rank 4, Hkv heads on axis 1, the query's
+// sequence on axis 2 (a Transpose to (B, H, D, S) or a sequence already longer than the query's
+// is something else).
+void check_kv_layout(const Node* att, const Value* x, const char* what, int64_t hkv) {
+  const std::string where = std::string(what) + " of attention '" + att->name.value + "'";
+  const int rank = rank_of(x);
+  if (rank != 4) refuse(where + " is not 4-D (B, Hkv, S, D) (rank " + std::to_string(rank) + ")");
+  if (auto h = resolve_dim(x, 1); h && *h != hkv) {
+    refuse(where + " has " + std::to_string(*h) + " heads on axis 1, not kv_num_heads " +
+           std::to_string(hkv) + ": not the (B, Hkv, S, D) layout");
+  }
+  if (const Node* p = x->producer(); p && p->op_type == "Transpose" && p->domain.value.empty()) {
+    const Attribute* perm = p->attribute("perm");
+    if (perm && perm->ints != std::vector<int64_t>{0, 2, 1, 3}) {
+      refuse(where + " comes from a Transpose with another perm than [0, 2, 1, 3]: not the " +
+             "(B, Hkv, S, D) layout");
+    }
+  }
+  const Dim* s = dim_of(att->inputs()[0], 2);
+  const Dim* t = dim_of(x, 2);
+  // Symbolic names prove nothing (shape inference invents unk__N names); fixed sizes do.
+  if (s && t && s->value && t->value && *s->value != *t->value) {
+    refuse(where + " has another length on axis 2 (" + std::to_string(*t->value) +
+           ") than the query (" + std::to_string(*s->value) +
+           "): not a self-attention over the (B, Hkv, S, D) layout");
+  }
+  if (!resolve_dim(x, 3)) refuse(where + " has no known head size (axis 3)");
+}
+
+// Walks back from a RotaryEmbedding's position input through shape-keeping ops to a
+// Range(0, n, 1); nullptr when there is none.
+Node* position_range(Value* pos) {
+  for (int steps = 0; pos && steps < 8; ++steps) {
+    Node* p = pos->producer();
+    if (!p || !p->domain.value.empty()) return nullptr;
+    if (p->op_type == "Range") {
+      auto start = constant_scalar(p->inputs()[0]);
+      auto delta = constant_scalar(p->inputs()[2]);
+      return start && *start == 0 && delta && *delta == 1 ? p : nullptr;
+    }
+    if (p->op_type != "Unsqueeze" && p->op_type != "Expand" && p->op_type != "Reshape" &&
+        p->op_type != "Cast" && p->op_type != "Tile") {
+      return nullptr;
+    }
+    pos = p->inputs()[0];
+  }
+  return nullptr;
+}
+
+std::vector<Attribute> attrs(Attribute a) {
+  std::vector<Attribute> out;
+  out.push_back(std::move(a));
+  return out;
+}
+
+class KvCacheBuilder {
+ public:
+  explicit KvCacheBuilder(Graph& g) : g_(g) {}
+
+  Value* constant(const std::string& base, const std::vector<int64_t>& values,
+                  std::vector<int64_t> dims) {
+    return g_.add_initializer(g_.unique_name(base), make_int64_tensor(values, std::move(dims)));
+  }
+  Node* node(const std::string& op, const std::vector<Value*>& inputs, const std::string& out,
+             Node* before, std::vector<Attribute> attrs = {}) {
+    Node* n = g_.create_node(op, "", inputs, {out}, before);
+    n->attributes = std::move(attrs);
+    return n;
+  }
+  Value* op(const std::string& op, const std::vector<Value*>& inputs, const std::string& out,
+            Node* before, std::vector<Attribute> attrs = {}) {
+    return node(op, inputs, g_.unique_name(out), before, std::move(attrs))->outputs()[0];
+  }
+
+ private:
+  Graph& g_;
+};
+
+int64_t add_kv_cache(Model& m, PassContext& ctx) {
+  const int64_t mode = ctx.options.count("kv_cache") ? ctx.options.at("kv_cache") : 1;
+  if (mode != 1 && mode != 2) {
+    throw ModelError("add_kv_cache: option kv_cache must be 1 (standard) or 2 (inplace), not " +
+                     std::to_string(mode));
+  }
+  Graph& g = *m.graph;
+
+  // ---- checks: nothing is changed before all of them pass ----
+  for (const Value* v : g.inputs()) {
+    if (v && (v->name().rfind("past_key_values", 0) == 0 || v->name().rfind("past_", 0) == 0)) {
+      refuse("the model already has past inputs ('" + v->name() +
+             "'): it was exported with a cache, which is another path than this rewrite");
+    }
+  }
+  std::vector<Node*> attentions;
+  g.topological_sort();
+  for (Node* n = g.first(); n; n = n->next()) {
+    if (is_internal_attention(n)) attentions.push_back(n);
+  }
+  if (attentions.empty()) {
+    refuse(
+        "no fused attention found (no ai.fastopt.internal::Attention node): run preset llm's "
+        "passes up to fuse_attention first; `--explain fuse_attention` tells why an attention "
+        "did not fuse");
+  }
+  m.for_each_graph([&](Graph& sub) {
+    if (&sub == &g) return;
+    for (Node* n = sub.first(); n; n = n->next()) {
+      if (is_internal_attention(n)) refuse("an attention inside a subgraph (If/Loop body)");
+    }
+  });
+  Value* input_ids = graph_input(g, "input_ids");
+  Value* attention_mask = graph_input(g, "attention_mask");
+  if (!input_ids) refuse("the model has no input_ids input");
+  if (!attention_mask) refuse("the model has no attention_mask input (needed over past + new)");
+  if (const Dim* s = dim_of(input_ids, 1); s && s->value) {
+    refuse("input_ids has a fixed sequence length (" + std::to_string(*s->value) +
+           "): a static-shape export bakes it into shapes");
+  }
+  if (const Dim* s = dim_of(attention_mask, 1); s && s->value) {
+    refuse("attention_mask has a fixed length (" + std::to_string(*s->value) +
+           "): a static-shape export bakes it into shapes");
+  }
+  const Dim* batch = dim_of(input_ids, 0);
+  const Dim batch_dim = batch ? *batch : param_dim("batch_size");
+  if (default_opset(m) < 13) refuse("the model's opset is below 13");
+
+  const size_t layers = attentions.size();
+  std::vector<std::string> names;
+  for (size_t i = 0; i < layers; ++i) {
+    for (const char* kind : {"key", "value"}) {
+      names.push_back("past_key_values." + std::to_string(i) + "." + kind);
+      names.push_back("present." + std::to_string(i) + "." + kind);
+    }
+  }
+  for (const std::string& n : names) {
+    if (Value* v = g.lookup(n); v && v->defined()) refuse("a value named '" + n + "' exists");
+  }
+
+  struct Layer {
+    Node* att;
+    int32_t dtype;
+    int64_t hkv, dk, dv;
+  };
+  std::vector<Layer> info;
+  for (Node* att : attentions) {
+    const std::vector<Value*>& in = att->inputs();
+    if (in.size() < 3 || !in[0] || !in[1] || !in[2]) refuse("an attention without Q, K or V");
+    if (in.size() > 4 || att->outputs().size() != 1) {
+      refuse("attention '" + att->name.value + "' has past/present already");
+    }
+    const int64_t hkv = int_attr(att, "kv_num_heads", 0);
+    if (hkv <= 0) refuse("attention '" + att->name.value + "' has no kv_num_heads");
+    if (in.size() > 3 && in[3] && constant_tensor(in[3])) {
+      refuse("the mask of attention '" + att->name.value +
+             "' is a constant: the export fixed the sequence length");
+    }
+    if (const Dim* s = dim_of(in[0], 2); s && s->value && *s->value != 1) {
+      refuse("the query of attention '" + att->name.value + "' has a fixed sequence length (" +
+             std::to_string(*s->value) + ")");
+    }
+    check_kv_layout(att, in[1], "K", hkv);
+    check_kv_layout(att, in[2], "V", hkv);
+    const int32_t dtype = dtype_of(in[1]);
+    if (dtype == 0 || dtype_of(in[2]) != dtype) {
+      refuse("attention '" + att->name.value + "': K/V dtype unknown or different");
+    }
+    info.push_back({att, dtype, hkv, *resolve_dim(in[1], 3), *resolve_dim(in[2], 3)});
+  }
+
+  // Positions computed inside the graph: Range(0, S) feeding a RotaryEmbedding.
+  std::vector<Node*> ranges;
+  if (!graph_input(g, "position_ids")) {
+    std::unordered_set<Node*> seen;
+    for (Node* n = g.first(); n; n = n->next()) {
+      if (n->op_type != "RotaryEmbedding" || n->inputs().size() < 2) continue;
+      Value* pos = n->inputs()[1];
+      if (pos->is_graph_input()) continue;
+      Node* r = position_range(pos);
+      if (!r) {
+        refuse("the positions of RotaryEmbedding '" + n->name.value +
+               "' are computed in the graph in a way the rewrite does not know (no "
+               "position_ids input, no Range(0, S))");
+      }
+      if (seen.insert(r).second) ranges.push_back(r);
+    }
+  }
+
+  // ---- edits ----
+  KvCacheBuilder b(g);
+  Node* head = g.first();
+
+  // Past inputs and present outputs.
+  std::vector<Value*> past_k(layers), past_v(layers);
+  for (size_t i = 0; i < layers; ++i) {
+    const Layer& l = info[i];
+    const std::string idx = std::to_string(i);
+    for (int kv = 0; kv < 2; ++kv) {
+      Value* p = g.create_value("past_key_values." + idx + (kv ? ".value" : ".key"));
+      p->type =
+          tensor_type(l.dtype, {batch_dim, value_dim(l.hkv), param_dim("past_sequence_length"),
+                                value_dim(kv ? l.dv : l.dk)});
+      g.add_input(p);
+      (kv ? past_v : past_k)[i] = p;
+    }
+  }
+
+  // Shared lengths and mask, before every other node (they read graph inputs only).
+  Value* zero = b.constant("kv_zero", {0}, {});
+  Value* one = b.constant("kv_one", {1}, {});
+  Value* two = b.constant("kv_two", {2}, {});
+  Value* past_len = b.op("Gather", {b.op("Shape", {past_k[0]}, "kv_past_shape", head), two},
+                         "kv_past_len", head, attrs(attr_int("axis", 0)));
+  Value* seq_len = b.op("Gather", {b.op("Shape", {input_ids}, "kv_ids_shape", head), one},
+                        "kv_seq_len", head, attrs(attr_int("axis", 0)));
+  Value* total_len = b.op("Add", {past_len, seq_len}, "kv_total_len", head);
+  Value* q_pos = b.op("Range", {past_len, total_len, one}, "kv_query_positions", head);
+  Value* q_col =
+      b.op("Unsqueeze", {q_pos, b.constant("kv_axes_1", {1}, {1})}, "kv_query_column", head);
+  Value* k_pos = b.op("Range", {zero, total_len, one}, "kv_key_positions", head);
+  Value* causal = b.op("LessOrEqual", {k_pos, q_col}, "kv_causal", head);
+  Value* mask_bool =
+      b.op("Cast", {attention_mask}, "kv_mask_bool", head, attrs(attr_int("to", kBool)));
+  Value* pad =
+      b.op("Unsqueeze", {mask_bool, b.constant("kv_axes_1_2", {1, 2}, {2})}, "kv_padding", head);
+  Value* allowed = b.op("And", {causal, pad}, "kv_attention_mask", head);
+  allowed->type = tensor_type(kBool, {batch_dim, value_dim(1), param_dim("sequence_length"),
+                                      param_dim("total_sequence_length")});
+
+  // Every earlier use of attention_mask sees its last S columns, (B, S) as at export.
+  std::vector<Use> old_uses;
+  for (const Use& u : attention_mask->uses()) {
+    if (u.node != mask_bool->producer()) old_uses.push_back(u);
+  }
+  if (!old_uses.empty()) {
+    Value* current = b.op(
+        "Slice",
+        {attention_mask,
+         b.op("Unsqueeze", {past_len, b.constant("kv_axes_0", {0}, {1})}, "kv_past_len_1d", head),
+         b.constant("kv_end", {std::numeric_limits<int64_t>::max()}, {1}),
+         b.constant("kv_axes_1", {1}, {1})},
+        "kv_attention_mask_current", head);
+    current->type =
+        tensor_type(value_dtype(attention_mask), {batch_dim, param_dim("sequence_length")});
+    for (const Use& u : old_uses) u.node->set_input(u.input_index, current);
+  }
+  attention_mask->type =
+      tensor_type(value_dtype(attention_mask), {batch_dim, param_dim("total_sequence_length")});
+  for (ValueInfoEntry& e : g.input_entries) {
+    if (e.value == attention_mask) e.own_type.reset();
+  }
+
+  // Positions computed inside the graph start at P.
+  for (Node* r : ranges) {
+    Value* limit = r->inputs()[1];
+    Value* start = past_len;
+    const int32_t t = value_dtype(limit);
+    if (t != 0 && t != kInt64) {
+      start = b.op("Cast", {past_len}, "kv_position_start", r, attrs(attr_int("to", t)));
+    }
+    r->set_input(0, start);
+    r->set_input(1, b.op("Add", {limit, start}, "kv_position_end", r));
+    ctx.counters["positions offset by the past length"] += 1;
+  }
+
+  // Per layer: present = Concat(past, new), the attention reads the presents and the new mask.
+  for (size_t i = 0; i < layers; ++i) {
+    const Layer& l = info[i];
+    Node* att = l.att;
+    const std::string idx = std::to_string(i);
+    for (int kv = 0; kv < 2; ++kv) {
+      Value* cur = att->inputs()[1 + kv];
+      Node* cat =
+          b.node("Concat", {(kv ? past_v : past_k)[i], cur},
+                 "present." + idx + (kv ? ".value" : ".key"), att, attrs(attr_int("axis", 2)));
+      Value* present = cat->outputs()[0];
+      present->type =
+          tensor_type(l.dtype, {batch_dim, value_dim(l.hkv), param_dim("total_sequence_length"),
+                                value_dim(kv ? l.dv : l.dk)});
+      g.add_output(present);
+      att->set_input(1 + kv, present);
+    }
+    if (att->inputs().size() > 3) {
+      att->set_input(3, allowed);
+    } else {
+      att->append_input(allowed);
+    }
+    bool set = false;
+    for (Attribute& a : att->attributes) {
+      if (a.name == "is_causal") {
+        a = attr_int("is_causal", 0);
+        set = true;
+      }
+    }
+    if (!set) att->attributes.push_back(attr_int("is_causal", 0));
+  }
+  ctx.counters["layers cached"] += static_cast<int64_t>(layers);
+  return static_cast<int64_t>(layers);
+}
+
+const PassRegistrar kRegister{{
+    "add_kv_cache",
+    "turn a no-cache decoder's internal Attention ops into a cached decoder (past/present "
+    "inputs/outputs, mask over past + new); runs between fuse_attention and lower_attention",
+    {"llm", "kv_cache"},
+    1,
+    INT64_MAX,
+    false,
+    add_kv_cache,
+}};
+
+}  // namespace
+}  // namespace fastopt::passes
