@@ -57,9 +57,12 @@ def step_inputs(fx: Fixture, batch: int) -> tuple[np.ndarray, np.ndarray, np.nda
     return tokens, mask, positions
 
 
-def check_steps(fx: Fixture, cached: onnx.ModelProto, batch: int) -> float:
+def check_steps(
+    fx: Fixture, cached: onnx.ModelProto, batch: int, original: onnx.ModelProto | None = None
+) -> float:
     tokens, mask, positions = step_inputs(fx, batch)
-    reference, model = session(str(fx.path)), session(cached)
+    reference = session(str(fx.path) if original is None else original)
+    model = session(cached)
     ref_inputs = {i.name for i in reference.get_inputs()}
     pasts = {}
     for i in model.get_inputs():
@@ -72,6 +75,7 @@ def check_steps(fx: Fixture, cached: onnx.ModelProto, batch: int) -> float:
             ]
             pasts[i.name] = np.zeros((batch, kv_heads, 0, head), dtype=dtype)
     out_names = [o.name for o in model.get_outputs()]
+    model_inputs = {i.name for i in model.get_inputs()}
     worst = 0.0
     start = 0
     for t in range(PREFILL, TOTAL + 1):
@@ -87,6 +91,7 @@ def check_steps(fx: Fixture, cached: onnx.ModelProto, batch: int) -> float:
             "position_ids": positions[:, start:t],
             **pasts,
         }
+        step = {k: v for k, v in step.items() if k in model_inputs}
         outs = dict(zip(out_names, model.run(None, step)))
         got = outs["logits"]
         assert got.shape[1] == t - start
@@ -118,3 +123,144 @@ def test_step_parity(fx: Fixture, target: str) -> None:
     for batch in (1, 2):
         diff = check_steps(fx, cached, batch)
         assert diff <= bound, f"{fx} {target} batch {batch}: max abs diff {diff:.3g} > {bound}"
+
+
+def internal_positions(fx: Fixture) -> onnx.ModelProto:
+    """The fixture with position_ids computed inside the graph, Expand(Range(0, S)), as exports
+    of models that take no position_ids do."""
+    model = onnx.load(fx.path)
+    g = model.graph
+    (pos,) = [i for i in g.input if i.name == "position_ids"]
+    g.input.remove(pos)
+    h = onnx.helper
+    g.initializer.extend(
+        [
+            onnx.numpy_helper.from_array(np.array(v, dtype=np.int64), n)
+            for n, v in [("pos_zero", 0), ("pos_one", 1), ("pos_axis", [0])]
+        ]
+    )
+    nodes = [
+        h.make_node("Shape", ["input_ids"], ["pos_shape"]),
+        h.make_node("Gather", ["pos_shape", "pos_one"], ["pos_len"], axis=0),
+        h.make_node("Range", ["pos_zero", "pos_len", "pos_one"], ["pos_range"]),
+        h.make_node("Unsqueeze", ["pos_range", "pos_axis"], ["pos_row"]),
+        h.make_node("Expand", ["pos_row", "pos_shape"], ["position_ids"]),
+    ]
+    for n in reversed(nodes):
+        g.node.insert(0, n)
+    return model
+
+
+@pytest.mark.parametrize("target", ["ort", "onnx"])
+def test_internal_positions_start_at_past_length(target: str) -> None:
+    (fx,) = fixtures(arch="llama", exporter="dynamo", dtype="float32")
+    original = internal_positions(fx)
+    report = fastopt.optimize(
+        fastopt.from_onnx(original, base_dir=fx.path.parent),
+        passes=cached_passes(),
+        target=target,
+        options={"kv_cache": 1},
+    )
+    assert report.model is not None
+    cached = report.model.to_onnx()
+    assert "position_ids" not in [i.name for i in cached.graph.input]
+    counters = report.passes[cached_passes().index("add_kv_cache")].counters
+    assert counters["positions offset by the past length"] == 1
+    assert check_steps(fx, cached, 1, original) <= PARITY_ATOL[fx.dtype]
+
+
+# ---- refusals: ModelError naming what is missing, nothing written ----
+
+H = onnx.helper
+TP = onnx.TensorProto
+
+
+def attention_model(
+    seq: int | str = "S",
+    k_shape: tuple[int | str, ...] = ("B", 2, "S", 16),
+    extra_inputs: tuple[str, ...] = (),
+    constant_mask: bool = False,
+) -> bytes:
+    """input_ids/attention_mask plus an internal Attention over Q/K/V graph inputs."""
+    inputs = [
+        H.make_tensor_value_info("input_ids", TP.INT64, ["B", seq]),
+        H.make_tensor_value_info("attention_mask", TP.INT64, ["B", seq]),
+        H.make_tensor_value_info("q", TP.FLOAT, ["B", 4, seq, 16]),
+        H.make_tensor_value_info("k", TP.FLOAT, list(k_shape)),
+        H.make_tensor_value_info("v", TP.FLOAT, ["B", 2, seq, 16]),
+    ] + [H.make_tensor_value_info(n, TP.FLOAT, ["B", 2, "P", 16]) for n in extra_inputs]
+    inits = []
+    if constant_mask:
+        inits.append(onnx.numpy_helper.from_array(np.ones((1, 1, 8, 8), dtype=bool), "mask"))
+    else:
+        inputs.append(H.make_tensor_value_info("mask", TP.BOOL, ["B", 1, seq, seq]))
+    att = H.make_node(
+        "Attention",
+        ["q", "k", "v", "mask"],
+        ["y"],
+        domain="ai.fastopt.internal",
+        scale=0.25,
+        is_causal=0,
+        q_num_heads=4,
+        kv_num_heads=2,
+    )
+    graph = H.make_graph([att], "g", inputs, [H.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    model = H.make_model(
+        graph,
+        opset_imports=[H.make_opsetid("", 18), H.make_opsetid("ai.fastopt.internal", 1)],
+    )
+    return model.SerializeToString()
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        (attention_model(extra_inputs=("past_key_values.0.key",)), "already has past inputs"),
+        (attention_model(seq=8), "fixed sequence length"),
+        (attention_model(constant_mask=True), "is a constant"),
+        (attention_model(k_shape=("B", "S", 32)), "not 4-D"),
+        (attention_model(k_shape=("B", 3, "S", 16)), "not kv_num_heads"),
+        (attention_model(k_shape=("B", 2, 9, 16)), "fixed length 9 on axis 2"),
+    ],
+    ids=["past", "static", "constant-mask", "k-rank", "k-heads", "k-length"],
+)
+def test_refusals(model: bytes, message: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "out.onnx"
+    with pytest.raises(fastopt.ModelError, match=message):
+        fastopt.optimize(
+            fastopt.load_bytes(model), passes=["add_kv_cache"], options={"kv_cache": 1}, output=out
+        )
+    assert not out.exists()
+
+
+def test_refuses_without_fused_attention(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    (fx,) = fixtures(arch="llama", exporter="dynamo", dtype="float32")
+    out = tmp_path / "out.onnx"
+    with pytest.raises(fastopt.ModelError, match="no fused attention"):
+        fastopt.optimize(
+            fx.path,
+            passes=[*preset("default"), "add_kv_cache"],
+            options={"kv_cache": 1},
+            output=out,
+        )
+    assert not out.exists()
+
+
+def test_bad_option() -> None:
+    with pytest.raises(fastopt.ModelError, match="kv_cache must be"):
+        fastopt.optimize(
+            fastopt.load_bytes(attention_model()), passes=["add_kv_cache"], options={"kv_cache": 3}
+        )
+
+
+def test_inplace_option_gives_the_same_form() -> None:
+    model = attention_model()
+    report = fastopt.optimize(
+        fastopt.load_bytes(model), passes=["add_kv_cache"], options={"kv_cache": 2}
+    )
+    assert report.model is not None
+    out = report.model.to_onnx()
+    assert [o.name for o in out.graph.output][1:] == ["present.0.key", "present.0.value"]
+    mask = next(i for i in out.graph.input if i.name == "attention_mask")
+    dims = [d.dim_param or d.dim_value for d in mask.type.tensor_type.shape.dim]
+    assert dims == ["B", "total_sequence_length"]

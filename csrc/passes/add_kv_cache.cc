@@ -101,9 +101,9 @@ Dim value_dim(int64_t n) {
   return d;
 }
 
-// The K or V an attention reads must be (B, Hkv, S, D): rank 4, Hkv heads on axis 1, the query's
-// sequence on axis 2 (a Transpose to (B, H, D, S) or a sequence already longer than the query's
-// is something else).
+// The K or V an attention reads must be (B, Hkv, S, D), which the internal op promises and this
+// checks where sizes are known: rank 4, Hkv heads on axis 1, the query's length on axis 2 (a
+// longer sequence is cross-attention or a cache already), a known head size on axis 3.
 void check_kv_layout(const Node* att, const Value* x, const char* what, int64_t hkv) {
   const std::string where = std::string(what) + " of attention '" + att->name.value + "'";
   const int rank = rank_of(x);
@@ -112,20 +112,14 @@ void check_kv_layout(const Node* att, const Value* x, const char* what, int64_t 
     refuse(where + " has " + std::to_string(*h) + " heads on axis 1, not kv_num_heads " +
            std::to_string(hkv) + ": not the (B, Hkv, S, D) layout");
   }
-  if (const Node* p = x->producer(); p && p->op_type == "Transpose" && p->domain.value.empty()) {
-    const Attribute* perm = p->attribute("perm");
-    if (perm && perm->ints != std::vector<int64_t>{0, 2, 1, 3}) {
-      refuse(where + " comes from a Transpose with another perm than [0, 2, 1, 3]: not the " +
-             "(B, Hkv, S, D) layout");
-    }
-  }
   const Dim* s = dim_of(att->inputs()[0], 2);
   const Dim* t = dim_of(x, 2);
-  // Symbolic names prove nothing (shape inference invents unk__N names); fixed sizes do.
-  if (s && t && s->value && t->value && *s->value != *t->value) {
-    refuse(where + " has another length on axis 2 (" + std::to_string(*t->value) +
-           ") than the query (" + std::to_string(*s->value) +
-           "): not a self-attention over the (B, Hkv, S, D) layout");
+  // Symbolic names prove nothing (shape inference invents unk__N names); fixed sizes do: a
+  // fixed key length the query does not share is cross-attention or a static export.
+  if (t && t->value && !(s && s->value && *s->value == *t->value)) {
+    refuse(where + " has a fixed length " + std::to_string(*t->value) +
+           " on axis 2 that the query does not have: not a self-attention over the (B, Hkv, "
+           "S, D) layout");
   }
   if (!resolve_dim(x, 3)) refuse(where + " has no known head size (axis 3)");
 }
@@ -275,8 +269,11 @@ int64_t add_kv_cache(Model& m, PassContext& ctx) {
   if (!graph_input(g, "position_ids")) {
     std::unordered_set<Node*> seen;
     for (Node* n = g.first(); n; n = n->next()) {
-      if (n->op_type != "RotaryEmbedding" || n->inputs().size() < 2) continue;
-      Value* pos = n->inputs()[1];
+      if (n->op_type != "RotaryEmbedding") continue;
+      // com.microsoft: (X, position_ids, cos, sin); ONNX 23: (X, cos, sin, position_ids?).
+      const size_t at = n->domain.value == kMsDomain ? 1 : 3;
+      if (n->inputs().size() <= at || !n->inputs()[at]) continue;
+      Value* pos = n->inputs()[at];
       if (pos->is_graph_input()) continue;
       Node* r = position_range(pos);
       if (!r) {
