@@ -2,7 +2,8 @@
 
 Step parity on every decoder fixture, both targets: the no-cache original on tokens[:t] for
 t = 8..12 against the cached model fed step by step (prefill of 8 tokens with a zero-length past,
-then one token at a time, presents fed back as pasts); batch 1 and a right-padded batch of 2.
+then one token at a time, presents fed back as pasts); batch 1, a right-padded batch of 2, and
+chunked steps (S > 1 with P > 0).
 Plus the refusals (ModelError, nothing written) and the graph interface."""
 
 from __future__ import annotations
@@ -58,8 +59,14 @@ def step_inputs(fx: Fixture, batch: int) -> tuple[np.ndarray, np.ndarray, np.nda
 
 
 def check_steps(
-    fx: Fixture, cached: onnx.ModelProto, batch: int, original: onnx.ModelProto | None = None
+    fx: Fixture,
+    cached: onnx.ModelProto,
+    batch: int,
+    original: onnx.ModelProto | None = None,
+    steps: tuple[int, ...] = tuple(range(PREFILL, TOTAL + 1)),
 ) -> float:
+    """Max abs logits difference over the kept positions of each step; `steps` are the total
+    lengths after each step (the first is the prefill)."""
     tokens, mask, positions = step_inputs(fx, batch)
     reference = session(str(fx.path) if original is None else original)
     model = session(cached)
@@ -78,7 +85,7 @@ def check_steps(
     model_inputs = {i.name for i in model.get_inputs()}
     worst = 0.0
     start = 0
-    for t in range(PREFILL, TOTAL + 1):
+    for t in steps:
         full = {
             "input_ids": tokens[:, :t],
             "attention_mask": mask[:, :t],
@@ -127,11 +134,18 @@ def test_step_parity(fx: Fixture, target: str) -> None:
     elif fx.dtype == "float32":
         # (no checker: ORT's SimplifiedLayerNormalization lives in the default domain)
         assert op_count(cached, "MultiHeadAttention", "com.microsoft") == layers
-    assert op_count(cached, "Concat", "") >= 2 * layers
+    producers = {o: n for n in cached.graph.node for o in n.output}
+    for i in range(layers):
+        for kv in ("key", "value"):
+            concat = producers[f"present.{i}.{kv}"]
+            assert concat.op_type == "Concat" and concat.input[0] == f"past_key_values.{i}.{kv}"
     bound = PARITY_ATOL[fx.dtype]
     for batch in (1, 2):
         diff = check_steps(fx, cached, batch)
         assert diff <= bound, f"{fx} {target} batch {batch}: max abs diff {diff:.3g} > {bound}"
+    # Chunked prefill: S > 1 with P > 0.
+    diff = check_steps(fx, cached, 1, steps=(PREFILL - 3, PREFILL + 1, TOTAL))
+    assert diff <= bound, f"{fx} {target} chunked: max abs diff {diff:.3g} > {bound}"
 
 
 def internal_positions(fx: Fixture) -> onnx.ModelProto:
