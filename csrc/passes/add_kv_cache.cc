@@ -188,6 +188,7 @@ int64_t add_kv_cache(Model& m, PassContext& ctx) {
              "'): it was exported with a cache, which is another path than this rewrite");
     }
   }
+  // Layer i = the i-th attention in topological order (a reorder changes no result).
   std::vector<Node*> attentions;
   g.topological_sort();
   for (Node* n = g.first(); n; n = n->next()) {
