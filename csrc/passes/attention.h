@@ -25,7 +25,17 @@
 //   q_num_heads, kv_num_heads (int): Hq, Hkv.
 //   softmax_precision (int, optional): an ONNX dtype when the model computed the softmax in a
 //     wider type (fp16 models casting scores to fp32).
+//
+// The cached form (issue 5, written by add_kv_cache between the stages): K and V are
+//   Concat(past graph input (B, Hkv, P, D), k_new (B, Hkv, S, D), axis 2), whose output is the
+//   graph output `present` (B, Hkv, P+S, D); the mask is bool (B, 1, S, T) with the causality in
+//   it (is_causal 0): allowed[b, s, t] = (t <= P + s) AND attention_mask[b, t] != 0, so it
+//   never lets a query see a later key and lowerings may add a causal flag. The node keeps the semantics above; the lowerings recognise the form
+//   (cached_kv) and hand past/present to ops that take a cache natively. Option kv_cache == 2
+//   (in place) asks target ort for GroupQueryAttention on one max-length buffer per layer.
 #pragma once
+
+#include <optional>
 
 #include "passes/registry.h"
 #include "pattern/rewrite.h"
@@ -33,6 +43,51 @@
 namespace fastopt::passes {
 
 inline constexpr const char* kInternalAttention = "Attention";
+
+// K and V of the cached form: each the output (a graph output) of a Concat on axis 2 of a graph
+// input (past) and the new rows.
+struct CachedKV {
+  Value *past_k, *k_new, *present_k;
+  Value *past_v, *v_new, *present_v;
+};
+
+inline std::optional<CachedKV> cached_kv(const Node* attention) {
+  const std::vector<Value*>& in = attention->inputs();
+  if (in.size() < 3 || !in[1] || !in[2]) return std::nullopt;
+  auto split = [](Value* x) -> std::optional<std::pair<Value*, Value*>> {
+    const Node* cat = x->producer();
+    if (!cat || cat->op_type != "Concat" || !cat->domain.value.empty() ||
+        cat->inputs().size() != 2 || !x->is_graph_output() || cat->graph() != x->graph()) {
+      return std::nullopt;
+    }
+    const Attribute* axis = cat->attribute("axis");
+    if (!axis || !axis->i || (*axis->i != 2 && *axis->i != -2)) return std::nullopt;
+    Value* past = cat->inputs()[0];
+    Value* fresh = cat->inputs()[1];
+    if (!past || !fresh || !past->is_graph_input() || past->initializer()) return std::nullopt;
+    return std::make_pair(past, fresh);
+  };
+  auto k = split(in[1]), v = split(in[2]);
+  if (!k || !v || k->first == v->first) return std::nullopt;
+  return CachedKV{k->first, k->second, in[1], v->first, v->second, in[2]};
+}
+
+// After a lowering built an op with present outputs `pk`, `pv`: they take over the graph outputs
+// `present` (names included) and the Concats go. False, with nothing changed, when they cannot.
+inline bool adopt_presents(Graph& g, const CachedKV& c, Value* pk, Value* pv) {
+  if (!pattern::can_replace(g, c.present_k, pk) || !pattern::can_replace(g, c.present_v, pv)) {
+    return false;
+  }
+  for (auto [from, to] : {std::pair{c.present_k, pk}, std::pair{c.present_v, pv}}) {
+    Node* cat = from->producer();
+    to->type = from->type;
+    pattern::replace_value(g, from, to);
+    if (cat && cat->alive() && from->uses().empty() && !from->is_graph_output()) {
+      g.remove_node(cat);
+    }
+  }
+  return true;
+}
 
 // Lowerings of one internal Attention node. Each builds its replacement with `rw` (which inserts
 // before the node and removes what it made when a lowering fails) and returns the value that

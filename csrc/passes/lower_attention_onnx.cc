@@ -3,6 +3,19 @@
 //
 //   ai.fastopt.internal::Attention(Q, K, V, mask?)  ==>  Attention-23(Q, K, V, attn_mask?)
 //
+// The cached form (attention.h: K = Concat(past_k, k_new) -> graph output present, same for V)
+// takes Attention-23's own cache instead, the Concats going away:
+//
+//   past_k  k_new                   Q  k_new  v_new  mask  past_k  past_v
+//       \   /                        \    \    |     /      /      /
+//      Concat(2) -> present_k  ==>      Attention-23 (is_causal as set)
+//          \                             |       |            |
+//   Q ---- Attention(Q, ., ., mask)      Y   present_k    present_v   (the graph outputs)
+//
+// Attention-23's present is Concat(past, K) on axis 2 and its mask covers the P+S columns; its
+// causal mask is bottom-right aligned (key j seen by query i iff j <= i + P), as the internal
+// op's (ORT 1.32 CPU, ops.md 1.3), so prefill (P = 0), decode and chunked steps stay exact.
+//
 // 4-D BNSH inputs; q_num_heads/kv_num_heads are carried (Attention-23 needs them only for 3-D
 // inputs, but they cost nothing and document GQA), scale, is_causal and softmax_precision as set.
 // ORT runs it on CPU since 1.23 (float, fp16; bool or float masks).
@@ -11,7 +24,7 @@
 
 namespace fastopt::passes {
 
-pattern::Replacement lower_attention_onnx(Node* node, pattern::Rewriter& rw, PassContext&) {
+pattern::Replacement lower_attention_onnx(Node* node, pattern::Rewriter& rw, PassContext& ctx) {
   const int64_t opset = default_opset(*rw.graph().model());
   if (opset < 23) {
     return rw.fail("the model's opset is " + std::to_string(opset) +
@@ -22,7 +35,20 @@ pattern::Replacement lower_attention_onnx(Node* node, pattern::Rewriter& rw, Pas
        {"scale", "is_causal", "q_num_heads", "kv_num_heads", "softmax_precision"}) {
     if (const Attribute* a = node->attribute(name)) attrs.push_back(pattern::copy_attribute(*a));
   }
-  return std::vector<Value*>{rw.op1("Attention", node->inputs(), std::move(attrs))};
+  const std::optional<CachedKV> cache = cached_kv(node);
+  if (!cache) return std::vector<Value*>{rw.op1("Attention", node->inputs(), std::move(attrs))};
+
+  const std::vector<Value*>& in = node->inputs();
+  if (in.size() > 4) return rw.fail("inputs after the mask");
+  Value* mask = in.size() > 3 ? in[3] : nullptr;
+  std::vector<Value*> outs =
+      rw.op("Attention", {in[0], cache->k_new, cache->v_new, mask, cache->past_k, cache->past_v},
+            std::move(attrs), 3);
+  if (!adopt_presents(rw.graph(), *cache, outs[1], outs[2])) {
+    return rw.fail("the present outputs cannot take over the Concats' graph outputs");
+  }
+  ctx.counters["Attention-23 with past/present"] += 1;
+  return std::vector<Value*>{outs[0]};
 }
 
 }  // namespace fastopt::passes

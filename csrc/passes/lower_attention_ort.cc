@@ -493,6 +493,37 @@ std::vector<Attribute> attrs_of(Attribute a) {
   return out;
 }
 
+// The RotaryEmbedding (com.microsoft, 3-D) that made `x3`, when GroupQueryAttention can apply
+// it instead (do_rotary): full rotary, x3 read only by the head split; else null.
+const Node* foldable_rotary(const Value* x3) {
+  const Node* r = x3 ? x3->producer() : nullptr;
+  if (!r || r->op_type != "RotaryEmbedding" || r->domain.value != kMsDomain ||
+      r->inputs().size() != 4 || x3->uses().size() != 1 || x3->is_graph_output() ||
+      int_attr_or(r, "rotary_embedding_dim", 0) != 0 || int_attr_or(r, "is_packed_batching", 0) ||
+      r->attribute("scale") || !r->inputs()[0] || !r->inputs()[2] || !r->inputs()[3]) {
+    return nullptr;
+  }
+  return r;
+}
+
+// The attention_mask graph input (B, T) of the cached form (kv_cache contract), or null.
+Value* attention_mask_input(const Graph& g) {
+  for (Value* v : g.inputs()) {
+    if (v->name() == "attention_mask" && (value_rank(v) == 2 || value_rank(v) == -1)) return v;
+  }
+  return nullptr;
+}
+
+// Dim 2 of a cache value becomes "max_sequence_length" (in place: past and present are one
+// buffer, so one name lets a runtime bind the same tensor to both).
+void set_max_length(Value* x) {
+  if (!x->type.known || !x->type.is_tensor || !x->type.has_shape || x->type.dims.size() != 4) {
+    return;
+  }
+  x->type.encoded = ByteRef{};
+  x->type.dims[2] = Dim{std::nullopt, std::string("max_sequence_length")};
+}
+
 }  // namespace
 
 Replacement lower_attention_ort(Node* node, Rewriter& rw, PassContext& ctx) {
@@ -502,6 +533,12 @@ Replacement lower_attention_ort(Node* node, Rewriter& rw, PassContext& ctx) {
   if (node->outputs().size() != 1) return rw.fail("outputs after Y are not supported");
   Value *q = in[0], *k = in[1], *v = in[2];
   Value* mask = in.size() > 3 ? in[3] : nullptr;
+  // The cached form: the ops take past/present themselves and read only the new rows.
+  const std::optional<CachedKV> cache = cached_kv(node);
+  const auto kv_option = ctx.options.find("kv_cache");
+  const bool inplace = cache && kv_option != ctx.options.end() && kv_option->second == 2;
+  Value* kn = cache ? cache->k_new : k;
+  Value* vn = cache ? cache->v_new : v;
 
   const Attribute* scale_attr = node->attribute("scale");
   if (!scale_attr || !scale_attr->f) return rw.fail("no scale attribute");
@@ -518,7 +555,11 @@ Replacement lower_attention_ort(Node* node, Rewriter& rw, PassContext& ctx) {
     return rw.fail("dtype " + dtype_name(dtype) + " (MHA/GQA: float, float16, bfloat16)");
   }
   if (dtype_of(k) != dtype || dtype_of(v) != dtype) return rw.fail("Q, K, V dtypes differ");
-  for (const Value* x : {q, k, v}) {
+  if (cache && (dtype_of(kn) != dtype || dtype_of(vn) != dtype ||
+                value_dtype(cache->past_k) != dtype || value_dtype(cache->past_v) != dtype)) {
+    return rw.fail("the cache's dtype is not Q's");
+  }
+  for (const Value* x : {q, k, v, kn, vn}) {
     if (value_rank(x) != -1 && value_rank(x) != 4) return rw.fail("Q, K, V must be 4-D");
   }
   // The kernels accumulate the softmax in fp32 (fp16 too): a wider request is met, others not.
@@ -535,55 +576,88 @@ Replacement lower_attention_ort(Node* node, Rewriter& rw, PassContext& ctx) {
 
   const Dim* s_dim = dim_at(q, 4, 2);
   const Dim* t_dim = dim_at(k, 4, 2);
-  const Dim* head_dim = dim_at(k, 4, 3);
+  const Dim* head_dim = dim_at(kn, 4, 3);
+  if (cache && !(head_dim && head_dim->value)) head_dim = dim_at(cache->past_k, 4, 3);
+  const Dim* v_head_dim = dim_at(vn, 4, 3);
+  if (cache && !(v_head_dim && v_head_dim->value)) v_head_dim = dim_at(cache->past_v, 4, 3);
   const bool static_head = head_dim && head_dim->value;
-  // From the types, else from the graph (TorchScript exports lose the dims).
-  const bool same_len = same_dim(s_dim, t_dim) || same_sequence(q, k);
+  // From the types, else from the graph (TorchScript exports lose the dims). With a cache: the
+  // new rows have the query's length (T = P + S is the ops' business).
+  const bool same_len = same_dim(s_dim, dim_at(kn, 4, 2)) || same_sequence(q, kn);
   // One query row sees every key under bottom-right alignment: no causal mask at all.
   const bool one_row = s_dim && s_dim->value && *s_dim->value == 1;
   const bool mha_causal = causal && !one_row;
   // GQA takes K/V of the query's length, one head size for K and V, a multiple of 8.
   const bool gqa_fits =
-      same_len && static_head && *head_dim->value % 8 == 0 && same_dim(head_dim, dim_at(v, 4, 3));
+      same_len && static_head && *head_dim->value % 8 == 0 && same_dim(head_dim, v_head_dim);
   const bool cuda = ctx.options.count("cuda") && ctx.options.at("cuda") != 0;
-  bool use_gqa = cuda ? dtype != kFloat && causal && !mask : dtype != kFloat || hkv != hq;
-  // fp32 has MHA over repeated kv heads to fall back on.
-  if (use_gqa && dtype == kFloat && !gqa_fits && static_head) use_gqa = false;
+  bool use_gqa = inplace         ? true
+                 : cuda && cache ? false  // CUDA GQA rejects the cache's bias
+                 : cuda          ? dtype != kFloat && causal && !mask
+                                 : dtype != kFloat || hkv != hq;
+  // fp32 has MHA over repeated kv heads to fall back on (not with a cache: present has Hkv).
+  if (use_gqa && !inplace && dtype == kFloat && !gqa_fits && static_head && !cache) {
+    use_gqa = false;
+  }
   const bool repeat_kv = !use_gqa && hkv != hq;
 
+  if (inplace && cuda && dtype == kFloat) {
+    return rw.fail("in-place cache: GroupQueryAttention has no fp32 CUDA kernel");
+  }
   if (use_gqa && !same_len) {
     return rw.fail("GroupQueryAttention (" + dtype_name(dtype) +
                    (dtype == kFloat ? ", Hkv < Hq" : "") +
-                   ") needs S == T, not shown by the shapes of Q and K nor by the graph");
+                   (cache ? ") needs the new K/V rows of the query's length"
+                          : ") needs S == T, not shown by the shapes of Q and K nor by the graph"));
   }
   if (use_gqa && !gqa_fits) {
     return rw.fail(
         "GroupQueryAttention needs a static head size, a multiple of 8, the same for K and V");
+  }
+  if (cache && !use_gqa && mha_causal) {
+    return rw.fail("causal MultiHeadAttention with a cache: its causal mask is top-left aligned");
   }
   if (!use_gqa && mha_causal && !same_len) {
     return rw.fail(
         "causal MultiHeadAttention needs S == T (its causal mask is top-left "
         "aligned), not shown by the shapes of Q and K nor by the graph");
   }
+  if (cache && repeat_kv) {
+    return rw.fail("a grouped cache (Hkv < Hq) needs GroupQueryAttention, which does not fit");
+  }
   if (repeat_kv && !static_head) {
     return rw.fail("repeating kv heads for MultiHeadAttention needs a static head size");
   }
+  Value* mask_input = inplace ? attention_mask_input(rw.graph()) : nullptr;
+  if (inplace && !mask_input) {
+    return rw.fail("in-place cache: no attention_mask graph input (B, total_sequence_length)");
+  }
+  if (inplace && !causal && !mask) return rw.fail("in-place cache: neither causal nor a mask");
 
-  // 3-D operands: Q always; K/V for GQA, and for MHA when they exist already (else BNSH).
+  // 3-D operands: Q always; K/V for GQA, and for MHA when they exist already (else BNSH). MHA
+  // with a cache takes 3-D new rows too (4-D K means cross-attention to it).
   Value* q3 = to_bsd(rw, q, dtype);
   Value *k3 = nullptr, *v3 = nullptr;
-  if (use_gqa) {
-    k3 = to_bsd(rw, k, dtype);
-    v3 = to_bsd(rw, v, dtype);
+  if (use_gqa || cache) {
+    k3 = to_bsd(rw, kn, dtype);
+    v3 = to_bsd(rw, vn, dtype);
   } else if (!repeat_kv) {
     k3 = bsd_source(rw, k, dtype);
     v3 = bsd_source(rw, v, dtype);
     if (!k3 || !v3) k3 = v3 = nullptr;
   }
+  // In place: RoPE goes into GQA (do_rotary) when both rotaries can fold there.
+  const Node* rot_q = inplace ? foldable_rotary(q3) : nullptr;
+  const Node* rot_k = inplace ? foldable_rotary(k3) : nullptr;
+  const bool fold_rotary =
+      rot_q && rot_k && *head_dim->value % 16 == 0 && rot_q->inputs()[2] == rot_k->inputs()[2] &&
+      rot_q->inputs()[3] == rot_k->inputs()[3] &&
+      int_attr_or(rot_q, "interleaved", 0) == int_attr_or(rot_k, "interleaved", 0);
 
-  // The additive bias (B|1, Hq|1, S, T).
+  // The additive bias (B|1, Hq|1, S, T). In place, GQA's causal flag and seqlens_k stand for the
+  // mask (right padding: the cache holds each row's tokens from position 0).
   Value* bias = nullptr;
-  if (mask) {
+  if (mask && !inplace) {
     const bool full = same_dim(dim_at(mask, 4, 2), s_dim) && same_dim(dim_at(mask, 4, 3), t_dim);
     Value* m = mask;
     if (mask_dtype != kBool && !known_finite(mask)) {
@@ -591,8 +665,13 @@ Replacement lower_attention_ort(Node* node, Rewriter& rw, PassContext& ctx) {
     }
     if (!full) {
       Value* s = rw.op1("Gather", {rw.op1("Shape", {q3}), ints(rw, {1})});
-      Value* t = k3 ? rw.op1("Gather", {rw.op1("Shape", {k3}), ints(rw, {1})})
-                    : rw.op1("Gather", {rw.op1("Shape", {k}), ints(rw, {2})});
+      Value* t = nullptr;
+      if (cache) {  // T = P + S (K itself is the Concat that goes away)
+        t = rw.op1("Add", {rw.op1("Gather", {rw.op1("Shape", {cache->past_k}), ints(rw, {2})}), s});
+      } else {
+        t = k3 ? rw.op1("Gather", {rw.op1("Shape", {k3}), ints(rw, {1})})
+               : rw.op1("Gather", {rw.op1("Shape", {k}), ints(rw, {2})});
+      }
       Value* shape = rw.op1("Concat", {ints(rw, {1, 1}), s, t}, attrs_of(attr_int("axis", 0)));
       m = rw.op1("Expand", {m, shape});
     }
@@ -605,30 +684,80 @@ Replacement lower_attention_ort(Node* node, Rewriter& rw, PassContext& ctx) {
 
   Value* none = nullptr;
   Value* out3 = nullptr;
+  Value *present_k = nullptr, *present_v = nullptr;
   if (use_gqa) {
-    // seqlens_k = S-1 and total = S for every row: the whole prompt is "valid" to GQA and the
-    // bias does the padding, whichever side it is on. From the mask's shape when it has (B, S)
-    // (one chain for every layer), else from Q's.
-    const Dim* mask_batch = mask ? dim_at(mask, 4, 0) : nullptr;
-    const bool mask_shape = mask && same_dim(mask_batch, dim_at(q, 4, 0)) &&
-                            same_dim(dim_at(mask, 4, 2), s_dim) &&
-                            !(mask_batch->value && *mask_batch->value == 1);
-    Value* shape = shared_op(rw, "Shape", {mask_shape ? mask : q3});
-    Value* s = shared_op(rw, "Gather", {shape, ints(rw, {mask_shape ? 2 : 1}, true)},
-                         attrs_of(attr_int("axis", 0)));
-    Value* total = shared_op(rw, "Cast", {s}, attrs_of(attr_int("to", kInt32)));
-    Value* last = shared_op(rw, "Sub", {total, int32_scalar(rw, 1)});
-    Value* batch = shared_op(rw, "Gather", {shape, ints(rw, {0})}, attrs_of(attr_int("axis", 0)));
-    Value* seqlens = shared_op(rw, "Expand", {last, batch});
+    Value *seqlens = nullptr, *total = nullptr, *query_lens = nullptr;
+    if (inplace) {
+      // seqlens_k = valid tokens - 1 per row, total = the mask's width: once for all layers.
+      Value* shape = shared_op(rw, "Shape", {mask_input});
+      Value* width =
+          shared_op(rw, "Gather", {shape, ints(rw, {1}, true)}, attrs_of(attr_int("axis", 0)));
+      total = shared_op(rw, "Cast", {width}, attrs_of(attr_int("to", kInt32)));
+      Value* valid = shared_op(rw, "ReduceSum", {mask_input, ints(rw, {1})},
+                               attrs_of(attr_int("keepdims", 0)));
+      Value* valid32 = shared_op(rw, "Cast", {valid}, attrs_of(attr_int("to", kInt32)));
+      seqlens = shared_op(rw, "Sub", {valid32, int32_scalar(rw, 1)});
+    } else {
+      // seqlens_k = T-1 and total = T for every row: every key is "valid" to GQA and the bias
+      // does the padding, whichever side it is on. T from the mask's shape when it has (B, S)
+      // or (B, S, T) (one chain for every layer), else from Q's / the past's.
+      const Dim* mask_batch = mask ? dim_at(mask, 4, 0) : nullptr;
+      const bool mask_bs = mask && same_dim(mask_batch, dim_at(q, 4, 0)) &&
+                           same_dim(dim_at(mask, 4, 2), s_dim) &&
+                           !(mask_batch->value && *mask_batch->value == 1);
+      const bool mask_t = mask_bs && same_dim(dim_at(mask, 4, 3), t_dim);
+      Value* shape = shared_op(rw, "Shape", {mask_bs ? mask : q3});
+      Value* s = shared_op(rw, "Gather", {shape, ints(rw, {mask_bs ? 2 : 1}, true)},
+                           attrs_of(attr_int("axis", 0)));
+      Value* t = s;
+      if (cache && mask_t) {
+        t = shared_op(rw, "Gather", {shape, ints(rw, {3}, true)}, attrs_of(attr_int("axis", 0)));
+      } else if (cache) {
+        Value* p = rw.op1("Gather", {rw.op1("Shape", {cache->past_k}), ints(rw, {2}, true)},
+                          attrs_of(attr_int("axis", 0)));
+        t = rw.op1("Add", {p, s});
+      }
+      total = shared_op(rw, "Cast", {t}, attrs_of(attr_int("to", kInt32)));
+      Value* last = shared_op(rw, "Sub", {total, int32_scalar(rw, 1)});
+      Value* batch = shared_op(rw, "Gather", {shape, ints(rw, {0})}, attrs_of(attr_int("axis", 0)));
+      seqlens = shared_op(rw, "Expand", {last, batch});
+      if (cache) {
+        // query_seqlens (ORT >= 1.32): S for every row, so that a chunk after a past (S > 1,
+        // P > 0) runs for batch > 1 too ("subsequent prompt" needs batch 1 without it).
+        Value* s32 = shared_op(rw, "Cast", {s}, attrs_of(attr_int("to", kInt32)));
+        query_lens = shared_op(rw, "Expand", {s32, batch});
+      }
+    }
     std::vector<Attribute> a;
     a.push_back(attr_int("num_heads", hq));
     a.push_back(attr_int("kv_num_heads", hkv));
     a.push_back(attr_float("scale", scale));
-    if (!causal) a.push_back(attr_int("causal", 0));
-    std::vector<Value*> inputs = {q3, k3, v3, none, none, seqlens, total, none, none, none, bias};
-    if (!bias) inputs.resize(7);
-    out3 = rw.op("GroupQueryAttention", inputs, std::move(a), 3, kMsDomain)[0];
-    ctx.counters["GroupQueryAttention"] += 1;
+    // With a cache the mask is causal by contract (attention.h), so GQA's causal flag (which
+    // query_seqlens requires) masks nothing more.
+    if (!causal && !cache) a.push_back(attr_int("causal", 0));
+    Value *cos = none, *sin = none;
+    Value *gq = q3, *gk = k3;
+    if (fold_rotary) {
+      a.push_back(attr_int("do_rotary", 1));
+      a.push_back(attr_int("rotary_interleaved", int_attr_or(rot_q, "interleaved", 0)));
+      gq = rot_q->inputs()[0];
+      gk = rot_k->inputs()[0];
+      cos = rot_q->inputs()[2];
+      sin = rot_q->inputs()[3];
+      ctx.counters["rotary folded into GroupQueryAttention"] += 1;
+    }
+    Value* past_k = cache ? cache->past_k : none;
+    Value* past_v = cache ? cache->past_v : none;
+    std::vector<Value*> inputs = {gq,   gk,   v3,   past_k, past_v, seqlens, total, cos,       sin,
+                                  none, bias, none, none,   none,   none,    none,  query_lens};
+    while (!inputs.back()) inputs.pop_back();
+    std::vector<Value*> outs = rw.op("GroupQueryAttention", inputs, std::move(a), 3, kMsDomain);
+    out3 = outs[0];
+    present_k = outs[1];
+    present_v = outs[2];
+    ctx.counters[inplace ? "GroupQueryAttention (in-place cache)"
+                 : cache ? "GroupQueryAttention (past/present)"
+                         : "GroupQueryAttention"] += 1;
   } else {
     Value *kx = k3 ? k3 : k, *vx = v3 ? v3 : v;
     if (repeat_kv) {
@@ -647,9 +776,26 @@ Replacement lower_attention_ort(Node* node, Rewriter& rw, PassContext& ctx) {
     a.push_back(attr_float("scale", scale));
     if (mha_causal) a.push_back(attr_int("unidirectional", 1));
     std::vector<Value*> inputs = {q3, kx, vx};
-    if (bias) inputs.insert(inputs.end(), {none, none, bias});
-    out3 = rw.op1("MultiHeadAttention", inputs, std::move(a), kMsDomain);
-    ctx.counters[repeat_kv ? "MultiHeadAttention (repeated kv heads)" : "MultiHeadAttention"] += 1;
+    if (bias || cache) inputs.insert(inputs.end(), {none, none, bias});
+    if (cache) inputs.insert(inputs.end(), {cache->past_k, cache->past_v});
+    std::vector<Value*> outs =
+        rw.op("MultiHeadAttention", inputs, std::move(a), cache ? 3 : 1, kMsDomain);
+    out3 = outs[0];
+    if (cache) {
+      present_k = outs[1];
+      present_v = outs[2];
+    }
+    ctx.counters[repeat_kv ? "MultiHeadAttention (repeated kv heads)"
+                 : cache   ? "MultiHeadAttention (past/present)"
+                           : "MultiHeadAttention"] += 1;
+  }
+  if (cache) {
+    if (!adopt_presents(rw.graph(), *cache, present_k, present_v)) {
+      return rw.fail("the present outputs cannot take over the Concats' graph outputs");
+    }
+    if (inplace) {
+      for (Value* x : {cache->past_k, cache->past_v, present_k, present_v}) set_max_length(x);
+    }
   }
   Graph& g = rw.graph();
   import_domain(g, kMsDomain);
