@@ -59,8 +59,15 @@ def build(c: Case, opset: int = 23) -> onnx.ModelProto:
         for name, x in (("cos", np.cos(ang)), ("sin", np.sin(ang))):
             inits.append(onnx.numpy_helper.from_array(x.astype(NP[f]), name))
         for x, heads in (("q3", c.hq), ("k3", c.hkv)):
-            nodes.append(helper.make_node("RotaryEmbedding", [x, "position_ids", "cos", "sin"],
-                                          [x + "_rot"], domain="com.microsoft", num_heads=heads))
+            nodes.append(
+                helper.make_node(
+                    "RotaryEmbedding",
+                    [x, "position_ids", "cos", "sin"],
+                    [x + "_rot"],
+                    domain="com.microsoft",
+                    num_heads=heads,
+                )
+            )
         q_in, k_in = "q3_rot", "k3_rot"
     # The shared mask: allowed[b,s,t] = t <= P + s and attention_mask[b,t] != 0.
     nodes += [
@@ -83,8 +90,11 @@ def build(c: Case, opset: int = 23) -> onnx.ModelProto:
     for i in range(c.layers):
         for name, src, heads in (("q", q_in, c.hq), ("k", k_in, c.hkv), ("v", "v3", c.hkv)):
             nodes.append(helper.make_node("Reshape", [src, f"{name}_shape"], [f"{name}{i}_bshd"]))
-            nodes.append(helper.make_node("Transpose", [f"{name}{i}_bshd"], [f"{name}{i}"],
-                                          perm=[0, 2, 1, 3]))
+            nodes.append(
+                helper.make_node(
+                    "Transpose", [f"{name}{i}_bshd"], [f"{name}{i}"], perm=[0, 2, 1, 3]
+                )
+            )
             vinfo.append(vi(f"{name}{i}", f, [b, heads, s, c.d]))
         for kv in ("key", "value"):
             past, present = f"past_key_values.{i}.{kv}", f"present.{i}.{kv}"
@@ -239,7 +249,7 @@ def run_bound(sess, c: Case, x: dict, bufs: dict) -> list:
     for i in range(c.layers):
         io.bind_output(f"out.{i}")
     sess.run_with_iobinding(io)
-    return io.copy_outputs_to_cpu()[-c.layers:]
+    return io.copy_outputs_to_cpu()[-c.layers :]
 
 
 INPLACE = {
@@ -260,7 +270,7 @@ def test_inplace_gqa_matches_standard_decoding(case: str) -> None:
     folded = c.rotary and c.d % 16 == 0
     assert o.count("RotaryEmbedding") == (0 if folded else 2 * c.rotary)
     assert o.count("ReduceSum") == 1  # seqlens_k once for all layers
-    for v in list(out.graph.input)[4:] + list(out.graph.output)[c.layers:]:
+    for v in list(out.graph.input)[4:] + list(out.graph.output)[c.layers :]:
         if v.name.startswith(("past", "present")):
             assert v.type.tensor_type.shape.dim[2].dim_param == "max_sequence_length", v.name
     gqa = next(n for n in out.graph.node if n.op_type == "GroupQueryAttention")

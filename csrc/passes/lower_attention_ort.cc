@@ -193,6 +193,9 @@ bool known_finite(const Value* v, int depth = 0) {
   return false;
 }
 
+int32_t dtype_of(const Value* v);
+int rank_of(const Value* v);
+
 // The (B, S, H*D) tensor that `x4` (B, H, S, D) was split from: Transpose(0,2,1,3) of a
 // Reshape that keeps dims 0 and 1 (shown by the types, or a [0, 0, H, D] shape constant), or
 // null.
@@ -211,11 +214,11 @@ Value* bsd_source(const Rewriter& rw, const Value* x4, int32_t dtype) {
   const Value* r4 = r->outputs()[0];
   bool keeps =
       same_dim(dim_at(x3, 3, 0), dim_at(r4, 4, 0)) && same_dim(dim_at(x3, 3, 1), dim_at(r4, 4, 1));
-  if (!keeps && int_attr_or(r, "allowzero", 0) == 0 && value_rank(x3) == 3) {
+  if (!keeps && int_attr_or(r, "allowzero", 0) == 0 && rank_of(x3) == 3) {
     auto shape = constant_ints(r->inputs()[1]);
     keeps = shape && shape->size() == 4 && (*shape)[0] == 0 && (*shape)[1] == 0;
   }
-  return keeps && value_dtype(x3) == dtype ? x3 : nullptr;
+  return keeps && dtype_of(x3) == dtype ? x3 : nullptr;
 }
 
 // bsd_source, else Transpose + Reshape(0, 0, -1) of x4.
@@ -232,8 +235,11 @@ int32_t dtype_of(const Value* v) {
   for (int i = 0; v && i < 8; ++i) {
     if (int32_t t = value_dtype(v)) return t;
     const Node* n = v->producer();
-    if (!n || !n->domain.value.empty() || n->inputs().empty() ||
-        (n->op_type != "Transpose" && n->op_type != "Reshape" && n->op_type != "Identity")) {
+    const bool layout =
+        n && n->domain.value.empty() &&
+        (n->op_type == "Transpose" || n->op_type == "Reshape" || n->op_type == "Identity");
+    const bool rotary = n && n->op_type == "RotaryEmbedding" && n->domain.value == kMsDomain;
+    if (!n || n->inputs().empty() || !(layout || rotary)) {
       return 0;
     }
     v = n->inputs()[0];
@@ -494,13 +500,13 @@ std::vector<Attribute> attrs_of(Attribute a) {
 }
 
 // The RotaryEmbedding (com.microsoft, 3-D) that made `x3`, when GroupQueryAttention can apply
-// it instead (do_rotary): full rotary, x3 read only by the head split; else null.
+// it instead (do_rotary): full rotary without options; else null. (Other readers keep the node.)
 const Node* foldable_rotary(const Value* x3) {
   const Node* r = x3 ? x3->producer() : nullptr;
   if (!r || r->op_type != "RotaryEmbedding" || r->domain.value != kMsDomain ||
-      r->inputs().size() != 4 || x3->uses().size() != 1 || x3->is_graph_output() ||
-      int_attr_or(r, "rotary_embedding_dim", 0) != 0 || int_attr_or(r, "is_packed_batching", 0) ||
-      r->attribute("scale") || !r->inputs()[0] || !r->inputs()[2] || !r->inputs()[3]) {
+      r->inputs().size() != 4 || int_attr_or(r, "rotary_embedding_dim", 0) != 0 ||
+      int_attr_or(r, "is_packed_batching", 0) || r->attribute("scale") || !r->inputs()[0] ||
+      !r->inputs()[2] || !r->inputs()[3]) {
     return nullptr;
   }
   return r;
