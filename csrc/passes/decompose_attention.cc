@@ -7,6 +7,9 @@
 //        MatMul -> Mul(scale) -> [Cast(softmax_precision)]? -> [Add(mask | Where(bool, 0, -inf))]?
 //        -> [Add(causal)]? -> Softmax(-1) -> Where(IsNaN(p), 0, p) -> [Cast back]? -> MatMul(v)
 //
+// The cached form (attention.h) needs nothing special: K/V are the Concat'd (B,Hkv,P+S,D), the
+// causal Range starts at T - S = P, and repeat_kv's Reshape takes Shape(k) (T, not S).
+//
 // Needs opset >= 13 (Softmax over the last axis only, Unsqueeze with an axes input).
 #include <cmath>
 #include <cstring>

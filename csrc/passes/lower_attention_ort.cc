@@ -42,10 +42,32 @@
 // a rank <= 1 constant, Slice/Split/Concat of the last axis). Cross-attention (K from another
 // input) or a Slice of the sequence axis stops the proof.
 //
+// The cached form (attention.h; add_kv_cache): K = Concat(past_k input, k_new, axis 2) whose
+// output is the graph output present_k, same for V. The op takes the cache itself and the
+// Concats go (its present outputs take over the graph outputs' names):
+//
+//   past_k  k_new -> Concat -> present_k        q3 k3_new v3_new past_k past_v seqlens_k total
+//      Q ---------> Attention(Q, ., ., mask) ==>    GroupQueryAttention(..., bias, ...,
+//                                                     query_seqlens) -> out3, present_k/_v
+//   GQA (fp16/bf16, or Hkv < Hq): seqlens_k = T-1 and total = T for every row, T = P + S
+//     (from the mask's shape when its type shows (B, 1, S, T)); the bias carries padding; causal
+//     = 1 (the form's mask is causal, and query_seqlens needs it); query_seqlens = S per row
+//     (ORT >= 1.32), without which a chunk after a past (S > 1, P > 0) runs only for batch 1.
+//   MHA (fp32, Hkv == Hq; and options cuda=1, whose GQA rejects a bias): past_key/past_value
+//     (B, N, P, H) + attention_bias, unidirectional 0. Hkv < Hq without a fitting GQA fails:
+//     MHA over repeated heads would make an Hq-head present.
+//   kv_cache == 2 (in place): GQA on one max-length buffer per layer (past and present dims
+//     become "max_sequence_length" so a runtime binds one tensor to both; the kernel detects the
+//     sharing by pointer), seqlens_k = ReduceSum(attention_mask, 1) - 1 and total =
+//     Shape(attention_mask)[1] (int32) once for all layers, no bias: valid tokens must be
+//     contiguous from 0 (right padding), which is what the runtimes feed. RotaryEmbedding
+//     (com.microsoft, full, same cos/sin for Q and K) folds in as do_rotary when the head size is
+//     a multiple of 16 (kernel check); GQA then computes positions past_seqlen + s itself.
+//
 // Fails (the driver then writes standard ops) when: the dtype is not fp32/fp16/bf16; S == T is
 // needed and not shown; GQA does not fit and MHA cannot stand in (fp16, or no static head size
 // to repeat kv heads with); softmax_precision is neither the dtype nor fp32 (the kernels
-// accumulate the softmax in fp32); past key/value inputs or extra outputs are present.
+// accumulate the softmax in fp32); inputs after the mask or extra outputs are present.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
