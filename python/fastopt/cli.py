@@ -165,6 +165,7 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
             explain=args.explain,
             progress=on_pass,
             options=_parse_options(args.option),
+            kv_cache=args.kv_cache,
         )
     out = Console()
     if args.explain:
@@ -262,6 +263,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="a setting for the passes, e.g. --option opset=18 for convert_version "
         "(repeatable; integers are parsed as integers)",
+    )
+    opt.add_argument(
+        "--kv-cache",
+        choices=("standard", "inplace"),
+        help="turn a decoder exported without a KV cache into one with a cache (preset llm): "
+        "standard = growing past/present; inplace = one max-length buffer per layer shared by "
+        "past and present (target ort); writes genai_config.json next to the output",
     )
     opt.set_defaults(func=_cmd_optimize)
 

@@ -6,15 +6,20 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 from fastopt import _C
 from fastopt._io import load
-from fastopt.registry import PassContext, Target, get_pass, preset
+from fastopt.genai_config import GENAI_CONFIG, genai_config, write_genai_config
+from fastopt.registry import PassContext, Target, all_passes, get_pass, preset
 
 ModelOrPath = Union[_C.Model, str, "os.PathLike[str]"]
 # Called before each pass with (index, count, pass name); for progress displays.
 ProgressFn = Callable[[int, int, str], None]
+KvCache = Literal["standard", "inplace"]
+# ctx.options["kv_cache"] values read by add_kv_cache and the cache-aware lowerings.
+_KV_CACHE_MODES: dict[str, int] = {"standard": 1, "inplace": 2}
+KV_CACHE_PASS = "add_kv_cache"
 
 
 @dataclass
@@ -77,6 +82,7 @@ def optimize(
     max_iterations: int = 10,
     progress: ProgressFn | None = None,
     options: Mapping[str, object] | None = None,
+    kv_cache: KvCache | None = None,
 ) -> OptimizeReport:
     """Optimizes a model and reports, per pass, the rewrites made and the time taken.
 
@@ -86,19 +92,28 @@ def optimize(
     data as in ``Model.save``). ``explain`` names a rule ("*" for all) whose non-matches are
     explained in ``report.explain``. ``options`` are settings for the passes (``ctx.options``),
     e.g. ``{"opset": 18}`` for convert_version or ``{"fold_max_bytes": 1 << 16}``.
+    ``kv_cache`` ("standard" or "inplace") turns a decoder exported without a KV cache into one
+    with a cache: the pass ``add_kv_cache`` runs right after ``fuse_attention`` (preset "llm"),
+    with ``ctx.options["kv_cache"]`` = 1 (standard: growing cache, Concat) or 2 (inplace: one
+    max-length buffer per layer bound as both past and present; target "ort" only). With
+    ``output``, a ``genai_config.json`` for onnxruntime-genai is written next to it.
     """
     if target not in ("ort", "onnx"):
         raise ValueError(f"target must be 'ort' or 'onnx', not {target!r}")
     start = time.perf_counter()
     model = model_or_path if isinstance(model_or_path, _C.Model) else load(model_or_path)
     names = list(passes) if passes is not None else _preset_passes(preset)
+    pass_options = dict(options or {})
+    if kv_cache is not None:
+        names = _with_kv_cache(names, kv_cache, target)
+        pass_options["kv_cache"] = _KV_CACHE_MODES[kv_cache]
     ops_before = model.op_counts()
     ctx = PassContext(
         model=model,
         target=target,
         max_iterations=max_iterations,
         explain_rule=explain or "",
-        options=dict(options or {}),
+        options=pass_options,
     )
     reports: list[PassReport] = []
     for i, name in enumerate(names):
@@ -123,7 +138,13 @@ def optimize(
     out_path = None
     if output is not None:
         out_path = os.fspath(output)
+        if kv_cache is not None:
+            # Before the model: a model without its config is of no use to onnxruntime-genai,
+            # and a config that cannot be derived should leave nothing written.
+            config = genai_config(model, os.path.basename(out_path), inplace=kv_cache == "inplace")
         model.save(out_path, external_data)
+        if kv_cache is not None:
+            write_genai_config(config, os.path.join(os.path.dirname(out_path), GENAI_CONFIG))
     return OptimizeReport(
         passes=reports,
         nodes_before=sum(ops_before.values()),
@@ -151,6 +172,28 @@ def _run_pass(name: str, ctx: PassContext) -> PassReport:
 
 # Ops that exist only between two passes (see csrc/passes/attention.h).
 _INTERNAL_DOMAIN = "ai.fastopt.internal"
+
+
+def _with_kv_cache(names: list[str], kv_cache: str, target: str) -> list[str]:
+    """The pass list with add_kv_cache inserted right after fuse_attention: the rewrite edits
+    the internal Attention ops, before lower_attention turns them into target ops."""
+    if kv_cache not in _KV_CACHE_MODES:
+        raise ValueError(f"kv_cache must be 'standard', 'inplace' or None, not {kv_cache!r}")
+    if kv_cache == "inplace" and target != "ort":
+        raise ValueError(
+            "kv_cache='inplace' needs target 'ort' (GroupQueryAttention shares one buffer as "
+            "past and present; no standard op does)"
+        )
+    if "fuse_attention" not in names:
+        raise ValueError(
+            "kv_cache needs the pass fuse_attention in the pass list (use preset 'llm'): the "
+            "cache is added to the fused attention ops"
+        )
+    if not any(p.name == KV_CACHE_PASS for p in all_passes()):
+        raise ValueError(f"kv_cache: the pass {KV_CACHE_PASS} is not in this build of fastopt")
+    out = [n for n in names if n != KV_CACHE_PASS]
+    i = out.index("fuse_attention")
+    return [*out[: i + 1], KV_CACHE_PASS, *out[i + 1 :]]
 
 
 def _preset_passes(name: str) -> list[str]:

@@ -1,0 +1,232 @@
+"""Greedy generation with and without a KV cache, in ONNX Runtime: the proof harness of the
+KV-cache rewrite (issue 5), importable by tests and benchmarks.
+
+- ``greedy_no_cache``: the reference. Every step runs the no-cache model on the whole sequence
+  (prompt + tokens generated so far) and appends the argmax of the last valid position.
+- ``greedy_cached``: prefill with a zero-length past, then one token per step, the presents fed
+  back as the next pasts.
+  - standard (growing cache, Concat): each step's token is appended after the longest row, so a
+    shorter row's cache has a hole (its prompt padding) that the (B, T) attention_mask marks 0;
+    positions are cumsum(mask) - 1 (pads at 1), as generate() makes them. This works for right-
+    and left-padded prompts alike (the mask carries everything); the batch helpers here pad
+    right.
+  - in-place (GroupQueryAttention, one (B, Hkv, max_length, D) buffer per layer bound as both
+    past input and present output with ORT IO binding, ops.md §3.3): GQA writes row b's new
+    token at index seqlens_k[b] = sum(mask[b]) - 1 (derived inside the graph from
+    attention_mask), i.e. a row's valid tokens must be contiguous from 0: right padding only, and
+    each step's mask is the contiguous one (row b: ones on its first len_b + step + 1 columns,
+    width = the longest row's total). The first step's mask width equals the prompt length, which
+    is how GQA recognises a prompt.
+
+Prompts are lists of token ids of different lengths; ``right_pad`` batches them. Both functions
+return a ``Generation``: tokens (B, steps) and the logits each step picked from (steps, B, vocab),
+so step logits can be compared between models.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnxruntime as ort
+
+ModelLike = str | os.PathLike[str] | bytes | ort.InferenceSession
+
+_ORT_DTYPES = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(bfloat16)": np.float32,  # not fed from numpy; kept for completeness
+    "tensor(double)": np.float64,
+}
+
+
+@dataclass
+class Generation:
+    tokens: np.ndarray  # (B, steps) int64
+    logits: np.ndarray  # (steps, B, vocab), float32: the logits each token was picked from
+
+
+def session(model: ModelLike, optimize: bool = False) -> ort.InferenceSession:
+    """A CPU session; ORT's own graph optimizations off by default (the graph runs as written)."""
+    if isinstance(model, ort.InferenceSession):
+        return model
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if not optimize:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    src = model if isinstance(model, bytes) else os.fspath(model)
+    return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+
+
+def right_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(input_ids, attention_mask), both (B, max_len) int64, rows padded at the end."""
+    width = max(len(p) for p in prompts)
+    ids = np.full((len(prompts), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(prompts), width), dtype=np.int64)
+    for b, p in enumerate(prompts):
+        ids[b, : len(p)] = p
+        mask[b, : len(p)] = 1
+    return ids, mask
+
+
+def positions(mask: np.ndarray) -> np.ndarray:
+    """position_ids from an attention mask: cumsum - 1, pads at 1 (as generate() makes them)."""
+    pos = np.cumsum(mask, axis=1) - 1
+    pos[mask == 0] = 1
+    return pos.astype(np.int64)
+
+
+def _input_names(sess: ort.InferenceSession) -> set[str]:
+    return {i.name for i in sess.get_inputs()}
+
+
+def _cache_layout(sess: ort.InferenceSession) -> tuple[int, int, int, type]:
+    """(layers, kv_heads, head_dim, numpy dtype) from the past_key_values.{i}.key inputs."""
+    pasts = [i for i in sess.get_inputs() if i.name.startswith("past_key_values.")]
+    keys = [i for i in pasts if i.name.endswith(".key")]
+    if not keys:
+        raise ValueError("the model has no past_key_values.{i}.key inputs")
+    shape = keys[0].shape
+    if not (isinstance(shape[1], int) and isinstance(shape[3], int)):
+        raise ValueError(f"past_key_values.0.key shape {shape}: kv heads / head dim not numeric")
+    return len(keys), shape[1], shape[3], _ORT_DTYPES[keys[0].type]
+
+
+def greedy_no_cache(
+    model: ModelLike, prompt_ids: np.ndarray, attention_mask: np.ndarray, steps: int
+) -> Generation:
+    """Greedy decoding by full recompute. ``prompt_ids``/``attention_mask`` (B, S0) are right-
+    padded prompts. Each step every row is laid out contiguously (its prompt, then its generated
+    tokens, then padding), so a row's result does not depend on the others'."""
+    sess = session(model)
+    names = _input_names(sess)
+    lengths = attention_mask.sum(axis=1).astype(np.int64)
+    rows = [list(prompt_ids[b, : lengths[b]]) for b in range(len(lengths))]
+    tokens, step_logits = [], []
+    for _ in range(steps):
+        ids, mask = right_pad(rows)
+        feed = {"input_ids": ids, "attention_mask": mask}
+        if "position_ids" in names:
+            feed["position_ids"] = positions(mask)
+        (logits,) = sess.run(["logits"], {k: v for k, v in feed.items() if k in names})
+        last = np.array([len(r) - 1 for r in rows])
+        picked = logits[np.arange(len(rows)), last].astype(np.float32)
+        nxt = picked.argmax(axis=-1)
+        for b, t in enumerate(nxt):
+            rows[b].append(int(t))
+        tokens.append(nxt)
+        step_logits.append(picked)
+    return Generation(np.stack(tokens, axis=1).astype(np.int64), np.stack(step_logits))
+
+
+def greedy_cached(
+    model: ModelLike,
+    prompts: Sequence[Sequence[int]],
+    steps: int,
+    inplace: bool = False,
+    max_length: int | None = None,
+) -> Generation:
+    """Greedy decoding with the cache: a prefill step (zero-length past, or for ``inplace`` a
+    zeroed max-length buffer) and ``steps - 1`` single-token steps. ``max_length`` (inplace) is
+    the buffer length, default prompt + steps."""
+    sess = session(model)
+    names = _input_names(sess)
+    layers, kv_heads, head_dim, dtype = _cache_layout(sess)
+    ids, mask = right_pad(prompts)
+    batch = len(prompts)
+    lengths = mask.sum(axis=1).astype(np.int64)  # valid tokens per row so far
+    if inplace:
+        return _greedy_inplace(
+            sess, names, ids, mask, lengths, steps, layers, (kv_heads, head_dim), dtype, max_length
+        )
+    past = {
+        f"past_key_values.{i}.{kv}": np.zeros((batch, kv_heads, 0, head_dim), dtype)
+        for i in range(layers)
+        for kv in ("key", "value")
+    }
+    out_names = ["logits"] + [f"present.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+    tokens, step_logits = [], []
+    step_ids = ids
+    last = lengths - 1  # index, in this step's input, of each row's last valid token
+    for _ in range(steps):
+        feed = {"input_ids": step_ids, "attention_mask": mask, **past}
+        if "position_ids" in names:
+            feed["position_ids"] = positions(mask)[:, -step_ids.shape[1] :]
+        outs = sess.run(out_names, {k: v for k, v in feed.items() if k in names})
+        picked = outs[0][np.arange(batch), last].astype(np.float32)
+        nxt = picked.argmax(axis=-1)
+        tokens.append(nxt)
+        step_logits.append(picked)
+        past = {
+            f"past_key_values.{n[len('present.') :]}": v for n, v in zip(out_names[1:], outs[1:])
+        }
+        # The next token goes after the longest row; shorter rows keep a hole the mask marks 0.
+        step_ids = nxt.astype(np.int64)[:, None]
+        mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], axis=1)
+        last = np.zeros(batch, np.int64)
+    return Generation(np.stack(tokens, axis=1).astype(np.int64), np.stack(step_logits))
+
+
+def _greedy_inplace(
+    sess: ort.InferenceSession,
+    names: set[str],
+    ids: np.ndarray,
+    mask: np.ndarray,
+    lengths: np.ndarray,
+    steps: int,
+    layers: int,
+    kv_shape: tuple[int, int],
+    dtype: type,
+    max_length: int | None,
+) -> Generation:
+    batch = ids.shape[0]
+    max_length = max_length or ids.shape[1] + steps
+    buffers = {
+        (i, kv): ort.OrtValue.ortvalue_from_numpy(
+            np.zeros((batch, kv_shape[0], max_length, kv_shape[1]), dtype)
+        )
+        for i in range(layers)
+        for kv in ("key", "value")
+    }
+    tokens, step_logits = [], []
+    step_ids = ids
+    last = lengths - 1
+    for _ in range(steps):
+        # Contiguous mask: row b's tokens fill its first lengths[b] columns (GQA's seqlens_k).
+        width = int(lengths.max())
+        cur_mask = (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)
+        if width > max_length:
+            raise ValueError(f"sequence length {width} exceeds the cache buffer {max_length}")
+        io = sess.io_binding()
+        feed = {"input_ids": step_ids, "attention_mask": cur_mask}
+        if "position_ids" in names:
+            feed["position_ids"] = positions(cur_mask)[:, -step_ids.shape[1] :]
+            if step_ids.shape[1] == 1:  # the new token's position is the row's length - 1
+                feed["position_ids"] = (lengths - 1)[:, None].astype(np.int64)
+        for k, v in feed.items():
+            if k in names:
+                io.bind_cpu_input(k, np.ascontiguousarray(v))
+        for (i, kv), buf in buffers.items():
+            io.bind_ortvalue_input(f"past_key_values.{i}.{kv}", buf)
+            io.bind_ortvalue_output(f"present.{i}.{kv}", buf)
+        io.bind_output("logits")
+        sess.run_with_iobinding(io)
+        logits = io.copy_outputs_to_cpu()[0]
+        picked = logits[np.arange(batch), last].astype(np.float32)
+        nxt = picked.argmax(axis=-1)
+        tokens.append(nxt)
+        step_logits.append(picked)
+        step_ids = nxt.astype(np.int64)[:, None]
+        lengths = lengths + 1
+        last = np.zeros(batch, np.int64)
+    return Generation(np.stack(tokens, axis=1).astype(np.int64), np.stack(step_logits))
+
+
+def compare(ref: Generation, got: Generation) -> tuple[int, float]:
+    """(number of steps before the first token mismatch, max |logits diff| over those steps)."""
+    same = (ref.tokens == got.tokens).all(axis=0)
+    n = int(np.argmin(same)) if not same.all() else len(same)
+    diff = float(np.abs(ref.logits[:n] - got.logits[:n]).max()) if n else 0.0
+    return n, diff
