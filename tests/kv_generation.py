@@ -208,10 +208,10 @@ def _greedy_inplace(
         for k, v in feed.items():
             if k in names:
                 io.bind_cpu_input(k, np.ascontiguousarray(v))
+        io.bind_output("logits")  # first: copy_outputs_to_cpu() returns in binding order
         for (i, kv), buf in buffers.items():
             io.bind_ortvalue_input(f"past_key_values.{i}.{kv}", buf)
             io.bind_ortvalue_output(f"present.{i}.{kv}", buf)
-        io.bind_output("logits")
         sess.run_with_iobinding(io)
         logits = io.copy_outputs_to_cpu()[0]
         picked = logits[np.arange(batch), last].astype(np.float32)

@@ -58,7 +58,7 @@ def _embedding(graph: _C.Graph) -> tuple[int, int] | None:
     ids = graph.value("input_ids")
     if ids is None:
         return None
-    for node, index in ids.uses():
+    for node, index in ids.uses:
         if node.op_type == "Gather" and index == 1:
             w = node.inputs[0]
             if w is not None and w.shape is not None and len(w.shape) == 2:
@@ -82,7 +82,7 @@ def _context_length(graph: _C.Graph) -> int | None:
                 return _int_dim(cos.shape, 0)
     pos = graph.value("position_ids")
     if pos is not None:
-        for node, index in pos.uses():
+        for node, index in pos.uses:
             w = node.inputs[0]
             if node.op_type == "Gather" and index == 1 and w is not None and w.initializer:
                 return _int_dim(w.shape, 0)
