@@ -1,0 +1,305 @@
+#!/usr/bin/env python3
+"""KV cache: per-token decode latency at context 512 of a cached decoder against full recompute
+with the no-cache model, and memory allocated per decode step, standard vs in-place cache.
+
+Models: a decoder exported WITHOUT a cache, and its cached forms made by
+`fastopt.optimize(..., preset="llm", kv_cache="standard" | "inplace")` (target ort). The no-cache
+model is generated with tests/fixtures/make_fixtures.py's export() into --models-dir: --quick a
+4-layer Qwen2 (hidden 256, 4 heads, 2 kv heads, vocab 8192), otherwise the 0.5B-sized Qwen2 of
+bench_llm_fusions (hidden 896, 24 layers). Until add_kv_cache is in the build, --nocache/--cached
+take a pair made elsewhere (e.g. the reference corpus llama_ts_nocache / llama_ts_cache, which
+share weights); the in-place column is then n/a.
+
+Latency (ORT CPU, graph optimizations ON, intra-op threads --threads, batch 1, median of --runs
+after warm-up):
+  recompute   one full forward of the no-cache model over 512 tokens: what every generated token
+              costs without a cache;
+  standard    one decode step (1 new token, past of 511 tokens: context 512), pasts fed as numpy;
+  inplace     the same step with one (1, Hkv, max_length, D) buffer per layer bound as past and
+              present (IO binding), attention_mask of width 512.
+The same step is repeated (same past) so every timed run is exactly at context 512.
+
+Memory per decode step (ORT's CPU arena off, so its allocations are plain malloc/free):
+  outputs     bytes of the output tensors ORT allocates for the step (logits and, for the
+              standard cache, every present: the whole cache is reallocated and copied each
+              step; in-place presents are the bound buffers: nothing allocated);
+  heap growth glibc mallinfo2 in-use bytes (uordblks + hblkhd) at the step boundaries over 8
+              steps, max minus before: what the steps leave allocated (the outputs held until
+              the next step), not the transient peak inside run() (approximate; Linux/glibc).
+
+    python bench/bench_kv_cache.py --quick
+    python bench/bench_kv_cache.py --nocache ../shared/corpus/llama_ts_nocache/model.onnx \\
+        --cached ../shared/corpus/llama_ts_cache/model.onnx --out bench/results/kv_cache.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+ROOT = Path(__file__).resolve().parents[1]
+CONTEXT = 512
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (n, ctypes.c_size_t)
+        for n in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def _heap_in_use() -> int | None:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _MallInfo2
+    except (OSError, AttributeError):
+        return None
+    mi = libc.mallinfo2()
+    return int(mi.uordblks + mi.hblkhd)
+
+
+def _session(path: str, threads: int, arena: bool = True) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.intra_op_num_threads = threads
+    so.enable_cpu_mem_arena = arena
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
+def _layout(sess: ort.InferenceSession) -> tuple[int, int, int, Any]:
+    keys = [
+        i
+        for i in sess.get_inputs()
+        if i.name.startswith("past_key_values.") and i.name.endswith(".key")
+    ]
+    dtype = np.float16 if keys[0].type == "tensor(float16)" else np.float32
+    return len(keys), int(keys[0].shape[1]), int(keys[0].shape[3]), dtype
+
+
+def _names(sess: ort.InferenceSession) -> set[str]:
+    return {i.name for i in sess.get_inputs()}
+
+
+def _median_ms(fn: Any, runs: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def bench_recompute(path: str, vocab: int, threads: int, runs: int, warmup: int) -> float:
+    sess = _session(path, threads)
+    ids = np.random.default_rng(0).integers(3, vocab, (1, CONTEXT), dtype=np.int64)
+    mask = np.ones_like(ids)
+    feed = {"input_ids": ids, "attention_mask": mask, "position_ids": np.arange(CONTEXT)[None]}
+    feed = {k: v for k, v in feed.items() if k in _names(sess)}
+    return _median_ms(lambda: sess.run(["logits"], feed), runs, warmup)
+
+
+def _step_feed(sess: ort.InferenceSession, vocab: int) -> dict[str, np.ndarray]:
+    feed = {
+        "input_ids": np.array([[vocab // 2]], np.int64),
+        "attention_mask": np.ones((1, CONTEXT), np.int64),
+        "position_ids": np.array([[CONTEXT - 1]], np.int64),
+    }
+    return {k: v for k, v in feed.items() if k in _names(sess)}
+
+
+def bench_standard(path: str, vocab: int, threads: int, runs: int, warmup: int) -> dict[str, Any]:
+    sess = _session(path, threads)
+    layers, hkv, d, dtype = _layout(sess)
+    rng = np.random.default_rng(0)
+    past = {
+        f"past_key_values.{i}.{kv}": rng.standard_normal((1, hkv, CONTEXT - 1, d)).astype(dtype)
+        for i in range(layers)
+        for kv in ("key", "value")
+    }
+    feed = {**_step_feed(sess, vocab), **past}
+    ms = _median_ms(lambda: sess.run(None, feed), runs, warmup)
+    return {"ms": ms, **_memory(path, feed, None, threads)}
+
+
+def bench_inplace(path: str, vocab: int, threads: int, runs: int, warmup: int) -> dict[str, Any]:
+    sess = _session(path, threads)
+    layers, hkv, d, dtype = _layout(sess)
+    bufs = {
+        (i, kv): ort.OrtValue.ortvalue_from_numpy(np.zeros((1, hkv, CONTEXT + 64, d), dtype))
+        for i in range(layers)
+        for kv in ("key", "value")
+    }
+    feed = _step_feed(sess, vocab)
+
+    def step() -> None:
+        io = sess.io_binding()
+        for k, v in feed.items():
+            io.bind_cpu_input(k, v)
+        io.bind_output("logits")
+        for (i, kv), buf in bufs.items():
+            io.bind_ortvalue_input(f"past_key_values.{i}.{kv}", buf)
+            io.bind_ortvalue_output(f"present.{i}.{kv}", buf)
+        sess.run_with_iobinding(io)
+        io.get_outputs()
+
+    ms = _median_ms(step, runs, warmup)
+    return {"ms": ms, **_memory(path, feed, bufs, threads)}
+
+
+def _memory(path: str, feed: dict[str, np.ndarray], bufs: Any, threads: int) -> dict[str, Any]:
+    """Output bytes ORT allocates per step, and heap in-use growth over 8 steps, arena off."""
+    sess = _session(path, threads, arena=False)
+    io = sess.io_binding()
+    before = _heap_in_use()
+    peak = before or 0
+    out_bytes = 0
+    for _ in range(8):
+        io = sess.io_binding()
+        for k, v in feed.items():
+            io.bind_cpu_input(k, v)
+        for o in sess.get_outputs():
+            name = o.name
+            if bufs is not None and name.startswith("present."):
+                i, kv = name.split(".")[1:]
+                io.bind_ortvalue_input(f"past_key_values.{i}.{kv}", bufs[(int(i), kv)])
+                io.bind_ortvalue_output(name, bufs[(int(i), kv)])
+            else:
+                io.bind_output(name)  # ORT allocates it
+        sess.run_with_iobinding(io)
+        if bufs is None:
+            out_bytes = sum(_nbytes(v) for v in io.get_outputs())
+        else:
+            out_bytes = sum(
+                _nbytes(v)
+                for o, v in zip(sess.get_outputs(), io.get_outputs())
+                if not o.name.startswith("present.")
+            )
+        now = _heap_in_use()
+        if now is not None:
+            peak = max(peak, now)
+    return {"out_bytes": out_bytes, "heap_growth": None if before is None else peak - before}
+
+
+def _nbytes(v: ort.OrtValue) -> int:
+    size = 2 if v.data_type() == "tensor(float16)" else 4
+    return int(np.prod(v.shape())) * size
+
+
+def _mb(b: float | None) -> str:
+    return "n/a" if b is None else f"{b / 2**20:.2f} MB"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small generated Qwen2 (4 layers)")
+    ap.add_argument("--models-dir", default=str(ROOT / "bench" / "models"))
+    ap.add_argument("--nocache", help="no-cache decoder (default: generated)")
+    ap.add_argument("--cached", help="standard-cache decoder (default: fastopt kv_cache=standard)")
+    ap.add_argument("--inplace", help="in-place decoder (default: fastopt kv_cache=inplace)")
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", help="write the markdown table here (e.g. bench/results/kv_cache.md)")
+    args = ap.parse_args(argv)
+
+    nocache = args.nocache or _generated(args)
+    cached, inplace = args.cached, args.inplace
+    if cached is None or inplace is None:
+        made = _fastopt_cached(nocache, Path(args.models_dir))
+        cached = cached or made.get("standard")
+        inplace = inplace or made.get("inplace")
+    vocab = int(_session(nocache, 1).get_outputs()[0].shape[-1])
+    rec = bench_recompute(nocache, vocab, args.threads, args.runs, args.warmup)
+    std = bench_standard(cached, vocab, args.threads, args.runs, args.warmup) if cached else None
+    inp = bench_inplace(inplace, vocab, args.threads, args.runs, args.warmup) if inplace else None
+
+    def row(name: str, model: str | None, r: dict[str, Any] | None) -> str:
+        if r is None:
+            return f"| {name} | n/a (no model: add_kv_cache not in this build) | | | | |"
+        return (
+            f"| {name} | `{model}` | {r['ms']:.2f} | {rec / r['ms']:.1f}x | "
+            f"{_mb(r['out_bytes'])} | {_mb(r['heap_growth'])} |"
+        )
+
+    lines = [
+        "# KV cache: decode latency at context 512 and memory per decode step",
+        "",
+        f"{platform.processor() or platform.machine()}, ORT {ort.__version__}, "
+        f"intra-op threads {args.threads}, batch 1, median of {args.runs} runs "
+        "(method: bench/bench_kv_cache.py docstring).",
+        "",
+        "| model | file | ms / token | speed-up vs recompute | outputs allocated / step "
+        "| heap growth over 8 steps |",
+        "|---|---|---|---|---|---|",
+        f"| recompute (no cache, 512 tokens) | `{nocache}` | {rec:.2f} | 1.0x | | |",
+        row("standard cache", cached, std),
+        row("in-place cache", inplace, inp),
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
+
+
+def _generated(args: argparse.Namespace) -> str:
+    sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
+    from make_fixtures import export  # type: ignore[import-not-found]
+
+    name = "qwen2_kv_quick" if args.quick else "qwen2_0.5b_ts"
+    out = Path(args.models_dir) / name
+    if not (out / "model.onnx").exists():
+        overrides: dict[str, Any] = (
+            {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "intermediate_size": 688, "vocab_size": 8192,
+             "max_position_embeddings": 1024}
+            if args.quick
+            else {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
+                  "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936,
+                  "max_position_embeddings": 1024}
+        )  # fmt: skip
+        export("qwen2", "ts", "float32", out, config_overrides=overrides,
+               external_data=not args.quick, check=False)  # fmt: skip
+    return str(out / "model.onnx")
+
+
+def _fastopt_cached(nocache: str, models_dir: Path) -> dict[str, str]:
+    import fastopt
+    from fastopt.optimize import KV_CACHE_PASS
+    from fastopt.registry import all_passes
+
+    if not any(p.name == KV_CACHE_PASS for p in all_passes()):
+        return {}
+    out = {}
+    for mode in ("standard", "inplace"):
+        dst = models_dir / f"{Path(nocache).parent.name}_{mode}" / "model.onnx"
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        fastopt.optimize(nocache, preset="llm", target="ort", output=dst, kv_cache=mode)  # type: ignore[arg-type]
+        out[mode] = str(dst)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
