@@ -127,10 +127,12 @@ def greedy_cached(
     steps: int,
     inplace: bool = False,
     max_length: int | None = None,
+    prefill_chunk: int | None = None,
 ) -> Generation:
     """Greedy decoding with the cache: a prefill step (zero-length past, or for ``inplace`` a
     zeroed max-length buffer) and ``steps - 1`` single-token steps. ``max_length`` (inplace) is
-    the buffer length, default prompt + steps."""
+    the buffer length, default prompt + steps. ``prefill_chunk`` (standard only): prefill the
+    prompts in chunks of that many tokens (multi-token steps with a non-empty past)."""
     sess = session(model)
     names = _input_names(sess)
     layers, kv_heads, head_dim, dtype = _cache_layout(sess)
@@ -138,6 +140,10 @@ def greedy_cached(
     batch = len(prompts)
     lengths = mask.sum(axis=1).astype(np.int64)  # valid tokens per row so far
     if inplace:
+        if prefill_chunk:
+            raise ValueError(
+                "prefill_chunk: standard cache only (GQA: multi-token steps with past need batch 1)"
+            )
         return _greedy_inplace(
             sess, names, ids, mask, lengths, steps, layers, (kv_heads, head_dim), dtype, max_length
         )
@@ -147,15 +153,46 @@ def greedy_cached(
         for kv in ("key", "value")
     }
     out_names = ["logits"] + [f"present.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
-    tokens, step_logits = [], []
-    step_ids = ids
-    last = lengths - 1  # index, in this step's input, of each row's last valid token
-    for _ in range(steps):
+
+    def run(
+        step_ids: np.ndarray, mask: np.ndarray, past: dict[str, np.ndarray]
+    ) -> list[np.ndarray]:
         feed = {"input_ids": step_ids, "attention_mask": mask, **past}
         if "position_ids" in names:
             feed["position_ids"] = positions(mask)[:, -step_ids.shape[1] :]
-        outs = sess.run(out_names, {k: v for k, v in feed.items() if k in names})
-        picked = outs[0][np.arange(batch), last].astype(np.float32)
+        outs: list[np.ndarray] = sess.run(out_names, {k: v for k, v in feed.items() if k in names})
+        return outs
+
+    def presents_as_pasts(outs: list[np.ndarray]) -> dict[str, np.ndarray]:
+        return {
+            f"past_key_values.{n[len('present.') :]}": v for n, v in zip(out_names[1:], outs[1:])
+        }
+
+    tokens, step_logits = [], []
+    step_ids = ids
+    last = lengths - 1  # index, in this step's input, of each row's last valid token
+    early = np.zeros(batch, bool)
+    if prefill_chunk:  # all chunks but the last; each row's logits come from the chunk
+        picked = np.zeros((batch, 0), np.float32)  # holding its last valid token
+        done = (ids.shape[1] - 1) // prefill_chunk * prefill_chunk  # start of the last chunk
+        for c0 in range(0, done, prefill_chunk):
+            c1 = c0 + prefill_chunk
+            outs = run(ids[:, c0:c1], mask[:, :c1], past)
+            past = presents_as_pasts(outs)
+            if picked.shape[1] == 0:
+                picked = np.zeros((batch, outs[0].shape[-1]), np.float32)
+            for b in range(batch):
+                if c0 <= last[b] < c1:
+                    picked[b] = outs[0][b, last[b] - c0]
+        step_ids = ids[:, done:]
+        early = last < done
+        last = np.where(early, 0, last - done)
+    for step in range(steps):
+        outs = run(step_ids, mask, past)
+        picked_now = outs[0][np.arange(batch), last].astype(np.float32)
+        if step == 0 and early.any():
+            picked_now[early] = picked[early]
+        picked = picked_now
         nxt = picked.argmax(axis=-1)
         tokens.append(nxt)
         step_logits.append(picked)

@@ -60,6 +60,20 @@ def test_corpus_cached_generation_matches_no_cache(exporter: str) -> None:
 
 
 @needs_corpus
+@pytest.mark.parametrize("chunk", [3, 4, 8])
+def test_corpus_chunked_prefill(chunk: int) -> None:
+    """Prefill in chunks (multi-token steps with a non-empty past), rows ending in different
+    chunks: same tokens and logits as full recompute."""
+    prompts = _prompts(2048, (11, 5))
+    ref = kg.greedy_no_cache(CORPUS / "llama_ts_nocache" / "model.onnx", *kg.right_pad(prompts), 8)
+    got = kg.greedy_cached(
+        CORPUS / "llama_ts_cache" / "model.onnx", prompts, 8, prefill_chunk=chunk
+    )
+    assert kg.compare(ref, got)[0] == 8
+    np.testing.assert_allclose(got.logits, ref.logits, atol=1e-4, rtol=0)
+
+
+@needs_corpus
 def test_corpus_genai_config() -> None:
     model = fastopt.load(CORPUS / "llama_ts_cache" / "model.onnx")
     cfg = genai_config(model, "model.onnx", inplace=False)
@@ -77,12 +91,19 @@ def test_corpus_genai_config() -> None:
         )
 
 
-def _genai_generate(folder: Path, prompt: list[int], steps: int) -> list[int]:
+def _genai_generate(folder: Path, prompt: list[int], reference: np.ndarray) -> list[int]:
+    """onnxruntime-genai greedy search for len(reference) tokens. The graph knows no token ids:
+    eos is set to an id that neither the prompt nor the reference holds, so it cannot end the
+    search early (min_length would mask eos' logit instead, changing the argmax)."""
     assert og is not None
+    cfg_path = folder / "genai_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    used = set(prompt) | {int(t) for t in reference}
+    cfg["model"]["eos_token_id"] = min(set(range(len(used) + 1)) - used)
+    write_genai_config(cfg, cfg_path)
     model = og.Model(str(folder))
     params = og.GeneratorParams(model)
-    total = len(prompt) + steps
-    params.set_search_options(max_length=total, min_length=total, do_sample=False)
+    params.set_search_options(max_length=len(prompt) + len(reference), do_sample=False)
     gen = og.Generator(model, params)
     gen.append_tokens(np.array([prompt], np.int32))
     out = []
@@ -104,7 +125,7 @@ def test_corpus_cache_model_runs_under_genai(tmp_path: Path) -> None:
     ref = kg.greedy_no_cache(
         CORPUS / "llama_ts_nocache" / "model.onnx", *kg.right_pad([prompt]), 16
     )
-    assert _genai_generate(tmp_path, prompt, 16) == list(ref.tokens[0])
+    assert _genai_generate(tmp_path, prompt, ref.tokens[0]) == list(ref.tokens[0])
 
 
 # --- the in-place path of the harness on a hand-built GroupQueryAttention decoder ------------
@@ -244,6 +265,7 @@ E2E = [
     for fx in DECODERS
     for target, mode in (("ort", "standard"), ("onnx", "standard"), ("ort", "inplace"))
 ]
+CHUNKED = fixtures(decoder=True, dtype="float32")
 
 
 @needs_kv_pass
@@ -270,6 +292,20 @@ def test_cached_generation_matches_no_cache(fx, target: str, mode: str, tmp_path
     assert diff <= LOGITS_ATOL[fx.dtype], f"step logits differ by {diff}"
 
 
+@needs_kv_pass
+@pytest.mark.parametrize("target", ["ort", "onnx"])
+@pytest.mark.parametrize("fx", CHUNKED, ids=ids(CHUNKED))
+def test_chunked_prefill(fx, target: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Standard cache, prompts prefilled 4 tokens at a time (S > 1 with P > 0)."""
+    out = tmp_path / "model.onnx"
+    fastopt.optimize(fx.path, preset="llm", target=target, output=out, kv_cache="standard")  # type: ignore[arg-type]
+    prompts = _prompts(int(fx.meta["config"].get("vocab_size", 512)), (11, 6))
+    ref = kg.greedy_no_cache(fx.path, *kg.right_pad(prompts), 8)
+    got = kg.greedy_cached(out, prompts, 8, prefill_chunk=4)
+    assert kg.compare(ref, got)[0] == 8
+    np.testing.assert_allclose(got.logits, ref.logits, atol=1e-4, rtol=0)
+
+
 GENAI_FX = fixtures(decoder=True, dtype="float32")
 
 
@@ -281,4 +317,4 @@ def test_inplace_model_runs_under_genai(fx, tmp_path: Path) -> None:  # type: ig
     fastopt.optimize(fx.path, preset="llm", target="ort", output=out, kv_cache="inplace")
     prompt = _prompts(int(fx.meta["config"].get("vocab_size", 512)), (9,))[0]
     ref = kg.greedy_no_cache(fx.path, *kg.right_pad([prompt]), STEPS)
-    assert _genai_generate(tmp_path, prompt, STEPS) == list(ref.tokens[0])
+    assert _genai_generate(tmp_path, prompt, ref.tokens[0]) == list(ref.tokens[0])
