@@ -214,7 +214,11 @@ def _mb(b: float | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small generated Qwen2 (4 layers)")
-    ap.add_argument("--models-dir", default=str(ROOT / "bench" / "models"))
+    ap.add_argument(
+        "--models-dir",
+        default="/tmp/fastopt-bench",
+        help="generated models (shared with bench_llm_fusions)",
+    )
     ap.add_argument("--nocache", help="no-cache decoder (default: generated)")
     ap.add_argument("--cached", help="standard-cache decoder (default: fastopt kv_cache=standard)")
     ap.add_argument("--inplace", help="in-place decoder (default: fastopt kv_cache=inplace)")
