@@ -13,7 +13,7 @@ import kv_generation as kg
 import numpy as np
 import onnx
 import pytest
-from fastopt.cli import build_parser
+from fastopt.cli import build_parser, main
 from fastopt.genai_config import GenaiConfigError, genai_config, write_genai_config
 from fastopt.optimize import KV_CACHE_PASS, _with_kv_cache
 from fastopt.registry import all_passes, preset
@@ -242,6 +242,17 @@ def test_cli_kv_cache_flag() -> None:
     assert build_parser().parse_args(["optimize", "in.onnx"]).kv_cache is None
     with pytest.raises(SystemExit):
         build_parser().parse_args(["optimize", "in.onnx", "--kv-cache", "paged"])
+
+
+def test_cli_kv_cache_refusal_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fx = fixtures(arch="llama", exporter="ts", dtype="float32")[0]
+    out = tmp_path / "m.onnx"
+    argv = ["optimize", str(fx.path), "-o", str(out), "--kv-cache", "inplace", "--target", "onnx"]
+    assert main(argv) == 2
+    assert "target 'ort'" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
 
 
 def test_genai_config_written_atomically(tmp_path: Path) -> None:
