@@ -134,6 +134,12 @@ def optimize(
         progress(len(names), len(names), "")
     model = ctx.model
     model.verify()
+    if kv_cache is not None and not any(
+        v is not None and v.name == "present.0.key" for v in model.graph.outputs
+    ):
+        # A safety net: add_kv_cache should refuse with its own reason; never hand back (or
+        # write) a "cached" model without a cache.
+        raise ValueError(f"kv_cache: {KV_CACHE_PASS} added no KV cache (no present.0.key output)")
     ops_after = model.op_counts()
     out_path = None
     if output is not None:
