@@ -16,7 +16,7 @@ import pytest
 from fastopt.cli import build_parser, main
 from fastopt.genai_config import GenaiConfigError, genai_config, write_genai_config
 from fastopt.optimize import KV_CACHE_PASS, _with_kv_cache
-from fastopt.registry import all_passes, preset
+from fastopt.registry import PassContext, all_passes, preset, register_pass, unregister_pass
 from llm_fixtures import fixtures, ids
 from onnx import TensorProto, helper, numpy_helper
 
@@ -232,6 +232,30 @@ def test_kv_cache_pass_list() -> None:
     i = names.index("fuse_attention")
     assert names[i + 1] == KV_CACHE_PASS and names.count(KV_CACHE_PASS) == 1
     assert names.index("lower_attention") > i + 1
+
+
+@pytest.mark.skipif(HAS_KV_PASS, reason="the real add_kv_cache is registered")
+def test_kv_cache_plumbing_with_stand_in_pass(tmp_path: Path) -> None:
+    """A stand-in add_kv_cache sees ctx.options["kv_cache"] and the internal Attention ops (it
+    runs between fuse_attention and lower_attention); as it adds no cache, optimize refuses
+    and writes nothing."""
+    seen: list[tuple[object, bool]] = []
+
+    def stand_in(ctx: PassContext) -> int:
+        internal = any(op.startswith("ai.fastopt.internal::") for op in ctx.model.op_counts())
+        seen.append((ctx.options.get("kv_cache"), internal))
+        return 0
+
+    register_pass(KV_CACHE_PASS, "stand-in")(stand_in)
+    try:
+        fx = fixtures(arch="llama", exporter="ts", dtype="float32")[0]
+        for mode, value in (("standard", 1), ("inplace", 2)):
+            with pytest.raises(ValueError, match="added no KV cache"):
+                fastopt.optimize(fx.path, preset="llm", output=tmp_path / "m.onnx", kv_cache=mode)  # type: ignore[arg-type]
+            assert seen[-1] == (value, True)
+        assert not list(tmp_path.iterdir())
+    finally:
+        unregister_pass(KV_CACHE_PASS)
 
 
 def test_cli_kv_cache_flag() -> None:
