@@ -82,8 +82,10 @@ def _input_names(sess: ort.InferenceSession) -> set[str]:
     return {i.name for i in sess.get_inputs()}
 
 
-def _cache_layout(sess: ort.InferenceSession) -> tuple[int, int, int, type]:
-    """(layers, kv_heads, head_dim, numpy dtype) from the past_key_values.{i}.key inputs."""
+def _cache_layout(sess: ort.InferenceSession) -> tuple[int, int, int, dict[str, type]]:
+    """(layers, kv_heads, head_dim, numpy dtype per past input) from the past_key_values inputs.
+    Dtypes are per input: a cache takes K's dtype where it is inserted, and an fp16 export may
+    compute some layers' K/V in fp32."""
     pasts = [i for i in sess.get_inputs() if i.name.startswith("past_key_values.")]
     keys = [i for i in pasts if i.name.endswith(".key")]
     if not keys:
@@ -91,7 +93,7 @@ def _cache_layout(sess: ort.InferenceSession) -> tuple[int, int, int, type]:
     shape = keys[0].shape
     if not (isinstance(shape[1], int) and isinstance(shape[3], int)):
         raise ValueError(f"past_key_values.0.key shape {shape}: kv heads / head dim not numeric")
-    return len(keys), shape[1], shape[3], _ORT_DTYPES[keys[0].type]
+    return len(keys), shape[1], shape[3], {i.name: _ORT_DTYPES[i.type] for i in pasts}
 
 
 def greedy_no_cache(
@@ -135,7 +137,7 @@ def greedy_cached(
     prompts in chunks of that many tokens (multi-token steps with a non-empty past)."""
     sess = session(model)
     names = _input_names(sess)
-    layers, kv_heads, head_dim, dtype = _cache_layout(sess)
+    layers, kv_heads, head_dim, dtypes = _cache_layout(sess)
     ids, mask = right_pad(prompts)
     batch = len(prompts)
     lengths = mask.sum(axis=1).astype(np.int64)  # valid tokens per row so far
@@ -145,10 +147,12 @@ def greedy_cached(
                 "prefill_chunk: standard cache only (GQA: multi-token steps with past need batch 1)"
             )
         return _greedy_inplace(
-            sess, names, ids, mask, lengths, steps, layers, (kv_heads, head_dim), dtype, max_length
+            sess, names, ids, mask, lengths, steps, layers, (kv_heads, head_dim), dtypes, max_length
         )
     past = {
-        f"past_key_values.{i}.{kv}": np.zeros((batch, kv_heads, 0, head_dim), dtype)
+        f"past_key_values.{i}.{kv}": np.zeros(
+            (batch, kv_heads, 0, head_dim), dtypes[f"past_key_values.{i}.{kv}"]
+        )
         for i in range(layers)
         for kv in ("key", "value")
     }
@@ -215,14 +219,16 @@ def _greedy_inplace(
     steps: int,
     layers: int,
     kv_shape: tuple[int, int],
-    dtype: type,
+    dtypes: dict[str, type],
     max_length: int | None,
 ) -> Generation:
     batch = ids.shape[0]
     max_length = max_length or ids.shape[1] + steps
     buffers = {
         (i, kv): ort.OrtValue.ortvalue_from_numpy(
-            np.zeros((batch, kv_shape[0], max_length, kv_shape[1]), dtype)
+            np.zeros(
+                (batch, kv_shape[0], max_length, kv_shape[1]), dtypes[f"past_key_values.{i}.{kv}"]
+            )
         )
         for i in range(layers)
         for kv in ("key", "value")

@@ -304,6 +304,17 @@ E2E = [
 CHUNKED = fixtures(decoder=True, dtype="float32")
 
 
+def _optimize_or_skip(src: Path, out: Path, target: str, mode: str) -> None:
+    """kv_cache optimize; skips (visibly) where the in-place lowering does not exist yet for
+    this model: optimize refuses kv_cache='inplace' when a present is not written in place."""
+    try:
+        fastopt.optimize(src, preset="llm", target=target, output=out, kv_cache=mode)  # type: ignore[arg-type]
+    except ValueError as e:
+        if mode == "inplace" and "not lowered to the in-place form" in str(e):
+            pytest.skip(str(e))
+        raise
+
+
 @functools.lru_cache(maxsize=4)
 def _reference(path: str, prompts: tuple[tuple[int, ...], ...], steps: int) -> kg.Generation:
     """The no-cache model's greedy generation, shared by the three modes of one fixture."""
@@ -317,7 +328,7 @@ def test_cached_generation_matches_no_cache(fx, target: str, mode: str, tmp_path
     to full recompute of the original (fp32; fp16 compares up to the first divergence, where a
     near-tie may flip), step logits within 1e-4 (fp32) / 2e-2 (fp16)."""
     out = tmp_path / "model.onnx"
-    fastopt.optimize(fx.path, preset="llm", target=target, output=out, kv_cache=mode)  # type: ignore[arg-type]
+    _optimize_or_skip(fx.path, out, target, mode)
     cfg = json.loads((tmp_path / "genai_config.json").read_text())
     assert cfg["model"]["decoder"]["num_hidden_layers"] == fx.layers
     if target == "onnx":
@@ -352,10 +363,13 @@ GENAI_FX = fixtures(decoder=True, dtype="float32")
 
 @needs_kv_pass
 @needs_genai
+@pytest.mark.parametrize("mode", ["standard", "inplace"])
 @pytest.mark.parametrize("fx", GENAI_FX, ids=ids(GENAI_FX))
-def test_inplace_model_runs_under_genai(fx, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_cached_model_runs_under_genai(fx, mode: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """onnxruntime-genai loads the folder (model + genai_config.json; in-place: shared past/
+    present buffers) and its greedy search gives the no-cache model's tokens."""
     out = tmp_path / "model.onnx"
-    fastopt.optimize(fx.path, preset="llm", target="ort", output=out, kv_cache="inplace")
+    _optimize_or_skip(fx.path, out, "ort", mode)
     prompt = _prompts(int(fx.meta["config"].get("vocab_size", 512)), (9,))[0]
     ref = kg.greedy_no_cache(fx.path, *kg.right_pad([prompt]), STEPS)
     assert _genai_generate(tmp_path, prompt, ref.tokens[0]) == list(ref.tokens[0])

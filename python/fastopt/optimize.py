@@ -140,6 +140,8 @@ def optimize(
         # A safety net: add_kv_cache should refuse with its own reason; never hand back (or
         # write) a "cached" model without a cache.
         raise ValueError(f"kv_cache: {KV_CACHE_PASS} added no KV cache (no present.0.key output)")
+    if kv_cache == "inplace":
+        _check_inplace(model)
     ops_after = model.op_counts()
     out_path = None
     if output is not None:
@@ -200,6 +202,22 @@ def _with_kv_cache(names: list[str], kv_cache: str, target: str) -> list[str]:
     out = [n for n in names if n != KV_CACHE_PASS]
     i = out.index("fuse_attention")
     return [*out[: i + 1], KV_CACHE_PASS, *out[i + 1 :]]
+
+
+def _check_inplace(model: _C.Model) -> None:
+    """In place, each present must be written by an op that updates the past buffer it is bound
+    to (GroupQueryAttention); a Concat allocates a new tensor that cannot alias its input."""
+    for v in model.graph.outputs:
+        if v is None or not v.name.startswith("present."):
+            continue
+        producer = v.producer
+        op = producer.op_type if producer is not None else "a graph input"
+        if op != "GroupQueryAttention":
+            raise ValueError(
+                f"kv_cache='inplace': {v.name} is produced by {op}, not GroupQueryAttention: "
+                "this model's attention was not lowered to the in-place form (use "
+                "kv_cache='standard')"
+            )
 
 
 def _preset_passes(name: str) -> list[str]:
