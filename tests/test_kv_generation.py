@@ -297,8 +297,9 @@ def test_genai_config_written_atomically(tmp_path: Path) -> None:
 
 DECODERS = fixtures(decoder=True)
 # Known failure (main 58619c5): in place, the dynamo exports' prefill fails in a Reshape whose
-# target reads S = 0: they derive S from attention_mask[:, P:], and with a max-length buffer bound
-# as past (genai's way, ops.md §3.3) P = Shape(past)[2] is the buffer length, not the past length.
+# target reads S = 0 (any buffer length >= the prompt, even equal). Likely cause: they derive S
+# from attention_mask[:, P:], and with a buffer bound as past (genai's way, ops.md §3.3)
+# P = Shape(past)[2] is the buffer length, not the number of cached tokens.
 INPLACE_DYNAMO = pytest.mark.xfail(
     reason="in place: dynamo exports derive S from attention_mask[:, P:] with P = buffer length",
     strict=False,
