@@ -6,9 +6,9 @@ Models: a decoder exported WITHOUT a cache, and its cached forms made by
 `fastopt.optimize(..., preset="llm", kv_cache="standard" | "inplace")` (target ort). The no-cache
 model is generated with tests/fixtures/make_fixtures.py's export() into --models-dir: --quick a
 4-layer Qwen2 (hidden 256, 4 heads, 2 kv heads, vocab 8192), otherwise the 0.5B-sized Qwen2 of
-bench_llm_fusions (hidden 896, 24 layers). Until add_kv_cache is in the build, --nocache/--cached
-take a pair made elsewhere (e.g. the reference corpus llama_ts_nocache / llama_ts_cache, which
-share weights); the in-place column is then n/a.
+bench_llm_fusions (hidden 896, 24 layers). --nocache/--cached/--inplace take models made
+elsewhere (e.g. the reference corpus llama_ts_nocache / llama_ts_cache, which share weights); a
+form fastopt refuses to make (kv_cache="inplace" without an in-place lowering) is n/a.
 
 Latency (ORT CPU, graph optimizations ON, intra-op threads --threads, batch 1, median of --runs
 after warm-up):
