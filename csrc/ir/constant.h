@@ -43,6 +43,8 @@ std::optional<std::vector<int64_t>> tensor_ints(const Tensor& t, uint64_t max_el
 
 // IEEE half-precision bits -> float (exact).
 float half_to_float(uint16_t h);
+// float -> IEEE half bits, rounding to nearest even (overflow to inf, NaN stays NaN).
+uint16_t float_to_half(float f);
 
 // Builds a tensor owning `bytes` (little-endian elements).
 std::shared_ptr<Tensor> make_tensor(int32_t dtype, std::vector<int64_t> dims, std::string bytes);

@@ -24,38 +24,6 @@ namespace fastopt::passes {
 namespace {
 using namespace pattern;
 
-// One attribute as the list Rewriter::op takes (Attribute is move-only).
-std::vector<Attribute> one(Attribute a) {
-  std::vector<Attribute> v;
-  v.push_back(std::move(a));
-  return v;
-}
-
-// fp32 -> fp16 bits, rounding to nearest even (as in fuse_conv_bn.cc).
-uint16_t float_to_half(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint32_t sign = (x >> 16) & 0x8000;
-  const uint32_t exp = (x >> 23) & 0xff;
-  uint32_t mant = x & 0x7fffff;
-  if (exp == 0xff) return static_cast<uint16_t>(sign | 0x7c00 | (mant ? 0x200 : 0));
-  const int e = static_cast<int>(exp) - 127 + 15;
-  if (e >= 31) return static_cast<uint16_t>(sign | 0x7c00);
-  if (e <= 0) {
-    if (e < -10) return static_cast<uint16_t>(sign);
-    mant |= 0x800000;
-    const int shift = 14 - e;
-    uint32_t h = mant >> shift;
-    const uint32_t rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (h & 1))) ++h;
-    return static_cast<uint16_t>(sign | h);
-  }
-  uint32_t h = sign | (static_cast<uint32_t>(e) << 10) | (mant >> 13);
-  const uint32_t rem = mant & 0x1fff;
-  if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) ++h;
-  return static_cast<uint16_t>(h);
-}
-
 // A scalar (rank 0) of a float dtype; null for other dtypes.
 std::shared_ptr<Tensor> scalar(int32_t dtype, double value) {
   std::string bytes;
@@ -101,8 +69,8 @@ Value* causal_mask(Value* q, Value* k, Rewriter& rw) {
   Value* zero = rw.initializer("attention_zero", make_int64_tensor({0}, {}));
   Value* step = rw.initializer("attention_one", make_int64_tensor({1}, {}));
   Value* axis1 = rw.initializer("attention_axis1", make_int64_tensor({1}, {1}));
-  Value* s = rw.op1("Gather", {rw.op1("Shape", {q}), two}, one(attr_int("axis", 0)));
-  Value* t = rw.op1("Gather", {rw.op1("Shape", {k}), two}, one(attr_int("axis", 0)));
+  Value* s = rw.op1("Gather", {rw.op1("Shape", {q}), two}, one_attr(attr_int("axis", 0)));
+  Value* t = rw.op1("Gather", {rw.op1("Shape", {k}), two}, one_attr(attr_int("axis", 0)));
   Value* rows = rw.op1("Range", {rw.op1("Sub", {t, s}), t, step});  // i + T - S
   Value* cols = rw.op1("Range", {zero, t, step});
   return rw.op1("LessOrEqual", {cols, rw.op1("Unsqueeze", {rows, axis1})});
@@ -129,10 +97,10 @@ pattern::Replacement decompose_attention(Node* node, pattern::Rewriter& rw, Pass
     k = repeat_kv(k, hq / hkv, rw);
     v = repeat_kv(v, hq / hkv, rw);
   }
-  Value* kt = rw.op1("Transpose", {k}, one(attr_ints("perm", {0, 1, 3, 2})));
+  Value* kt = rw.op1("Transpose", {k}, one_attr(attr_ints("perm", {0, 1, 3, 2})));
   Value* s = rw.op1("MatMul", {q, kt});
   s = rw.op1("Mul", {s, rw.initializer("attention_scale", scale_t)});
-  if (ct != t) s = rw.op1("Cast", {s}, one(attr_int("to", ct)));
+  if (ct != t) s = rw.op1("Cast", {s}, one_attr(attr_int("to", ct)));
   Value* zero = nullptr;
   Value* neg = nullptr;
   auto constants = [&]() {
@@ -151,7 +119,7 @@ pattern::Replacement decompose_attention(Node* node, pattern::Rewriter& rw, Pass
       constants();
       bias = rw.op1("Where", {mask, zero, neg});
     } else if (dtype_of(mask) != ct) {
-      bias = rw.op1("Cast", {mask}, one(attr_int("to", ct)));
+      bias = rw.op1("Cast", {mask}, one_attr(attr_int("to", ct)));
     }
     s = rw.op1("Add", {s, bias});
   }
@@ -159,11 +127,11 @@ pattern::Replacement decompose_attention(Node* node, pattern::Rewriter& rw, Pass
     constants();
     s = rw.op1("Add", {s, rw.op1("Where", {causal_mask(q, k, rw), zero, neg})});
   }
-  Value* p = rw.op1("Softmax", {s}, one(attr_int("axis", -1)));
+  Value* p = rw.op1("Softmax", {s}, one_attr(attr_int("axis", -1)));
   // Rows whose every key is masked: -inf masks make them NaN, the op's semantics make them 0.
   constants();
   p = rw.op1("Where", {rw.op1("IsNaN", {p}), zero, p});
-  if (ct != t) p = rw.op1("Cast", {p}, one(attr_int("to", t)));
+  if (ct != t) p = rw.op1("Cast", {p}, one_attr(attr_int("to", t)));
   return std::vector<Value*>{rw.op1("MatMul", {p, v})};
 }
 

@@ -36,13 +36,6 @@ namespace fastopt::passes {
 namespace {
 using namespace pattern;
 
-// One attribute as the list Rewriter::op takes (Attribute is move-only).
-std::vector<Attribute> one(Attribute a) {
-  std::vector<Attribute> v;
-  v.push_back(std::move(a));
-  return v;
-}
-
 // An additive mask value this negative removes the key: exp() of it underflows to 0 in fp32.
 constexpr double kMaskedBelow = -1e4;
 
@@ -404,12 +397,12 @@ int64_t fuse_attention(Model& model, PassContext& ctx) {
       Rewriter rw(g, root);
       const int32_t t = dtype_of(f.q);
       Value* k = f.k;
-      if (f.k_bshd) k = rw.op1("Transpose", {k}, one(attr_ints("perm", {0, 2, 1, 3})));
+      if (f.k_bshd) k = rw.op1("Transpose", {k}, one_attr(attr_ints("perm", {0, 2, 1, 3})));
       std::vector<Value*> inputs = {f.q, k, f.v};
       if (f.mask) {
         Value* mask = f.mask;
         if (!f.mask_bool && dtype_of(mask) != t) {
-          mask = rw.op1("Cast", {mask}, one(attr_int("to", t)));
+          mask = rw.op1("Cast", {mask}, one_attr(attr_int("to", t)));
         }
         inputs.push_back(mask);
       }
@@ -421,7 +414,7 @@ int64_t fuse_attention(Model& model, PassContext& ctx) {
       if (f.softmax_precision) attrs.push_back(attr_int("softmax_precision", f.softmax_precision));
       Value* y = rw.op1(kInternalAttention, inputs, std::move(attrs), kInternalDomain);
       const int32_t out_dtype = dtype_of(root->outputs()[0]);
-      if (out_dtype != t) y = rw.op1("Cast", {y}, one(attr_int("to", out_dtype)));
+      if (out_dtype != t) y = rw.op1("Cast", {y}, one_attr(attr_int("to", out_dtype)));
       if (!can_replace(g, root->outputs()[0], y)) {
         rw.rollback();
         why("the output cannot be replaced");

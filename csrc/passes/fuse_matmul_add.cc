@@ -13,32 +13,12 @@
 // rank-3+ MatMuls (every LLM projection, [batch, seq, hidden]) stay as they are: Gemm is 2-D only,
 // and carrying the bias in a following op is for other passes.
 #include "ir/constant.h"
+#include "passes/fusion_util.h"
 #include "passes/registry.h"
 
 namespace fastopt::passes {
 namespace {
 using namespace pattern;
-
-// Dims of `v` from its type or its constant tensor; nullopt when the shape is unknown.
-std::optional<std::vector<Dim>> dims_of(const Value* v) {
-  if (v->type.is_tensor && v->type.has_shape) return v->type.dims;
-  if (auto t = constant_tensor(v)) {
-    std::vector<Dim> out;
-    for (int64_t d : t->dims) out.push_back(Dim{d, std::nullopt});
-    return out;
-  }
-  return std::nullopt;
-}
-
-bool is_one(const Dim& d) {
-  return d.value && *d.value == 1;
-}
-
-// The same size for sure: equal numbers, or the same symbolic name.
-bool same_dim(const Dim& a, const Dim& b) {
-  if (a.value && b.value) return *a.value == *b.value;
-  return a.param && b.param && !a.param->empty() && *a.param == *b.param;
-}
 
 std::vector<Rule> rules(const PassContext&) {
   auto p = std::make_shared<Pattern>("fuse_matmul_add");

@@ -45,20 +45,8 @@ using namespace pattern;
 
 constexpr int64_t kDefaultMaxPositions = 4096;
 
-Node* made_by(const Value* v, const char* op) {
-  if (!v) return nullptr;
-  Node* n = v->producer();
-  if (!n || n->op_type != op || !(n->domain.value.empty() || n->domain.value == "ai.onnx")) {
-    return nullptr;
-  }
-  return n;
-}
-
-std::optional<int64_t> int_attr(const Node* n, const char* name) {
-  const Attribute* a = n->attribute(name);
-  if (!a || !a->i) return std::nullopt;
-  return *a->i;
-}
+using rotary::int_attr;
+using rotary::made_by;
 
 std::optional<int64_t> known_dim(const Value* v, int axis) {
   if (!v->type.is_tensor || !v->type.has_shape) return std::nullopt;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ir/constant.h"
@@ -63,6 +64,34 @@ inline int64_t imported_opset(const Model& m, const std::string& domain) {
     if (o.domain.value == domain) return o.version.value_or(1);
   }
   return 0;
+}
+
+// Dims of `v` from its type or its constant tensor; nullopt when the shape is unknown.
+inline std::optional<std::vector<Dim>> dims_of(const Value* v) {
+  if (v->type.is_tensor && v->type.has_shape) return v->type.dims;
+  if (auto t = constant_tensor(v)) {
+    std::vector<Dim> out;
+    for (int64_t d : t->dims) out.push_back(Dim{d, std::nullopt});
+    return out;
+  }
+  return std::nullopt;
+}
+
+inline bool is_one(const Dim& d) {
+  return d.value && *d.value == 1;
+}
+
+// The same size for sure: equal numbers, or the same symbolic name.
+inline bool same_dim(const Dim& a, const Dim& b) {
+  if (a.value && b.value) return *a.value == *b.value;
+  return a.param && b.param && !a.param->empty() && *a.param == *b.param;
+}
+
+// One attribute as the list Rewriter::op takes (Attribute is move-only).
+inline std::vector<Attribute> one_attr(Attribute a) {
+  std::vector<Attribute> v;
+  v.push_back(std::move(a));
+  return v;
 }
 
 inline float float_attr(const Node* n, const std::string& name, float fallback) {

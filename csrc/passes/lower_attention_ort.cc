@@ -99,11 +99,9 @@ const Dim* dim_at(const Value* v, size_t rank, size_t axis) {
   return d && d->size() == rank ? &(*d)[axis] : nullptr;
 }
 
-// The same size for sure: equal numbers, or the same symbolic name.
+// passes::same_dim (fusion_util.h) on dims that may be unknown (null): false then.
 bool same_dim(const Dim* a, const Dim* b) {
-  if (!a || !b) return false;
-  if (a->value && b->value) return *a->value == *b->value;
-  return a->param && b->param && !a->param->empty() && *a->param == *b->param;
+  return a && b && passes::same_dim(*a, *b);
 }
 
 int64_t int_attr_or(const Node* n, const std::string& name, int64_t fallback) {

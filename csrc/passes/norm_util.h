@@ -13,20 +13,12 @@
 
 #include "ir/constant.h"
 #include "ir/graph.h"
+#include "passes/fusion_util.h"
 #include "pattern/rewrite.h"
 
 namespace fastopt::passes::norm {
 
-// Dims of `v` from its type or its constant tensor; nullopt when the shape is unknown.
-inline std::optional<std::vector<Dim>> dims_of(const Value* v) {
-  if (v->type.is_tensor && v->type.has_shape) return v->type.dims;
-  if (auto t = constant_tensor(v)) {
-    std::vector<Dim> out;
-    for (int64_t d : t->dims) out.push_back(Dim{d, std::nullopt});
-    return out;
-  }
-  return std::nullopt;
-}
+using passes::dims_of;  // (fusion_util.h)
 
 // The last dim of `v` when it is a known number, else nullopt.
 inline std::optional<int64_t> last_dim(const Value* v) {
@@ -63,26 +55,6 @@ inline std::optional<std::string> check_last_axis_mean(const Node* n, int rank) 
   if (axes.size() != 1) return "ReduceMean reduces more than one axis";
   if (axes[0] == -1 || (rank > 0 && axes[0] == rank - 1)) return std::nullopt;
   return "ReduceMean's axis is not the last one";
-}
-
-// float -> IEEE half bits, round to nearest even (overflow to inf).
-inline uint16_t float_to_half(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  const uint32_t abs = x & 0x7fffffffu;
-  if (abs >= 0x7f800000u)
-    return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0));
-  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520
-  if (abs < 0x38800000u) {                                               // subnormal half (or zero)
-    float a;
-    std::memcpy(&a, &abs, 4);
-    const float scaled = a * 16777216.0f;  // 2^24: units of the smallest subnormal
-    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(scaled)));
-  }
-  uint32_t mant = abs + 0xc8000000u;     // rebias exponent 127 -> 15 (shifted by 13)
-  mant += 0x0fffu + ((abs >> 13) & 1u);  // round to nearest even
-  return static_cast<uint16_t>(sign | (mant >> 13));
 }
 
 // The elements of `t` re-encoded as `dtype` (float, float16 or double); null when `t` is not a

@@ -8,22 +8,6 @@
 namespace fastopt::passes::rotary {
 namespace {
 
-// The producer of `v` when it is the standard op `op`, else null.
-Node* made_by(const Value* v, const char* op) {
-  if (!v) return nullptr;
-  Node* n = v->producer();
-  if (!n || n->op_type != op || !(n->domain.value.empty() || n->domain.value == "ai.onnx")) {
-    return nullptr;
-  }
-  return n;
-}
-
-std::optional<int64_t> int_attr(const Node* n, const char* name) {
-  const Attribute* a = n->attribute(name);
-  if (!a || !a->i) return std::nullopt;
-  return *a->i;
-}
-
 // Unsqueeze axes: input 1 from opset 13 on, the attribute before.
 std::optional<std::vector<int64_t>> unsqueeze_axes(const Node* n) {
   if (n->inputs().size() > 1 && n->inputs()[1]) return constant_ints(n->inputs()[1]);
@@ -55,6 +39,29 @@ std::optional<std::vector<float>> float_values(const Value* v, uint64_t max) {
   return std::vector<float>(d->begin(), d->end());  // exact: the values were floats
 }
 
+// The tail both frequency forms share: `cast` (Cast to float) of Unsqueeze(positions, axis |
+// alt_axis), and `inv` a float constant. Fills inv_freq and positions.
+bool take_positions(const Node* cast, const Value* inv, int64_t axis, int64_t alt_axis,
+                    const char* unsqueeze_why, CosSinSource* s, std::string* why) {
+  if (!cast || int_attr(cast, "to") != kFloat) {
+    *why = "the positions are not cast to float (the angles must be computed in fp32)";
+    return false;
+  }
+  Node* unsq = made_by(cast->inputs()[0], "Unsqueeze");
+  if (!unsq || !unsqueezes_at(unsq, axis, alt_axis)) {
+    *why = unsqueeze_why;
+    return false;
+  }
+  auto values = float_values(inv, 1 << 16);
+  if (!values) {
+    *why = "the inverse frequencies are not a float constant";
+    return false;
+  }
+  s->inv_freq = std::move(*values);
+  s->positions = unsq->inputs()[0];
+  return true;
+}
+
 // Mul form: f = Cast(float)(Unsqueeze(pos, 2)) * inv_freq.
 bool trace_mul(const Node* mul, CosSinSource* s, std::string* why) {
   for (int i = 0; i < 2; ++i) {
@@ -66,23 +73,9 @@ bool trace_mul(const Node* mul, CosSinSource* s, std::string* why) {
       *why = "the inverse frequencies are not a vector along the last axis";
       return false;
     }
-    if (int_attr(cast, "to") != kFloat) {
-      *why = "the positions are not cast to float (the angles must be computed in fp32)";
-      return false;
-    }
-    Node* unsq = made_by(cast->inputs()[0], "Unsqueeze");
-    if (!unsq || !unsqueezes_at(unsq, 2, -1)) {
-      *why = "the positions do not reach the frequencies through Unsqueeze(axis 2)";
-      return false;
-    }
-    auto values = float_values(inv, 1 << 16);
-    if (!values) {
-      *why = "the inverse frequencies are not a float constant";
-      return false;
-    }
-    s->inv_freq = std::move(*values);
-    s->positions = unsq->inputs()[0];
-    return true;
+    return take_positions(cast, inv, 2, -1,
+                          "the positions do not reach the frequencies through Unsqueeze(axis 2)", s,
+                          why);
   }
   *why = "the angles are not Mul(Cast(Unsqueeze(positions)), constant inv_freq)";
   return false;
@@ -103,24 +96,8 @@ bool trace_matmul(const Node* transpose, CosSinSource* s, std::string* why) {
     *why = "the inverse frequencies are not a constant (1, D/2, 1)";
     return false;
   }
-  Node* cast = made_by(mm->inputs()[1], "Cast");
-  if (!cast || int_attr(cast, "to") != kFloat) {
-    *why = "the positions are not cast to float (the angles must be computed in fp32)";
-    return false;
-  }
-  Node* unsq = made_by(cast->inputs()[0], "Unsqueeze");
-  if (!unsq || !unsqueezes_at(unsq, 1, 1)) {
-    *why = "the positions do not reach the MatMul through Unsqueeze(axis 1)";
-    return false;
-  }
-  auto values = float_values(inv, 1 << 16);
-  if (!values) {
-    *why = "the inverse frequencies are not a float constant";
-    return false;
-  }
-  s->inv_freq = std::move(*values);
-  s->positions = unsq->inputs()[0];
-  return true;
+  return take_positions(made_by(mm->inputs()[1], "Cast"), inv, 1, 1,
+                        "the positions do not reach the MatMul through Unsqueeze(axis 1)", s, why);
 }
 
 // Source B: Gather(table | Slice(table, 0, n, axis 0), pos).
@@ -236,30 +213,6 @@ std::optional<CosSinSource> trace_cos_sin(Value* v, const std::string& fn, std::
   }
   s.half = static_cast<int64_t>(s.inv_freq.size());
   return s;
-}
-
-uint16_t float_to_half(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  x &= 0x7fffffffu;
-  if (x >= 0x7f800000u)
-    return static_cast<uint16_t>(sign | 0x7c00u | (x > 0x7f800000u ? 0x200u : 0));
-  if (x >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to infinity
-  if (x < 0x38800000u) {                                               // subnormal half (or zero)
-    if (x < 0x33000000u) return static_cast<uint16_t>(sign);
-    const uint32_t e = x >> 23;
-    const uint32_t m = (x & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126 - e + 13;  // to the 10-bit subnormal mantissa
-    uint32_t h = m >> shift;
-    const uint32_t rest = m & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (rest > half || (rest == half && (h & 1))) ++h;
-    return static_cast<uint16_t>(sign | h);
-  }
-  uint32_t h = ((x >> 13) - (112u << 10));
-  const uint32_t rest = x & 0x1fffu;
-  if (rest > 0x1000u || (rest == 0x1000u && (h & 1))) ++h;  // may carry into the exponent
-  return static_cast<uint16_t>(sign | h);
 }
 
 std::shared_ptr<Tensor> frequency_cache(const CosSinSource& s, bool cos, int64_t max_positions) {

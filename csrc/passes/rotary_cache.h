@@ -24,6 +24,23 @@
 
 namespace fastopt::passes::rotary {
 
+// The producer of `v` when it is the standard op `op`, else null.
+inline Node* made_by(const Value* v, const char* op) {
+  if (!v) return nullptr;
+  Node* n = v->producer();
+  if (!n || n->op_type != op || !(n->domain.value.empty() || n->domain.value == "ai.onnx")) {
+    return nullptr;
+  }
+  return n;
+}
+
+// An int attribute of `n`, nullopt when absent.
+inline std::optional<int64_t> int_attr(const Node* n, const char* name) {
+  const Attribute* a = n->attribute(name);
+  if (!a || !a->i) return std::nullopt;
+  return *a->i;
+}
+
 struct CosSinSource {
   enum class Kind { kFrequencies, kTable };
   Kind kind = Kind::kFrequencies;
@@ -50,8 +67,5 @@ std::shared_ptr<Tensor> frequency_cache(const CosSinSource& s, bool cos, int64_t
 // Table: the first `half` columns of the (M, 2 * half) table, after checking that both halves are
 // equal (rotate_half's layout); null when they are not.
 std::shared_ptr<Tensor> table_cache(const CosSinSource& s);
-
-// Float -> IEEE half bits, rounded to nearest even.
-uint16_t float_to_half(float f);
 
 }  // namespace fastopt::passes::rotary
