@@ -1,10 +1,11 @@
 """Shared by the benchmark scripts in bench/: running one measurement per fresh process
 (wall time and peak RSS from wait4), the child's result line, the machine and versions for a
-results header, a snapshot of the installed fastopt, and number formatting.
+results header, a snapshot of the installed fastopt, number formatting, and two helpers for the
+children (op histogram of a model, an ONNX Runtime CPU session).
 
 Standard library only: the benchmark parents import this, and Linux carries a parent's RSS
 high-water mark into an exec'd child's ru_maxrss, so a fat parent would inflate every
-measurement.
+measurement. The child helpers import onnx / onnxruntime when called, not here.
 """
 
 from __future__ import annotations
@@ -171,3 +172,62 @@ def fmt_s(s: float | None) -> str:
 
 def fmt_mb(b: float | None) -> str:
     return "-" if b is None else f"{b / MB:,.0f} MB"
+
+
+def op_histogram(model: Any) -> dict[str, int]:
+    """'domain::op' (plain op for ai.onnx) -> count over the graph, subgraphs and functions."""
+    from onnx import AttributeProto
+
+    hist: dict[str, int] = {}
+
+    def walk(nodes: Any) -> None:
+        for node in nodes:
+            key = (
+                node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+            )
+            hist[key] = hist.get(key, 0) + 1
+            for a in node.attribute:
+                if a.type == AttributeProto.GRAPH:
+                    walk(a.g.node)
+                elif a.type == AttributeProto.GRAPHS:
+                    for g in a.graphs:
+                        walk(g.node)
+
+    walk(model.graph.node)
+    for fn in model.functions:
+        walk(fn.node)
+    return hist
+
+
+def ort_session(path: str, optimize: bool, threads: int = 0, quiet_pool: bool = False) -> Any:
+    """A CPU InferenceSession with ORT's graph optimizations all on or all off. `threads` sets
+    the intra-op pool; `quiet_pool` also pins inter-op to 1 and stops the pool spinning after a
+    run (for several sessions interleaved in one process)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if optimize
+        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    )
+    if threads:
+        so.intra_op_num_threads = threads
+        if quiet_pool:
+            so.inter_op_num_threads = 1
+            # A session's pool threads spinning after its run would steal the cores from the
+            # next session's run.
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.log_severity_level = 3
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
+def write_results(md: str, report: dict[str, Any], out: str) -> None:
+    """Prints the markdown report and writes it to `out`, the full report next to it as .json."""
+    print()
+    print(md)
+    md_path = Path(out)
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    md_path.write_text(md)
+    md_path.with_suffix(".json").write_text(json.dumps(report, indent=2, default=str))
+    print(f"wrote {md_path} and {md_path.with_suffix('.json')}")

@@ -56,10 +56,13 @@ from _benchlib import (
     error_text,
     fmt_mb,
     fmt_s,
+    op_histogram,
+    ort_session,
     proc_status,
     result_line,
     snapshot_fastopt,
     spawn,
+    write_results,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -270,52 +273,13 @@ def _feeds(meta: dict[str, Any], seq: int, seed: int) -> dict[str, Any]:
 
 
 def _session(path: str, optimize: bool, threads: int = 0) -> Any:
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.graph_optimization_level = (
-        ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if optimize
-        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    )
-    if threads:
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-        # Several sessions share one process (interleaved rounds): a session's pool threads
-        # spinning after its run would steal the cores from the next session's run.
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    so.log_severity_level = 3
-    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    # Several sessions share one process (interleaved rounds): quiet pools.
+    return ort_session(path, optimize, threads, quiet_pool=True)
 
 
 def _run(sess: Any, feeds: dict[str, Any]) -> Any:
     wanted = {i.name for i in sess.get_inputs()}
     return sess.run(None, {k: v for k, v in feeds.items() if k in wanted})[0]
-
-
-def _op_counts(model: Any) -> dict[str, int]:
-    """'domain::op' (plain op for ai.onnx) -> count over the graph, subgraphs and functions."""
-    from onnx import AttributeProto
-
-    hist: dict[str, int] = {}
-
-    def walk(nodes: Any) -> None:
-        for node in nodes:
-            key = (
-                node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
-            )
-            hist[key] = hist.get(key, 0) + 1
-            for a in node.attribute:
-                if a.type == AttributeProto.GRAPH:
-                    walk(a.g.node)
-                elif a.type == AttributeProto.GRAPHS:
-                    for g in a.graphs:
-                        walk(g.node)
-
-    walk(model.graph.node)
-    for fn in model.functions:
-        walk(fn.node)
-    return hist
 
 
 def _fused(hist: dict[str, int]) -> dict[str, int]:
@@ -339,7 +303,7 @@ def run_check(src: str, outputs_json: str) -> dict[str, Any]:
     outputs: dict[str, str] = json.loads(outputs_json)
     feeds = _feeds(meta, CHECK_SEQ, seed=1)
     original = onnx.load(src, load_external_data=False)
-    hist = _op_counts(original)
+    hist = op_histogram(original)
     res: dict[str, Any] = {
         "original": {"nodes": sum(hist.values()), "fused": _fused(hist)},
         "tools": {},
@@ -350,7 +314,7 @@ def run_check(src: str, outputs_json: str) -> dict[str, Any]:
         res["tools"][tool] = r
         try:
             model = onnx.load(path, load_external_data=False)
-            hist = _op_counts(model)
+            hist = op_histogram(model)
             r.update(nodes=sum(hist.values()), fused=_fused(hist), ops=hist)
             r["opset"] = next(
                 (o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None
@@ -945,13 +909,7 @@ def merge_reports(paths: list[str]) -> dict[str, Any]:
 
 def write_report(report: dict[str, Any], out: str) -> int:
     md = render_markdown(report)
-    print()
-    print(md)
-    md_path = Path(out)
-    md_path.parent.mkdir(parents=True, exist_ok=True)
-    md_path.write_text(md)
-    md_path.with_suffix(".json").write_text(json.dumps(report, indent=2, default=str))
-    print(f"wrote {md_path} and {md_path.with_suffix('.json')}")
+    write_results(md, report, out)
     return 0
 
 

@@ -33,6 +33,7 @@ import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).parent))
 import fastopt
+from _benchlib import ort_session
 from make_llm_model import LLMConfig, make_from_config
 
 VARIANTS: dict[str, list[str] | None] = {
@@ -44,16 +45,7 @@ VARIANTS: dict[str, list[str] | None] = {
 
 
 def session(path: Path, optimize: bool, threads: int) -> ort.InferenceSession:
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.graph_optimization_level = (
-        ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if optimize
-        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    )
-    if threads:
-        so.intra_op_num_threads = threads
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    return ort_session(str(path), optimize, threads)
 
 
 NORM_OPS = (

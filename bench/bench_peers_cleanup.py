@@ -51,7 +51,9 @@ from typing import Any
 
 from _benchlib import (  # shared with the other benchmarks (bench/ is on sys.path as a script)
     RESULT_TAG,
+    op_histogram,
     snapshot_fastopt,
+    write_results,
 )
 from _benchlib import environment as _environment
 from _benchlib import error_text as _error_text
@@ -178,28 +180,8 @@ def run_child(tool: str, src: str, dst: str) -> dict[str, Any]:
 
 
 def _histogram(model: Any) -> dict[str, int]:
-    """op -> count over the main graph, subgraphs and local functions."""
-    from onnx import AttributeProto
-
-    hist: dict[str, int] = {}
-
-    def walk(nodes: Any) -> None:
-        for node in nodes:
-            op = (
-                node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
-            )
-            hist[op] = hist.get(op, 0) + 1
-            for a in node.attribute:
-                if a.type == AttributeProto.GRAPH:
-                    walk(a.g.node)
-                elif a.type == AttributeProto.GRAPHS:
-                    for g in a.graphs:
-                        walk(g.node)
-
-    walk(model.graph.node)
-    for fn in model.functions:
-        walk(fn.node)
-    return dict(sorted(hist.items(), key=lambda kv: (-kv[1], kv[0])))
+    """op -> count over the main graph, subgraphs and local functions, most frequent first."""
+    return dict(sorted(op_histogram(model).items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def _identity_weight_nodes(model: Any) -> dict[str, int]:
@@ -783,13 +765,7 @@ def main(argv: list[str] | None = None) -> int:
     report["largest_gap"] = largest_gap(report)
     report["parent_peak_rss"] = _proc_status().get("VmHWM", 0)
     md = render_markdown(report)
-    print()
-    print(md)
-    md_path = Path(args.out)
-    md_path.parent.mkdir(parents=True, exist_ok=True)
-    md_path.write_text(md)
-    md_path.with_suffix(".json").write_text(json.dumps(report, indent=2, default=str))
-    print(f"wrote {md_path} and {md_path.with_suffix('.json')}")
+    write_results(md, report, args.out)
     return 0
 
 
