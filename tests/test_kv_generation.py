@@ -16,7 +16,7 @@ import pytest
 from fastopt.cli import build_parser, main
 from fastopt.genai_config import GenaiConfigError, genai_config, write_genai_config
 from fastopt.optimize import KV_CACHE_PASS, _with_kv_cache
-from fastopt.registry import PassContext, all_passes, preset, register_pass, unregister_pass
+from fastopt.registry import preset
 from llm_fixtures import fixtures, ids
 from onnx import TensorProto, helper, numpy_helper
 
@@ -24,8 +24,6 @@ CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 if not CORPUS.is_dir():  # a worktree under /work/wt: ../shared is two levels up from the repo
     CORPUS = Path(__file__).resolve().parents[3] / "shared" / "corpus"
 needs_corpus = pytest.mark.skipif(not CORPUS.is_dir(), reason="reference corpus absent")
-HAS_KV_PASS = any(p.name == KV_CACHE_PASS for p in all_passes())
-needs_kv_pass = pytest.mark.skipif(not HAS_KV_PASS, reason=f"pass {KV_CACHE_PASS} not registered")
 try:
     import onnxruntime_genai as og
 except ImportError:  # optional: the test extra installs it
@@ -224,38 +222,10 @@ def test_kv_cache_option_errors() -> None:
 
 def test_kv_cache_pass_list() -> None:
     llm = preset("llm")
-    if not HAS_KV_PASS:
-        with pytest.raises(ValueError, match="not in this build"):
-            _with_kv_cache(llm, "standard", "ort")
-        return
     names = _with_kv_cache(llm, "standard", "ort")
     i = names.index("fuse_attention")
     assert names[i + 1] == KV_CACHE_PASS and names.count(KV_CACHE_PASS) == 1
     assert names.index("lower_attention") > i + 1
-
-
-@pytest.mark.skipif(HAS_KV_PASS, reason="the real add_kv_cache is registered")
-def test_kv_cache_plumbing_with_stand_in_pass(tmp_path: Path) -> None:
-    """A stand-in add_kv_cache sees ctx.options["kv_cache"] and the internal Attention ops (it
-    runs between fuse_attention and lower_attention); as it adds no cache, optimize refuses
-    and writes nothing."""
-    seen: list[tuple[object, bool]] = []
-
-    def stand_in(ctx: PassContext) -> int:
-        internal = any(op.startswith("ai.fastopt.internal::") for op in ctx.model.op_counts())
-        seen.append((ctx.options.get("kv_cache"), internal))
-        return 0
-
-    register_pass(KV_CACHE_PASS, "stand-in")(stand_in)
-    try:
-        fx = fixtures(arch="llama", exporter="ts", dtype="float32")[0]
-        for mode, value in (("standard", 1), ("inplace", 2)):
-            with pytest.raises(ValueError, match="added no KV cache"):
-                fastopt.optimize(fx.path, preset="llm", output=tmp_path / "m.onnx", kv_cache=mode)  # type: ignore[arg-type]
-            assert seen[-1] == (value, True)
-        assert not list(tmp_path.iterdir())
-    finally:
-        unregister_pass(KV_CACHE_PASS)
 
 
 def test_cli_kv_cache_flag() -> None:
@@ -296,37 +266,16 @@ def test_genai_config_written_atomically(tmp_path: Path) -> None:
 # --- end to end: every decoder fixture through add_kv_cache (runs once the pass lands) ------
 
 DECODERS = fixtures(decoder=True)
-# Known failure (main 58619c5): in place, the dynamo exports' prefill fails in a Reshape whose
-# target reads S = 0 (any buffer length >= the prompt, even equal). Likely cause: they derive S
-# from attention_mask[:, P:], and with a buffer bound as past (genai's way, ops.md §3.3)
-# P = Shape(past)[2] is the buffer length, not the number of cached tokens.
-INPLACE_DYNAMO = pytest.mark.xfail(
-    reason="in place: dynamo exports derive S from attention_mask[:, P:] with P = buffer length",
-    strict=False,
-)
-
-
-def _marks(fx, mode: str) -> list[pytest.MarkDecorator]:  # type: ignore[no-untyped-def]
-    return [INPLACE_DYNAMO] if mode == "inplace" and fx.exporter == "dynamo" else []
-
-
 E2E = [
-    pytest.param(fx, target, mode, id=f"{fx.name}-{target}-{mode}", marks=_marks(fx, mode))
+    pytest.param(fx, target, mode, id=f"{fx.name}-{target}-{mode}")
     for fx in DECODERS
     for target, mode in (("ort", "standard"), ("onnx", "standard"), ("ort", "inplace"))
 ]
 CHUNKED = fixtures(decoder=True, dtype="float32")
 
 
-def _optimize_or_skip(src: Path, out: Path, target: str, mode: str) -> None:
-    """kv_cache optimize; skips (visibly) where the in-place lowering does not exist yet for
-    this model: optimize refuses kv_cache='inplace' when a present is not written in place."""
-    try:
-        fastopt.optimize(src, preset="llm", target=target, output=out, kv_cache=mode)  # type: ignore[arg-type]
-    except ValueError as e:
-        if mode == "inplace" and "not lowered to the in-place form" in str(e):
-            pytest.skip(str(e))
-        raise
+def _optimize_with_cache(src: Path, out: Path, target: str, mode: str) -> None:
+    fastopt.optimize(src, preset="llm", target=target, output=out, kv_cache=mode)  # type: ignore[arg-type]
 
 
 @functools.lru_cache(maxsize=4)
@@ -335,14 +284,13 @@ def _reference(path: str, prompts: tuple[tuple[int, ...], ...], steps: int) -> k
     return kg.greedy_no_cache(path, *kg.right_pad(prompts), steps)
 
 
-@needs_kv_pass
 @pytest.mark.parametrize(("fx", "target", "mode"), E2E)
 def test_cached_generation_matches_no_cache(fx, target: str, mode: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """32 greedy tokens from a right-padded batch of 2 prompts of different lengths: identical
     to full recompute of the original (fp32; fp16 compares up to the first divergence, where a
     near-tie may flip), step logits within 1e-4 (fp32) / 2e-2 (fp16)."""
     out = tmp_path / "model.onnx"
-    _optimize_or_skip(fx.path, out, target, mode)
+    _optimize_with_cache(fx.path, out, target, mode)
     cfg = json.loads((tmp_path / "genai_config.json").read_text())
     assert cfg["model"]["decoder"]["num_hidden_layers"] == fx.layers
     if target == "onnx":
@@ -358,7 +306,6 @@ def test_cached_generation_matches_no_cache(fx, target: str, mode: str, tmp_path
     assert diff <= LOGITS_ATOL[fx.dtype], f"step logits differ by {diff}"
 
 
-@needs_kv_pass
 @pytest.mark.parametrize("target", ["ort", "onnx"])
 @pytest.mark.parametrize("fx", CHUNKED, ids=ids(CHUNKED))
 def test_chunked_prefill(fx, target: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -375,12 +322,11 @@ def test_chunked_prefill(fx, target: str, tmp_path: Path) -> None:  # type: igno
 GENAI_FX = fixtures(decoder=True, dtype="float32")
 
 
-@needs_kv_pass
 @needs_genai
 @pytest.mark.parametrize(
     ("fx", "mode"),
     [
-        pytest.param(fx, mode, id=f"{fx.name}-{mode}", marks=_marks(fx, mode))
+        pytest.param(fx, mode, id=f"{fx.name}-{mode}")
         for fx in GENAI_FX
         for mode in ("standard", "inplace")
     ],
@@ -389,7 +335,7 @@ def test_cached_model_runs_under_genai(fx, mode: str, tmp_path: Path) -> None:  
     """onnxruntime-genai loads the folder (model + genai_config.json; in-place: shared past/
     present buffers) and its greedy search gives the no-cache model's tokens."""
     out = tmp_path / "model.onnx"
-    _optimize_or_skip(fx.path, out, "ort", mode)
+    _optimize_with_cache(fx.path, out, "ort", mode)
     prompt = _prompts(int(fx.meta["config"].get("vocab_size", 512)), (9,))[0]
     ref = kg.greedy_no_cache(fx.path, *kg.right_pad([prompt]), STEPS)
     assert _genai_generate(tmp_path, prompt, ref.tokens[0]) == list(ref.tokens[0])

@@ -18,7 +18,7 @@
 //                     \                /
 //                  Concat(axis=2) = present.i.key (B,Hkv,T,D)   [graph output]; same for V
 //
-//   P = Shape(past_key_values.0.key)[2]    S = Shape(input_ids)[1]    T = P + S
+//   T = Shape(attention_mask)[1]    S = Shape(input_ids)[1]    P = T - S
 //   causal(s, t)  = Range(0,T)[t] <= Range(P,T)[s]                              (S, T)
 //   allowed       = And(causal, Unsqueeze(Cast(attention_mask, bool), [1, 2]))  (B, 1, S, T)
 //   internal::Attention(Q, present.i.key, present.i.value, allowed), is_causal = 0
@@ -308,12 +308,15 @@ int64_t add_kv_cache(Model& m, PassContext& ctx) {
   // Shared lengths and mask, before every other node (they read graph inputs only).
   Value* zero = b.constant("kv_zero", {0}, {});
   Value* one = b.constant("kv_one", {1}, {});
-  Value* two = b.constant("kv_two", {2}, {});
-  Value* past_len = b.op("Gather", {b.op("Shape", {past_k[0]}, "kv_past_shape", head), two},
-                         "kv_past_len", head, attrs(attr_int("axis", 0)));
+  // T is the attention mask's width and P = T - S, not the past's length: an in-place cache
+  // binds a max-length buffer as the past, whose length says nothing of the tokens it holds.
   Value* seq_len = b.op("Gather", {b.op("Shape", {input_ids}, "kv_ids_shape", head), one},
                         "kv_seq_len", head, attrs(attr_int("axis", 0)));
-  Value* total_len = b.op("Add", {past_len, seq_len}, "kv_total_len", head);
+  Value* mask_shape_value = b.op("Shape", {attention_mask}, "kv_mask_shape", head);
+  const Node* mask_shape = mask_shape_value->producer();
+  Value* total_len =
+      b.op("Gather", {mask_shape_value, one}, "kv_total_len", head, attrs(attr_int("axis", 0)));
+  Value* past_len = b.op("Sub", {total_len, seq_len}, "kv_past_len", head);
   Value* q_pos = b.op("Range", {past_len, total_len, one}, "kv_query_positions", head);
   Value* q_col =
       b.op("Unsqueeze", {q_pos, b.constant("kv_axes_1", {1}, {1})}, "kv_query_column", head);
@@ -330,7 +333,7 @@ int64_t add_kv_cache(Model& m, PassContext& ctx) {
   // Every earlier use of attention_mask sees its last S columns, (B, S) as at export.
   std::vector<Use> old_uses;
   for (const Use& u : attention_mask->uses()) {
-    if (u.node != mask_bool->producer()) old_uses.push_back(u);
+    if (u.node != mask_bool->producer() && u.node != mask_shape) old_uses.push_back(u);
   }
   if (!old_uses.empty()) {
     Value* current = b.op(

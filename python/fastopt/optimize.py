@@ -11,7 +11,7 @@ from typing import Any, Literal, Union
 from fastopt import _C
 from fastopt._io import load
 from fastopt.genai_config import GENAI_CONFIG, genai_config, write_genai_config
-from fastopt.registry import PassContext, Target, all_passes, get_pass, preset
+from fastopt.registry import PassContext, Target, get_pass, preset
 
 ModelOrPath = Union[_C.Model, str, "os.PathLike[str]"]
 # Called before each pass with (index, count, pass name); for progress displays.
@@ -197,8 +197,6 @@ def _with_kv_cache(names: list[str], kv_cache: str, target: str) -> list[str]:
             "kv_cache needs the pass fuse_attention in the pass list (use preset 'llm'): the "
             "cache is added to the fused attention ops"
         )
-    if not any(p.name == KV_CACHE_PASS for p in all_passes()):
-        raise ValueError(f"kv_cache: the pass {KV_CACHE_PASS} is not in this build of fastopt")
     out = [n for n in names if n != KV_CACHE_PASS]
     i = out.index("fuse_attention")
     return [*out[: i + 1], KV_CACHE_PASS, *out[i + 1 :]]
