@@ -17,8 +17,12 @@ def _model(op: str, const: np.ndarray, x_shape, const_first: bool = False) -> on
     inputs = ["c", "X"] if const_first else ["X", "c"]
     nodes = [helper.make_node(op, inputs, ["y"]), helper.make_node("Relu", ["y"], ["Y"])]
     g = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("X", F, x_shape)],
-        [helper.make_tensor_value_info("Y", F, x_shape)], [numpy_helper.from_array(const, "c")])
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("X", F, x_shape)],
+        [helper.make_tensor_value_info("Y", F, x_shape)],
+        [numpy_helper.from_array(const, "c")],
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -82,9 +86,11 @@ def test_must_not_fire(op, const, x_shape, const_first, why) -> None:
 def test_graph_output_keeps_its_name() -> None:
     g = helper.make_graph(
         [helper.make_node("Relu", ["X"], ["r"]), helper.make_node("Mul", ["r", "c"], ["Y"])],
-        "g", [helper.make_tensor_value_info("X", F, [2, 3, 4])],
+        "g",
+        [helper.make_tensor_value_info("X", F, [2, 3, 4])],
         [helper.make_tensor_value_info("Y", F, [2, 3, 4])],
-        [numpy_helper.from_array(np.array(1.0, np.float32), "c")])
+        [numpy_helper.from_array(np.array(1.0, np.float32), "c")],
+    )
     proto = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     rewrites, out = _optimize(proto)
     assert rewrites == 1 and [o.name for o in out.graph.output] == ["Y"]

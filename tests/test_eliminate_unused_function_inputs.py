@@ -16,19 +16,34 @@ OPSETS = [helper.make_opsetid("", 17), helper.make_opsetid("local", 1)]
 def _model() -> onnx.ModelProto:
     # f(a, b, c) = Relu(a) + c; b is never read.
     f = helper.make_function(
-        "local", "f", ["a", "b", "c"], ["y"],
+        "local",
+        "f",
+        ["a", "b", "c"],
+        ["y"],
         [helper.make_node("Relu", ["a"], ["r"]), helper.make_node("Add", ["r", "c"], ["y"])],
-        [helper.make_opsetid("", 17)])
+        [helper.make_opsetid("", 17)],
+    )
     # g(p, q) = f(p, q, p); g reads all of its inputs through f, but f drops q.
     g_fn = helper.make_function(
-        "local", "g", ["p", "q"], ["z"],
-        [helper.make_node("f", ["p", "q", "p"], ["z"], domain="local")], OPSETS)
+        "local",
+        "g",
+        ["p", "q"],
+        ["z"],
+        [helper.make_node("f", ["p", "q", "p"], ["z"], domain="local")],
+        OPSETS,
+    )
     then_g = helper.make_graph(
-        [helper.make_node("f", ["X", "T", "X"], ["t"], domain="local")], "then", [],
-        [helper.make_tensor_value_info("t", F, [3])])
+        [helper.make_node("f", ["X", "T", "X"], ["t"], domain="local")],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t", F, [3])],
+    )
     else_g = helper.make_graph(
-        [helper.make_node("Neg", ["X"], ["e"])], "else", [],
-        [helper.make_tensor_value_info("e", F, [3])])
+        [helper.make_node("Neg", ["X"], ["e"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e", F, [3])],
+    )
     nodes = [
         helper.make_node("Sigmoid", ["X"], ["T"]),  # only feeds the unused argument
         helper.make_node("f", ["X", "T", "X"], ["Y1"], domain="local"),
@@ -36,10 +51,14 @@ def _model() -> onnx.ModelProto:
         helper.make_node("If", ["C"], ["Y3"], then_branch=then_g, else_branch=else_g),
     ]
     graph = helper.make_graph(
-        nodes, "main",
-        [helper.make_tensor_value_info("X", F, [3]),
-         helper.make_tensor_value_info("C", TensorProto.BOOL, [])],
-        [helper.make_tensor_value_info(n, F, [3]) for n in ("Y1", "Y2", "Y3")])
+        nodes,
+        "main",
+        [
+            helper.make_tensor_value_info("X", F, [3]),
+            helper.make_tensor_value_info("C", TensorProto.BOOL, []),
+        ],
+        [helper.make_tensor_value_info(n, F, [3]) for n in ("Y1", "Y2", "Y3")],
+    )
     return helper.make_model(graph, opset_imports=OPSETS, functions=[f, g_fn])
 
 
@@ -54,7 +73,8 @@ def test_unused_function_input_leaves_function_and_calls() -> None:
     proto = _model()
     m = fastopt.from_onnx(proto)
     report = fastopt.optimize(
-        m, passes=["eliminate_unused_function_inputs", "eliminate_dead_nodes"])
+        m, passes=["eliminate_unused_function_inputs", "eliminate_dead_nodes"]
+    )
     # f's b, then g's q: once f no longer takes b, g passes q on to nobody.
     assert report.passes[0].rewrites == 2
     m.verify()

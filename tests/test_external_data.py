@@ -582,9 +582,12 @@ def test_typed_field_tensors_move_to_external_data(tmp_path: Path) -> None:
     w = helper.make_tensor("w", TensorProto.FLOAT, [3, 400], [0.25] * 1200)
     small = helper.make_tensor("b", TensorProto.FLOAT, [2], [1.0, 2.0])
     g = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 400])], [w, small])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 400])],
+        [w, small],
+    )
     m = fastopt.from_onnx(helper.make_model(g))
     out = tmp_path / "m.onnx"
     m.save(str(out), external_data=True)
@@ -594,5 +597,6 @@ def test_typed_field_tensors_move_to_external_data(tmp_path: Path) -> None:
     assert big.data_location == TensorProto.EXTERNAL and not big.float_data
     assert tiny.data_location == TensorProto.DEFAULT and list(tiny.float_data) == [1.0, 2.0]
     loaded = onnx.load(str(out))
-    np.testing.assert_array_equal(numpy_helper.to_array(loaded.graph.initializer[0]),
-                                  np.full((3, 400), 0.25, np.float32))
+    np.testing.assert_array_equal(
+        numpy_helper.to_array(loaded.graph.initializer[0]), np.full((3, 400), 0.25, np.float32)
+    )

@@ -544,20 +544,34 @@ def test_weight_computed_from_constants_is_scaled_not_materialized(tmp_path):
     rng = np.random.default_rng(3)
     m_, c, k = 64, 32, 3  # 73 KB of weight: over what constant folding may materialize
     shape = numpy_helper.from_array(np.array([m_, c, k, k], np.int64), "wshape")
-    params = [numpy_helper.from_array(a.astype(np.float32), n) for n, a in (
-        ("scale", rng.uniform(0.5, 1.5, m_)), ("B", rng.normal(size=m_)),
-        ("mean", rng.normal(size=m_)), ("var", rng.uniform(0.5, 2.0, m_)))]
+    params = [
+        numpy_helper.from_array(a.astype(np.float32), n)
+        for n, a in (
+            ("scale", rng.uniform(0.5, 1.5, m_)),
+            ("B", rng.normal(size=m_)),
+            ("mean", rng.normal(size=m_)),
+            ("var", rng.uniform(0.5, 2.0, m_)),
+        )
+    ]
     nodes = [
-        helper.make_node("ConstantOfShape", ["wshape"], ["W"],
-                         value=numpy_helper.from_array(np.array([0.05], np.float32))),
+        helper.make_node(
+            "ConstantOfShape",
+            ["wshape"],
+            ["W"],
+            value=numpy_helper.from_array(np.array([0.05], np.float32)),
+        ),
         helper.make_node("Conv", ["X", "W"], ["c"], pads=[1, 1, 1, 1]),
-        helper.make_node("BatchNormalization", ["c", "scale", "B", "mean", "var"], ["Y"],
-                         epsilon=1e-3),
+        helper.make_node(
+            "BatchNormalization", ["c", "scale", "B", "mean", "var"], ["Y"], epsilon=1e-3
+        ),
     ]
     g = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, c, 5, 5])],
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, c, 5, 5])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, m_, 5, 5])],
-        [shape, *params])
+        [shape, *params],
+    )
     src = tmp_path / "in.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src)
     out = tmp_path / "out.onnx"

@@ -19,7 +19,11 @@ def _ir3_model() -> onnx.ModelProto:
     inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3]) for n in ("X", "a", "b")]
     g = helper.make_graph(
         [helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("Mul", ["X", "s"], ["Y"])],
-        "g", inputs, [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [3])], [a, b])
+        "g",
+        inputs,
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [3])],
+        [a, b],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 8)])
     m.ir_version = 3
     return m
@@ -29,8 +33,7 @@ def test_ir3_weights_fold_and_stay_listed_as_inputs(tmp_path: Path) -> None:
     src = tmp_path / "in.onnx"
     onnx.save(_ir3_model(), src)
     out = tmp_path / "out.onnx"
-    report = fastopt.optimize(src, passes=["fold_constants", "eliminate_dead_nodes"],
-                              output=out)
+    report = fastopt.optimize(src, passes=["fold_constants", "eliminate_dead_nodes"], output=out)
     # In IR < 4 the folded value stays a Constant node: an initializer would be a new input.
     assert report.ops_after == {"Constant": 1, "Mul": 1}
     saved = onnx.load(out)

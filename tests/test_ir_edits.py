@@ -148,11 +148,17 @@ def _if_model() -> onnx.ModelProto:
     c = helper.make_tensor_value_info("C", TensorProto.BOOL, [])
     y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2])
     then_g = helper.make_graph(
-        [helper.make_node("Neg", ["h"], ["t"])], "then", [],
-        [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2])])
+        [helper.make_node("Neg", ["h"], ["t"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2])],
+    )
     else_g = helper.make_graph(
-        [helper.make_node("Abs", ["h"], ["e"])], "else", [],
-        [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2])])
+        [helper.make_node("Abs", ["h"], ["e"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2])],
+    )
     nodes = [
         helper.make_node("Relu", ["X"], ["h"], name="relu"),
         helper.make_node("If", ["C"], ["Y"], then_branch=then_g, else_branch=else_g),
@@ -193,7 +199,8 @@ def test_cycle_through_subgraph_outer_reference_is_caught() -> None:
 def test_removed_values_drop_their_value_info(tmp_path: Path) -> None:
     proto = _chain_model()
     proto.graph.value_info.extend(
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in ("n", "s")])
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in ("n", "s")]
+    )
     m = fastopt.from_onnx(proto)
     g = m.graph
     relu = next(n for n in g.nodes if n.op_type == "Relu")

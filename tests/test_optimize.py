@@ -39,7 +39,8 @@ def model_path(tmp_path: Path) -> Path:
 def test_report_counts_rewrites_and_ops(model_path: Path, tmp_path: Path) -> None:
     before = hashlib.sha256(model_path.read_bytes()).hexdigest()
     report = fastopt.optimize(
-        model_path, passes=["eliminate_identity", "eliminate_dead_nodes"],
+        model_path,
+        passes=["eliminate_identity", "eliminate_dead_nodes"],
         output=tmp_path / "out.onnx",
     )
     assert [p.name for p in report.passes] == ["eliminate_identity", "eliminate_dead_nodes"]
@@ -58,8 +59,7 @@ def test_report_counts_rewrites_and_ops(model_path: Path, tmp_path: Path) -> Non
 def test_python_pass_registration_and_opset_range(model_path: Path) -> None:
     seen: list[int] = []
 
-    @fastopt.register_pass("test_count_nodes", "counts nodes (test)", tags=("test",),
-                           min_opset=18)
+    @fastopt.register_pass("test_count_nodes", "counts nodes (test)", tags=("test",), min_opset=18)
     def count_nodes(ctx: fastopt.PassContext) -> int:
         seen.append(ctx.model.graph.node_count)
         return 0
@@ -103,16 +103,27 @@ def test_default_preset_keeps_outputs(model_path: Path, tmp_path: Path) -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fastopt", *args], capture_output=True,
-                          text=True, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "fastopt", *args], capture_output=True, text=True, check=False
+    )
 
 
 def test_cli_optimize_report_and_explain(model_path: Path, tmp_path: Path) -> None:
     out = tmp_path / "out.onnx"
     rep = tmp_path / "report.json"
-    r = _cli("optimize", str(model_path), "-o", str(out), "--passes",
-             "eliminate_identity,eliminate_dead_nodes", "--verify", "--report", str(rep),
-             "--explain", "eliminate_identity")
+    r = _cli(
+        "optimize",
+        str(model_path),
+        "-o",
+        str(out),
+        "--passes",
+        "eliminate_identity,eliminate_dead_nodes",
+        "--verify",
+        "--report",
+        str(rep),
+        "--explain",
+        "eliminate_identity",
+    )
     assert r.returncode == 0, r.stderr
     assert "eliminate_identity @ node" in r.stdout
     assert "verify passed" in r.stdout
@@ -148,8 +159,9 @@ def test_cli_options_reach_the_passes(tmp_path: Path) -> None:
     src = tmp_path / "m.onnx"
     onnx.save(_model_with_identities(opset=13), src)
     out = tmp_path / "o.onnx"
-    r = _cli("optimize", str(src), "-o", str(out), "--passes", "convert_version",
-             "--option", "opset=18")
+    r = _cli(
+        "optimize", str(src), "-o", str(out), "--passes", "convert_version", "--option", "opset=18"
+    )
     assert r.returncode == 0, r.stderr
     assert [o.version for o in onnx.load(out).opset_import if o.domain == ""] == [18]
     r = _cli("optimize", str(src), "--passes", "convert_version", "--option", "opset")

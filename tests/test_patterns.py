@@ -28,8 +28,9 @@ def _run(model: onnx.ModelProto | fastopt.Model, feeds: dict[str, np.ndarray]) -
 
 def _model(nodes, inputs, outputs, inits=(), opset=17) -> onnx.ModelProto:
     g = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset),
-                                               helper.make_opsetid("com.microsoft", 1)])
+    return helper.make_model(
+        g, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)]
+    )
 
 
 def _vi(name: str, shape=(2, 4), dtype=F):
@@ -51,7 +52,9 @@ X = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
 def test_commutative_inputs_match_in_either_order(order: list[str]) -> None:
     proto = _model(
         [helper.make_node("Sigmoid", ["X"], ["s"]), helper.make_node("Mul", order, ["Y"])],
-        [_vi("X")], [_vi("Y")])
+        [_vi("X")],
+        [_vi("Y")],
+    )
     m = fastopt.from_onnx(proto)
     rewrites, per_rule, _ = fastopt.apply_rules(m, [_silu_rule()])
     assert rewrites == 1 and per_rule == {"silu": 1}
@@ -65,7 +68,9 @@ def test_different_vars_do_not_match() -> None:
     """x * Sigmoid(z) is not SiLU: the var x must bind to one value."""
     proto = _model(
         [helper.make_node("Sigmoid", ["Z"], ["s"]), helper.make_node("Mul", ["X", "s"], ["Y"])],
-        [_vi("X"), _vi("Z")], [_vi("Y")])
+        [_vi("X"), _vi("Z")],
+        [_vi("Y")],
+    )
     m = fastopt.from_onnx(proto)
     assert fastopt.apply_rules(m, [_silu_rule()])[0] == 0
     assert m.op_counts() == {"Sigmoid": 1, "Mul": 1}
@@ -73,9 +78,14 @@ def test_different_vars_do_not_match() -> None:
 
 def test_intermediate_with_other_uses_blocks_the_match() -> None:
     proto = _model(
-        [helper.make_node("Sigmoid", ["X"], ["s"]), helper.make_node("Mul", ["X", "s"], ["Y"]),
-         helper.make_node("Neg", ["s"], ["W"])],
-        [_vi("X")], [_vi("Y"), _vi("W")])
+        [
+            helper.make_node("Sigmoid", ["X"], ["s"]),
+            helper.make_node("Mul", ["X", "s"], ["Y"]),
+            helper.make_node("Neg", ["s"], ["W"]),
+        ],
+        [_vi("X")],
+        [_vi("Y"), _vi("W")],
+    )
     m = fastopt.from_onnx(proto)
     rewrites, _, lines = fastopt.apply_rules(m, [_silu_rule()], explain_rule="silu")
     assert rewrites == 0
@@ -86,12 +96,18 @@ def test_shared_node_allows_other_uses() -> None:
     p = fastopt.Pattern("silu_shared")
     x = p.var("x")
     p.root(p.op("Mul", [x, p.op("Sigmoid", [x]).shared()]).commutative())
-    rule = fastopt.Rule("silu_shared", p, replace=("QuickGelu", ["x"], {"alpha": 1.0},
-                                                   "com.microsoft"))
+    rule = fastopt.Rule(
+        "silu_shared", p, replace=("QuickGelu", ["x"], {"alpha": 1.0}, "com.microsoft")
+    )
     proto = _model(
-        [helper.make_node("Sigmoid", ["X"], ["s"]), helper.make_node("Mul", ["X", "s"], ["Y"]),
-         helper.make_node("Neg", ["s"], ["W"])],
-        [_vi("X")], [_vi("Y"), _vi("W")])
+        [
+            helper.make_node("Sigmoid", ["X"], ["s"]),
+            helper.make_node("Mul", ["X", "s"], ["Y"]),
+            helper.make_node("Neg", ["s"], ["W"]),
+        ],
+        [_vi("X")],
+        [_vi("Y"), _vi("W")],
+    )
     m = fastopt.from_onnx(proto)
     assert fastopt.apply_rules(m, [rule])[0] == 1
     m.verify()
@@ -114,8 +130,10 @@ def _gelu_model(with_cast: bool, half: float = 0.5) -> onnx.ModelProto:
         helper.make_node("Mul", [src, "a"], ["m"]),
         helper.make_node("Mul", ["m", "half"], ["Y"]),
     ]
-    inits = [numpy_helper.from_array(np.array(v, np.float32), n)
-             for n, v in (("sqrt2", 1.4142135), ("one", 1.0), ("half", half))]
+    inits = [
+        numpy_helper.from_array(np.array(v, np.float32), n)
+        for n, v in (("sqrt2", 1.4142135), ("one", 1.0), ("half", half))
+    ]
     return _model(nodes, [_vi("X")], [_vi("Y")], inits)
 
 
@@ -154,14 +172,25 @@ def test_alternatives_and_attribute_constraints() -> None:
     rule = fastopt.Rule("relu_or_clip", p, replace=("Neg", ["act"], {}))
 
     def model(op: str, **attrs: float) -> fastopt.Model:
-        return fastopt.from_onnx(_model(
-            [helper.make_node(op, ["X"], ["r"], **attrs), helper.make_node("Neg", ["r"], ["Y"])],
-            [_vi("X")], [_vi("Y")]))
+        return fastopt.from_onnx(
+            _model(
+                [
+                    helper.make_node(op, ["X"], ["r"], **attrs),
+                    helper.make_node("Neg", ["r"], ["Y"]),
+                ],
+                [_vi("X")],
+                [_vi("Y")],
+            )
+        )
 
     # The replacement reads "act" itself: a no-op rewrite that still proves binding; what
     # matters is which graphs match at all.
-    for op, attrs, expected in (("Relu", {}, 1), ("LeakyRelu", {"alpha": 0.0}, 1),
-                                ("LeakyRelu", {"alpha": 0.1}, 0), ("Sigmoid", {}, 0)):
+    for op, attrs, expected in (
+        ("Relu", {}, 1),
+        ("LeakyRelu", {"alpha": 0.0}, 1),
+        ("LeakyRelu", {"alpha": 0.1}, 0),
+        ("Sigmoid", {}, 0),
+    ):
         m = model(op, **attrs)
         got = fastopt.apply_rules(m, [rule], max_iterations=1)[0]
         assert got == expected, (op, attrs)
@@ -183,10 +212,13 @@ def test_python_rewrite_and_transactional_failure() -> None:
     p.root(p.op("Mul", [x, p.op("Sigmoid", [x])]).commutative())
     proto = _model(
         [helper.make_node("Sigmoid", ["X"], ["s"]), helper.make_node("Mul", ["X", "s"], ["Y"])],
-        [_vi("X")], [_vi("Y")])
+        [_vi("X")],
+        [_vi("Y")],
+    )
     m = fastopt.from_onnx(proto)
-    rewrites, _, lines = fastopt.apply_rules(m, [fastopt.Rule("decline", p, rewrite=rewrite)],
-                                             explain_rule="decline")
+    rewrites, _, lines = fastopt.apply_rules(
+        m, [fastopt.Rule("decline", p, rewrite=rewrite)], explain_rule="decline"
+    )
     assert rewrites == 0 and calls == ["Mul"]
     assert any("declined on purpose" in line for line in lines)
     m.verify()
@@ -195,6 +227,7 @@ def test_python_rewrite_and_transactional_failure() -> None:
 
 def test_python_rewrite_builds_initializers() -> None:
     """x * Sigmoid(x) -> x * Sigmoid(x * 1.0): exercises Rewriter.op and .initializer."""
+
     def rewrite(match: fastopt.Match, rw: fastopt.Rewriter):
         one = rw.initializer("one", np.ones((1,), np.float32))
         scaled = rw.op("Mul", [match["x"], one])[0]
@@ -206,10 +239,14 @@ def test_python_rewrite_builds_initializers() -> None:
     p.root(p.op("Mul", [x, p.op("Sigmoid", [x])]).commutative())
     proto = _model(
         [helper.make_node("Sigmoid", ["X"], ["s"]), helper.make_node("Mul", ["X", "s"], ["Y"])],
-        [_vi("X")], [_vi("Y")])
+        [_vi("X")],
+        [_vi("Y")],
+    )
     m = fastopt.from_onnx(proto)
-    assert fastopt.apply_rules(m, [fastopt.Rule("rebuild", p, rewrite=rewrite)],
-                               max_iterations=1)[0] == 1
+    assert (
+        fastopt.apply_rules(m, [fastopt.Rule("rebuild", p, rewrite=rewrite)], max_iterations=1)[0]
+        == 1
+    )
     m.verify()
     assert m.op_counts() == {"Mul": 2, "Sigmoid": 1}
     np.testing.assert_allclose(_run(m, {"X": X})[0], _run(proto, {"X": X})[0], atol=1e-6)
@@ -224,7 +261,10 @@ def test_template_takes_scalar_attribute_from_match() -> None:
     rule = fastopt.Rule("leaky", p, replace=("LeakyRelu", ["x"], {"alpha": "$c"}))
     proto = _model(
         [helper.make_node("Mul", ["X", "c"], ["m"]), helper.make_node("Max", ["X", "m"], ["Y"])],
-        [_vi("X")], [_vi("Y")], [numpy_helper.from_array(np.array(0.2, np.float32), "c")])
+        [_vi("X")],
+        [_vi("Y")],
+        [numpy_helper.from_array(np.array(0.2, np.float32), "c")],
+    )
     m = fastopt.from_onnx(proto)
     assert fastopt.apply_rules(m, [rule])[0] == 1
     (node,) = [n for n in m.graph.nodes if n.op_type == "LeakyRelu"]
@@ -247,11 +287,16 @@ def test_larger_pattern_wins_over_its_subpattern() -> None:
 def test_subgraphs_are_visited() -> None:
     body = helper.make_graph(
         [helper.make_node("Sigmoid", ["X"], ["s"]), helper.make_node("Mul", ["X", "s"], ["t"])],
-        "then", [], [_vi("t")])
+        "then",
+        [],
+        [_vi("t")],
+    )
     other = helper.make_graph([helper.make_node("Neg", ["X"], ["e"])], "else", [], [_vi("e")])
     proto = _model(
         [helper.make_node("If", ["C"], ["Y"], then_branch=body, else_branch=other)],
-        [_vi("X"), helper.make_tensor_value_info("C", TensorProto.BOOL, [])], [_vi("Y")])
+        [_vi("X"), helper.make_tensor_value_info("C", TensorProto.BOOL, [])],
+        [_vi("Y")],
+    )
     m = fastopt.from_onnx(proto)
     assert fastopt.apply_rules(m, [_silu_rule()])[0] == 1
     m.verify()
@@ -264,11 +309,17 @@ def test_registered_rules_run_through_optimize(tmp_path: Path) -> None:
     try:
         proto = _model(
             [helper.make_node("Sigmoid", ["X"], ["s"]), helper.make_node("Mul", ["s", "X"], ["Y"])],
-            [_vi("X")], [_vi("Y")])
+            [_vi("X")],
+            [_vi("Y")],
+        )
         path = tmp_path / "in.onnx"
         onnx.save(proto, path)
-        report = fastopt.optimize(path, passes=["test_fuse_silu", "eliminate_dead_nodes"],
-                                  output=tmp_path / "out.onnx", explain="*")
+        report = fastopt.optimize(
+            path,
+            passes=["test_fuse_silu", "eliminate_dead_nodes"],
+            output=tmp_path / "out.onnx",
+            explain="*",
+        )
         assert report.passes[0].rewrites == 1
         assert report.passes[0].counters == {"silu": 1}
         assert report.ops_after == {"com.microsoft::QuickGelu": 1}
@@ -291,17 +342,19 @@ def test_rule_needs_exactly_one_rewrite() -> None:
 def _add_model(x_shape: list, b_shape: list) -> onnx.ModelProto:
     return _model(
         [helper.make_node("Add", ["X", "B"], ["s"]), helper.make_node("Relu", ["s"], ["Y"])],
-        [_vi("X", x_shape), _vi("B", b_shape)], [_vi("Y", x_shape)])
+        [_vi("X", x_shape), _vi("B", b_shape)],
+        [_vi("Y", x_shape)],
+    )
 
 
 @pytest.mark.parametrize(
     ("x_shape", "b_shape", "fires"),
     [
-        (["batch", 4], [4], True),        # last dims equal (numbers)
-        (["batch", "h"], ["h"], True),    # last dims equal (same symbol)
-        (["batch", 4], [3], False),       # differ
-        (["batch", "h"], ["w"], False),   # different symbols: not provably equal
-        (["batch", None], [4], False),    # unknown dim: cannot prove
+        (["batch", 4], [4], True),  # last dims equal (numbers)
+        (["batch", "h"], ["h"], True),  # last dims equal (same symbol)
+        (["batch", 4], [3], False),  # differ
+        (["batch", "h"], ["w"], False),  # different symbols: not provably equal
+        (["batch", None], [4], False),  # unknown dim: cannot prove
     ],
 )
 def test_symbolic_dims_bind_once_per_match(x_shape: list, b_shape: list, fires: bool) -> None:
