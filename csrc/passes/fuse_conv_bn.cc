@@ -79,9 +79,39 @@ bool computed_from_constants(const Value* v, int depth) {
   return true;
 }
 
-Replacement fold_into_computed_weight(const Match& m, Rewriter& rw, Node* conv_node, Node* bn_node,
-                                      double eps) {
-  (void)bn_node;
+// Per output channel: factor = scale / sqrt(var + eps) and the folded bias
+// (conv_bias - mean) * factor + B. Returns why not, when an operand is not a constant [M].
+std::optional<std::string> fold_factors(const Match& m, const Node* conv_node, int64_t channels,
+                                        int32_t dtype, double eps, std::vector<double>& factor,
+                                        std::vector<double>& new_bias) {
+  std::vector<double> bias(static_cast<size_t>(channels), 0.0);
+  Value* conv_bias = conv_node->inputs().size() > 2 ? conv_node->inputs()[2] : nullptr;
+  if (conv_bias) {
+    auto b = channel_vector(conv_bias, channels);
+    if (!b || value_dtype(conv_bias) != dtype) {
+      return std::string("the Conv bias is not a constant [M] of the weight's dtype");
+    }
+    bias = *b;
+  }
+  auto scale = channel_vector(m.value("scale"), channels);
+  auto shift = channel_vector(m.value("B"), channels);
+  auto mean = channel_vector(m.value("mean"), channels);
+  auto var = channel_vector(m.value("var"), channels);
+  if (!scale || !shift || !mean || !var) {
+    return std::string("scale, B, mean and var must be constants of shape [M]");
+  }
+  factor.assign(bias.size(), 0.0);
+  new_bias.assign(bias.size(), 0.0);
+  for (size_t c = 0; c < bias.size(); ++c) {
+    const double denom = (*var)[c] + eps;
+    if (!(denom > 0)) return std::string("var + epsilon is not positive");
+    factor[c] = (*scale)[c] / std::sqrt(denom);
+    new_bias[c] = (bias[c] - (*mean)[c]) * factor[c] + (*shift)[c];
+  }
+  return std::nullopt;
+}
+
+Replacement fold_into_computed_weight(const Match& m, Rewriter& rw, Node* conv_node, double eps) {
   Value* w = m.value("w");
   if (!computed_from_constants(w, 4)) return rw.fail("the Conv weight is not a constant");
   const int32_t dtype = value_dtype(w);
@@ -93,27 +123,9 @@ Replacement fold_into_computed_weight(const Match& m, Rewriter& rw, Node* conv_n
   auto scale_t = constant_tensor(m.value("scale"));
   if (!scale_t || scale_t->dims.size() != 1) return rw.fail("scale is not a constant [M]");
   const int64_t channels = scale_t->dims[0];
-  Value* conv_bias = conv_node->inputs().size() > 2 ? conv_node->inputs()[2] : nullptr;
-  std::vector<double> bias(static_cast<size_t>(channels), 0.0);
-  if (conv_bias) {
-    auto b = channel_vector(conv_bias, channels);
-    if (!b || value_dtype(conv_bias) != dtype)
-      return rw.fail("the Conv bias is not a constant [M]");
-    bias = *b;
-  }
-  auto scale = channel_vector(m.value("scale"), channels);
-  auto shift = channel_vector(m.value("B"), channels);
-  auto mean = channel_vector(m.value("mean"), channels);
-  auto var = channel_vector(m.value("var"), channels);
-  if (!scale || !shift || !mean || !var) {
-    return rw.fail("scale, B, mean and var must be constants of shape [M]");
-  }
-  std::vector<double> factor(bias.size()), new_bias(bias.size());
-  for (size_t c = 0; c < bias.size(); ++c) {
-    const double denom = (*var)[c] + eps;
-    if (!(denom > 0)) return rw.fail("var + epsilon is not positive");
-    factor[c] = (*scale)[c] / std::sqrt(denom);
-    new_bias[c] = (bias[c] - (*mean)[c]) * factor[c] + (*shift)[c];
+  std::vector<double> factor, new_bias;
+  if (auto why = fold_factors(m, conv_node, channels, dtype, eps, factor, new_bias)) {
+    return rw.fail(*why);
   }
   std::vector<int64_t> factor_dims(static_cast<size_t>(rank), 1);
   factor_dims[0] = channels;
@@ -161,7 +173,7 @@ std::vector<Rule> rules(const PassContext&) {
     if (auto* a = bn_node->attribute("epsilon"); a && a->f) eps = *a->f;
 
     auto wt = constant_tensor(m.value(w));
-    if (!wt) return fold_into_computed_weight(m, rw, conv_node, bn_node, eps);
+    if (!wt) return fold_into_computed_weight(m, rw, conv_node, eps);
     const int32_t dtype = wt->dtype();
     if (dtype != kFloat && dtype != kDouble && dtype != kFloat16) {
       return rw.fail("weight dtype " + dtype_name(dtype) + " is not handled");
@@ -169,31 +181,9 @@ std::vector<Rule> rules(const PassContext&) {
     if (wt->dims.size() < 3 || wt->dims[0] <= 0) return rw.fail("the weight is not [M, C/g, k...]");
     const int64_t channels = wt->dims[0];
 
-    std::vector<double> bias(static_cast<size_t>(channels), 0.0);
-    Value* conv_bias = conv_node->inputs().size() > 2 ? conv_node->inputs()[2] : nullptr;
-    if (conv_bias) {
-      auto bt = constant_tensor(conv_bias);
-      if (!bt || bt->dtype() != dtype)
-        return rw.fail("the Conv bias is not a constant of W's dtype");
-      auto b = channel_vector(conv_bias, channels);
-      if (!b) return rw.fail("the Conv bias is not [M]");
-      bias = *b;
-    }
-    auto scale = channel_vector(m.value("scale"), channels);
-    auto shift = channel_vector(m.value("B"), channels);
-    auto mean = channel_vector(m.value("mean"), channels);
-    auto var = channel_vector(m.value("var"), channels);
-    if (!scale || !shift || !mean || !var) {
-      return rw.fail("scale, B, mean and var must be constants of shape [M]");
-    }
-
-    std::vector<double> new_bias(bias.size());
-    std::vector<double> factor(bias.size());
-    for (size_t c = 0; c < bias.size(); ++c) {
-      const double denom = (*var)[c] + eps;
-      if (!(denom > 0)) return rw.fail("var + epsilon is not positive");
-      factor[c] = (*scale)[c] / std::sqrt(denom);
-      new_bias[c] = (bias[c] - (*mean)[c]) * factor[c] + (*shift)[c];
+    std::vector<double> factor, new_bias;
+    if (auto why = fold_factors(m, conv_node, channels, dtype, eps, factor, new_bias)) {
+      return rw.fail(*why);
     }
     // The weight is decoded last: every cheaper check has passed.
     auto weights = tensor_doubles(*wt, wt->numel());
@@ -216,6 +206,7 @@ std::vector<Rule> rules(const PassContext&) {
 
     Value* w_new = add_constant(rw, m.value(w)->name() + "_bn",
                                 make_tensor(dtype, wt->dims, encode(dtype, *weights)));
+    const Value* conv_bias = conv_node->inputs().size() > 2 ? conv_node->inputs()[2] : nullptr;
     const std::string bias_base = conv_bias ? conv_bias->name() : m.value(w)->name() + "_bias";
     Value* b_new = add_constant(rw, bias_base + "_bn",
                                 make_tensor(dtype, {channels}, encode(dtype, new_bias)));
