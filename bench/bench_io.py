@@ -38,6 +38,12 @@ from collections.abc import Iterator
 from importlib import metadata
 from typing import Any
 
+from _benchlib import MB  # shared with the other benchmarks (bench/ is on sys.path as a script)
+from _benchlib import cpu_model as _cpu_model
+from _benchlib import fmt_mb as _fmt_mb
+from _benchlib import fmt_s as _fmt_s
+from _benchlib import mem_total as _mem_total
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
@@ -52,7 +58,6 @@ MODES: dict[str, str] = {
 LOAD_TARGET_S = 1.0
 RSS_TARGET_BYTES = 300 * 1024 * 1024
 SAVE_VS_CP_TARGET = 1.5
-MB = 1024 * 1024
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,22 +307,6 @@ def measure(mode: str, model_dir: str, out_dir: str) -> dict[str, Any]:
     return res
 
 
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
-def _mem_total() -> int:
-    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def _version(dist: str) -> str:
     try:
         return metadata.version(dist)
@@ -390,18 +379,8 @@ def ensure_model(workdir: str, sizes: dict[str, Any]) -> tuple[str, dict[str, An
     return model_dir, info
 
 
-def _fmt_s(s: float) -> str:
-    if s < 0.01:
-        return f"{s * 1000:.2f} ms"
-    return f"{s * 1000:.0f} ms" if s < 1 else f"{s:.2f} s"
-
-
 def _fmt_ratio(x: float) -> str:
     return f"{x:.2g}x" if x < 0.1 else f"{x:.2f}x"
-
-
-def _fmt_mb(b: float) -> str:
-    return f"{b / MB:,.0f} MB"
 
 
 def summarize(runs: list[dict[str, Any]], modes: list[str]) -> dict[str, dict[str, Any]]:

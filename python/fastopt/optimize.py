@@ -11,7 +11,7 @@ from typing import Any, Literal, Union
 from fastopt import _C
 from fastopt._io import load
 from fastopt.genai_config import GENAI_CONFIG, genai_config, write_genai_config
-from fastopt.registry import PassContext, Target, get_pass, preset
+from fastopt.registry import PassContext, Target, default_opset, get_pass, preset
 
 ModelOrPath = Union[_C.Model, str, "os.PathLike[str]"]
 # Called before each pass with (index, count, pass name); for progress displays.
@@ -65,11 +65,6 @@ class OptimizeReport:
         }
 
 
-def _default_opset(model: _C.Model) -> int:
-    imports = model.opset_imports
-    return int(imports.get("", imports.get("ai.onnx", 0)))
-
-
 def optimize(
     model_or_path: ModelOrPath,
     preset: str = "default",
@@ -120,7 +115,7 @@ def optimize(
         if progress is not None:
             progress(i, len(names), name)
         spec = get_pass(name)
-        opset = _default_opset(ctx.model)
+        opset = default_opset(ctx.model)
         if not spec.applies_to(opset):
             reports.append(
                 PassReport(name, 0, 0.0, _node_count(ctx.model), skipped=f"opset {opset}")

@@ -46,6 +46,12 @@ class PassContext:
 PassFunction = Callable[[PassContext], int]
 
 
+def default_opset(model: _C.Model) -> int:
+    """The model's opset of the default domain ("" or "ai.onnx"); 0 when it imports none."""
+    imports = model.opset_imports
+    return int(imports.get("", imports.get("ai.onnx", 0)))
+
+
 @dataclass(frozen=True)
 class PassSpec:
     name: str

@@ -11,12 +11,7 @@ import onnx
 import onnx.version_converter
 
 from fastopt import _C
-from fastopt.registry import PassContext, register_pass
-
-
-def _default_opset(model: _C.Model) -> int:
-    imports = model.opset_imports
-    return int(imports.get("", imports.get("ai.onnx", 0)))
+from fastopt.registry import PassContext, default_opset, register_pass
 
 
 @register_pass(
@@ -30,7 +25,7 @@ def convert_version(ctx: PassContext) -> int:
         return 0
     if not isinstance(target, int) or isinstance(target, bool) or target < 1:
         raise ValueError(f"options['opset'] must be an opset number, not {target!r}")
-    if _default_opset(ctx.model) == target:
+    if default_opset(ctx.model) == target:
         return 0
     return _convert(ctx, target)
 
@@ -58,6 +53,6 @@ FUSED_OPS_OPSET = 23
     tags=("conversion", "llm"),
 )
 def target_opset(ctx: PassContext) -> int:
-    if ctx.target != "onnx" or _default_opset(ctx.model) >= FUSED_OPS_OPSET:
+    if ctx.target != "onnx" or default_opset(ctx.model) >= FUSED_OPS_OPSET:
         return 0
     return _convert(ctx, FUSED_OPS_OPSET)
