@@ -279,9 +279,10 @@ struct Emitter {
     return rope(x, rotary_dim > 0 ? num_heads_4d(x) : std::nullopt);
   }
 
-  // The (cos, sin) cache initializers for a traced source, made once per distinct source.
-  std::pair<Value*, Value*> caches(Graph& g, const rotary::CosSinSource& c,
-                                   const rotary::CosSinSource& s) const {
+  // The (cos, sin) cache initializers for a traced source, made once per distinct source;
+  // nullopt (and nothing added) when a table's two halves differ (not rotate_half's layout).
+  std::optional<std::pair<Value*, Value*>> caches(Graph& g, const rotary::CosSinSource& c,
+                                                  const rotary::CosSinSource& s) const {
     std::string key =
         std::to_string(reinterpret_cast<uintptr_t>(&g)) + ":" + std::to_string(c.dtype) + ":";
     int64_t max_positions = kDefaultMaxPositions;
@@ -307,6 +308,7 @@ struct Emitter {
       tc = rotary::frequency_cache(c, true, max_positions);
       ts = rotary::frequency_cache(s, false, max_positions);
     }
+    if (!tc || !ts) return std::nullopt;
     std::pair<Value*, Value*> out{g.add_initializer(g.unique_name("rotary_cos_cache"), tc),
                                   g.add_initializer(g.unique_name("rotary_sin_cache"), ts)};
     ++ctx->counters["caches"];
@@ -377,12 +379,11 @@ std::vector<Rule> rules(PassContext& ctx) {
       if (it != ctx.options.end() && it->second <= 0) {
         return rw.fail("option rotary_max_positions must be positive");
       }
-    } else if (!rotary::table_cache(*c) || !rotary::table_cache(*s)) {
-      // Checked here (not only when the caches are made) so that a failure leaves no trace.
-      return rw.fail("a cos/sin table's two halves differ (not rotate_half's layout)");
     }
-    auto [cc, sc] = em.caches(rw.graph(), *c, *s);
-    return std::vector<Value*>{em.emit(rw, vx, c->positions, cc, sc, 0, 0)};
+    // Last check: caches() adds its initializers only when both caches could be made.
+    auto caches = em.caches(rw.graph(), *c, *s);
+    if (!caches) return rw.fail("a cos/sin table's two halves differ (not rotate_half's layout)");
+    return std::vector<Value*>{em.emit(rw, vx, c->positions, caches->first, caches->second, 0, 0)};
   };
 
   // --- partial rotary: Concat(rope(x[..., :r]), x[..., r:]) ---

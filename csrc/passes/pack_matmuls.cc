@@ -151,11 +151,12 @@ class Packer {
         all = all && m.add;
       }
       if (all) group = with_bias;
+      Node* first = group[0].matmul;  // the earliest: members were collected in node order
       if (mode == 0) {
         group = gqa_order(group);
         if (group.empty()) continue;
       }
-      pack(group);
+      pack(group, first);
       ++packed;
     }
     return packed;
@@ -200,17 +201,8 @@ class Packer {
   }
 
  private:
-  void pack(const std::vector<Member>& group) {
-    Node* first = group[0].matmul;
-    for (const Member& m : group) {
-      for (Node* n = g_.first(); n; n = n->next()) {  // the earliest MatMul of the group
-        if (n == first) break;
-        if (n == m.matmul) {
-          first = m.matmul;
-          break;
-        }
-      }
-    }
+  // `first`: the group's earliest MatMul (where A is defined for all of them).
+  void pack(const std::vector<Member>& group, Node* first) {
     const int64_t k = group[0].weight->dims[0];
     const int32_t dtype = group[0].weight->dtype();
     const uint64_t elem = static_cast<uint64_t>(dtype_bits(dtype) / 8);
