@@ -144,12 +144,6 @@ Node* position_range(Value* pos) {
   return nullptr;
 }
 
-std::vector<Attribute> attrs(Attribute a) {
-  std::vector<Attribute> out;
-  out.push_back(std::move(a));
-  return out;
-}
-
 class KvCacheBuilder {
  public:
   explicit KvCacheBuilder(Graph& g) : g_(g) {}
@@ -311,11 +305,11 @@ int64_t add_kv_cache(Model& m, PassContext& ctx) {
   // T is the attention mask's width and P = T - S, not the past's length: an in-place cache
   // binds a max-length buffer as the past, whose length says nothing of the tokens it holds.
   Value* seq_len = b.op("Gather", {b.op("Shape", {input_ids}, "kv_ids_shape", head), one},
-                        "kv_seq_len", head, attrs(attr_int("axis", 0)));
+                        "kv_seq_len", head, one_attr(attr_int("axis", 0)));
   Value* mask_shape_value = b.op("Shape", {attention_mask}, "kv_mask_shape", head);
   const Node* mask_shape = mask_shape_value->producer();
   Value* total_len =
-      b.op("Gather", {mask_shape_value, one}, "kv_total_len", head, attrs(attr_int("axis", 0)));
+      b.op("Gather", {mask_shape_value, one}, "kv_total_len", head, one_attr(attr_int("axis", 0)));
   Value* past_len = b.op("Sub", {total_len, seq_len}, "kv_past_len", head);
   Value* q_pos = b.op("Range", {past_len, total_len, one}, "kv_query_positions", head);
   Value* q_col =
@@ -323,7 +317,7 @@ int64_t add_kv_cache(Model& m, PassContext& ctx) {
   Value* k_pos = b.op("Range", {zero, total_len, one}, "kv_key_positions", head);
   Value* causal = b.op("LessOrEqual", {k_pos, q_col}, "kv_causal", head);
   Value* mask_bool =
-      b.op("Cast", {attention_mask}, "kv_mask_bool", head, attrs(attr_int("to", kBool)));
+      b.op("Cast", {attention_mask}, "kv_mask_bool", head, one_attr(attr_int("to", kBool)));
   Value* pad =
       b.op("Unsqueeze", {mask_bool, b.constant("kv_axes_1_2", {1, 2}, {2})}, "kv_padding", head);
   Value* allowed = b.op("And", {causal, pad}, "kv_attention_mask", head);
@@ -359,7 +353,7 @@ int64_t add_kv_cache(Model& m, PassContext& ctx) {
     Value* start = past_len;
     const int32_t t = value_dtype(limit);
     if (t != 0 && t != kInt64) {
-      start = b.op("Cast", {past_len}, "kv_position_start", r, attrs(attr_int("to", t)));
+      start = b.op("Cast", {past_len}, "kv_position_start", r, one_attr(attr_int("to", t)));
     }
     r->set_input(0, start);
     r->set_input(1, b.op("Add", {limit, start}, "kv_position_end", r));
@@ -375,7 +369,7 @@ int64_t add_kv_cache(Model& m, PassContext& ctx) {
       Value* cur = att->inputs()[1 + kv];
       Node* cat =
           b.node("Concat", {(kv ? past_v : past_k)[i], cur},
-                 "present." + idx + (kv ? ".value" : ".key"), att, attrs(attr_int("axis", 2)));
+                 "present." + idx + (kv ? ".value" : ".key"), att, one_attr(attr_int("axis", 2)));
       Value* present = cat->outputs()[0];
       present->type =
           tensor_type(l.dtype, {batch_dim, value_dim(l.hkv), param_dim("total_sequence_length"),

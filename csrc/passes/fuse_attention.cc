@@ -31,6 +31,7 @@
 #include "passes/attention.h"
 #include "passes/attention_shapes.h"
 #include "passes/fusion_util.h"
+#include "passes/norm_util.h"
 
 namespace fastopt::passes {
 namespace {
@@ -49,10 +50,6 @@ Node* producer_of(const Value* v, const char* op) {
 int64_t int_attr(const Node* n, const std::string& name, int64_t fallback) {
   const Attribute* a = n->attribute(name);
   return a && a->i ? *a->i : fallback;
-}
-
-bool is_float(int32_t t) {
-  return t == kFloat || t == kFloat16 || t == kBFloat16 || t == kDouble;
 }
 
 struct Found {
@@ -228,7 +225,7 @@ class Matcher {
       }
     }
     const int32_t t = dtype_of(m);
-    if (!is_float(t)) return fail("the added mask is not a float tensor");
+    if (!norm::is_float_type(t)) return fail("the added mask is not a float tensor");
     if (t != score_dtype) return fail("the mask's dtype differs from the scores'");
     f_.mask = m;
     return true;
@@ -313,7 +310,7 @@ class Matcher {
     f_.v = through_repeat_kv(v);
     // Types.
     const int32_t t = dtype_of(f_.q);
-    if (!is_float(t)) return fail("Q is not a float tensor");
+    if (!norm::is_float_type(t)) return fail("Q is not a float tensor");
     if (dtype_of(f_.k) != t || dtype_of(f_.v) != t) return fail("Q, K, V dtypes differ");
     if (rank_of(f_.q) != 4 || rank_of(f_.k) != 4 || rank_of(f_.v) != 4) {
       return fail("Q, K, V are not 4-D");

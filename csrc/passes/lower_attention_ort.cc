@@ -513,12 +513,6 @@ bool same_sequence(const Value* q4, const Value* k4) {
   return false;
 }
 
-std::vector<Attribute> attrs_of(Attribute a) {
-  std::vector<Attribute> out;
-  out.push_back(std::move(a));
-  return out;
-}
-
 // The RotaryEmbedding (com.microsoft, 3-D) that made `x3`, when GroupQueryAttention can apply
 // it instead (do_rotary): full rotary without options; else null. (Other readers keep the node.)
 const Node* foldable_rotary(const Value* x3) {
@@ -698,7 +692,7 @@ Replacement lower_attention_ort(Node* node, Rewriter& rw, PassContext& ctx) {
         t = k3 ? rw.op1("Gather", {rw.op1("Shape", {k3}), ints(rw, {1})})
                : rw.op1("Gather", {rw.op1("Shape", {k}), ints(rw, {2})});
       }
-      Value* shape = rw.op1("Concat", {ints(rw, {1, 1}), s, t}, attrs_of(attr_int("axis", 0)));
+      Value* shape = rw.op1("Concat", {ints(rw, {1, 1}), s, t}, one_attr(attr_int("axis", 0)));
       m = rw.op1("Expand", {m, shape});
     }
     if (mask_dtype == kBool) {
@@ -717,11 +711,11 @@ Replacement lower_attention_ort(Node* node, Rewriter& rw, PassContext& ctx) {
       // seqlens_k = valid tokens - 1 per row, total = the mask's width: once for all layers.
       Value* shape = shared_op(rw, "Shape", {mask_input});
       Value* width =
-          shared_op(rw, "Gather", {shape, ints(rw, {1}, true)}, attrs_of(attr_int("axis", 0)));
-      total = shared_op(rw, "Cast", {width}, attrs_of(attr_int("to", kInt32)));
+          shared_op(rw, "Gather", {shape, ints(rw, {1}, true)}, one_attr(attr_int("axis", 0)));
+      total = shared_op(rw, "Cast", {width}, one_attr(attr_int("to", kInt32)));
       Value* valid = shared_op(rw, "ReduceSum", {mask_input, ints(rw, {1})},
-                               attrs_of(attr_int("keepdims", 0)));
-      Value* valid32 = shared_op(rw, "Cast", {valid}, attrs_of(attr_int("to", kInt32)));
+                               one_attr(attr_int("keepdims", 0)));
+      Value* valid32 = shared_op(rw, "Cast", {valid}, one_attr(attr_int("to", kInt32)));
       seqlens = shared_op(rw, "Sub", {valid32, int32_scalar(rw, 1)});
     } else {
       // seqlens_k = T-1 and total = T for every row: every key is "valid" to GQA and the bias
@@ -734,23 +728,23 @@ Replacement lower_attention_ort(Node* node, Rewriter& rw, PassContext& ctx) {
       const bool mask_t = mask_bs && same_dim(dim_at(mask, 4, 3), t_dim);
       Value* shape = shared_op(rw, "Shape", {mask_bs ? mask : q3});
       Value* s = shared_op(rw, "Gather", {shape, ints(rw, {mask_bs ? 2 : 1}, true)},
-                           attrs_of(attr_int("axis", 0)));
+                           one_attr(attr_int("axis", 0)));
       Value* t = s;
       if (cache && mask_t) {
-        t = shared_op(rw, "Gather", {shape, ints(rw, {3}, true)}, attrs_of(attr_int("axis", 0)));
+        t = shared_op(rw, "Gather", {shape, ints(rw, {3}, true)}, one_attr(attr_int("axis", 0)));
       } else if (cache) {
         Value* p = rw.op1("Gather", {rw.op1("Shape", {cache->past_k}), ints(rw, {2}, true)},
-                          attrs_of(attr_int("axis", 0)));
+                          one_attr(attr_int("axis", 0)));
         t = rw.op1("Add", {p, s});
       }
-      total = shared_op(rw, "Cast", {t}, attrs_of(attr_int("to", kInt32)));
+      total = shared_op(rw, "Cast", {t}, one_attr(attr_int("to", kInt32)));
       Value* last = shared_op(rw, "Sub", {total, int32_scalar(rw, 1)});
-      Value* batch = shared_op(rw, "Gather", {shape, ints(rw, {0})}, attrs_of(attr_int("axis", 0)));
+      Value* batch = shared_op(rw, "Gather", {shape, ints(rw, {0})}, one_attr(attr_int("axis", 0)));
       seqlens = shared_op(rw, "Expand", {last, batch});
       if (cache) {
         // query_seqlens (ORT >= 1.32): S for every row, so that a chunk after a past (S > 1,
         // P > 0) runs for batch > 1 too ("subsequent prompt" needs batch 1 without it).
-        Value* s32 = shared_op(rw, "Cast", {s}, attrs_of(attr_int("to", kInt32)));
+        Value* s32 = shared_op(rw, "Cast", {s}, one_attr(attr_int("to", kInt32)));
         query_lens = shared_op(rw, "Expand", {s32, batch});
       }
     }
@@ -852,7 +846,7 @@ Replacement lower_attention_ort(Node* node, Rewriter& rw, PassContext& ctx) {
   }
   Value* bshd = rw.op1("Reshape", {out3, ints(rw, {0, 0, hq, -1})});
   return std::vector<Value*>{
-      rw.op1("Transpose", {bshd}, attrs_of(attr_ints("perm", {0, 2, 1, 3})))};
+      rw.op1("Transpose", {bshd}, one_attr(attr_ints("perm", {0, 2, 1, 3})))};
 }
 
 }  // namespace fastopt::passes
