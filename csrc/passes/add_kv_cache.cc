@@ -58,11 +58,6 @@ bool is_internal_attention(const Node* n) {
   return n->op_type == kInternalAttention && n->domain.value == kInternalDomain;
 }
 
-int64_t int_attr(const Node* n, const std::string& name, int64_t fallback) {
-  const Attribute* a = n->attribute(name);
-  return a && a->i ? *a->i : fallback;
-}
-
 [[noreturn]] void refuse(const std::string& why) {
   throw ModelError("add_kv_cache: cannot add a KV cache: " + why);
 }
@@ -240,7 +235,7 @@ int64_t add_kv_cache(Model& m, PassContext& ctx) {
     if (in.size() > 4 || att->outputs().size() != 1) {
       refuse("attention '" + att->name.value + "' has past/present already");
     }
-    const int64_t hkv = int_attr(att, "kv_num_heads", 0);
+    const int64_t hkv = int_attr_or(att, "kv_num_heads", 0);
     if (hkv <= 0) refuse("attention '" + att->name.value + "' has no kv_num_heads");
     if (in.size() > 3 && in[3] && constant_tensor(in[3])) {
       refuse("the mask of attention '" + att->name.value +

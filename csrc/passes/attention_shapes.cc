@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ir/constant.h"
+#include "passes/fusion_util.h"
 
 namespace fastopt::passes {
 namespace {
@@ -21,11 +22,6 @@ std::optional<int64_t> length_rec(const Value* shape, int depth);
 const std::vector<int64_t>* ints_attr(const Node* n, const std::string& name) {
   const Attribute* a = n->attribute(name);
   return a ? &a->ints : nullptr;
-}
-
-int64_t int_attr(const Node* n, const std::string& name, int64_t fallback) {
-  const Attribute* a = n->attribute(name);
-  return a && a->i ? *a->i : fallback;
 }
 
 // A scalar int64 computed from shapes: a constant, Gather(Shape(x), i), or a product of those.
@@ -70,7 +66,7 @@ std::optional<int64_t> length_rec(const Value* shape, int depth) {
   if (p->op_type == "Shape") {
     const int r = rank_rec(p->inputs()[0], depth + 1);
     if (r < 0) return std::nullopt;
-    int64_t start = int_attr(p, "start", 0), end = int_attr(p, "end", r);
+    int64_t start = int_attr_or(p, "start", 0), end = int_attr_or(p, "end", r);
     if (start < 0) start += r;
     if (end < 0) end += r;
     start = std::clamp<int64_t>(start, 0, r);
@@ -102,7 +98,7 @@ std::optional<int64_t> element_rec(const Value* shape, int index, int depth) {
   if (!p) return std::nullopt;
   if (p->op_type == "Shape") {  // element i of Shape(x)[start:end]
     const Value* x = p->inputs()[0];
-    int64_t start = int_attr(p, "start", 0);
+    int64_t start = int_attr_or(p, "start", 0);
     const int r = rank_rec(x, depth + 1);
     if (start < 0) {
       if (r < 0) return std::nullopt;
@@ -206,7 +202,7 @@ std::optional<int64_t> dim_rec(const Value* v, int axis, int depth) {
     if (!e) return std::nullopt;
     if (*e > 0) return e;
     if (*e == 0) {
-      if (int_attr(p, "allowzero", 0) != 0) return 0;
+      if (int_attr_or(p, "allowzero", 0) != 0) return 0;
       return dim_rec(in[0], axis, depth + 1);
     }
     // -1: the elements left over. Exporters keep the leading dims of the input (batch,
@@ -264,7 +260,7 @@ std::optional<int64_t> dim_rec(const Value* v, int axis, int depth) {
     return std::max<int64_t>(0, e - s);
   }
   if (p->op_type == "Concat") {
-    int64_t cat = int_attr(p, "axis", 0);
+    int64_t cat = int_attr_or(p, "axis", 0);
     if (cat < 0 && rank >= 0) cat += rank;
     if (cat == axis || cat < 0) return std::nullopt;
     for (const Value* x : in) {
@@ -300,7 +296,7 @@ int32_t dtype_rec(const Value* v, int depth) {
   if (int32_t t = value_dtype(v)) return t;
   const Node* p = v->producer();
   if (!p || p->inputs().empty()) return 0;
-  if (p->op_type == "Cast") return static_cast<int32_t>(int_attr(p, "to", 0));
+  if (p->op_type == "Cast") return static_cast<int32_t>(int_attr_or(p, "to", 0));
   if (p->op_type == "Where" && p->inputs().size() == 3) return dtype_rec(p->inputs()[1], depth + 1);
   static const char* kSame[] = {"Transpose", "Reshape", "Slice",  "Unsqueeze",
                                 "Squeeze",   "Expand",  "Concat", "Split"};

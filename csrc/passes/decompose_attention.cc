@@ -47,11 +47,6 @@ std::shared_ptr<Tensor> scalar(int32_t dtype, double value) {
   return make_tensor(dtype, {}, std::move(bytes));
 }
 
-int64_t int_attr(const Node* n, const std::string& name, int64_t fallback) {
-  const Attribute* a = n->attribute(name);
-  return a && a->i ? *a->i : fallback;
-}
-
 // (B,Hkv,T,D) -> (B,Hkv*G,T,D) with head h reading kv head h / G (HF repeat_kv).
 Value* repeat_kv(Value* x, int64_t groups, Rewriter& rw) {
   Value* axes = rw.initializer("attention_unsqueeze_axes", make_int64_tensor({2}, {1}));
@@ -85,8 +80,9 @@ pattern::Replacement decompose_attention(Node* node, pattern::Rewriter& rw, Pass
   Value* mask = in.size() > 3 ? in[3] : nullptr;
   if (default_opset(*rw.graph().model()) < 13) return rw.fail("opset < 13");
   const int32_t t = dtype_of(q);
-  const int64_t hq = int_attr(node, "q_num_heads", 0), hkv = int_attr(node, "kv_num_heads", 0);
-  const int32_t precision = static_cast<int32_t>(int_attr(node, "softmax_precision", 0));
+  const int64_t hq = int_attr_or(node, "q_num_heads", 0),
+                hkv = int_attr_or(node, "kv_num_heads", 0);
+  const int32_t precision = static_cast<int32_t>(int_attr_or(node, "softmax_precision", 0));
   const Attribute* scale_attr = node->attribute("scale");
   if (hq <= 0 || hkv <= 0 || hq % hkv != 0) return rw.fail("bad q_num_heads / kv_num_heads");
   if (!scale_attr || !scale_attr->f) return rw.fail("no scale attribute");
@@ -123,7 +119,7 @@ pattern::Replacement decompose_attention(Node* node, pattern::Rewriter& rw, Pass
     }
     s = rw.op1("Add", {s, bias});
   }
-  if (int_attr(node, "is_causal", 0) != 0) {
+  if (int_attr_or(node, "is_causal", 0) != 0) {
     constants();
     s = rw.op1("Add", {s, rw.op1("Where", {causal_mask(q, k, rw), zero, neg})});
   }

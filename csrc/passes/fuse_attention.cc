@@ -47,11 +47,6 @@ Node* producer_of(const Value* v, const char* op) {
              : nullptr;
 }
 
-int64_t int_attr(const Node* n, const std::string& name, int64_t fallback) {
-  const Attribute* a = n->attribute(name);
-  return a && a->i ? *a->i : fallback;
-}
-
 struct Found {
   Value* q = nullptr;
   Value* k = nullptr;  // BNSH, or BSNH when k_bshd
@@ -264,7 +259,7 @@ class Matcher {
     }
     Value* s = softmax->inputs()[0];
     const int sr = rank_of(s);
-    const int64_t axis = int_attr(softmax, "axis", -1);
+    const int64_t axis = int_attr_or(softmax, "axis", -1);
     if (sr != 4) return fail("the scores are not 4-D");
     if (axis != -1 && axis != 3) return fail("Softmax is not over the last axis");
     const int32_t score_dtype = dtype_of(s);

@@ -94,6 +94,11 @@ inline std::vector<Attribute> one_attr(Attribute a) {
   return v;
 }
 
+inline int64_t int_attr_or(const Node* n, const std::string& name, int64_t fallback) {
+  const Attribute* a = n->attribute(name);
+  return a && a->i ? *a->i : fallback;
+}
+
 inline float float_attr(const Node* n, const std::string& name, float fallback) {
   const Attribute* a = n->attribute(name);
   return a && a->f ? *a->f : fallback;

@@ -104,11 +104,6 @@ bool same_dim(const Dim* a, const Dim* b) {
   return a && b && passes::same_dim(*a, *b);
 }
 
-int64_t int_attr_or(const Node* n, const std::string& name, int64_t fallback) {
-  const Attribute* a = n->attribute(name);
-  return a && a->i ? *a->i : fallback;
-}
-
 // A constant for the rewrite: an initializer, or a Constant node inside a function body.
 Value* constant(Rewriter& rw, const std::string& base, std::shared_ptr<Tensor> t) {
   const Graph* top = &rw.graph();

@@ -41,11 +41,6 @@ int64_t option(const PassContext& ctx, const std::string& name, int64_t fallback
   return it == ctx.options.end() ? fallback : it->second;
 }
 
-int64_t int_attr(const Node* n, const std::string& name, int64_t fallback) {
-  const Attribute* a = n->attribute(name);
-  return a && a->i ? *a->i : fallback;
-}
-
 bool is_gqa(const Node* n) {
   return n->op_type == "GroupQueryAttention" && n->domain.value == kMsDomain;
 }
@@ -110,7 +105,7 @@ std::vector<Member> gqa_order(const std::vector<Member>& group) {
     seen[u.input_index] = true;
     out[u.input_index] = m;
   }
-  const int64_t h = int_attr(gqa, "num_heads", 0), hkv = int_attr(gqa, "kv_num_heads", 0);
+  const int64_t h = int_attr_or(gqa, "num_heads", 0), hkv = int_attr_or(gqa, "kv_num_heads", 0);
   if (h <= 0 || hkv <= 0 || out[0].n() % h) return {};
   const int64_t d = out[0].n() / h;
   if (out[1].n() != hkv * d || out[2].n() != hkv * d) return {};
@@ -177,7 +172,7 @@ class Packer {
       }
       Value* qkv = split->inputs()[0];
       const int rank = value_rank(qkv);
-      const int64_t axis = int_attr(split, "axis", 0);
+      const int64_t axis = int_attr_or(split, "axis", 0);
       if (!(axis == -1 || (rank > 0 && axis == rank - 1))) continue;
       std::optional<std::vector<int64_t>> sizes;
       if (split->inputs().size() > 1 && split->inputs()[1]) {
@@ -186,7 +181,7 @@ class Packer {
         sizes = a->ints;
       }
       if (!sizes || sizes->size() != 3) continue;
-      const int64_t h = int_attr(n, "num_heads", 0), hkv = int_attr(n, "kv_num_heads", 0);
+      const int64_t h = int_attr_or(n, "num_heads", 0), hkv = int_attr_or(n, "kv_num_heads", 0);
       if (h <= 0 || hkv <= 0 || (*sizes)[0] % h) continue;
       const int64_t d = (*sizes)[0] / h;
       if ((*sizes)[1] != hkv * d || (*sizes)[2] != hkv * d) continue;
