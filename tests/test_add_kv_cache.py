@@ -239,7 +239,7 @@ def attention_model(
 @pytest.mark.parametrize(
     ("model", "message"),
     [
-        (attention_model(extra_inputs=("past_key_values.0.key",)), "already has past inputs"),
+        (attention_model(extra_inputs=("past_key_values.0.key",)), "does not read its keys"),
         (attention_model(seq=8), "fixed sequence length"),
         (attention_model(constant_mask=True), "is a constant"),
         (attention_model(k_shape=("B", "S", 32)), "not 4-D"),
@@ -288,3 +288,96 @@ def test_inplace_option_gives_the_same_form() -> None:
     mask = next(i for i in out.graph.input if i.name == "attention_mask")
     dims = [d.dim_param or d.dim_value for d in mask.type.tensor_type.shape.dim]
     assert dims == ["B", "total_sequence_length"]
+
+
+def cached_attention_model(past_reader: str | None) -> bytes:
+    """An internal Attention in the cached form (K/V = Concat(past input, new) = present
+    outputs); `past_reader` also reads the past key's data (an op besides its Concat)."""
+    inputs = [
+        H.make_tensor_value_info("input_ids", TP.INT64, ["B", "S"]),
+        H.make_tensor_value_info("attention_mask", TP.INT64, ["B", "T"]),
+        H.make_tensor_value_info("q", TP.FLOAT, ["B", 4, "S", 16]),
+        H.make_tensor_value_info("k", TP.FLOAT, ["B", 2, "S", 16]),
+        H.make_tensor_value_info("v", TP.FLOAT, ["B", 2, "S", 16]),
+        H.make_tensor_value_info("past_key_values.0.key", TP.FLOAT, ["B", 2, "P", 16]),
+        H.make_tensor_value_info("past_key_values.0.value", TP.FLOAT, ["B", 2, "P", 16]),
+        H.make_tensor_value_info("mask", TP.BOOL, ["B", 1, "S", "T"]),
+    ]
+    nodes = [
+        H.make_node("Concat", ["past_key_values.0.key", "k"], ["present.0.key"], axis=2),
+        H.make_node("Concat", ["past_key_values.0.value", "v"], ["present.0.value"], axis=2),
+        H.make_node(
+            "Attention",
+            ["q", "present.0.key", "present.0.value", "mask"],
+            ["y"],
+            domain="ai.fastopt.internal",
+            scale=0.25,
+            is_causal=0,
+            q_num_heads=4,
+            kv_num_heads=2,
+        ),
+    ]
+    outputs = [
+        H.make_tensor_value_info("y", TP.FLOAT, None),
+        H.make_tensor_value_info("present.0.key", TP.FLOAT, None),
+        H.make_tensor_value_info("present.0.value", TP.FLOAT, None),
+    ]
+    if past_reader:
+        nodes.append(H.make_node(past_reader, ["past_key_values.0.key"], ["read"]))
+        outputs.append(H.make_tensor_value_info("read", TP.FLOAT, None))
+    graph = H.make_graph(nodes, "g", inputs, outputs)
+    model = H.make_model(
+        graph, opset_imports=[H.make_opsetid("", 18), H.make_opsetid("ai.fastopt.internal", 1)]
+    )
+    return model.SerializeToString()
+
+
+def test_adopts_a_cached_model() -> None:
+    """Past inputs are adopted, not refused: the attention gets the shared causal + padding mask
+    over attention_mask's width, and nothing else changes in the interface."""
+    model = fastopt.load_bytes(cached_attention_model(None))
+    ctx = fastopt.PassContext(model=model, target="ort", options={"kv_cache": 2})
+    assert fastopt.get_pass("add_kv_cache").run(ctx) == 1
+    assert ctx.counters["layers adopted"] == 1
+    out = model.to_onnx()
+    att = next(n for n in out.graph.node if n.op_type == "Attention")
+    assert att.input[3] == "kv_attention_mask"
+    assert [i.name for i in out.graph.input if i.name.startswith("past")] == [
+        "past_key_values.0.key",
+        "past_key_values.0.value",
+    ]
+
+
+def test_inplace_refuses_other_reads_of_the_past(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """In place, the past is a max-length buffer: an op reading its data besides the cache
+    Concat would read rows that are not the past. Standard mode keeps the model as it is."""
+    out = tmp_path / "out.onnx"
+    model = cached_attention_model("Relu")
+    with pytest.raises(fastopt.ModelError, match="besides its cache Concat"):
+        fastopt.optimize(
+            fastopt.load_bytes(model), passes=["add_kv_cache"], options={"kv_cache": 2}, output=out
+        )
+    assert not out.exists()
+    report = fastopt.optimize(
+        fastopt.load_bytes(model), passes=["add_kv_cache"], options={"kv_cache": 1}
+    )
+    assert report.passes[0].counters["layers adopted"] == 1
+
+
+def test_refuses_a_length_baked_into_a_reshape(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A Reshape of a tensor with a symbolic dim to a constant shape: the export fixed the length
+    it was traced with, so one new token after a past cannot run."""
+    model = onnx.load_from_string(attention_model())
+    shape = onnx.numpy_helper.from_array(np.array([1, 4, 8, 16], dtype=np.int64), "baked")
+    model.graph.initializer.append(shape)
+    model.graph.node.append(H.make_node("Reshape", ["q", "baked"], ["q_fixed"], name="head_split"))
+    model.graph.output.append(H.make_tensor_value_info("q_fixed", TP.FLOAT, None))
+    out = tmp_path / "out.onnx"
+    with pytest.raises(fastopt.ModelError, match=r"Reshape 'head_split'.*\[1, 4, 8, 16\]"):
+        fastopt.optimize(
+            fastopt.load_bytes(model.SerializeToString()),
+            passes=["add_kv_cache"],
+            options={"kv_cache": 1},
+            output=out,
+        )
+    assert not out.exists()

@@ -339,3 +339,79 @@ def test_cached_model_runs_under_genai(fx, mode: str, tmp_path: Path) -> None:  
     prompt = _prompts(int(fx.meta["config"].get("vocab_size", 512)), (9,))[0]
     ref = kg.greedy_no_cache(fx.path, *kg.right_pad([prompt]), STEPS)
     assert _genai_generate(tmp_path, prompt, ref.tokens[0]) == list(ref.tokens[0])
+
+
+# --- a model exported WITH a cache -> in-place (and standard) form ---------------------------
+
+# A cached model made from a TorchScript fixture. Made from a dynamo fixture, its head splits are
+# sized from the mask slice the first rewrite added, which the lowering's structural proof that
+# new K/V rows have the query's length does not follow: attention stays decomposed there (correct,
+# not fused). Real dynamo exports with a cache convert (test_corpus_cache_export_converts).
+ADOPT_FX = fixtures(decoder=True, dtype="float32", exporter="ts")
+
+
+def _plain_cached_export(fx, out: Path) -> None:  # type: ignore[no-untyped-def]
+    """A decoder with a cache in standard ops only (Concat(past, new) -> present, attention
+    decomposed): what an export with use_cache=True looks like to the optimizer."""
+    fastopt.optimize(
+        fx.path,
+        preset="llm",
+        output=out,
+        kv_cache="standard",
+        options={"attention_lowering": 0},
+    )
+    ops = {n.op_type for n in onnx.load(out).graph.node}
+    assert not ops & {"GroupQueryAttention", "MultiHeadAttention", "Attention"}
+
+
+@pytest.mark.parametrize("mode", ["inplace", "standard"])
+@pytest.mark.parametrize("fx", ADOPT_FX, ids=ids(ADOPT_FX))
+def test_cached_model_converts(fx, mode: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A model that already has past/present is adopted: in place, one GroupQueryAttention per
+    layer on shared max-length buffers; 32 greedy tokens and step logits as full recompute."""
+    src = tmp_path / "cached" / "model.onnx"
+    src.parent.mkdir()
+    _plain_cached_export(fx, src)
+    out = tmp_path / "model.onnx"
+    report = fastopt.optimize(src, preset="llm", output=out, kv_cache=mode)  # type: ignore[arg-type]
+    assert report.ops_after.get("com.microsoft::GroupQueryAttention", 0) + report.ops_after.get(
+        "com.microsoft::MultiHeadAttention", 0
+    ) == fx.layers
+    if mode == "inplace":
+        assert report.ops_after["com.microsoft::GroupQueryAttention"] == fx.layers
+        model = onnx.load(out)
+        cache_dims = {
+            v.type.tensor_type.shape.dim[2].dim_param
+            for v in [*model.graph.input, *model.graph.output]
+            if v.name.startswith(("past_key_values.", "present."))
+        }
+        assert cache_dims == {"max_sequence_length"}
+    prompts = _prompts(int(fx.meta["config"].get("vocab_size", 512)))
+    ref = _reference(str(fx.path), tuple(map(tuple, prompts)), STEPS)
+    got = kg.greedy_cached(out, prompts, STEPS, inplace=mode == "inplace")
+    same, diff = kg.compare(ref, got)
+    assert same == STEPS, f"first token mismatch at step {same}"
+    assert diff <= LOGITS_ATOL["float32"], f"step logits differ by {diff}"
+
+
+@needs_corpus
+@pytest.mark.parametrize("mode", ["inplace", "standard"])
+@pytest.mark.parametrize("exporter", ["ts", "dynamo"])
+def test_corpus_cache_export_converts(exporter: str, mode: str, tmp_path: Path) -> None:
+    """The reference exports made WITH a cache by torch.onnx (their Shape reads of the past
+    become the valid length in place): same tokens as the no-cache export."""
+    out = tmp_path / "model.onnx"
+    fastopt.optimize(
+        CORPUS / f"llama_{exporter}_cache" / "model.onnx",
+        preset="llm",
+        output=out,
+        kv_cache=mode,  # type: ignore[arg-type]
+    )
+    prompts = _prompts(2048)
+    ref = kg.greedy_no_cache(
+        CORPUS / f"llama_{exporter}_nocache" / "model.onnx", *kg.right_pad(prompts), STEPS
+    )
+    got = kg.greedy_cached(out, prompts, STEPS, inplace=mode == "inplace")
+    same, diff = kg.compare(ref, got)
+    assert same == STEPS
+    assert diff <= 1e-4

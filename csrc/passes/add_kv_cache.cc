@@ -30,10 +30,18 @@
 // is kept (callers pass absolute positions); positions computed inside the graph by Range(0, S)
 // feeding a RotaryEmbedding become Range(P, P + S).
 //
-// Refused (ModelError, the graph is not changed) when: no internal Attention node exists; the
-// model already has past inputs or present outputs; input_ids or attention_mask is missing; the
-// sequence length is static (fixed dims, a constant mask); K/V are not (B, Hkv, S, D);
-// positions are computed in a way this pass does not know.
+// A model exported WITH a cache (past_* inputs) is adopted instead (adopt_cache): after
+// fuse_attention its attentions already are in the cached form; each gets the shared mask above,
+// and in place (kv_cache 2) every Shape read of a past that includes its length gets P instead
+// of the buffer's max length.
+//
+// Refused (ModelError, the graph is not changed) when: no internal Attention node exists;
+// input_ids or attention_mask is missing; the sequence length is static (fixed dims, a constant
+// mask, a Reshape of a symbolic-length tensor to a constant shape); K/V are not (B, Hkv, S, D);
+// positions are computed in a way this pass does not know; with past inputs: an attention not in
+// the cached form, a past input feeding no attention's cache, in place a past read (data, not
+// shape) by anything else than its cache Concat.
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -162,6 +170,178 @@ class KvCacheBuilder {
   Graph& g_;
 };
 
+// The lengths and the mask every cached attention shares, built before every other node (they
+// read graph inputs only). T is the attention mask's width and P = T - S, not the past's length:
+// an in-place cache binds a max-length buffer as the past, whose length says nothing of the
+// tokens it holds.
+struct SharedMask {
+  Value* past_len;  // P, int64 scalar
+  Value* allowed;   // bool (B, 1, S, T)
+  const Node* mask_bool;
+  const Node* mask_shape;
+};
+
+SharedMask build_shared_mask(Graph& g, KvCacheBuilder& b, Value* input_ids, Value* attention_mask,
+                             const Dim& batch_dim) {
+  Node* head = g.first();
+  Value* zero = b.constant("kv_zero", {0}, {});
+  Value* one = b.constant("kv_one", {1}, {});
+  Value* seq_len = b.op("Gather", {b.op("Shape", {input_ids}, "kv_ids_shape", head), one},
+                        "kv_seq_len", head, one_attr(attr_int("axis", 0)));
+  Value* mask_shape_value = b.op("Shape", {attention_mask}, "kv_mask_shape", head);
+  Value* total_len =
+      b.op("Gather", {mask_shape_value, one}, "kv_total_len", head, one_attr(attr_int("axis", 0)));
+  Value* past_len = b.op("Sub", {total_len, seq_len}, "kv_past_len", head);
+  Value* q_pos = b.op("Range", {past_len, total_len, one}, "kv_query_positions", head);
+  Value* q_col =
+      b.op("Unsqueeze", {q_pos, b.constant("kv_axes_1", {1}, {1})}, "kv_query_column", head);
+  Value* k_pos = b.op("Range", {zero, total_len, one}, "kv_key_positions", head);
+  Value* causal = b.op("LessOrEqual", {k_pos, q_col}, "kv_causal", head);
+  Value* mask_bool =
+      b.op("Cast", {attention_mask}, "kv_mask_bool", head, one_attr(attr_int("to", kBool)));
+  Value* pad =
+      b.op("Unsqueeze", {mask_bool, b.constant("kv_axes_1_2", {1, 2}, {2})}, "kv_padding", head);
+  Value* allowed = b.op("And", {causal, pad}, "kv_attention_mask", head);
+  allowed->type = tensor_type(kBool, {batch_dim, value_dim(1), param_dim("sequence_length"),
+                                      param_dim("total_sequence_length")});
+  return {past_len, allowed, mask_bool->producer(), mask_shape_value->producer()};
+}
+
+// Each attention reads `allowed` (causal over past + new, and padding) with is_causal 0.
+void use_shared_mask(Node* att, Value* allowed) {
+  if (att->inputs().size() > 3) {
+    att->set_input(3, allowed);
+  } else {
+    att->append_input(allowed);
+  }
+  for (Attribute& a : att->attributes) {
+    if (a.name == "is_causal") {
+      a = attr_int("is_causal", 0);
+      return;
+    }
+  }
+  att->attributes.push_back(attr_int("is_causal", 0));
+}
+
+// A Reshape to a constant shape without 0 or -1 whose input has a symbolic dim: the export
+// wrote the lengths it was traced with into the graph, which then runs only at that length
+// (and never for one new token after a past).
+void refuse_baked_lengths(const Graph& g) {
+  for (const Node* n = g.first(); n; n = n->next()) {
+    if (n->op_type != "Reshape" || !n->domain.value.empty() || n->inputs().size() < 2) continue;
+    const Value* x = n->inputs()[0];
+    if (!x || !x->type.known || !x->type.has_shape) continue;
+    const Dim* symbolic = nullptr;
+    for (const Dim& d : x->type.dims) {
+      if (!d.value && d.param && !d.param->empty()) symbolic = &d;
+    }
+    if (!symbolic) continue;
+    auto target = constant_ints(n->inputs()[1]);
+    if (!target || target->empty()) continue;
+    bool all_fixed = true;
+    for (int64_t d : *target) all_fixed = all_fixed && d > 0;
+    if (!all_fixed) continue;
+    std::string shape;
+    for (int64_t d : *target) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+    refuse("Reshape '" + n->name.value + "' reshapes a tensor with the symbolic dim '" +
+           *symbolic->param + "' to the constant shape [" + shape +
+           "]: the export baked a sequence length (or batch size) into the graph, so it cannot "
+           "run one new token after a past; export with dynamic shapes");
+  }
+}
+
+// The Concat(past, new) of a cached attention (attention.h), read from `past`.
+bool cached_form_concat(const Node* cat, const Value* past) {
+  const Value* out = cat->outputs().empty() ? nullptr : cat->outputs()[0];
+  if (!out || cat->inputs().size() != 2 || cat->inputs()[0] != past) return false;
+  for (const Use& u : out->uses()) {
+    if (is_internal_attention(u.node) && cached_kv(u.node)) return true;
+  }
+  return false;
+}
+
+// A model exported WITH a cache: after fuse_attention its attentions already are in the cached
+// form (attention.h: K = Concat(past input, new) = present output). Adopting it means checking
+// that form everywhere and giving every attention the shared mask (the contract the in-place
+// lowering relies on: its causal flag and seqlens_k replace the mask). In place, the past input
+// is a max-length buffer: reads of its shape elsewhere (exports derive the past length and the
+// positions from it) are given (B, Hkv, P, D) instead; other reads of its data are refused.
+int64_t adopt_cache(Graph& g, const std::vector<Node*>& attentions, Value* input_ids,
+                    Value* attention_mask, const Dim& batch_dim, int64_t mode, PassContext& ctx) {
+  std::unordered_set<const Value*> pasts;
+  for (Node* att : attentions) {
+    if (att->inputs().size() > 4 || att->outputs().size() != 1) {
+      refuse("attention '" + att->name.value + "' has inputs or outputs the form does not know");
+    }
+    const std::optional<CachedKV> c = cached_kv(att);
+    if (!c) {
+      refuse("the model has past inputs, but attention '" + att->name.value +
+             "' does not read its keys and values as Concat(past input, new rows) feeding a "
+             "present output (the cached form of a model exported with a cache)");
+    }
+    for (const Value* x : {c->past_k, c->past_v}) pasts.insert(x);
+  }
+  for (const Value* v : g.inputs()) {
+    if (v && v->name().rfind("past_", 0) == 0 && !pasts.count(v)) {
+      refuse("past input '" + v->name() + "' does not feed the cache of a fused attention");
+    }
+  }
+  // Shape reads of a past that include its length (axis 2), with where that length sits.
+  std::vector<std::pair<Node*, int64_t>> shape_reads;
+  for (const Value* past : pasts) {
+    for (const Use& u : past->uses()) {
+      if (u.node->op_type == "Concat" && cached_form_concat(u.node, past)) continue;
+      if (u.node->op_type == "Shape" && u.node->domain.value.empty()) {
+        // Shape-15 start/end: negative counts from the end, out of range clamps.
+        auto bound = [&](const char* name, int64_t fallback) {
+          int64_t x = int_attr_or(u.node, name, fallback);
+          x = x < 0 ? x + 4 : x;
+          return std::min<int64_t>(std::max<int64_t>(x, 0), 4);
+        };
+        const int64_t start = bound("start", 0), end = bound("end", 4);
+        if (start > 2 || end <= 2) continue;  // the length is not among the dims it reads
+        if (u.node->outputs()[0] && u.node->outputs()[0]->is_graph_output()) {
+          refuse("the shape of past input '" + past->name() + "' is a graph output");
+        }
+        shape_reads.emplace_back(u.node, 2 - start);
+      } else if (mode == 2) {
+        refuse("past input '" + past->name() + "' is read by " + u.node->op_type + " '" +
+               u.node->name.value +
+               "' besides its cache Concat: in an in-place buffer, the rows past the valid "
+               "length are not the past");
+      }
+    }
+  }
+
+  // ---- edits ----
+  KvCacheBuilder b(g);
+  Node* head = g.first();  // the shared mask goes before it
+  const SharedMask mask = build_shared_mask(g, b, input_ids, attention_mask, batch_dim);
+  for (Node* att : attentions) use_shared_mask(att, mask.allowed);
+  if (mode == 2) {
+    // Shape(past) reads (B, Hkv, max_len, D) in place: give them (B, Hkv, P, D).
+    Value* p1 = b.op("Unsqueeze", {mask.past_len, b.constant("kv_axes_0", {0}, {1})},
+                     "kv_past_len_1d", head);
+    for (auto [shape, at_length] : shape_reads) {
+      Value* out = shape->outputs()[0];
+      if (!out || out->uses().empty()) continue;
+      const std::vector<Use> readers = out->uses();  // before the slices below read it too
+      Node* at = shape->next();
+      auto part = [&](int64_t start, int64_t end) {
+        return b.op("Slice",
+                    {out, b.constant("kv_start", {start}, {1}), b.constant("kv_end", {end}, {1})},
+                    "kv_past_shape_part", at);
+      };
+      constexpr int64_t kToEnd = std::numeric_limits<int64_t>::max();
+      Value* fixed = b.op("Concat", {part(0, at_length), p1, part(at_length + 1, kToEnd)},
+                          "kv_past_shape", at, one_attr(attr_int("axis", 0)));
+      for (const Use& u : readers) u.node->set_input(u.input_index, fixed);
+    }
+  }
+  ctx.counters["layers adopted"] += static_cast<int64_t>(attentions.size());
+  return static_cast<int64_t>(attentions.size());
+}
+
 int64_t add_kv_cache(Model& m, PassContext& ctx) {
   const int64_t mode = ctx.options.count("kv_cache") ? ctx.options.at("kv_cache") : 1;
   if (mode != 1 && mode != 2) {
@@ -171,12 +351,8 @@ int64_t add_kv_cache(Model& m, PassContext& ctx) {
   Graph& g = *m.graph;
 
   // ---- checks: nothing is changed before all of them pass ----
-  for (const Value* v : g.inputs()) {
-    if (v && (v->name().rfind("past_key_values", 0) == 0 || v->name().rfind("past_", 0) == 0)) {
-      refuse("the model already has past inputs ('" + v->name() +
-             "'): it was exported with a cache, which is another path than this rewrite");
-    }
-  }
+  bool has_past = false;
+  for (const Value* v : g.inputs()) has_past = has_past || (v && v->name().rfind("past_", 0) == 0);
   // Layer i = the i-th attention in topological order (a reorder changes no result).
   std::vector<Node*> attentions;
   g.topological_sort();
@@ -210,6 +386,8 @@ int64_t add_kv_cache(Model& m, PassContext& ctx) {
   const Dim* batch = dim_of(input_ids, 0);
   const Dim batch_dim = batch ? *batch : param_dim("batch_size");
   if (default_opset(m) < 13) refuse("the model's opset is below 13");
+  refuse_baked_lengths(g);
+  if (has_past) return adopt_cache(g, attentions, input_ids, attention_mask, batch_dim, mode, ctx);
 
   const size_t layers = attentions.size();
   std::vector<std::string> names;
@@ -277,7 +455,6 @@ int64_t add_kv_cache(Model& m, PassContext& ctx) {
 
   // ---- edits ----
   KvCacheBuilder b(g);
-  Node* head = g.first();
 
   // Past inputs and present outputs.
   std::vector<Value*> past_k(layers), past_v(layers);
@@ -294,35 +471,14 @@ int64_t add_kv_cache(Model& m, PassContext& ctx) {
     }
   }
 
-  // Shared lengths and mask, before every other node (they read graph inputs only).
-  Value* zero = b.constant("kv_zero", {0}, {});
-  Value* one = b.constant("kv_one", {1}, {});
-  // T is the attention mask's width and P = T - S, not the past's length: an in-place cache
-  // binds a max-length buffer as the past, whose length says nothing of the tokens it holds.
-  Value* seq_len = b.op("Gather", {b.op("Shape", {input_ids}, "kv_ids_shape", head), one},
-                        "kv_seq_len", head, one_attr(attr_int("axis", 0)));
-  Value* mask_shape_value = b.op("Shape", {attention_mask}, "kv_mask_shape", head);
-  const Node* mask_shape = mask_shape_value->producer();
-  Value* total_len =
-      b.op("Gather", {mask_shape_value, one}, "kv_total_len", head, one_attr(attr_int("axis", 0)));
-  Value* past_len = b.op("Sub", {total_len, seq_len}, "kv_past_len", head);
-  Value* q_pos = b.op("Range", {past_len, total_len, one}, "kv_query_positions", head);
-  Value* q_col =
-      b.op("Unsqueeze", {q_pos, b.constant("kv_axes_1", {1}, {1})}, "kv_query_column", head);
-  Value* k_pos = b.op("Range", {zero, total_len, one}, "kv_key_positions", head);
-  Value* causal = b.op("LessOrEqual", {k_pos, q_col}, "kv_causal", head);
-  Value* mask_bool =
-      b.op("Cast", {attention_mask}, "kv_mask_bool", head, one_attr(attr_int("to", kBool)));
-  Value* pad =
-      b.op("Unsqueeze", {mask_bool, b.constant("kv_axes_1_2", {1, 2}, {2})}, "kv_padding", head);
-  Value* allowed = b.op("And", {causal, pad}, "kv_attention_mask", head);
-  allowed->type = tensor_type(kBool, {batch_dim, value_dim(1), param_dim("sequence_length"),
-                                      param_dim("total_sequence_length")});
+  Node* head = g.first();  // the shared mask goes before it
+  const SharedMask mask = build_shared_mask(g, b, input_ids, attention_mask, batch_dim);
+  Value* past_len = mask.past_len;
 
   // Every earlier use of attention_mask sees its last S columns, (B, S) as at export.
   std::vector<Use> old_uses;
   for (const Use& u : attention_mask->uses()) {
-    if (u.node != mask_bool->producer() && u.node != mask_shape) old_uses.push_back(u);
+    if (u.node != mask.mask_bool && u.node != mask.mask_shape) old_uses.push_back(u);
   }
   if (!old_uses.empty()) {
     Value* current = b.op(
@@ -372,19 +528,7 @@ int64_t add_kv_cache(Model& m, PassContext& ctx) {
       g.add_output(present);
       att->set_input(1 + kv, present);
     }
-    if (att->inputs().size() > 3) {
-      att->set_input(3, allowed);
-    } else {
-      att->append_input(allowed);
-    }
-    bool set = false;
-    for (Attribute& a : att->attributes) {
-      if (a.name == "is_causal") {
-        a = attr_int("is_causal", 0);
-        set = true;
-      }
-    }
-    if (!set) att->attributes.push_back(attr_int("is_causal", 0));
+    use_shared_mask(att, mask.allowed);
   }
   ctx.counters["layers cached"] += static_cast<int64_t>(layers);
   return static_cast<int64_t>(layers);

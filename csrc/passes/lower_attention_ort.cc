@@ -211,9 +211,11 @@ bool known_finite(const Value* v, int depth = 0) {
 int32_t dtype_of(const Value* v);
 int rank_of(const Value* v);
 
+bool copies_leading_dims(const Value* target, const Value* x3);
+
 // The (B, S, H*D) tensor that `x4` (B, H, S, D) was split from: Transpose(0,2,1,3) of a
-// Reshape that keeps dims 0 and 1 (shown by the types, or a [0, 0, H, D] shape constant), or
-// null.
+// Reshape that keeps dims 0 and 1 (shown by the types, a [0, 0, H, D] shape constant, or a
+// shape built from Shape(z)[0], Shape(z)[1] of a z with x3's leading dims), or null.
 Value* bsd_source(const Rewriter& rw, const Value* x4, int32_t dtype) {
   const Node* t = x4->producer();
   if (!t || t->op_type != "Transpose" || !t->domain.value.empty() || t->graph() != &rw.graph()) {
@@ -229,9 +231,12 @@ Value* bsd_source(const Rewriter& rw, const Value* x4, int32_t dtype) {
   const Value* r4 = r->outputs()[0];
   bool keeps =
       same_dim(dim_at(x3, 3, 0), dim_at(r4, 4, 0)) && same_dim(dim_at(x3, 3, 1), dim_at(r4, 4, 1));
-  if (!keeps && int_attr_or(r, "allowzero", 0) == 0 && rank_of(x3) == 3) {
+  if (!keeps && rank_of(x3) == 3) {
     auto shape = constant_ints(r->inputs()[1]);
-    keeps = shape && shape->size() == 4 && (*shape)[0] == 0 && (*shape)[1] == 0;
+    keeps = int_attr_or(r, "allowzero", 0) == 0 && shape && shape->size() == 4 &&
+            (*shape)[0] == 0 && (*shape)[1] == 0;
+    // Elements that are x3's own dims need no allowzero: they copy whatever the dims are.
+    keeps = keeps || copies_leading_dims(r->inputs()[1], x3);
   }
   return keeps && dtype_of(x3) == dtype ? x3 : nullptr;
 }
@@ -352,6 +357,13 @@ int rank_of(const Value* v) {
 const Value* shape_element(const Value* v, int64_t* index) {
   const Node* n = v ? v->producer() : nullptr;
   if (!n || !standard(n) || n->inputs().empty() || !n->inputs()[0]) return nullptr;
+  if (n->op_type == "Shape" && n->attribute("start") && n->attribute("end")) {
+    // Shape-15 reading one dim (dynamo exports): Shape(z, start=i, end=i+1).
+    const int64_t start = int_attr_or(n, "start", -1), end = int_attr_or(n, "end", -1);
+    if (start < 0 || end != start + 1) return nullptr;
+    *index = start;
+    return n->inputs()[0];
+  }
   bool scalar = false;  // the Gather index must then be a scalar
   if (n->op_type == "Unsqueeze") {
     const Attribute* a = n->attribute("axes");  // opset < 13: an attribute
@@ -388,6 +400,54 @@ const Value* shape_element(const Value* v, int64_t* index) {
   }
   *index = (*at)[0];
   return shape->inputs()[0];
+}
+
+// The value whose dims 0 and 1 are x's: x, or where a walk back from x through ops that change
+// only the last axis (MatMul by a 2-D weight, elementwise arithmetic with a smaller operand,
+// norms, Cast, rotary) first finds both dims recorded; the walk's end when none has them.
+const Value* leading_dims_source(const Value* x) {
+  for (int steps = 0; x && steps < 12; ++steps) {
+    const std::vector<Dim>* d = known_dims(x);
+    if (d && d->size() >= 2 && ((*d)[0].value || (*d)[0].param) &&
+        ((*d)[1].value || (*d)[1].param)) {
+      return x;
+    }
+    const Node* p = x->producer();
+    if (!p || p->inputs().empty() || !p->inputs()[0]) return x;
+    if (const Value* a = arithmetic_operand(p)) {
+      x = a;
+    } else if (is_norm(p) || (p->op_type == "Cast" && standard(p)) ||
+               (p->op_type == "RotaryEmbedding" && p->domain.value == kMsDomain) ||
+               (p->op_type == "MatMul" && standard(p) && p->inputs().size() == 2 &&
+                value_rank(p->inputs()[1]) == 2)) {
+      x = p->inputs()[0];
+    } else {
+      return x;
+    }
+  }
+  return x;
+}
+
+// A Reshape target Concat(Shape(z)[0], Shape(z)[1], ...) whose z has x3's leading dims.
+bool copies_leading_dims(const Value* target, const Value* x3) {
+  const Node* cat = target ? target->producer() : nullptr;
+  if (!cat || !standard(cat) || cat->op_type != "Concat" || cat->inputs().size() < 2) return false;
+  int64_t i0 = -1, i1 = -1;
+  const Value* z0 = shape_element(cat->inputs()[0], &i0);
+  const Value* z1 = shape_element(cat->inputs()[1], &i1);
+  if (!z0 || z0 != z1 || i0 != 0 || i1 != 1) return false;
+  const Value* a = leading_dims_source(x3);
+  const Value* b = leading_dims_source(z0);
+  if (a == b) return true;
+  for (size_t axis = 0; axis < 2; ++axis) {
+    const std::vector<Dim>* da = known_dims(a);
+    const std::vector<Dim>* db = known_dims(b);
+    if (!da || !db || da->size() < 2 || db->size() < 2 ||
+        !passes::same_dim((*da)[axis], (*db)[axis])) {
+      return false;
+    }
+  }
+  return true;
 }
 
 // Element 1 of a Reshape target: the copy of the input's dim 1 (a constant 0; allowzero 0) or
@@ -511,6 +571,20 @@ bool same_sequence(const Value* q4, const Value* k4) {
 // The RotaryEmbedding (com.microsoft, 3-D) that made `x3`, when GroupQueryAttention can apply
 // it instead (do_rotary): full rotary without options; else null. (Other readers keep the node.)
 const Node* foldable_rotary(const Value* x3) {
+  // Reshapes between the rotary and the 3-D operand (the head split and merge, Reshape(Reshape(r,
+  // (B, S, H, D)), [0, 0, -1]), which fold_reshapes removes only later) keep the element order:
+  // the operand is the rotary's output when both have the same (B, S, N).
+  const Value* operand = x3;
+  for (int steps = 0; x3 && steps < 3; ++steps) {
+    const Node* p = x3->producer();
+    if (!p || p->op_type != "Reshape" || !p->domain.value.empty()) break;
+    x3 = p->inputs()[0];
+  }
+  if (x3 != operand) {
+    for (size_t axis = 0; axis < 3; ++axis) {
+      if (!same_dim(dim_at(x3, 3, axis), dim_at(operand, 3, axis))) return nullptr;
+    }
+  }
   const Node* r = x3 ? x3->producer() : nullptr;
   if (!r || r->op_type != "RotaryEmbedding" || r->domain.value != kMsDomain ||
       r->inputs().size() != 4 || int_attr_or(r, "rotary_embedding_dim", 0) != 0 ||
@@ -519,6 +593,24 @@ const Node* foldable_rotary(const Value* x3) {
     return nullptr;
   }
   return r;
+}
+
+// Whether only shapes are read from `v`, apart from `replaced` (the node being lowered): every
+// use is a Shape, or a Reshape (data input) or Transpose whose output is in turn read only for
+// its shape.
+bool read_only_for_shape(const Value* v, const Node* replaced, int depth = 0) {
+  if (depth > 4 || v->is_graph_output()) return false;
+  for (const Use& u : v->uses()) {
+    const Node* n = u.node;
+    if (n == replaced) continue;
+    if (!standard(n)) return false;
+    if (n->op_type == "Shape") continue;
+    if ((n->op_type == "Reshape" && u.input_index == 0) || n->op_type == "Transpose") {
+      if (n->outputs()[0] && read_only_for_shape(n->outputs()[0], replaced, depth + 1)) continue;
+    }
+    return false;
+  }
+  return true;
 }
 
 // The attention_mask graph input (B, T) of the cached form (kv_cache contract), or null.
@@ -760,6 +852,13 @@ Replacement lower_attention_ort(Node* node, Rewriter& rw, PassContext& ctx) {
       cos = rot_q->inputs()[2];
       sin = rot_q->inputs()[3];
       ctx.counters["rotary folded into GroupQueryAttention"] += 1;
+      // A rotary has its input's shape: readers of its shape alone need not keep it alive.
+      for (const Node* rot : {rot_q, rot_k}) {
+        Value* out = rot->outputs()[0];
+        if (!read_only_for_shape(out, node)) continue;
+        const std::vector<Use> readers = out->uses();
+        for (const Use& u : readers) u.node->set_input(u.input_index, rot->inputs()[0]);
+      }
     }
     Value* past_k = cache ? cache->past_k : none;
     Value* past_v = cache ? cache->past_v : none;
