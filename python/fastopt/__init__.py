@@ -36,7 +36,7 @@ from fastopt.registry import (
     unregister_pass,
 )
 from fastopt.shapes import infer_shapes
-from fastopt.verify import VerifyError, VerifyReport, make_inputs, verify
+from fastopt.verify import VerifyError, VerifyReport, compare_providers, make_inputs, verify
 
 __version__ = "0.1.0"
 
@@ -66,6 +66,7 @@ __all__ = [
     "all_passes",
     "apply_rules",
     "check",
+    "compare_providers",
     "from_onnx",
     "get_pass",
     "infer_shapes",

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable, Union
 
 from fastopt import _C
 from fastopt._io import load
+from fastopt.providers import CPU, provider_name, resolve, short_name
 
 if TYPE_CHECKING:
     import onnx
@@ -329,29 +330,59 @@ def onnxruntime() -> Any:
     return ort
 
 
-def ort_session(source: Source, providers: Sequence[Any] | None, *, optimize: bool = False) -> Any:
+def ort_session(
+    source: Source,
+    providers: Sequence[Any] | None,
+    *,
+    optimize: bool = False,
+    profile_prefix: str | None = None,
+) -> Any:
     """An InferenceSession of `source` (CPU unless `providers`), graph optimizations off by
-    default: what runs is the graph as written."""
+    default: what runs is the graph as written.
+
+    providers: one session's priority list of entries (names, short like "cuda" or full, or
+    (name, options) pairs). ORT's habit of retrying on CPU when an accelerator fails is off, and
+    a session that did not get every provider asked for is refused.
+    profile_prefix: profile the session, writing its JSON under this prefix (see
+    :func:`fastopt.providers.read_profile`).
+    """
     ort = onnxruntime()
     so = ort.SessionOptions()
     if not optimize:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.log_severity_level = 3
+    if profile_prefix is not None:
+        so.enable_profiling = True
+        so.profile_file_prefix = profile_prefix
     chosen = check_providers(providers)
-    return ort.InferenceSession(source.for_ort(), so, providers=chosen)
+    sess = ort.InferenceSession(source.for_ort(), so, providers=chosen, enable_fallback=0)
+    _check_started(chosen, sess.get_providers())
+    return sess
+
+
+def _check_started(chosen: Sequence[Any], started: Sequence[str]) -> None:
+    """ORT drops a provider it cannot start (e.g. CUDA without its libraries) with only a log
+    line, and the session then runs on CPU: refuse that."""
+    missing = [provider_name(p) for p in chosen if provider_name(p) not in started]
+    if missing:
+        raise ValueError(
+            f"ONNX Runtime could not start execution provider(s) {', '.join(missing)} "
+            f"(the session got {', '.join(started)}); refusing to run on CPU instead"
+        )
 
 
 def check_providers(providers: Sequence[Any] | None) -> list[Any]:
-    """The providers to use (CPU by default). ORT quietly falls back to CPU for a provider it
-    does not have, which would check something else than asked: refuse that instead."""
-    chosen = list(providers) if providers else ["CPUExecutionProvider"]
+    """The providers to use (CPU by default), short names resolved to ORT's. ORT quietly falls
+    back to CPU for a provider it does not have, which would check something else than asked:
+    refuse that instead."""
+    chosen = [resolve(p) for p in providers] if providers else [CPU]
     available = onnxruntime().get_available_providers()
     for p in chosen:
-        name = p[0] if isinstance(p, (tuple, list)) else p
+        name = provider_name(p)
         if name not in available:
             raise ValueError(
                 f"execution provider {name!r} is not available in this onnxruntime "
-                f"(available: {', '.join(available)})"
+                f"(available: {', '.join(f'{short_name(a)} ({a})' for a in available)})"
             )
     return chosen
 

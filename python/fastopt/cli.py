@@ -180,7 +180,7 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
         from fastopt.verify import VerifyError, verify
 
         try:
-            vreport = verify(args.model, args.output)
+            vreport = verify(args.model, args.output, providers=_parse_providers(args.providers))
             out.print(str(vreport))
             result["verify"] = vreport.to_dict()
         except VerifyError as e:
@@ -189,6 +189,67 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
             code = 1
     if args.report:
         with open(args.report, "w") as f:
+            json.dump(result, f, indent=2, default=str)
+    return code
+
+
+def _parse_providers(text: str | None) -> list[str] | None:
+    """``cpu,cuda`` -> ["cpu", "cuda"]; None when not given."""
+    if not text:
+        return None
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    if not names:
+        raise ValueError(f"--providers takes comma-separated names, not {text!r}")
+    return names
+
+
+def _parse_dims(items: list[str]) -> dict[str, int]:
+    dims: dict[str, int] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        try:
+            dims[key] = int(value)
+        except ValueError:
+            sep = ""
+        if not sep or not key:
+            raise ValueError(f"--dims takes NAME=INTEGER, not {item!r}")
+    return dims
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from fastopt.check import CheckError, check_providers
+    from fastopt.verify import VerifyError, VerifyReport, compare_providers, verify
+
+    providers = _parse_providers(args.providers)
+    if providers:
+        check_providers(providers)  # an unavailable provider is bad input, before any work
+    dims = _parse_dims(args.dims)
+    result: dict[str, object] = {}
+    code = 0
+    try:
+        creport = fastopt.check(args.model, providers=providers[:1] if providers else None)
+    except CheckError as e:
+        creport, code = e.report, 1
+    print(creport)
+    result["check"] = creport.to_dict()
+    # A checker complaint (e.g. ORT's SimplifiedLayerNormalization in the default domain) does
+    # not stop ORT from running the model: compare unless ORT could not load it.
+    runs = creport.stage("onnxruntime").status == "ok"
+    if runs and (providers or args.against):
+        vreport: VerifyReport
+        try:
+            if args.against:
+                vreport = verify(args.against, args.model, dims=dims, providers=providers)
+            else:
+                assert providers is not None
+                vreport = compare_providers(args.model, providers, dims=dims)
+        except VerifyError as e:
+            vreport, code = e.report, 1
+        print()
+        print(vreport)
+        result["verify"] = vreport.to_dict()
+    if args.json:
+        with open(args.json, "w") as f:
             json.dump(result, f, indent=2, default=str)
     return code
 
@@ -250,6 +311,12 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument(
         "--verify", action="store_true", help="compare outputs of input and output in ONNX Runtime"
     )
+    opt.add_argument(
+        "--providers",
+        metavar="LIST",
+        help="with --verify: comma-separated execution providers (cpu, cuda, ...); several "
+        "compare across providers too",
+    )
     opt.add_argument("--report", help="write a JSON report here")
     opt.add_argument(
         "--explain",
@@ -272,6 +339,34 @@ def build_parser() -> argparse.ArgumentParser:
         "past and present (target ort); writes genai_config.json next to the output",
     )
     opt.set_defaults(func=_cmd_optimize)
+
+    chk = sub.add_parser(
+        "check",
+        help="check a model (onnx.checker, strict shape inference, ONNX Runtime load) and "
+        "compare its outputs across execution providers",
+    )
+    chk.add_argument("model", help=".onnx file to check")
+    chk.add_argument(
+        "--providers",
+        metavar="LIST",
+        help="comma-separated execution providers (cpu, cuda, tensorrt, dml, ... or ORT names): "
+        "run MODEL on each, compare with the first, and report nodes placed on CPU",
+    )
+    chk.add_argument(
+        "--against",
+        metavar="ORIGINAL",
+        help="also verify MODEL against ORIGINAL (on every provider with --providers)",
+    )
+    chk.add_argument("--json", metavar="FILE", help="write a JSON report here")
+    chk.add_argument(
+        "--dims",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="NAME=VALUE",
+        help="values for symbolic input dims, e.g. --dims batch_size=1 sequence_length=16",
+    )
+    chk.set_defaults(func=_cmd_check)
 
     lp = sub.add_parser("passes", help="list the registered passes and presets")
     lp.set_defaults(func=_cmd_passes)

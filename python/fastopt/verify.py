@@ -24,6 +24,27 @@ models with and without a KV cache.
 Tolerances (``|opt - orig| <= atol + rtol * |orig|`` elementwise, NaNs in the same places, infs
 equal) default by the output's type: float32 1e-4/1e-4, float16 and bfloat16 1e-2/1e-2, float64
 1e-7/1e-7, other small floats twice their epsilon; integers, booleans and strings exactly.
+When either side of a comparison ran on an accelerator (any provider but CPU), float results
+legitimately differ more (other kernels and accumulation orders, TF32 matmuls on NVIDIA GPUs), so
+the defaults there are float32 1e-3/1e-3, float16 2e-2/2e-2, bfloat16 5e-2/5e-2. ``atol`` and
+``rtol`` override either.
+
+Providers (``providers=``, short names such as "cpu", "cuda", "tensorrt", "dml" or ORT's names,
+optionally as ``(name, options)``; see :mod:`fastopt.providers`):
+
+* none or one entry: both models run on that provider (CPU by default) and are compared, as
+  always.
+* several entries: each is a run of its own (ORT adds CPU behind any accelerator by itself, so a
+  priority list such as ["CUDAExecutionProvider", "CPUExecutionProvider"] is two runs, CUDA and
+  CPU). Both models run on every provider, and the report holds three kinds of comparison:
+  "optimization" (optimized vs original on the same provider: did fastopt change results),
+  "provider" (the original on each further provider vs the original on the first: did the
+  provider change results) and "end-to-end" (optimized on each further provider vs the
+  original on the first). ``report.outputs`` stays the optimization comparison on the first
+  provider.
+
+Every run on an accelerator, and every run of a several-provider check, is profiled once to
+record which nodes ORT placed on CPU instead (``report.runs[i].placement``).
 """
 
 from __future__ import annotations
@@ -33,6 +54,7 @@ import ctypes
 import math
 import operator
 import os
+import tempfile
 import time
 from collections.abc import Collection, Mapping, Sequence
 from contextlib import ExitStack
@@ -54,6 +76,7 @@ from fastopt.check import (
     ort_session,
     summarize_error,
 )
+from fastopt.providers import Placement, is_accelerator, labels, provider_name, read_profile
 
 Tolerance = Union[float, Mapping[str, float], None]
 
@@ -71,6 +94,14 @@ _TOLERANCES = {
     "bfloat16": (1e-2, 1e-2),
     "complex128": (1e-7, 1e-7),
     "complex64": (1e-4, 1e-4),
+}
+# The same when a side ran on an accelerator (see the module docstring).
+_ACCELERATOR_TOLERANCES = {
+    **_TOLERANCES,
+    "float32": (1e-3, 1e-3),
+    "float16": (2e-2, 2e-2),
+    "bfloat16": (5e-2, 5e-2),
+    "complex64": (1e-3, 1e-3),
 }
 # ONNX element types ORT's numpy bridge cannot carry: they travel as raw OrtValues.
 _ORT_RAW_TYPES = {
@@ -107,17 +138,58 @@ class OutputComparison:
 
 
 @dataclass
+class ProviderComparison:
+    """One run's outputs against a reference run's, e.g. optimized@cuda vs original@cuda."""
+
+    kind: str  # "optimization", "provider" or "end-to-end" (see the module docstring)
+    reference: str  # "original@cpu"
+    subject: str  # "optimized@cuda"
+    outputs: list[OutputComparison] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(o.ok for o in self.outputs)
+
+    @property
+    def failed(self) -> list[OutputComparison]:
+        return [o for o in self.outputs if not o.ok]
+
+
+@dataclass
+class ProviderRun:
+    """One model run on one provider."""
+
+    model: str  # "original" or "optimized"
+    provider: str  # its label: "cpu", "cuda", "cpu#2"
+    seconds: float = 0.0
+    placement: Placement | None = None  # None when not profiled
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}@{self.provider}"
+
+
+@dataclass
 class VerifyReport:
     original: str
     optimized: str
     inputs: dict[str, str] = field(default_factory=dict)  # name -> "int64[2, 8]"
+    # the optimization comparison on the first provider (empty for compare_providers)
     outputs: list[OutputComparison] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
     error: str = ""  # a model could not be loaded or run
+    providers: list[str] = field(default_factory=list)  # labels of the runs' providers
+    runs: list[ProviderRun] = field(default_factory=list)
+    # with several providers: every comparison, the first provider's optimization one included
+    comparisons: list[ProviderComparison] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.error and all(o.ok for o in self.outputs)
+        return (
+            not self.error
+            and all(o.ok for o in self.outputs)
+            and all(c.ok for c in self.comparisons)
+        )
 
     @property
     def failed(self) -> list[OutputComparison]:
@@ -132,7 +204,47 @@ class VerifyReport:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["ok"] = self.ok
+        for c, d in zip(self.comparisons, out["comparisons"]):
+            d["ok"] = c.ok
+        for r, d in zip(self.runs, out["runs"]):
+            if r.placement is not None:
+                d["placement"]["fallback_count"] = r.placement.fallback_count
         return out
+
+    def comparison_table(self) -> str:
+        """One row per cross-provider comparison: its worst output and verdict."""
+        rows = []
+        for c in self.comparisons:
+            worst = max(c.outputs, key=lambda o: (not o.ok, o.max_abs_err), default=None)
+            rows.append(
+                (
+                    c.kind,
+                    c.subject,
+                    c.reference,
+                    f"{len(c.outputs) - len(c.failed)}/{len(c.outputs)}",
+                    f"{worst.max_abs_err:.3g}" if worst else "-",
+                    f"{worst.atol:g}/{worst.rtol:g}" if worst else "-",
+                    "ok" if c.ok else "FAIL",
+                    "" if worst is None or worst.ok else f"{worst.name}: {worst.message}",
+                )
+            )
+        header = ("kind", "run", "reference", "outputs ok", "max_abs", "atol/rtol", "status")
+        return format_table((*header, "note"), rows)
+
+    def placement_table(self) -> str:
+        """One row per profiled run: nodes per provider, CPU fallbacks by op type, transfers."""
+        rows = []
+        for r in self.runs:
+            p = r.placement
+            if p is None:
+                continue
+            nodes = ", ".join(f"{k} {v}" for k, v in sorted(p.nodes.items()))
+            transfers = ", ".join(f"{k} {v}" for k, v in sorted(p.transfers.items()))
+            rows.append(
+                (r.name, nodes, str(p.fallback_count), transfers or "-", p.fallback_text() or "-")
+            )
+        header = ("run", "nodes by provider", "cpu fallbacks", "transfers", "fallback ops")
+        return format_table(header, rows)
 
     def table(self, outputs: Sequence[OutputComparison] | None = None) -> str:
         rows = [
@@ -154,10 +266,18 @@ class VerifyReport:
     def __str__(self) -> str:
         verdict = "passed" if self.ok else "FAILED"
         feeds = ", ".join(f"{k} {v}" for k, v in self.inputs.items())
-        text = f"verify {verdict}: {self.optimized} vs {self.original}\ninputs: {feeds}\n"
+        what = f"{self.optimized} vs {self.original}" if self.optimized else self.original
+        text = f"verify {verdict}: {what}\ninputs: {feeds}\n"
+        if len(self.providers) > 1:
+            text += f"providers: {', '.join(self.providers)}\n"
         if self.error:
             text += f"error: {self.error}\n"
-        return text + self.table()
+        parts = [self.table()] if self.outputs or not self.comparisons else []
+        if self.comparisons:
+            parts.append(self.comparison_table())
+        if any(r.placement is not None for r in self.runs):
+            parts.append(self.placement_table())
+        return text + "\n\n".join(parts)
 
 
 def _shape_text(a: list[int] | None, b: list[int] | None) -> str:
@@ -466,34 +586,46 @@ def _ort_fetch(value: Any, ort_type: str) -> Any:
 
 
 def _run(
-    source: Source, feeds: Mapping[str, np.ndarray], providers: Any
-) -> tuple[list[str], dict[str, Any]]:
-    """Runs a model on `feeds` (only the inputs it declares): its input names, and its outputs by
-    name in its order."""
-    sess = ort_session(source, providers)
+    source: Source,
+    feeds: Mapping[str, np.ndarray],
+    provider: Any,
+    profile_prefix: str | None = None,
+) -> tuple[list[str], dict[str, Any], Placement | None]:
+    """Runs a model on `feeds` (only the inputs it declares) with one provider entry (None: CPU):
+    its input names, its outputs by name in its order, and, with `profile_prefix`, where ORT
+    placed its nodes."""
+    sess = ort_session(
+        source, None if provider is None else [provider], profile_prefix=profile_prefix
+    )
     wanted = sess.get_inputs()
     missing = [i.name for i in wanted if i.name not in feeds]
     if missing:
         raise ValueError(f"it takes inputs the original does not: {', '.join(missing)}")
     outputs = sess.get_outputs()
     names = [o.name for o in outputs]
-    raw = any(i.type in _ORT_RAW_TYPES for i in [*wanted, *outputs])
-    if not raw:
+    if any(i.type in _ORT_RAW_TYPES for i in [*wanted, *outputs]):
+        ort_feeds = {i.name: _ort_feed(feeds[i.name], i.type) for i in wanted}
+        values = sess.run_with_ort_values(names, ort_feeds)
+        fetched = {o.name: _ort_fetch(v, o.type) for o, v in zip(outputs, values)}
+    else:
         results = sess.run(names, {i.name: feeds[i.name] for i in wanted})
-        return [i.name for i in wanted], dict(zip(names, results))
-    ort_feeds = {i.name: _ort_feed(feeds[i.name], i.type) for i in wanted}
-    values = sess.run_with_ort_values(names, ort_feeds)
-    fetched = {o.name: _ort_fetch(v, o.type) for o, v in zip(outputs, values)}
-    return [i.name for i in wanted], fetched
+        fetched = dict(zip(names, results))
+    placement = None
+    if profile_prefix is not None:
+        requested = "cpu" if provider is None else provider_name(provider)
+        placement = read_profile(sess.end_profiling(), requested)
+    return [i.name for i in wanted], fetched, placement
 
 
 def _float_kind(dtype: np.dtype) -> bool:
     return dtype.kind in "fc" or dtype.name in ("bfloat16",) or dtype.name.startswith("float")
 
 
-def _default_tolerance(dtype: np.dtype) -> tuple[float, float]:
-    if dtype.name in _TOLERANCES:
-        return _TOLERANCES[dtype.name]
+def _default_tolerance(
+    dtype: np.dtype, table: Mapping[str, tuple[float, float]] = _TOLERANCES
+) -> tuple[float, float]:
+    if dtype.name in table:
+        return table[dtype.name]
     if _float_kind(dtype):
         import ml_dtypes
 
@@ -511,7 +643,12 @@ def _pick(option: Tolerance, name: str, is_float: bool, default: float) -> float
 
 
 def _compare(
-    name: str, expected: Any, actual: Any, rtol: Tolerance, atol: Tolerance
+    name: str,
+    expected: Any,
+    actual: Any,
+    rtol: Tolerance,
+    atol: Tolerance,
+    table: Mapping[str, tuple[float, float]] = _TOLERANCES,
 ) -> list[OutputComparison]:
     if isinstance(expected, (list, tuple)) or isinstance(actual, (list, tuple)):
         if not (isinstance(expected, (list, tuple)) and isinstance(actual, (list, tuple))):
@@ -521,12 +658,12 @@ def _compare(
             return [OutputComparison(name, "sequence", None, None, False, message=msg)]
         found: list[OutputComparison] = []
         for i, (e, a) in enumerate(zip(expected, actual)):
-            found += _compare(f"{name}[{i}]", e, a, rtol, atol)
+            found += _compare(f"{name}[{i}]", e, a, rtol, atol, table)
         return found
     e, a = np.asarray(expected), np.asarray(actual)
     result = OutputComparison(name, e.dtype.name, list(e.shape), list(a.shape), True)
     is_float = _float_kind(e.dtype)
-    d_atol, d_rtol = _default_tolerance(e.dtype)
+    d_atol, d_rtol = _default_tolerance(e.dtype, table)
     result.atol = _pick(atol, name, is_float, d_atol)
     result.rtol = _pick(rtol, name, is_float, d_rtol)
     if e.dtype != a.dtype:
@@ -586,6 +723,166 @@ def _label(model: ModelLike) -> str:
     return "<onnx.ModelProto>"
 
 
+def _compare_outputs(
+    want: Mapping[str, Any],
+    got: Mapping[str, Any],
+    rtol: Tolerance,
+    atol: Tolerance,
+    table: Mapping[str, tuple[float, float]],
+    subject: str = "optimized",
+) -> list[OutputComparison]:
+    """Every output of `want` against `got` by name; missing and extra outputs fail."""
+    found: list[OutputComparison] = []
+    for name, expected in want.items():
+        if name not in got:
+            found.append(
+                OutputComparison(name, "-", None, None, False, message=f"missing from {subject}")
+            )
+            continue
+        found += _compare(name, expected, got[name], rtol, atol, table)
+    for name in got:
+        if name not in want:
+            found.append(
+                OutputComparison(name, "-", None, None, False, message="not in the original")
+            )
+    return found
+
+
+def _failure_text(report: VerifyReport) -> str:
+    """The VerifyError message: what differs, and a table of the failing outputs."""
+    if report.optimized:
+        text = f"{report.optimized} differs from {report.original}"
+    else:
+        text = f"{report.original} differs across providers"
+    reasons = [report.error] if report.error else []
+    failed = report.failed
+    if failed:
+        reasons.append(f"{len(failed)} of {len(report.outputs)} outputs fail")
+    bad = [c for c in report.comparisons if not c.ok and c.outputs is not report.outputs]
+    for c in bad:
+        reasons.append(f"{c.subject} vs {c.reference} ({c.kind}): {len(c.failed)} outputs fail")
+    text += ": " + "; ".join(reasons)
+    if failed:
+        text += "\n" + report.table(failed)
+    for c in bad:
+        text += f"\n{c.subject} vs {c.reference}:\n" + report.table(c.failed)
+    return text
+
+
+def _verify(
+    original: ModelLike,
+    optimized: ModelLike | None,
+    inputs: Mapping[str, np.ndarray] | None,
+    dims: Mapping[str, int] | None,
+    rtol: Tolerance,
+    atol: Tolerance,
+    seed: int,
+    providers: Sequence[Any] | None,
+) -> VerifyReport:
+    """verify() and compare_providers(): `optimized` None runs only the original."""
+    start = time.perf_counter()
+    entries: list[Any] = check_providers(providers) if providers else [None]
+    names = labels(entries) if providers else ["cpu"]
+    several = len(entries) > 1
+    given = {k: np.asarray(v) for k, v in (inputs or {}).items()}
+    feeds = {**_synthesize(_as_model(original), dims, seed, skip=set(given)), **given}
+    report = VerifyReport(
+        _label(original),
+        "" if optimized is None else _label(optimized),
+        {k: _describe(np.asarray(v)) for k, v in feeds.items()},
+        providers=names,
+    )
+    models = [("original", original)]
+    if optimized is not None:
+        models.append(("optimized", optimized))
+    results: dict[tuple[str, str], dict[str, Any]] = {}
+    declared: dict[str, list[str]] = {}
+    with ExitStack() as stack:
+        sources = {role: open_source(m, stack, in_memory="bytes") for role, m in models}
+        profiles = stack.enter_context(tempfile.TemporaryDirectory(prefix="fastopt-profile-"))
+        for entry, label in zip(entries, names):
+            profile = several or (entry is not None and is_accelerator(provider_name(entry)))
+            for role, _ in models:
+                t = time.perf_counter()
+                try:
+                    prefix = os.path.join(profiles, f"{role}-{len(report.runs)}")
+                    got = _run(sources[role], feeds, entry, prefix if profile else None)
+                except (FileNotFoundError, TypeError):
+                    raise
+                except Exception as e:
+                    where = f" on {label}" if several else ""
+                    report.error = (
+                        f"ONNX Runtime could not run the {role} model{where}: "
+                        f"{summarize_error(str(e))}"
+                    )
+                    if role == "original":
+                        report.error += " (choose inputs with `inputs=` or `dims=`)"
+                    report.seconds["total"] = time.perf_counter() - start
+                    raise VerifyError(report.error, report) from e
+                declared.setdefault(role, got[0])
+                results[role, label] = got[1]
+                seconds = time.perf_counter() - t
+                report.runs.append(ProviderRun(role, label, seconds, got[2]))
+                report.seconds[f"{role}@{label}" if several else role] = seconds
+    _fill_comparisons(report, results, entries, names, optimized is not None, rtol, atol)
+    if optimized is not None:
+        dropped = [n for n in declared["original"] if n not in declared["optimized"]]
+        if dropped:
+            # ORT refuses feeds it does not know: callers of the original would break.
+            report.error = f"the optimized model no longer takes input(s) {', '.join(dropped)}"
+    report.seconds["total"] = time.perf_counter() - start
+    if not report.ok:
+        raise VerifyError(_failure_text(report), report)
+    return report
+
+
+def _fill_comparisons(
+    report: VerifyReport,
+    results: Mapping[tuple[str, str], Mapping[str, Any]],
+    entries: Sequence[Any],
+    names: Sequence[str],
+    has_optimized: bool,
+    rtol: Tolerance,
+    atol: Tolerance,
+) -> None:
+    """The optimization comparison on the first provider into ``report.outputs``; with several
+    providers, every comparison of the module docstring into ``report.comparisons``."""
+
+    def table(*labels_: str) -> Mapping[str, tuple[float, float]]:
+        accelerated = any(
+            e is not None and is_accelerator(provider_name(e))
+            for e, n in zip(entries, names)
+            if n in labels_
+        )
+        return _ACCELERATOR_TOLERANCES if accelerated else _TOLERANCES
+
+    def compare(kind: str, subject: tuple[str, str], reference: tuple[str, str]) -> None:
+        outputs = _compare_outputs(
+            results[reference],
+            results[subject],
+            rtol,
+            atol,
+            table(subject[1], reference[1]),
+            subject[0],
+        )
+        report.comparisons.append(
+            ProviderComparison(kind, "@".join(reference), "@".join(subject), outputs)
+        )
+
+    first = names[0]
+    for label in names:
+        if has_optimized:
+            compare("optimization", ("optimized", label), ("original", label))
+        if label != first:
+            compare("provider", ("original", label), ("original", first))
+            if has_optimized:
+                compare("end-to-end", ("optimized", label), ("original", first))
+    if has_optimized:
+        report.outputs = report.comparisons[0].outputs
+    if len(names) == 1:
+        report.comparisons = []  # one provider: the classic report, nothing across providers
+
+
 def verify(
     original: ModelLike,
     optimized: ModelLike,
@@ -604,60 +901,32 @@ def verify(
     inputs: arrays for some or all graph inputs; the rest come from :func:`make_inputs` on the
     original with `dims` and `seed`. rtol, atol: one value for every floating-point output, or a
     mapping output name -> value; None takes the dtype's default (see the module docstring).
+    providers: None (CPU) or one entry runs both models there; several entries compare across
+    providers too (see the module docstring). An unavailable provider raises ValueError naming
+    the available ones.
     Returns the report when every output matches; raises :class:`VerifyError`, whose message
     tables the failing outputs, when one does not, when output names, dtypes or shapes differ, or
     when a model cannot be loaded or run.
     """
-    start = time.perf_counter()
-    check_providers(providers)
-    given = {k: np.asarray(v) for k, v in (inputs or {}).items()}
-    feeds = {**_synthesize(_as_model(original), dims, seed, skip=set(given)), **given}
-    report = VerifyReport(
-        _label(original), _label(optimized), {k: _describe(np.asarray(v)) for k, v in feeds.items()}
-    )
-    results: dict[str, dict[str, Any]] = {}
-    declared: dict[str, list[str]] = {}
-    for role, model in (("original", original), ("optimized", optimized)):
-        t = time.perf_counter()
-        try:
-            with ExitStack() as stack:
-                source = open_source(model, stack, in_memory="bytes")
-                declared[role], results[role] = _run(source, feeds, providers)
-        except (FileNotFoundError, TypeError):
-            raise
-        except Exception as e:
-            report.error = f"ONNX Runtime could not run the {role} model: {summarize_error(str(e))}"
-            if role == "original":
-                report.error += " (choose inputs with `inputs=` or `dims=`)"
-            report.seconds["total"] = time.perf_counter() - start
-            raise VerifyError(report.error, report) from e
-        report.seconds[role] = time.perf_counter() - t
-    want, got = results["original"], results["optimized"]
-    for name, expected in want.items():
-        if name not in got:
-            report.outputs.append(
-                OutputComparison(name, "-", None, None, False, message="missing from optimized")
-            )
-            continue
-        report.outputs += _compare(name, expected, got[name], rtol, atol)
-    for name in got:
-        if name not in want:
-            report.outputs.append(
-                OutputComparison(name, "-", None, None, False, message="not in the original")
-            )
-    dropped = [n for n in declared["original"] if n not in declared["optimized"]]
-    if dropped:
-        # ORT refuses feeds it does not know: callers of the original would break.
-        report.error = f"the optimized model no longer takes input(s) {', '.join(dropped)}"
-    report.seconds["total"] = time.perf_counter() - start
-    if not report.ok:
-        failed = report.failed
-        text = f"{report.optimized} differs from {report.original}"
-        reasons = [report.error] if report.error else []
-        if failed:
-            reasons.append(f"{len(failed)} of {len(report.outputs)} outputs fail")
-        text += ": " + "; ".join(reasons)
-        if failed:
-            text += "\n" + report.table(failed)
-        raise VerifyError(text, report)
-    return report
+    return _verify(original, optimized, inputs, dims, rtol, atol, seed, providers)
+
+
+def compare_providers(
+    model: ModelLike,
+    providers: Sequence[Any],
+    inputs: Mapping[str, np.ndarray] | None = None,
+    dims: Mapping[str, int] | None = None,
+    *,
+    rtol: Tolerance = None,
+    atol: Tolerance = None,
+    seed: int = 0,
+) -> VerifyReport:
+    """Runs one model on every provider in `providers` and compares each run to the first
+    ("provider" comparisons only; ``report.optimized`` is empty and ``report.outputs`` too).
+
+    Arguments as for :func:`verify`. Returns the report, with every run's node placement, when
+    all runs agree; raises :class:`VerifyError` otherwise.
+    """
+    if not providers:
+        raise ValueError("compare_providers needs at least one provider")
+    return _verify(model, None, inputs, dims, rtol, atol, seed, providers)
