@@ -304,3 +304,10 @@ def test_cli_bad_arguments(models: dict[str, Path], capsys: pytest.CaptureFixtur
     if not HAS_CUDA:
         assert main(["bench", str(models["decoder"]), "--provider", "cuda"]) == 2
         assert "CUDAExecutionProvider" in capsys.readouterr().err
+
+
+def test_default_seqs() -> None:
+    from fastopt.bench.command import default_seqs
+
+    assert default_seqs(128) == [16, 32, 64, 128]
+    assert default_seqs(4) == [1, 2, 4]

@@ -10,7 +10,7 @@ from typing import Any
 
 from fastopt.bench.memory import PeakRssGrowth, cuda_memory_in_use
 from fastopt.bench.result import BenchResult
-from fastopt.bench.session import Runner, resolve_device
+from fastopt.bench.session import Runner, make_session, resolve_device
 from fastopt.bench.timing import Stats, interleaved
 from fastopt.check import ModelLike, onnxruntime
 from fastopt.verify import make_inputs
@@ -18,7 +18,7 @@ from fastopt.verify import make_inputs
 RUNS = 20
 WARMUP = 3
 
-_primed = False
+_primed: set[tuple[str, int]] = set()  # the devices set up in this process
 # the smallest model that makes ONNX Runtime set itself up
 _TINY_MODEL = """
 <ir_version: 8, opset_import: ["" : 17]>
@@ -26,25 +26,21 @@ tiny (float[1] x) => (float[1] y) { y = Relu(x) }
 """
 
 
-def _prime_process(model: ModelLike) -> None:
-    """Pays, once per process, the one-time costs the first benchmark would otherwise carry in
-    its memory figure (ORT's environment and thread pools, first-use allocations of input
-    synthesis): about 15 MB of RSS here."""
-    global _primed
-    if _primed:
+def _prime_process(model: ModelLike, device: str, device_id: int) -> None:
+    """Pays, once per process and device, the one-time costs that the first benchmark would
+    otherwise carry in its memory figure (ORT's environment and thread pools, on CUDA the
+    device context; first-use allocations of input synthesis): about 15 MB of RSS on CPU."""
+    if (device, device_id) in _primed:
         return
     import numpy as np
     import onnx.parser
 
-    ort = onnxruntime()
     tiny = onnx.parser.parse_model(_TINY_MODEL).SerializeToString()
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    session = ort.InferenceSession(tiny, so, providers=["CPUExecutionProvider"])
+    session = make_session(tiny, device, device_id=device_id)
     session.run(None, {"x": np.ones(1, np.float32)})
     with contextlib.suppress(ValueError):  # a model inputs cannot be made for fails later
         make_inputs(model)
-    _primed = True
+    _primed.add((device, device_id))
 
 
 def _prepare(model: ModelLike, warmup: int, options: dict[str, Any]) -> tuple[Runner, int | None]:
@@ -100,7 +96,8 @@ def compare(
         "spinning": len(models) == 1,
     }
     if models:
-        _prime_process(models[0])
+        device = resolve_device(provider, onnxruntime().get_available_providers())
+        _prime_process(models[0], device, device_id)
     with ExitStack() as stack:
         prepared = []
         for model in models:
