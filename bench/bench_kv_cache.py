@@ -10,12 +10,12 @@ bench_llm_fusions (hidden 896, 24 layers). --nocache/--cached/--inplace take mod
 elsewhere (e.g. the reference corpus llama_ts_nocache / llama_ts_cache, which share weights); a
 form fastopt refuses to make (kv_cache="inplace" without an in-place lowering) is n/a.
 
-Latency (ORT CPU, graph optimizations ON, intra-op threads --threads, batch 1, median of --runs
-after warm-up):
+Latency (fastopt.bench's decode step: ORT CPU, graph optimizations ON, intra-op threads
+--threads, batch 1, median of --runs after warm-up):
   recompute   one full forward of the no-cache model over 512 tokens: what every generated token
               costs without a cache;
   standard    one decode step (1 new token, past of 511 tokens: context 512), pasts fed as numpy;
-  inplace     the same step with one (1, Hkv, max_length, D) buffer per layer bound as past and
+  inplace     the same step with one (1, Hkv, 576, D) buffer per layer bound once as past and
               present (IO binding), attention_mask of width 512.
 The same step is repeated (same past) so every timed run is exactly at context 512.
 
@@ -39,12 +39,13 @@ import ctypes
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
+from fastopt.bench import Runner
+from fastopt.bench.timing import measure
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTEXT = 512
@@ -86,85 +87,42 @@ def _session(path: str, threads: int, arena: bool = True) -> ort.InferenceSessio
     return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
 
 
-def _layout(sess: ort.InferenceSession) -> tuple[int, int, int, Any]:
-    keys = [
-        i
-        for i in sess.get_inputs()
-        if i.name.startswith("past_key_values.") and i.name.endswith(".key")
-    ]
-    dtype = np.float16 if keys[0].type == "tensor(float16)" else np.float32  # fp32 benches
-    return len(keys), int(keys[0].shape[1]), int(keys[0].shape[3]), dtype
+def _median_ms(step: Any, runs: int, warmup: int) -> float:
+    return statistics.median(measure(step, runs, warmup)) * 1e3
 
 
-def _names(sess: ort.InferenceSession) -> set[str]:
-    return {i.name for i in sess.get_inputs()}
+def bench_recompute(path: str, threads: int, runs: int, warmup: int) -> float:
+    # fastopt.bench's decode step of a no-cache decoder: one forward over context tokens
+    with Runner(path, provider="cpu", phase="decode", seq=CONTEXT - 1, threads=threads) as r:
+        return _median_ms(r.step, runs, warmup)
 
 
-def _median_ms(fn: Any, runs: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
-
-
-def bench_recompute(path: str, vocab: int, threads: int, runs: int, warmup: int) -> float:
-    sess = _session(path, threads)
-    ids = np.random.default_rng(0).integers(3, vocab, (1, CONTEXT), dtype=np.int64)
-    mask = np.ones_like(ids)
-    feed = {"input_ids": ids, "attention_mask": mask, "position_ids": np.arange(CONTEXT)[None]}
-    feed = {k: v for k, v in feed.items() if k in _names(sess)}
-    return _median_ms(lambda: sess.run(["logits"], feed), runs, warmup)
-
-
-def _step_feed(sess: ort.InferenceSession, vocab: int) -> dict[str, np.ndarray]:
-    feed = {
-        "input_ids": np.array([[vocab // 2]], np.int64),
-        "attention_mask": np.ones((1, CONTEXT), np.int64),
-        "position_ids": np.array([[CONTEXT - 1]], np.int64),
-    }
-    return {k: v for k, v in feed.items() if k in _names(sess)}
-
-
-def bench_standard(path: str, vocab: int, threads: int, runs: int, warmup: int) -> dict[str, Any]:
-    sess = _session(path, threads)
-    layers, hkv, d, dtype = _layout(sess)
-    rng = np.random.default_rng(0)
-    past = {
-        f"past_key_values.{i}.{kv}": rng.standard_normal((1, hkv, CONTEXT - 1, d)).astype(dtype)
-        for i in range(layers)
-        for kv in ("key", "value")
-    }
-    feed = {**_step_feed(sess, vocab), **past}
-    ms = _median_ms(lambda: sess.run(None, feed), runs, warmup)
+def bench_standard(path: str, threads: int, runs: int, warmup: int) -> dict[str, Any]:
+    with Runner(path, provider="cpu", phase="decode", seq=CONTEXT - 1, threads=threads) as r:
+        ms = _median_ms(r.step, runs, warmup)
+        feed = r.workload.feeds
     return {"ms": ms, **_memory(path, feed, None, threads)}
 
 
-def bench_inplace(path: str, vocab: int, threads: int, runs: int, warmup: int) -> dict[str, Any]:
-    sess = _session(path, threads)
-    layers, hkv, d, dtype = _layout(sess)
-    bufs = {
-        (i, kv): ort.OrtValue.ortvalue_from_numpy(np.zeros((1, hkv, CONTEXT + 64, d), dtype))
-        for i in range(layers)
-        for kv in ("key", "value")
-    }
-    feed = _step_feed(sess, vocab)
-
-    def step() -> None:
-        io = sess.io_binding()
-        for k, v in feed.items():
-            io.bind_cpu_input(k, v)
-        io.bind_output("logits")
-        for (i, kv), buf in bufs.items():
-            io.bind_ortvalue_input(f"past_key_values.{i}.{kv}", buf)
-            io.bind_ortvalue_output(f"present.{i}.{kv}", buf)
-        sess.run_with_iobinding(io)
-        io.get_outputs()
-
-    ms = _median_ms(step, runs, warmup)
+def bench_inplace(path: str, threads: int, runs: int, warmup: int) -> dict[str, Any]:
+    # the step binds the (1, Hkv, CONTEXT + 64, D) buffers once, as past and present
+    with Runner(
+        path,
+        provider="cpu",
+        phase="decode",
+        seq=CONTEXT - 1,
+        threads=threads,
+        max_length=CONTEXT + 64,
+    ) as r:
+        ms = _median_ms(r.step, runs, warmup)
+        feeds = r.workload.feeds
+    feed, bufs = {}, {}
+    for name, array in feeds.items():
+        if name.startswith("past_key_values."):  # past_key_values.{i}.{kv}
+            _, i, kv = name.split(".")
+            bufs[(int(i), kv)] = ort.OrtValue.ortvalue_from_numpy(array)
+        else:
+            feed[name] = array
     return {"ms": ms, **_memory(path, feed, bufs, threads)}
 
 
@@ -234,10 +192,9 @@ def main(argv: list[str] | None = None) -> int:
         made = _fastopt_cached(nocache, Path(args.models_dir))
         cached = cached or made.get("standard")
         inplace = inplace or made.get("inplace")
-    vocab = int(_session(nocache, 1).get_outputs()[0].shape[-1])
-    rec = bench_recompute(nocache, vocab, args.threads, args.runs, args.warmup)
-    std = bench_standard(cached, vocab, args.threads, args.runs, args.warmup) if cached else None
-    inp = bench_inplace(inplace, vocab, args.threads, args.runs, args.warmup) if inplace else None
+    rec = bench_recompute(nocache, args.threads, args.runs, args.warmup)
+    std = bench_standard(cached, args.threads, args.runs, args.warmup) if cached else None
+    inp = bench_inplace(inplace, args.threads, args.runs, args.warmup) if inplace else None
 
     def row(name: str, model: str | None, r: dict[str, Any] | None) -> str:
         if r is None:

@@ -13,6 +13,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 import fastopt
+from fastopt.bench.command import add_parser as add_bench_parser
 from fastopt.optimize import OptimizeReport
 from fastopt.summary import ModelSummary, human_bytes, human_count, summarize
 
@@ -370,6 +371,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     lp = sub.add_parser("passes", help="list the registered passes and presets")
     lp.set_defaults(func=_cmd_passes)
+
+    add_bench_parser(sub)
     return parser
 
 
