@@ -374,9 +374,11 @@ def test_cached_model_converts(fx, mode: str, tmp_path: Path) -> None:  # type: 
     _plain_cached_export(fx, src)
     out = tmp_path / "model.onnx"
     report = fastopt.optimize(src, preset="llm", output=out, kv_cache=mode)  # type: ignore[arg-type]
-    assert report.ops_after.get("com.microsoft::GroupQueryAttention", 0) + report.ops_after.get(
-        "com.microsoft::MultiHeadAttention", 0
-    ) == fx.layers
+    assert (
+        report.ops_after.get("com.microsoft::GroupQueryAttention", 0)
+        + report.ops_after.get("com.microsoft::MultiHeadAttention", 0)
+        == fx.layers
+    )
     if mode == "inplace":
         assert report.ops_after["com.microsoft::GroupQueryAttention"] == fx.layers
         model = onnx.load(out)
