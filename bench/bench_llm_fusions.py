@@ -662,7 +662,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"- machine: {env['cpu']}, {env['cores']} cores, {fmt_mb(env['ram_bytes'])} RAM, "
         f"{env['os']} (shared with other jobs; run at `nice -n 10`)",
         f"- versions: python {env['python']}, "
-        + ", ".join(f"{d} {vers[d]}" for d in DISTS)
+        + ", ".join(f"{d} {vers.get(d, '?')}" for d in DISTS)
         + f" (fastopt repo {env['fastopt_commit']})",
         (
             f"- commands (runs merged with --merge): {report['command']} (took "
@@ -982,7 +982,11 @@ def merge_reports(paths: list[str]) -> dict[str, Any]:
     reports = [json.loads(Path(p).read_text()) for p in paths]
     merged = dict(reports[0])
     merged["models"] = {}
+    # versions of tools an earlier run did not record come from the later runs
+    merged["environment"] = {**reports[0]["environment"], "versions": {}}
     for r in reports:
+        for dist, v in r["environment"]["versions"].items():
+            merged["environment"]["versions"].setdefault(dist, v)
         for name, m in r["models"].items():
             old = merged["models"].get(name)
             merged["models"][name] = _merge_model(old, m) if old else m

@@ -141,23 +141,19 @@ def _has_lat(m: dict[str, Any], tool: str = "original") -> bool:
 
 
 def large_latency_table(models: dict[str, Any], tools: list[str]) -> list[str]:
+    """Ratio first: runs of different processes (merged runs) can be minutes apart on a shared
+    machine, so only a tool's ms against the original's of the same process compare."""
     names = list(models)
     lines = [
-        "| tool | " + " | ".join(f"{n}: ms (/ original)" for n in names) + " |",
+        "| tool | " + " | ".join(f"{n}: / original (tool ms / original ms)" for n in names) + " |",
         "|---|" + "---:|" * len(names),
-        "| original | "
-        + " | ".join(
-            f"{m['latency']['ms']['original']['median']:.1f}" if _has_lat(m) else "-"
-            for m in models.values()
-        )
-        + " |",
     ]
     for t in tools:
         cells = []
         for m in models.values():
             if _has_lat(m, t):
-                lat = m["latency"]
-                cells.append(f"{lat['ms'][t]['median']:.1f} ({_x(lat['ratio'][t])})")
+                ms, ratio = m["latency"]["ms"][t]["median"], m["latency"]["ratio"][t]
+                cells.append(f"{_x(ratio)} ({ms:.0f} / {ms / ratio:.0f} ms)")
             else:
                 cells.append("-")
         lines.append(f"| {TOOLS[t]} | " + " | ".join(cells) + " |")
