@@ -249,7 +249,9 @@ def render(reports: list[dict[str, Any]], merged: dict[str, Any]) -> str:
         "",
         "Each tool in a fresh process; time = load + optimize + save (imports excluded); peak "
         "RSS = the process's ru_maxrss (imports included). Ratios are tool / fastopt "
-        "`--preset llm --target ort` on the same model.",
+        "`--preset llm --target ort` on the same model (below 1.00x: the tool took less). "
+        "The tools do different amounts of work: see the fused ops and node counts in the "
+        "full tables.",
         "",
     ]
     if fixtures:
@@ -261,8 +263,10 @@ def render(reports: list[dict[str, Any]], merged: dict[str, Any]) -> str:
         "",
         f"ORT_ENABLE_ALL (as users run it), intra_op threads 2, batch 1, {merged['seq']} "
         f"tokens, median of {merged['runs']} runs, the original and the outputs interleaved in "
-        "one process; ratio to the original measured in the same process. The fixtures run in "
-        "~1 ms, mostly ORT's per-run overhead: there ratios within +-10 % are noise.",
+        "one process; ratio to the original measured in the same process. Runs merged from "
+        "different times can differ 2x in ms on a shared machine (other jobs' load): compare "
+        "ratios. The fixtures run in ~1 ms, mostly ORT's per-run overhead: there ratios within "
+        "+-10 % are noise.",
         "",
     ]
     if fixtures:
