@@ -92,7 +92,7 @@ def _run_report(tools: list[str], ratio: float, date: str) -> dict[str, Any]:
         "latency": lat,
     }
     settings = {"runs": 20, "warmup": 3, "seq": 128, "repeat": 1, "timeout": 300, "total_s": 60}
-    env = {"date": date}
+    env = {"date": date, "versions": {}}
     return {"environment": env, "command": date, "tools": tools, **settings, "models": {"m": model}}
 
 
