@@ -1,7 +1,7 @@
 """Shared by the benchmark scripts in bench/: running one measurement per fresh process
 (wall time and peak RSS from wait4), the child's result line, the machine and versions for a
-results header, a snapshot of the installed fastopt, number formatting, and two helpers for the
-children (op histogram of a model, an ONNX Runtime CPU session).
+results header, a snapshot of the installed fastopt, number formatting, and helpers for the
+children (calling the ModelProto peers, op histogram of a model, an ONNX Runtime CPU session).
 
 Standard library only: the benchmark parents import this, and Linux carries a parent's RSS
 high-water mark into an exec'd child's ru_maxrss, so a fat parent would inflate every
@@ -39,20 +39,34 @@ def proc_status() -> dict[str, int]:
     return out
 
 
+def _rss(pid: int) -> int:
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def spawn(
-    cmd: list[str], timeout: float, env: dict[str, str] | None = None
+    cmd: list[str], timeout: float, env: dict[str, str] | None = None, max_rss: int = 0
 ) -> tuple[int, float, int, str, str]:
     """Run cmd; (exit code, wall seconds, peak RSS bytes, stdout, stderr). wait4 gives this
-    child's own rusage (RUSAGE_CHILDREN would be the max over all children)."""
+    child's own rusage (RUSAGE_CHILDREN would be the max over all children). The child is
+    killed (exit code -9) past `timeout` seconds or, when `max_rss` is set, once its RSS
+    exceeds that many bytes (checked every ~0.1 s): on a shared machine a tool that loads
+    a multi-GB model whole must not take the memory of everyone else."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
         p = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
         deadline = t0 + timeout
+        polls = 0
         while True:
             pid, status, usage = os.wait4(p.pid, os.WNOHANG)
             if pid:
                 break
-            if time.perf_counter() > deadline:
+            polls += 1
+            too_big = max_rss and polls % 20 == 0 and _rss(p.pid) > max_rss
+            if too_big or time.perf_counter() > deadline:
                 p.kill()
                 _, status, usage = os.wait4(p.pid, 0)
                 break
@@ -172,6 +186,25 @@ def fmt_s(s: float | None) -> str:
 
 def fmt_mb(b: float | None) -> str:
     return "-" if b is None else f"{b / MB:,.0f} MB"
+
+
+def peer_optimize(tool: str, model: Any) -> Any:
+    """`onnxslim` or `onnxoptimizer` on an onnx.ModelProto, called as their READMEs show
+    (defaults: onnxslim's full pipeline, onnxoptimizer's fuse-and-eliminate passes); returns
+    the optimized ModelProto. onnxoptimizer serializes the proto for its C++ core and, for
+    a model over 2 GB, falls back by itself to temporary files with external data."""
+    if tool == "onnxslim":
+        import onnxslim
+
+        out = onnxslim.slim(model)  # without an output path it returns the model
+        if out is None:
+            raise RuntimeError("onnxslim.slim returned None")
+        return out
+    if tool == "onnxoptimizer":
+        import onnxoptimizer
+
+        return onnxoptimizer.optimize(model)  # passes=None: its fuse-and-eliminate default
+    raise ValueError(f"not a ModelProto peer: {tool!r}")
 
 
 def op_histogram(model: Any) -> dict[str, int]:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """LLM fusions: fastopt `--preset llm` against ONNX Runtime's transformers optimizer, onnxscript's
-ORT fusions and ORT's own offline optimization, in one run.
+ORT fusions, onnxslim, onnxoptimizer and ORT's own offline optimization, in one run.
 
 Models: the fixtures in tests/fixtures/models (2 layers, hidden 64) and a 0.5B-sized Qwen2
 export (hidden 896, 24 layers, 14 heads, 2 kv heads, intermediate 4864, vocab 151936, untied
@@ -16,6 +16,10 @@ the child's ru_maxrss from wait4, imports included):
                     num_heads, hidden_size, use_gpu=False, opt_level default) + save
   onnxscript        onnx_ir.load + onnxscript.optimizer.optimize +
                     onnxscript.rewriter.ort_fusions.optimize_for_ort + onnx_ir.save
+  onnxslim          onnxslim.slim(SRC, DST) (its defaults; external data past 2 GB)
+  onnxoptimizer     onnx.load + onnxoptimizer.optimize (default fuse-and-eliminate passes) +
+                    onnx.save; past 2 GB optimize() fails (protobuf's EncodeError escapes its
+                    temp-file fallback), so there its fallback's call, C.optimize_from_path
   ort_offline       InferenceSession(SRC, ORT_ENABLE_EXTENDED, optimized_model_filepath=DST)
 
 Then, per model: fused-op counts of every output, onnx.checker (full check), whether ONNX Runtime
@@ -24,8 +28,9 @@ and ORT CPU latency (optimizations ON, as users run it; intra_op threads 2) of t
 every output: prefill, batch 1, 128 tokens, --runs timed runs after warm-up, the models
 interleaved round by round so machine noise hits all alike; median.
 
-A tool that crashes, times out or writes an invalid model is recorded as such; the benchmark
-goes on. The parent imports only the standard library (see bench/_benchlib.py).
+A tool that crashes, times out, outgrows --max-rss-gb or writes an invalid model is recorded
+as such; the benchmark goes on. The parent imports only the standard library (see
+bench/_benchlib.py).
 
     nice -n 10 python bench/bench_llm_fusions.py                      # everything
     python bench/bench_llm_fusions.py --skip-large --runs 20          # fixtures only
@@ -58,6 +63,7 @@ from _benchlib import (
     fmt_s,
     op_histogram,
     ort_session,
+    peer_optimize,
     proc_status,
     result_line,
     snapshot_fastopt,
@@ -70,7 +76,17 @@ REPO = HERE.parent
 FIXTURES = REPO / "tests" / "fixtures" / "models"
 DEFAULT_OUT = HERE / "results" / "llm_fusions.md"
 DEFAULT_MODELS_DIR = "/tmp/fastopt-bench"
-DISTS = ["fastopt", "onnx", "onnxruntime", "onnxscript", "onnx-ir", "torch", "transformers"]
+DISTS = [
+    "fastopt",
+    "onnx",
+    "onnxruntime",
+    "onnxscript",
+    "onnx-ir",
+    "onnxslim",
+    "onnxoptimizer",
+    "torch",
+    "transformers",
+]
 LARGE_BYTES = 2 * 1024**3 - 64 * MB  # past this, outputs need external data (protobuf limit)
 
 TOOLS: dict[str, str] = {
@@ -78,9 +94,11 @@ TOOLS: dict[str, str] = {
     "fastopt_onnx": "fastopt llm (onnx)",
     "ort_transformers": "ORT transformers",
     "onnxscript": "onnxscript + ort_fusions",
+    "onnxslim": "onnxslim",
+    "onnxoptimizer": "onnxoptimizer",
     "ort_offline": "ORT offline (extended)",
 }
-PEERS = ["ort_transformers", "onnxscript", "ort_offline"]
+PEERS = ["ort_transformers", "onnxscript", "onnxslim", "onnxoptimizer", "ort_offline"]
 
 # The 0.5B-sized export: Qwen2-0.5B's shape with an untied lm_head (transformers config keys).
 QWEN2_05B: dict[str, Any] = {
@@ -232,6 +250,30 @@ def _run_tool(tool: str, src: str, dst: str, meta: dict[str, Any], large: bool) 
         ir.save(model, dst, external_data=data_name if large else None)
         res["optimize_s"] = time.perf_counter() - t0
         res["fusions"] = {k: v for k, v in counts.items() if v}
+    elif tool == "onnxslim":
+        import onnxslim
+
+        res["rss_after_import"] = proc_status()["VmRSS"]
+        t0 = time.perf_counter()
+        # the documented path-to-path call; it writes external data itself past 2 GB
+        onnxslim.slim(src, dst)
+        res["optimize_s"] = time.perf_counter() - t0
+    elif tool == "onnxoptimizer":
+        import onnx
+        import onnxoptimizer
+
+        res["rss_after_import"] = proc_status()["VmRSS"]
+        t0 = time.perf_counter()
+        if large:
+            # Past 2 GB, optimize(ModelProto) fails: protobuf raises EncodeError serializing
+            # the proto, and its temp-file fallback catches only ValueError. This is that
+            # fallback's own file-to-file call, with the same default passes.
+            passes = onnxoptimizer.get_fuse_and_elimination_passes()
+            onnxoptimizer.C.optimize_from_path(src, dst, passes, data_name)
+            res["route"] = "onnxoptimizer.C.optimize_from_path"
+        else:
+            onnx.save(peer_optimize(tool, onnx.load(src)), dst)
+        res["optimize_s"] = time.perf_counter() - t0
     elif tool == "ort_offline":
         import onnxruntime as ort
 
@@ -412,13 +454,19 @@ def _self_cmd(*args: str) -> list[str]:
     return [sys.executable, str(Path(__file__).resolve()), *args]
 
 
-def _child(args: list[str], timeout: float, env: dict[str, str]) -> dict[str, Any]:
+def _child(
+    args: list[str], timeout: float, env: dict[str, str], max_rss: int = 0
+) -> dict[str, Any]:
     """One child; its result, or {"error": ...}; always wall time and peak RSS."""
-    rc, wall, peak, out, err = spawn(_self_cmd(*args), timeout, env)
+    rc, wall, peak, out, err = spawn(_self_cmd(*args), timeout, env, max_rss)
     res: dict[str, Any] = {"rc": rc, "process_wall_s": wall, "peak_rss": peak}
     if rc != 0:
-        timed_out = rc == -9 and wall >= timeout
-        res["error"] = f"timed out after {timeout:.0f} s" if timed_out else error_text(rc, err)
+        if rc == -9 and wall >= timeout:
+            res["error"] = f"timed out after {timeout:.0f} s"
+        elif rc == -9 and max_rss and peak > max_rss:
+            res["error"] = f"stopped: RSS over {fmt_mb(max_rss)} after {fmt_s(wall)}"
+        else:
+            res["error"] = error_text(rc, err)
         res["stderr_tail"] = err[-3000:]
         return res
     try:
@@ -485,7 +533,12 @@ def bench_model(
         for t in tools:  # interleaved: drift hits every tool alike
             shutil.rmtree(os.path.dirname(dst[t]), ignore_errors=True)
             os.makedirs(os.path.dirname(dst[t]))
-            r = _child(["--tool", t, src, dst[t], "1" if large else "0"], args.timeout, env)
+            r = _child(
+                ["--tool", t, src, dst[t], "1" if large else "0"],
+                args.timeout,
+                env,
+                int(args.max_rss_gb * 1024**3),
+            )
             runs[t].append(r)
             shown = fmt_s(r.get("optimize_s")) if r["rc"] == 0 else f"FAILED: {r['error']}"
             rss = fmt_mb(r["peak_rss"])
@@ -562,7 +615,7 @@ def _summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     s["optimize_s"] = statistics.median(r["optimize_s"] for r in ok)
     s["process_wall_s"] = statistics.median(r["process_wall_s"] for r in ok)
     s["peak_rss"] = max(r["peak_rss"] for r in ok)
-    for key in ("passes", "preset", "settings", "fusions", "rss_after_import"):
+    for key in ("passes", "preset", "settings", "fusions", "route", "rss_after_import"):
         if key in ok[-1]:
             s[key] = ok[-1][key]
     return s
@@ -609,7 +662,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"- machine: {env['cpu']}, {env['cores']} cores, {fmt_mb(env['ram_bytes'])} RAM, "
         f"{env['os']} (shared with other jobs; run at `nice -n 10`)",
         f"- versions: python {env['python']}, "
-        + ", ".join(f"{d} {vers[d]}" for d in DISTS)
+        + ", ".join(f"{d} {vers.get(d, '?')}" for d in DISTS)
         + f" (fastopt repo {env['fastopt_commit']})",
         (
             f"- commands (runs merged with --merge): {report['command']} (took "
@@ -625,7 +678,13 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"{ORT_MODEL_TYPE_DEFAULT!r} for the llama-like decoders and gpt2, 'gpt_neox', 'bert' "
         "(no llama type exists; qwen3/gpt_neox fuse the same on llama-like fixtures but fold "
         "less, phi crashes). onnxscript: `optimizer.optimize` then "
-        "`rewriter.ort_fusions.optimize_for_ort` on an `onnx_ir` model. ORT offline: session at "
+        "`rewriter.ort_fusions.optimize_for_ort` on an `onnx_ir` model. onnxslim: "
+        "`onnxslim.slim(src, dst)` (defaults; it writes external data past 2 GB). onnxoptimizer: "
+        "`onnx.load`, `onnxoptimizer.optimize(model)` (default fuse-and-eliminate passes), "
+        "`onnx.save`; past 2 GB `optimize()` fails (protobuf raises EncodeError serializing the "
+        "proto, and its temp-file fallback catches only ValueError), so there the benchmark "
+        "calls that fallback's file-to-file function, `onnxoptimizer.C.optimize_from_path(src, "
+        "dst, default passes, data file)`. ORT offline: session at "
         "ORT_ENABLE_EXTENDED with `optimized_model_filepath`.",
         "",
         "## Fused ops",
@@ -730,7 +789,8 @@ def render_markdown(report: dict[str, Any]) -> str:
             "commands above for each model's); time = the "
             "whole optimize + save call (imports excluded), peak RSS = the child's ru_maxrss "
             "(imports included). Timeout "
-            f"{report['timeout']:.0f} s per run.",
+            f"{report['timeout']:.0f} s per run"
+            + (f", RSS limit {report['max_rss_gb']:g} GiB." if report.get("max_rss_gb") else "."),
             "",
             "| model | size | " + " | ".join(TOOLS[t] for t in tools) + " |",
             "|---|---:|" + "---:|" * len(tools),
@@ -836,6 +896,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq", type=int, default=128, help="prefill tokens for latency")
     ap.add_argument("--repeat", type=int, default=1, help="optimize runs per tool and model")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per tool run")
+    ap.add_argument(
+        "--max-rss-gb",
+        type=float,
+        default=0,
+        help="stop a tool run whose RSS exceeds this (GiB; recorded as a failure); 0: no limit",
+    )
     ap.add_argument("--out", default=str(DEFAULT_OUT), help="Markdown file; JSON goes beside it")
     ap.add_argument(
         "--merge",
@@ -862,6 +928,7 @@ def main(argv: list[str] | None = None) -> int:
         "seq": args.seq,
         "repeat": args.repeat,
         "timeout": args.timeout,
+        "max_rss_gb": args.max_rss_gb,
         "models": {},
     }
     work = tempfile.mkdtemp(
@@ -888,19 +955,51 @@ def main(argv: list[str] | None = None) -> int:
     return write_report(report, args.out)
 
 
+def _merge_model(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """One model measured in two runs: the later run's figures win for the tools it ran, the
+    earlier run's stay for the others. Latency ratios stay valid: each is to the original
+    measured in the same process."""
+    m = {**old, **{k: v for k, v in new.items() if k not in ("timing", "check", "latency")}}
+    m["timing"] = {**old.get("timing", {}), **new.get("timing", {})}
+    chk_old, chk_new = old.get("check", {}), new.get("check", {})
+    m["check"] = {**chk_old, **{k: v for k, v in chk_new.items() if k != "tools"}}
+    m["check"]["tools"] = {**chk_old.get("tools", {}), **chk_new.get("tools", {})}
+    if "latency" in old and "latency" in new:
+        lo, ln = old["latency"], new["latency"]
+        m["latency"] = {
+            "ms": {**lo["ms"], **{k: v for k, v in ln["ms"].items() if k != "original"}},
+            "ratio": {**lo["ratio"], **ln["ratio"]},
+            "errors": {**lo["errors"], **ln["errors"]},
+            "groups": lo["groups"] + ln["groups"],
+            "original_ms_per_group": lo["original_ms_per_group"] + ln["original_ms_per_group"],
+        }
+    elif "latency" in new:
+        m["latency"] = new["latency"]
+    return m
+
+
 def merge_reports(paths: list[str]) -> dict[str, Any]:
     reports = [json.loads(Path(p).read_text()) for p in paths]
     merged = dict(reports[0])
     merged["models"] = {}
+    # versions of tools an earlier run did not record come from the later runs
+    merged["environment"] = {**reports[0]["environment"], "versions": {}}
     for r in reports:
-        merged["models"].update(r["models"])
+        for dist, v in r["environment"]["versions"].items():
+            merged["environment"]["versions"].setdefault(dist, v)
+        for name, m in r["models"].items():
+            old = merged["models"].get(name)
+            merged["models"][name] = _merge_model(old, m) if old else m
         merged["large_export"] = r.get("large_export") or merged.get("large_export")
-        merged["tools"] = [*merged["tools"], *(t for t in r["tools"] if t not in merged["tools"])]
-        for key in ("runs", "warmup", "seq", "timeout"):
+        seen = {*merged["tools"], *r["tools"]}
+        merged["tools"] = [t for t in TOOLS if t in seen]
+        for key in ("runs", "warmup", "seq"):
             if r[key] != merged[key]:
                 raise SystemExit(f"cannot merge: {key} differs ({r[key]} vs {merged[key]})")
-        # repeat may differ (e.g. more optimize runs on the big models): the largest is shown
-        merged["repeat"] = max(merged["repeat"], r["repeat"])
+        # repeat and limits may differ (e.g. more optimize runs on the big models): the
+        # largest is shown
+        for key in ("repeat", "timeout", "max_rss_gb"):
+            merged[key] = max(merged.get(key, 0), r.get(key, 0))
     merged["command"] = "; ".join(f"`{r['command']}` ({r['environment']['date']})" for r in reports)
     merged["merged"] = True
     merged["total_s"] = sum(r["total_s"] for r in reports)

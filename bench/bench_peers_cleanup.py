@@ -59,6 +59,7 @@ from _benchlib import environment as _environment
 from _benchlib import error_text as _error_text
 from _benchlib import fmt_mb as _fmt_mb
 from _benchlib import fmt_s as _fmt_s
+from _benchlib import peer_optimize as _peer_optimize
 from _benchlib import proc_status as _proc_status
 from _benchlib import result_line as _result_line
 from _benchlib import spawn as _spawn
@@ -99,19 +100,11 @@ def _with_onnx(tool: str, src: str, dst: str) -> dict[str, float]:
             # documented default: ModelProto in, ModelProto out (converted to onnx_ir inside)
             return onnxscript.optimizer.optimize(m)
 
-    elif tool == "onnxslim":
-        import onnxslim
+    elif tool in ("onnxslim", "onnxoptimizer"):
+        importlib.import_module(tool)  # imports are not timed
 
         def fn(m: onnx.ModelProto) -> onnx.ModelProto:
-            out = onnxslim.slim(m)  # without an output path it returns the model
-            assert isinstance(out, onnx.ModelProto)
-            return out
-
-    elif tool == "onnxoptimizer":
-        import onnxoptimizer
-
-        def fn(m: onnx.ModelProto) -> onnx.ModelProto:
-            return onnxoptimizer.optimize(m)  # passes=None: its fuse-and-eliminate default
+            return _peer_optimize(tool, m)
 
     else:
         raise SystemExit(f"unknown tool {tool!r}")
