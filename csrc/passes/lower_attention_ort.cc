@@ -402,54 +402,6 @@ const Value* shape_element(const Value* v, int64_t* index) {
   return shape->inputs()[0];
 }
 
-// The value whose dims 0 and 1 are x's: x, or where a walk back from x through ops that change
-// only the last axis (MatMul by a 2-D weight, elementwise arithmetic with a smaller operand,
-// norms, Cast, rotary) first finds both dims recorded; the walk's end when none has them.
-const Value* leading_dims_source(const Value* x) {
-  for (int steps = 0; x && steps < 12; ++steps) {
-    const std::vector<Dim>* d = known_dims(x);
-    if (d && d->size() >= 2 && ((*d)[0].value || (*d)[0].param) &&
-        ((*d)[1].value || (*d)[1].param)) {
-      return x;
-    }
-    const Node* p = x->producer();
-    if (!p || p->inputs().empty() || !p->inputs()[0]) return x;
-    if (const Value* a = arithmetic_operand(p)) {
-      x = a;
-    } else if (is_norm(p) || (p->op_type == "Cast" && standard(p)) ||
-               (p->op_type == "RotaryEmbedding" && p->domain.value == kMsDomain) ||
-               (p->op_type == "MatMul" && standard(p) && p->inputs().size() == 2 &&
-                value_rank(p->inputs()[1]) == 2)) {
-      x = p->inputs()[0];
-    } else {
-      return x;
-    }
-  }
-  return x;
-}
-
-// A Reshape target Concat(Shape(z)[0], Shape(z)[1], ...) whose z has x3's leading dims.
-bool copies_leading_dims(const Value* target, const Value* x3) {
-  const Node* cat = target ? target->producer() : nullptr;
-  if (!cat || !standard(cat) || cat->op_type != "Concat" || cat->inputs().size() < 2) return false;
-  int64_t i0 = -1, i1 = -1;
-  const Value* z0 = shape_element(cat->inputs()[0], &i0);
-  const Value* z1 = shape_element(cat->inputs()[1], &i1);
-  if (!z0 || z0 != z1 || i0 != 0 || i1 != 1) return false;
-  const Value* a = leading_dims_source(x3);
-  const Value* b = leading_dims_source(z0);
-  if (a == b) return true;
-  for (size_t axis = 0; axis < 2; ++axis) {
-    const std::vector<Dim>* da = known_dims(a);
-    const std::vector<Dim>* db = known_dims(b);
-    if (!da || !db || da->size() < 2 || db->size() < 2 ||
-        !passes::same_dim((*da)[axis], (*db)[axis])) {
-      return false;
-    }
-  }
-  return true;
-}
-
 // Element 1 of a Reshape target: the copy of the input's dim 1 (a constant 0; allowzero 0) or
 // dim 1 of Shape(z) (*z set). False when it is neither.
 bool target_dim1(const Node* reshape, const Value** z) {
@@ -525,6 +477,47 @@ std::optional<SeqAt> seq_step(const SeqAt& at, const Value** z) {
   return std::nullopt;
 }
 
+// The values whose tracked axis provably has the length of `axis` of `x` (x first), by seq_step;
+// the walk stops at a Reshape that takes the length from elsewhere.
+std::vector<SeqAt> axis_chain(const Value* x, int axis, int rank) {
+  std::vector<SeqAt> chain{{x, axis, rank}};
+  while (chain.size() < 30) {
+    const Value* z = nullptr;
+    auto prev = seq_step(chain.back(), &z);
+    if (!prev || z) break;
+    chain.push_back(*prev);
+  }
+  return chain;
+}
+
+// Two values provably equal in length at the given axes: their chains meet, or reach recorded
+// dims that are the same.
+bool same_length(const Value* a, int a_axis, int a_rank, const Value* b, int b_axis, int b_rank) {
+  const std::vector<SeqAt> as = axis_chain(a, a_axis, a_rank);
+  const std::vector<SeqAt> bs = axis_chain(b, b_axis, b_rank);
+  for (const SeqAt& x : as) {
+    for (const SeqAt& y : bs) {
+      if (x.v == y.v && x.axis == y.axis) return true;
+      const Dim* dx = dim_at(x.v, static_cast<size_t>(x.rank), static_cast<size_t>(x.axis));
+      const Dim* dy = dim_at(y.v, static_cast<size_t>(y.rank), static_cast<size_t>(y.axis));
+      if (same_dim(dx, dy)) return true;
+    }
+  }
+  return false;
+}
+
+// A Reshape target Concat(Shape(z)[0], Shape(z)[1], ...) whose z has x3's leading dims.
+bool copies_leading_dims(const Value* target, const Value* x3) {
+  const Node* cat = target ? target->producer() : nullptr;
+  if (!cat || !standard(cat) || cat->op_type != "Concat" || cat->inputs().size() < 2) return false;
+  int64_t i0 = -1, i1 = -1;
+  const Value* z0 = shape_element(cat->inputs()[0], &i0);
+  const Value* z1 = shape_element(cat->inputs()[1], &i1);
+  const int z_rank = z0 ? rank_of(z0) : -1;
+  return z0 && z0 == z1 && i0 == 0 && i1 == 1 && z_rank >= 2 &&
+         same_length(x3, 0, 3, z0, 0, z_rank) && same_length(x3, 1, 3, z0, 1, z_rank);
+}
+
 // The values whose tracked axis provably has the length of axis 2 of `x4` (B, H, S, D).
 std::vector<SeqAt> seq_chain(const Value* x4) {
   std::vector<SeqAt> chain{{x4, 2, 4}};
@@ -571,20 +564,6 @@ bool same_sequence(const Value* q4, const Value* k4) {
 // The RotaryEmbedding (com.microsoft, 3-D) that made `x3`, when GroupQueryAttention can apply
 // it instead (do_rotary): full rotary without options; else null. (Other readers keep the node.)
 const Node* foldable_rotary(const Value* x3) {
-  // Reshapes between the rotary and the 3-D operand (the head split and merge, Reshape(Reshape(r,
-  // (B, S, H, D)), [0, 0, -1]), which fold_reshapes removes only later) keep the element order:
-  // the operand is the rotary's output when both have the same (B, S, N).
-  const Value* operand = x3;
-  for (int steps = 0; x3 && steps < 3; ++steps) {
-    const Node* p = x3->producer();
-    if (!p || p->op_type != "Reshape" || !p->domain.value.empty()) break;
-    x3 = p->inputs()[0];
-  }
-  if (x3 != operand) {
-    for (size_t axis = 0; axis < 3; ++axis) {
-      if (!same_dim(dim_at(x3, 3, axis), dim_at(operand, 3, axis))) return nullptr;
-    }
-  }
   const Node* r = x3 ? x3->producer() : nullptr;
   if (!r || r->op_type != "RotaryEmbedding" || r->domain.value != kMsDomain ||
       r->inputs().size() != 4 || int_attr_or(r, "rotary_embedding_dim", 0) != 0 ||
