@@ -8,8 +8,6 @@ tensors it needs.
 
 from __future__ import annotations
 
-import onnx
-
 from fastopt import _C
 
 
@@ -28,6 +26,8 @@ def infer_shapes(model: _C.Model, *, strict: bool = False, data_prop: bool = Tru
 
 def apply_inferred_types(model: _C.Model, *, strict: bool = False, data_prop: bool = True) -> int:
     """``infer_shapes``, returning the number of values whose type changed."""
+    import onnx.shape_inference  # here: `import fastopt` should not pay for onnx
+
     inferred = onnx.shape_inference.infer_shapes(
         model.skeleton(), check_type=False, strict_mode=strict, data_prop=data_prop
     )

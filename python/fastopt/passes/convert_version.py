@@ -7,9 +7,6 @@ copying them. The target is ``options["opset"]``; without it the pass does nothi
 
 from __future__ import annotations
 
-import onnx
-import onnx.version_converter
-
 from fastopt import _C
 from fastopt.registry import PassContext, default_opset, register_pass
 
@@ -31,6 +28,9 @@ def convert_version(ctx: PassContext) -> int:
 
 
 def _convert(ctx: PassContext, target: int) -> int:
+    # Imported here: `import fastopt` (the CLI, the pytest plugin) should not pay for onnx.
+    import onnx.version_converter
+
     proto = onnx.ModelProto.FromString(ctx.model.skeleton())
     try:
         converted = onnx.version_converter.convert_version(proto, target)
