@@ -218,9 +218,16 @@ def attention_model(
         inits.append(onnx.numpy_helper.from_array(np.ones((1, 1, 8, 8), dtype=bool), "mask"))
     else:
         inputs.append(H.make_tensor_value_info("mask", TP.BOOL, ["B", 1, seq, seq]))
-    att = H.make_node(
+    att = internal_attention(["q", "k", "v", "mask"])
+    graph = H.make_graph([att], "g", inputs, [H.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    return with_opsets(graph)
+
+
+def internal_attention(inputs: list[str]) -> onnx.NodeProto:
+    """The internal op (attention.h) with 4 query heads over 2 kv heads -> y."""
+    return H.make_node(
         "Attention",
-        ["q", "k", "v", "mask"],
+        inputs,
         ["y"],
         domain="ai.fastopt.internal",
         scale=0.25,
@@ -228,10 +235,11 @@ def attention_model(
         q_num_heads=4,
         kv_num_heads=2,
     )
-    graph = H.make_graph([att], "g", inputs, [H.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+
+
+def with_opsets(graph: onnx.GraphProto) -> bytes:
     model = H.make_model(
-        graph,
-        opset_imports=[H.make_opsetid("", 18), H.make_opsetid("ai.fastopt.internal", 1)],
+        graph, opset_imports=[H.make_opsetid("", 18), H.make_opsetid("ai.fastopt.internal", 1)]
     )
     return model.SerializeToString()
 
@@ -306,16 +314,7 @@ def cached_attention_model(past_reader: str | None) -> bytes:
     nodes = [
         H.make_node("Concat", ["past_key_values.0.key", "k"], ["present.0.key"], axis=2),
         H.make_node("Concat", ["past_key_values.0.value", "v"], ["present.0.value"], axis=2),
-        H.make_node(
-            "Attention",
-            ["q", "present.0.key", "present.0.value", "mask"],
-            ["y"],
-            domain="ai.fastopt.internal",
-            scale=0.25,
-            is_causal=0,
-            q_num_heads=4,
-            kv_num_heads=2,
-        ),
+        internal_attention(["q", "present.0.key", "present.0.value", "mask"]),
     ]
     outputs = [
         H.make_tensor_value_info("y", TP.FLOAT, None),
@@ -325,11 +324,7 @@ def cached_attention_model(past_reader: str | None) -> bytes:
     if past_reader:
         nodes.append(H.make_node(past_reader, ["past_key_values.0.key"], ["read"]))
         outputs.append(H.make_tensor_value_info("read", TP.FLOAT, None))
-    graph = H.make_graph(nodes, "g", inputs, outputs)
-    model = H.make_model(
-        graph, opset_imports=[H.make_opsetid("", 18), H.make_opsetid("ai.fastopt.internal", 1)]
-    )
-    return model.SerializeToString()
+    return with_opsets(H.make_graph(nodes, "g", inputs, outputs))
 
 
 def test_adopts_a_cached_model() -> None:
