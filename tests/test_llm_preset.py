@@ -26,7 +26,7 @@ NORMS_ORT = (
     "SkipLayerNormalization",
 )
 NORMS_ONNX = ("RMSNormalization", "LayerNormalization")
-ATTENTION_ORT = ("MultiHeadAttention", "GroupQueryAttention")
+ATTENTION_ORT = ("MultiHeadAttention", "GroupQueryAttention", "Attention")
 # Ops that only a decomposed norm, softmax attention or rotary would leave.
 DECOMPOSED = ("ReduceMean", "Softmax", "Sin", "Cos", "Neg", "Sqrt", "Erf")
 
@@ -37,7 +37,10 @@ def expected_norms(fx: Fixture) -> int:
 
 
 def expected_attention_op(fx: Fixture) -> str:
-    """GroupQueryAttention for fp16 (what CUDA runs) and for grouped kv heads, else MHA."""
+    """Encoders (bert): packed-QKV com.microsoft Attention. Decoders: GroupQueryAttention for
+    fp16 (what CUDA runs) and for grouped kv heads, else MHA."""
+    if not fx.is_decoder:
+        return "Attention"
     config = fx.meta["config"]
     heads = int(config.get("num_attention_heads") or config.get("n_head"))
     kv_heads = int(config.get("num_key_value_heads") or heads)

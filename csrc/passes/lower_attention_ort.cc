@@ -26,6 +26,28 @@
 // GQA fits when T == S is shown (it takes K/V of the query's length) and the head size is
 // static, a multiple of 8 (kernel check) and the same for K and V.
 //
+// Packed QKV (encoders; option packed_attention, below): com.microsoft Attention, the
+// projections inside the op, when Q, K, V are head splits of projections of ONE 3-D input:
+//
+//   x -MatMul(Wq)(+bq)?- q3 -split- Q -+
+//   x -MatMul(Wk)(+bk)?- k3 -split- K -+- Attention ==>  Attention(x, [Wq|Wk|Wv], [bq|bk|bv],
+//   x -MatMul(Wv)(+bv)?- v3 -split- V -+                    -, -, bias; num_heads, scale,
+//                                mask? -+                    unidirectional?, qkv_hidden_sizes?)
+//
+// Both exporters emit BERT-like self-attention this way (the bias Add on either side). Weights
+// must be constant 2-D of Q's dtype, biases 1-D (a missing one packs as zeros: the one place
+// bytes are copied, into two new initializers), Hq == Hkv, no cache. The projections must
+// feed nothing but the head split, or only shapes besides it (which then read x: same shape when
+// the weight is square), so that they go dead. ORT 1.32 CPU runs it in fp32 (fp16 through
+// inserted Casts, still faster than GQA on the bert fixtures); its attention_bias must be
+// (B|1, 1|N, S, T), which the mask below is. Measured against MHA/GQA (ORT CPU, 2 threads,
+// batch 1; bench/bench_encoder_attention.py, bench/results/lower_attention_ort.md): 0.89-0.91x
+// the latency on the bert fixtures (seq 128), 0.98-1.00x on a BERT-base-sized export (seq 128,
+// 512). So option packed_attention defaults to 1 = non-causal (encoders); 2 = causal too
+// (unidirectional=1 is exact: S == T, one input); 0 = off. With option cuda=1 the default is 0
+// (the CUDA lowering is unchanged). When packing does not apply the node falls through to
+// MHA/GQA below (explained as "not packed into Attention: ...").
+//
 // Masks become the ops' additive attention_bias (B|1, Hq|1, S, T), expanded over (S, T) when
 // the mask broadcasts there: Where(mask, 0, lowest) for bool masks; additive masks are clamped
 // to the dtype's lowest unless provably finite (a row of -inf is NaN in GQA fp16, and a NaN pad
