@@ -199,9 +199,15 @@ def test_stats() -> None:
 
 def test_interleaved_rotates() -> None:
     calls: list[str] = []
-    times = interleaved([lambda: calls.append("a"), lambda: calls.append("b")], 2, warmup=1)
-    assert calls == ["a", "b", "a", "b", "b", "a"]  # warm-up, round 0, round 1 rotated
-    assert [len(t) for t in times] == [2, 2]
+    times = interleaved(
+        [lambda: calls.append("a"), lambda: calls.append("b")], 3, warmup=1, block=2
+    )
+    # warm-up; round 0: a (untimed, timed x2), b (same); round 1 rotated: b then a, 1 run left
+    assert "".join(calls) == "ab" + "aaa" + "bbb" + "bb" + "aa"
+    assert [len(t) for t in times] == [3, 3]
+    single: list[str] = []
+    assert len(interleaved([lambda: single.append("a")], 3, warmup=0)[0]) == 3
+    assert single == ["a"] * 3  # one step: no untimed runs between blocks
 
 
 def test_peak_rss_growth() -> None:

@@ -75,8 +75,8 @@ def compare(
     seed: int = 0,
 ) -> list[BenchResult]:
     """Benchmarks `models` on the same workload: each gets a session and inputs (same seed),
-    `warmup` untimed runs, then `runs` timed runs interleaved round by round. All sessions are
-    open at once; with more than one model, ORT's intra-op threads do not spin between runs.
+    `warmup` untimed runs, then `runs` timed runs in rotating rounds of consecutive runs per model
+    (:func:`fastopt.bench.timing.interleaved`). All sessions are open at once.
     Memory is measured over each session's creation and warm-up (ORT's one-time set-up is done
     before, so that the first model does not carry it). Returns one result per model, in order. See
     :func:`run` for the options.
@@ -92,7 +92,7 @@ def compare(
         "optimization": optimization,
         "device_id": device_id,
         "seed": seed,
-        # a session's spinning threads would slow the next model's run
+        # a session's threads spinning after its run would slow the next model's run
         "spinning": len(models) == 1,
     }
     if models:

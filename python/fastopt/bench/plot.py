@@ -27,17 +27,24 @@ def plot_sweep(sweep: Sequence[Sequence[BenchResult]], path: str, title: str = "
     names = short_labels([r.model for r in sweep[0]])
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     try:
+        lowest, highest = float("inf"), 0.0
         for i, name in enumerate(names):
             medians = [row[i].stats.median * 1e3 for row in sweep]
             ax.plot(seqs, medians, marker="o", label=name)
+            lowest, highest = min(lowest, *medians), max(highest, *medians)
         first = sweep[0][0]
         ax.set_xscale("log", base=2)
         ax.set_xticks(seqs, [str(s) for s in seqs])
         ax.set_xlabel(
             "sequence length (tokens" + (" of context)" if first.phase == "decode" else ")")
         )
-        ax.set_ylabel("latency (ms, median)")
-        ax.set_ylim(bottom=0)
+        if highest > 20 * lowest > 0:
+            # a cached decoder next to recompute: on a linear axis the fast lines sit on zero
+            ax.set_yscale("log")
+            ax.set_ylabel("latency (ms, median, log scale)")
+        else:
+            ax.set_ylabel("latency (ms, median)")
+            ax.set_ylim(bottom=0)
         provider = first.provider.replace("ExecutionProvider", "")
         ax.set_title(title or f"{first.phase} latency, batch {first.batch}, {provider}")
         ax.grid(True, alpha=0.3)

@@ -103,8 +103,8 @@ def make_session(
 ) -> Any:
     """An InferenceSession on `device` ("cpu" or "cuda", see :func:`resolve_device`). ORT's
     graph optimizations default to all on, as users run models. Without `spinning`, the
-    intra-op threads sleep after a run instead of spinning: sessions run in turn in one
-    process then do not steal each other's cores."""
+    intra-op threads stop spinning when a run ends (they still spin inside it): sessions run in
+    turn in one process then do not steal each other's cores."""
     ort = onnxruntime()
     if optimization not in OPTIMIZATION_LEVELS:
         raise ValueError(f"optimization must be one of {', '.join(OPTIMIZATION_LEVELS)}")
@@ -121,7 +121,7 @@ def make_session(
     if threads:
         so.intra_op_num_threads = threads
     if not spinning:
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so.add_session_config_entry("session.force_spinning_stop", "1")
     providers: list[Any] = [CPU]
     if device == "cuda":
         options = {"device_id": str(device_id)}

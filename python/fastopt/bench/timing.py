@@ -48,21 +48,39 @@ def measure(step: Callable[[], object], runs: int, warmup: int) -> list[float]:
     return interleaved([step], runs, warmup)[0]
 
 
-def interleaved(steps: Sequence[Callable[[], object]], runs: int, warmup: int) -> list[list[float]]:
-    """Times several steps round by round, the order rotating each round, so that noise (other
-    processes, frequency changes) hits them all alike. Returns the samples of each step."""
-    if runs < 1 or warmup < 0:
-        raise ValueError(f"runs must be positive and warmup not negative ({runs}, {warmup})")
+# Consecutive timed runs of one model per round. Switching models after every run would time
+# each run with caches and ORT's thread pool warmed by another model: 2x the steady-state latency
+# for a ~1 ms decode step, and not what a user's loop over one model sees.
+BLOCK = 10
+
+
+def interleaved(
+    steps: Sequence[Callable[[], object]], runs: int, warmup: int, block: int = BLOCK
+) -> list[list[float]]:
+    """Times several steps in rounds, the order rotating each round, so that noise (other
+    processes, frequency changes) hits them all alike: in a round, each step runs once untimed
+    (back to steady state after the others) and then `block` times timed. A single step just
+    runs `runs` times. Returns the `runs` samples of each step."""
+    if runs < 1 or warmup < 0 or block < 1:
+        raise ValueError(
+            f"runs and block must be positive and warmup not negative ({runs}, {block}, {warmup})"
+        )
     for step in steps:
         for _ in range(warmup):
             step()
     times: list[list[float]] = [[] for _ in steps]
     clock = time.perf_counter
-    for r in range(runs):
+    several = len(steps) > 1
+    r = 0
+    while len(times[0]) < runs:
         for k in range(len(steps)):
             i = (r + k) % len(steps)
             step = steps[i]
-            t0 = clock()
-            step()
-            times[i].append(clock() - t0)
+            if several:
+                step()
+            for _ in range(min(block, runs - len(times[i]))):
+                t0 = clock()
+                step()
+                times[i].append(clock() - t0)
+        r += 1
     return times
