@@ -296,3 +296,19 @@ def test_ort_optimized_model_with_contrib_ops_passes(tmp_path: Path) -> None:
     if not any(k.startswith("com.microsoft::") for k in counts):
         pytest.skip("this onnxruntime fused nothing into com.microsoft ops")
     assert statuses(fastopt.check(tmp_path / "opt.onnx")) == ALL_OK
+
+
+def test_ort_op_in_the_onnx_domain_is_named() -> None:
+    """SimplifiedLayerNormalization (what target "ort" writes) is an ONNX Runtime op registered in
+    the ONNX domain: the checker rejects it, ORT loads it, and the message says which is which."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])
+    w = numpy_helper.from_array(np.ones(8, np.float32), "w")
+    node = helper.make_node("SimplifiedLayerNormalization", ["x", "w"], ["y"], axis=-1)
+    model = helper.make_model(
+        helper.make_graph([node], "g", [x], [y], [w]), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    with pytest.raises(fastopt.CheckError, match="ONNX Runtime op in the ONNX domain") as caught:
+        fastopt.check(model)
+    stages = {s.name: s.status for s in caught.value.report.stages}
+    assert stages["checker"] == "failed" and stages["onnxruntime"] == "ok"

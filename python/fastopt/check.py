@@ -288,12 +288,26 @@ def _timed(name: str, fn: Callable[[], str]) -> StageResult:
     return StageResult(name, "ok", note, time.perf_counter() - start)
 
 
+# ONNX Runtime ops that it registers in the ONNX domain, which has no schema for them: a model
+# with one runs in ONNX Runtime only (fastopt's target "ort" writes SimplifiedLayerNormalization).
+_ORT_ONNX_DOMAIN_OPS = ("SimplifiedLayerNormalization",)
+
+
 def _checker(source: Source, full_check: bool) -> str:
     import onnx
 
     target: Any = source.path if source.path is not None else source.proto
     try:
         onnx.checker.check_model(target, full_check=full_check)
+    except onnx.checker.ValidationError as e:
+        op = next((o for o in _ORT_ONNX_DOMAIN_OPS if f"No Op registered for {o} " in str(e)), None)
+        if op is None:
+            raise
+        raise onnx.checker.ValidationError(
+            f"{op} is an ONNX Runtime op in the ONNX domain, which has no schema for it: the "
+            "model runs in ONNX Runtime but is not standard ONNX (fastopt --target onnx writes "
+            f"standard ops only). onnx.checker: {e}"
+        ) from e
     except onnx.shape_inference.InferenceError as e:
         note = _custom_domain_only(str(e), source)
         if note is None:
