@@ -269,6 +269,7 @@ bool cached_form_concat(const Node* cat, const Value* past) {
 int64_t adopt_cache(Graph& g, const std::vector<Node*>& attentions, Value* input_ids,
                     Value* attention_mask, const Dim& batch_dim, int64_t mode, PassContext& ctx) {
   std::unordered_set<const Value*> pasts;
+  std::vector<const Value*> past_order;  // the edits below follow it: the same output every run
   for (Node* att : attentions) {
     if (att->inputs().size() > 4 || att->outputs().size() != 1) {
       refuse("attention '" + att->name.value + "' has inputs or outputs the form does not know");
@@ -279,7 +280,10 @@ int64_t adopt_cache(Graph& g, const std::vector<Node*>& attentions, Value* input
              "' does not read its keys and values as Concat(past input, new rows) feeding a "
              "present output (the cached form of a model exported with a cache)");
     }
-    for (const Value* x : {c->past_k, c->past_v}) pasts.insert(x);
+    for (const Value* x : {c->past_k, c->past_v}) {
+      if (rank_of(x) != 4) refuse("past input '" + x->name() + "' is not 4-D (B, Hkv, P, D)");
+      if (pasts.insert(x).second) past_order.push_back(x);
+    }
   }
   for (const Value* v : g.inputs()) {
     if (v && v->name().rfind("past_", 0) == 0 && !pasts.count(v)) {
@@ -288,7 +292,7 @@ int64_t adopt_cache(Graph& g, const std::vector<Node*>& attentions, Value* input
   }
   // Shape reads of a past that include its length (axis 2), with where that length sits.
   std::vector<std::pair<Node*, int64_t>> shape_reads;
-  for (const Value* past : pasts) {
+  for (const Value* past : past_order) {
     for (const Use& u : past->uses()) {
       if (u.node->op_type == "Concat" && cached_form_concat(u.node, past)) continue;
       if (u.node->op_type == "Shape" && u.node->domain.value.empty()) {
