@@ -350,11 +350,7 @@ def test_cached_model_runs_under_genai(fx, mode: str, tmp_path: Path) -> None:  
 
 # --- a model exported WITH a cache -> in-place (and standard) form ---------------------------
 
-# A cached model made from a TorchScript fixture. Made from a dynamo fixture, its head splits are
-# sized from the mask slice the first rewrite added, which the lowering's structural proof that
-# new K/V rows have the query's length does not follow: attention stays decomposed there (correct,
-# not fused). Real dynamo exports with a cache convert (test_corpus_cache_export_converts).
-ADOPT_FX = fixtures(decoder=True, dtype="float32", exporter="ts")
+ADOPT_FX = fixtures(decoder=True, dtype="float32")
 
 
 def _plain_cached_export(fx, out: Path) -> None:  # type: ignore[no-untyped-def]

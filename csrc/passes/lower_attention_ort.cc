@@ -554,16 +554,20 @@ std::vector<SeqAt> seq_chain(const Value* x4) {
   // Such a Reshape ties its output to z, not to its input: z must be further back (axis 1), and
   // the values from the input to z prove nothing.
   std::vector<bool> proven(chain.size(), true);
+  std::vector<SeqAt> out;
   for (auto [i, z] : jumps) {
     size_t j = i;
     while (j < chain.size() && !(chain[j].v == z && chain[j].axis == 1)) ++j;
     const bool found = j < chain.size();
-    // Not found: nothing from the input on holds.
+    // Not found: nothing from the input on holds, but z does (a dynamo export sizes head splits
+    // from the attention mask, no ancestor of the states: Q and K splits share that z).
     std::fill(proven.begin() + static_cast<std::ptrdiff_t>(i),
               found ? proven.begin() + static_cast<std::ptrdiff_t>(j) : proven.end(), false);
-    if (!found) break;
+    if (!found) {
+      if (int r = rank_of(z); r >= 2) out.push_back({z, 1, r});
+      break;
+    }
   }
-  std::vector<SeqAt> out;
   for (size_t i = 0; i < chain.size(); ++i) {
     if (proven[i]) out.push_back(chain[i]);
   }
