@@ -241,7 +241,10 @@ def render(reports: list[dict[str, Any]], merged: dict[str, Any]) -> str:
         ),
         "- commands (results merged by `bench/summarize_suite.py`):",
         *(
-            f"  - `{r['command']}` ({r['environment']['date']}, {r['total_s'] / 60:.1f} min)"
+            # a merged report's command already lists its runs, quoted, with their dates
+            f"  - {r['command']} ({r['total_s'] / 60:.1f} min in all)"
+            if r.get("merged")
+            else f"  - `{r['command']}` ({r['environment']['date']}, {r['total_s'] / 60:.1f} min)"
             for r in reports
         ),
         "",
