@@ -32,13 +32,15 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from importlib import metadata
 from typing import Any
 
-from _benchlib import MB  # shared with the other benchmarks (bench/ is on sys.path as a script)
+from _benchlib import (
+    MB,  # shared with the other benchmarks (bench/ is on sys.path as a script)
+    spawn,
+)
 from _benchlib import cpu_model as _cpu_model
 from _benchlib import fmt_mb as _fmt_mb
 from _benchlib import fmt_s as _fmt_s
@@ -246,28 +248,6 @@ def run_verify(src: str, dst: str) -> dict[str, Any]:
 # parent side
 
 
-def _spawn(cmd: list[str]) -> tuple[int, float, int, str, str]:
-    """Run cmd; return (exit code, wall seconds, peak RSS bytes, stdout, stderr).
-
-    os.wait4 gives this child's own rusage (RUSAGE_CHILDREN would be the max over all children).
-    """
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        t0 = time.perf_counter()
-        p = subprocess.Popen(cmd, stdout=out, stderr=err)
-        _, status, usage = os.wait4(p.pid, 0)
-        wall = time.perf_counter() - t0
-        p.returncode = os.waitstatus_to_exitcode(status)  # already reaped: tell Popen
-        out.seek(0)
-        err.seek(0)
-        return (
-            p.returncode,
-            wall,
-            usage.ru_maxrss * 1024,
-            out.read().decode(errors="replace"),
-            err.read().decode(errors="replace"),
-        )
-
-
 def _self_cmd(*args: str) -> list[str]:
     return [sys.executable, os.path.abspath(__file__), *args]
 
@@ -293,7 +273,7 @@ def measure(mode: str, model_dir: str, out_dir: str) -> dict[str, Any]:
         cmd = ["cp", src, os.path.join(model_dir, DATA_FILE), out_dir + os.sep]
     else:
         cmd = _self_cmd("--child", mode, src, os.path.join(out_dir, MODEL_FILE))
-    rc, wall, peak, out, err = _spawn(cmd)
+    rc, wall, peak, out, err = spawn(cmd, timeout=float("inf"))
     res: dict[str, Any] = {"mode": mode, "rc": rc, "process_wall_s": wall, "peak_rss": peak}
     if rc != 0:
         res["error"] = (err.strip().splitlines() or [f"exit code {rc}"])[-1][:300]
@@ -605,7 +585,9 @@ def main(argv: list[str] | None = None) -> int:
                 ):
                     print("verifying fastopt output against the original...", flush=True)
                     out_model = os.path.join(out_dir, MODEL_FILE)
-                    rc, _, _, out, err = _spawn(_self_cmd("--verify", src, out_model))
+                    rc, _, _, out, err = spawn(
+                        _self_cmd("--verify", src, out_model), timeout=float("inf")
+                    )
                     verify = (
                         json.loads(out.strip().splitlines()[-1])
                         if rc == 0

@@ -377,9 +377,6 @@ def test_cached_model_converts(fx, mode: str, tmp_path: Path) -> None:  # type: 
     _plain_cached_export(fx, src)
     prompts = _prompts(int(fx.meta["config"].get("vocab_size", 512)))
     ref = _reference(str(fx.path), tuple(map(tuple, prompts)), STEPS)
-    if mode == "standard":  # the plain-ONNX variant (no attention op) generates right too
-        plain = kg.greedy_cached(src, prompts, STEPS)
-        assert kg.compare(ref, plain)[0] == STEPS
     out = tmp_path / "model.onnx"
     report = fastopt.optimize(src, preset="llm", output=out, kv_cache=mode)  # type: ignore[arg-type]
     assert (

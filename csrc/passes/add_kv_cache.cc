@@ -250,16 +250,6 @@ void refuse_baked_lengths(const Graph& g) {
   }
 }
 
-// The Concat(past, new) of a cached attention (attention.h), read from `past`.
-bool cached_form_concat(const Node* cat, const Value* past) {
-  const Value* out = cat->outputs().empty() ? nullptr : cat->outputs()[0];
-  if (!out || cat->inputs().size() != 2 || cat->inputs()[0] != past) return false;
-  for (const Use& u : out->uses()) {
-    if (is_internal_attention(u.node) && cached_kv(u.node)) return true;
-  }
-  return false;
-}
-
 // A model exported WITH a cache: after fuse_attention its attentions already are in the cached
 // form (attention.h: K = Concat(past input, new) = present output). Adopting it means checking
 // that form everywhere and giving every attention the shared mask (the contract the in-place
@@ -270,6 +260,7 @@ int64_t adopt_cache(Graph& g, const std::vector<Node*>& attentions, Value* input
                     Value* attention_mask, const Dim& batch_dim, int64_t mode, PassContext& ctx) {
   std::unordered_set<const Value*> pasts;
   std::vector<const Value*> past_order;  // the edits below follow it: the same output every run
+  std::unordered_set<const Node*> cache_concats;  // Concat(past, new) of each attention
   for (Node* att : attentions) {
     if (att->inputs().size() > 4 || att->outputs().size() != 1) {
       refuse("attention '" + att->name.value + "' has inputs or outputs the form does not know");
@@ -284,6 +275,7 @@ int64_t adopt_cache(Graph& g, const std::vector<Node*>& attentions, Value* input
       if (rank_of(x) != 4) refuse("past input '" + x->name() + "' is not 4-D (B, Hkv, P, D)");
       if (pasts.insert(x).second) past_order.push_back(x);
     }
+    cache_concats.insert({c->present_k->producer(), c->present_v->producer()});
   }
   for (const Value* v : g.inputs()) {
     if (v && v->name().rfind("past_", 0) == 0 && !pasts.count(v)) {
@@ -294,7 +286,7 @@ int64_t adopt_cache(Graph& g, const std::vector<Node*>& attentions, Value* input
   std::vector<std::pair<Node*, int64_t>> shape_reads;
   for (const Value* past : past_order) {
     for (const Use& u : past->uses()) {
-      if (u.node->op_type == "Concat" && cached_form_concat(u.node, past)) continue;
+      if (cache_concats.count(u.node)) continue;
       if (u.node->op_type == "Shape" && u.node->domain.value.empty()) {
         // Shape-15 start/end: negative counts from the end, out of range clamps.
         auto bound = [&](const char* name, int64_t fallback) {
