@@ -1,5 +1,5 @@
 """The project's own LLM fixtures (tests/fixtures/make_fixtures.py: real torch.onnx exports of
-8 architectures with both exporters, fp32 and fp16): each round-trips exactly, and the
+9 architectures with both exporters, fp32 and fp16): each round-trips exactly, and the
 `default` preset keeps ONNX Runtime outputs within tolerance and passes onnx.checker."""
 
 from __future__ import annotations
@@ -16,7 +16,17 @@ FIXTURES = sorted((Path(__file__).parent / "fixtures" / "models").glob("*/model.
 
 def test_fixture_set_is_complete() -> None:
     archs = {json.loads((p.parent / "meta.json").read_text())["arch"] for p in FIXTURES}
-    assert archs == {"llama", "mistral", "qwen2", "phi3", "gemma", "gpt2", "gpt_neox", "bert"}
+    assert archs == {
+        "llama",
+        "mistral",
+        "qwen2",
+        "phi3",
+        "gemma",
+        "gpt2",
+        "gpt_neox",
+        "bert",
+        "clip",
+    }
     exporters = {json.loads((p.parent / "meta.json").read_text())["exporter"] for p in FIXTURES}
     assert exporters == {"ts", "dynamo"}
 

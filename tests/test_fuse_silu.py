@@ -1,4 +1,5 @@
-"""fuse_silu: x * Sigmoid(x) -> com.microsoft QuickGelu(alpha=1) (target ort)."""
+"""fuse_silu: x * Sigmoid(x) -> com.microsoft QuickGelu(alpha=1), and CLIP's quick_gelu
+x * Sigmoid(1.702 x) -> QuickGelu(alpha=1.702) (target ort)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from onnx import TensorProto, helper
 F = TensorProto.FLOAT
 SILU_ARCHS = ["llama", "mistral", "qwen2", "phi3"]
 FX = fixtures(arch=SILU_ARCHS)
+CLIP = fixtures(arch="clip")
 
 
 @pytest.mark.parametrize("fx", FX, ids=ids(FX))
@@ -22,6 +24,50 @@ def test_fixtures(fx):
         if node.op_type == "QuickGelu":
             assert helper.get_attribute_value(node.attribute[0]) == 1.0
     assert_parity(fx, out)
+
+
+@pytest.mark.parametrize("fx", CLIP, ids=ids(CLIP))
+def test_clip_quick_gelu(fx):
+    _report, out = optimize(fx, passes=[*fastopt.registry.preset("default"), "fuse_silu"])
+    gelus = [n for n in out.graph.node if n.op_type == "QuickGelu"]
+    assert len(gelus) == fx.layers  # one MLP per layer
+    assert op_count(out, "Sigmoid") == 0
+    for node in gelus:
+        assert helper.get_attribute_value(node.attribute[0]) == pytest.approx(1.702, rel=1e-6)
+    assert_parity(fx, out)
+
+
+def quick_gelu(alpha, alpha_first=False, shape=(), other=None):
+    """y = x * Sigmoid(alpha * x), alpha a constant of `shape` (or `other`'s input instead)."""
+    scaled = ["a", "x"] if alpha_first else ["x", "a"]
+    nodes = [
+        helper.make_node("Constant", [], ["a"], value=helper.make_tensor("av", F, shape, alpha)),
+        helper.make_node("Mul", scaled, ["ax"]),
+        helper.make_node("Sigmoid", ["ax"], ["s"]),
+        helper.make_node("Mul", [other or "x", "s"], ["y"]),
+    ]
+    return make_model(nodes, [info("x", F, [4, 8]), info("z", F, [4, 8])], [out_info("y", F, 2)])
+
+
+@pytest.mark.parametrize("alpha_first", [False, True])
+def test_quick_gelu_fires(alpha_first):
+    out = check_fusion(quick_gelu([1.702], alpha_first), ["fuse_silu"], FEEDS, 1)
+    assert ops(out) == ["Constant", "QuickGelu"]  # alpha's Constant is left for dead-node cleanup
+    assert helper.get_attribute_value(out.graph.node[1].attribute[0]) == pytest.approx(1.702)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"alpha": [float(i) for i in range(8)], "shape": [8]},  # per channel, not one alpha
+        {"alpha": [1.702], "shape": [1, 1, 1]},  # broadcasts x [4, 8] to rank 3
+        {"alpha": [1.702], "other": "z"},
+    ],
+    ids=["alpha_per_channel", "alpha_raises_rank", "gates_another_value"],
+)
+def test_quick_gelu_does_not_fire(kw):
+    report, out = run_passes(quick_gelu(**kw), ["fuse_silu"])
+    assert report.passes[0].rewrites == 0 and "QuickGelu" not in ops(out)
 
 
 def silu(order=("x", "s"), other=None, extra_use=False):
