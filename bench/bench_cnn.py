@@ -5,7 +5,7 @@ The light models store their weights as ConstantOfShape nodes (IR version 3, ini
 listed as graph inputs). Both sides of the comparison start from the same materialized model:
 every ConstantOfShape of a constant shape becomes an initializer (random values, seeded) and
 initializers leave the graph inputs, as constant folding would make them. "before" is that
-model; "after" is fastopt.optimize(before, preset="default").
+model; "after" is fastopt.optimize(before, preset="classic").
 
 Each model runs in ONNX Runtime's CPU provider with its own graph optimizations ON
 (ORT_ENABLE_ALL, as users run it) and, for reference, OFF (ORT_DISABLE_ALL, which shows what
@@ -135,7 +135,7 @@ def bench_model(path: Path, runs: int, warmup: int, threads: int) -> dict[str, A
     before = materialize(onnx.load(path))
     feeds = feeds_for(original)
     t0 = time.perf_counter()
-    report = fastopt.optimize(fastopt.from_onnx(before), preset="default")
+    report = fastopt.optimize(fastopt.from_onnx(before), preset="classic")
     optimize_s = time.perf_counter() - t0
     assert report.model is not None
     after = report.model.to_onnx()

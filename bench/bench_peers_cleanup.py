@@ -5,7 +5,7 @@ For every model matched by --models (default: ../shared/corpus/*/model.onnx besi
 the benchmark skips cleanly when there is none), each tool runs in a fresh subprocess,
 --repeat times, interleaved:
 
-  fastopt         fastopt.optimize(path, preset="default", output=out)   (loads + saves itself)
+  fastopt         fastopt.optimize(path, preset="classic", output=out)   (loads + saves itself)
   fastopt_load    fastopt.load(path) alone, so load can be told apart from the passes
   onnxscript      onnx.load + onnxscript.optimizer.optimize(proto) + onnx.save
   onnxslim        onnx.load + onnxslim.slim(proto) + onnx.save
@@ -137,7 +137,7 @@ def run_child(tool: str, src: str, dst: str) -> dict[str, Any]:
             res["load_s"] = time.perf_counter() - t0
             res["nodes"] = len(model.graph.nodes)  # touch it: the load really happened
             return res
-        report = fastopt.optimize(src, preset="default", output=dst)
+        report = fastopt.optimize(src, preset="classic", output=dst)
         res["optimize_s"] = res["total_s"] = time.perf_counter() - t0
         # the passes alone, without load, verify and save
         res["passes_s"] = sum(p.seconds for p in report.passes)
@@ -145,7 +145,7 @@ def run_child(tool: str, src: str, dst: str) -> dict[str, Any]:
             {"name": p.name, "rewrites": p.rewrites, "seconds": p.seconds, "skipped": p.skipped}
             for p in report.passes
         ]
-        res["preset"] = list(fastopt.PRESETS["default"])
+        res["preset"] = list(fastopt.PRESETS["classic"])
         res["fastopt_file"] = fastopt.__file__  # the run's snapshot, not the live install
     elif tool in ("ort_basic", "ort_extended"):
         import onnxruntime as ort
@@ -445,7 +445,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"- fastopt `default` preset: {', '.join(preset) if preset else 'unknown'} (the "
         "installed build, copied aside at the start so that a reinstall cannot change it "
         "mid-run)",
-        '- tools: fastopt `optimize(path, preset="default", output=...)`; onnxscript '
+        '- tools: fastopt `optimize(path, preset="classic", output=...)`; onnxscript '
         "`optimizer.optimize(ModelProto)` (defaults); onnxslim `slim(ModelProto)` (defaults); "
         "onnxoptimizer `optimize(ModelProto)` (default fuse-and-eliminate passes); ONNX Runtime "
         "CPU `InferenceSession` with `optimized_model_filepath` at ORT_ENABLE_BASIC / "

@@ -271,7 +271,7 @@ def test_refuses_without_fused_attention(tmp_path) -> None:  # type: ignore[no-u
     with pytest.raises(fastopt.ModelError, match="no fused attention"):
         fastopt.optimize(
             fx.path,
-            passes=[*preset("default"), "add_kv_cache"],
+            passes=[*preset("classic"), "add_kv_cache"],
             options={"kv_cache": 1},
             output=out,
         )

@@ -16,7 +16,7 @@ from onnx import TensorProto, helper
 F, H = TensorProto.FLOAT, TensorProto.FLOAT16
 D = 8
 RMS_ARCHS = ("llama", "mistral", "qwen2", "phi3", "gemma")
-DEFAULT = fastopt.registry.preset("default")
+DEFAULT = fastopt.registry.preset("classic")
 ORT_PASSES = [
     *DEFAULT,
     "fuse_layer_norm",

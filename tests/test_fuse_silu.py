@@ -17,7 +17,7 @@ CLIP = fixtures(arch="clip")
 
 @pytest.mark.parametrize("fx", FX, ids=ids(FX))
 def test_fixtures(fx):
-    _report, out = optimize(fx, passes=[*fastopt.registry.preset("default"), "fuse_silu"])
+    _report, out = optimize(fx, passes=[*fastopt.registry.preset("classic"), "fuse_silu"])
     assert op_count(out, "QuickGelu", "com.microsoft") == fx.layers  # one SwiGLU MLP per layer
     assert op_count(out, "Sigmoid") == 0
     for node in out.graph.node:

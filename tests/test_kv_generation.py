@@ -214,10 +214,10 @@ def test_kv_cache_option_errors() -> None:
     with pytest.raises(ValueError, match="target 'ort'"):
         _with_kv_cache(llm, "inplace", "onnx")
     with pytest.raises(ValueError, match="fuse_attention"):
-        _with_kv_cache(preset("default"), "standard", "ort")
+        _with_kv_cache(preset("classic"), "standard", "ort")
     fx = fixtures(arch="llama", exporter="ts", dtype="float32")[0]
     with pytest.raises(ValueError, match="fuse_attention"):
-        fastopt.optimize(fx.path, preset="default", kv_cache="standard")
+        fastopt.optimize(fx.path, preset="classic", kv_cache="standard")
 
 
 def test_kv_cache_pass_list() -> None:

@@ -307,10 +307,10 @@ def test_not_lowered(name: str) -> None:
 
 
 def internal_attention_standin(fx: Fixture) -> onnx.ModelProto:
-    """The fixture after the default preset, each dynamo SDPA core (MatMul(q*c, kT*c) + mask ->
+    """The fixture after the classic preset, each dynamo SDPA core (MatMul(q*c, kT*c) + mask ->
     Softmax -> Where(IsNaN) -> MatMul(v)) replaced by the internal op, the way stage 1 will
     (is_causal 0: the exporters' mask holds the causal part)."""
-    report = fastopt.optimize(fx.path, preset="default")
+    report = fastopt.optimize(fx.path, preset="classic")
     assert report.model is not None
     model = report.model.to_onnx()
     g = model.graph

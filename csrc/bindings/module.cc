@@ -529,7 +529,18 @@ fastopt._C.load_skeleton(bytes, model) or apply its types with Model.apply_types
               py::gil_scoped_release release;
               s = serialize_model(mm);
             }
-            return py::module_::import("onnx").attr("ModelProto").attr("FromString")(py::bytes(s));
+            py::object parse = py::module_::import("onnx").attr("ModelProto").attr("FromString");
+            try {
+              return parse(py::bytes(s));
+            } catch (py::error_already_set& e) {
+              // Protobuf refuses some models fastopt reads (nesting past its depth limit of 100):
+              // a ModelError, with protobuf's exception as __cause__.
+              if (e.matches(PyExc_KeyboardInterrupt) || e.matches(PyExc_MemoryError)) throw;
+              const std::string text =
+                  "to_onnx: protobuf cannot parse this model (" + std::string(e.what()) + ")";
+              py::raise_from(e, model_error.ptr(), text.c_str());
+              throw py::error_already_set();
+            }
           },
           "The model as an onnx.ModelProto, all data inline (for models under 2 GB)")
       .def(

@@ -27,6 +27,7 @@
 #include "ir/constant.h"
 #include "ir/error.h"
 #include "passes/registry.h"
+#include "pattern/attr_schema.h"
 #include "pattern/rewrite.h"
 #include "proto/onnx_writer.h"
 
@@ -1141,6 +1142,8 @@ std::optional<std::vector<std::shared_ptr<Tensor>>> evaluate_node(const Node& n,
   if (!standard_domain(n) || !n.subgraphs().empty() || n.outputs().size() != 1) {
     return std::nullopt;
   }
+  // ORT refuses a node with a mistyped attribute: folding it would make the model valid.
+  if (pattern::mistyped_attribute(n)) return std::nullopt;
   Evaluator e(n, opset, limits);
   try {
     auto r = e.run();

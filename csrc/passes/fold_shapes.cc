@@ -17,6 +17,7 @@
 #include "ir/constant.h"
 #include "passes/fold_constants.h"
 #include "passes/registry.h"
+#include "pattern/attr_schema.h"
 
 namespace fastopt::passes {
 namespace {
@@ -131,7 +132,8 @@ struct ShapeFolder {
       next = n->next();
       if (!standard(n) || n->inputs().empty() || !n->inputs()[0] || n->outputs().size() != 1 ||
           !n->outputs()[0] ||
-          (n->outputs()[0]->uses().empty() && !n->outputs()[0]->is_graph_output())) {
+          (n->outputs()[0]->uses().empty() && !n->outputs()[0]->is_graph_output()) ||
+          pattern::mistyped_attribute(*n)) {  // ORT refuses the node: never fold it away
         continue;
       }
       std::optional<std::pair<std::vector<int64_t>, std::vector<int64_t>>> folded;  // values, dims

@@ -32,6 +32,7 @@
 #include "passes/attention_shapes.h"
 #include "passes/fusion_util.h"
 #include "passes/norm_util.h"
+#include "pattern/attr_schema.h"
 
 namespace fastopt::passes {
 namespace {
@@ -384,6 +385,16 @@ int64_t fuse_attention(Model& model, PassContext& ctx) {
       };
       if (!m.match(root)) {
         why(m.error);
+        continue;
+      }
+      // A node ORT refuses (an attribute of the wrong type: Softmax's axis as a string) is
+      // never fused into one it runs; its attribute was read as the default above.
+      const Node* mistyped = nullptr;
+      for (const Node* n : f.nodes) {
+        if (pattern::mistyped_attribute(*n)) mistyped = n;
+      }
+      if (mistyped) {
+        why(pattern::describe_mistyped(*mistyped, *pattern::mistyped_attribute(*mistyped)));
         continue;
       }
       Rewriter rw(g, root);

@@ -5,6 +5,7 @@
 
 #include "ir/constant.h"
 #include "ir/error.h"
+#include "pattern/attr_schema.h"
 
 namespace fastopt::pattern {
 
@@ -473,6 +474,19 @@ bool Matcher::match_one(const Goal& g, std::vector<Goal>& goals) {
           fail(g.pn, v, "attribute constraint failed", &a.description);
           return false;
         }
+      }
+      // A node ORT refuses (an attribute of the wrong type) is never rewritten into one it runs,
+      // and its attribute is never read as the default.
+      if (const Attribute* bad = mistyped_attribute(*n)) {
+        if (why_) {
+          // The reason to report, whatever other alternatives reach further.
+          details_.push_back(describe_mistyped(*n, *bad));
+          const int depth = depth_;
+          depth_ += 1 << 20;
+          fail(g.pn, v, "an attribute has the wrong type", &details_.back());
+          depth_ = depth;
+        }
+        return false;
       }
       if (!bind(g.pn, v, n)) return false;
       const size_t k = pn.inputs.size();

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <optional>
 #include <string>
@@ -203,6 +204,9 @@ class Matcher {
   Match* m_ = nullptr;
   MatchFailure* why_ = nullptr;
   int depth_ = 0;
+  // Failure details formatted during matching (MatchFailure points at them); kept only when
+  // explaining.
+  std::deque<std::string> details_;
   // Nodes bound so far; patterns are small, so a vector beats a hash set.
   std::vector<const Node*> used_nodes_;
   bool used(const Node* n) const;

@@ -24,8 +24,11 @@ from fastopt._C import (
 )
 from fastopt._io import from_onnx, load, load_bytes
 from fastopt.check import CheckError, CheckReport, check
+from fastopt.errors import OptionError, RejectedModelError, UnknownNameError, UnsupportedModelError
 from fastopt.optimize import OptimizeReport, PassReport, optimize
+from fastopt.options import OPTIONS, OptionSpec, register_option, unregister_option
 from fastopt.registry import (
+    PRESET_DESCRIPTIONS,
     PRESETS,
     PassContext,
     PassSpec,
@@ -36,29 +39,46 @@ from fastopt.registry import (
     unregister_pass,
 )
 from fastopt.shapes import infer_shapes
-from fastopt.verify import VerifyError, VerifyReport, compare_providers, make_inputs, verify
+from fastopt.verify import (
+    InputRejectedError,
+    OutputRejectedError,
+    VerifyError,
+    VerifyReport,
+    compare_providers,
+    make_inputs,
+    verify,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "OPTIONS",
     "PRESETS",
+    "PRESET_DESCRIPTIONS",
     "CheckError",
     "CheckReport",
     "Function",
     "Graph",
+    "InputRejectedError",
     "Match",
     "Model",
     "ModelError",
     "Node",
     "OptimizeReport",
+    "OptionError",
+    "OptionSpec",
+    "OutputRejectedError",
     "PassContext",
     "PassReport",
     "PassSpec",
     "Pattern",
     "PatternNode",
+    "RejectedModelError",
     "Rewriter",
     "Rule",
     "Tensor",
+    "UnknownNameError",
+    "UnsupportedModelError",
     "Value",
     "VerifyError",
     "VerifyReport",
@@ -74,8 +94,10 @@ __all__ = [
     "load_bytes",
     "make_inputs",
     "optimize",
+    "register_option",
     "register_pass",
     "register_rules",
+    "unregister_option",
     "unregister_pass",
     "verify",
 ]

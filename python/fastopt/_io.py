@@ -6,6 +6,7 @@ import os
 from typing import TYPE_CHECKING, Union
 
 from fastopt import _C
+from fastopt.errors import entry_point, foreign_errors
 
 if TYPE_CHECKING:
     import onnx
@@ -13,6 +14,7 @@ if TYPE_CHECKING:
 PathLike = Union[str, "os.PathLike[str]"]
 
 
+@entry_point("load")
 def load(path: PathLike) -> _C.Model:
     """Reads an ONNX model. The file is memory-mapped: weights are never copied into memory.
 
@@ -25,6 +27,7 @@ def load(path: PathLike) -> _C.Model:
     return _C.load(path)
 
 
+@entry_point("load")
 def load_bytes(data: bytes, base_dir: PathLike | None = None) -> _C.Model:
     """Reads a serialized ModelProto held in memory; external data resolves against base_dir."""
     return _C.load_bytes(bytes(data), os.fspath(base_dir) if base_dir is not None else "")
@@ -32,4 +35,6 @@ def load_bytes(data: bytes, base_dir: PathLike | None = None) -> _C.Model:
 
 def from_onnx(proto: onnx.ModelProto, base_dir: PathLike | None = None) -> _C.Model:
     """Converts an ``onnx.ModelProto`` (a small model) into a fastopt Model."""
-    return load_bytes(proto.SerializeToString(), base_dir)
+    with foreign_errors("from_onnx (protobuf serialization)"):
+        data = proto.SerializeToString()
+    return load_bytes(data, base_dir)

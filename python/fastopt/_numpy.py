@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from fastopt.errors import UnsupportedModelError
+
 if TYPE_CHECKING:
     from fastopt._C import Tensor
 
@@ -60,7 +62,7 @@ def numpy_dtype(onnx_type: int) -> Any:
         return np.dtype(_ml_dtype(_SUB_BYTE[onnx_type][0]))
     if onnx_type == _STRING:
         return np.dtype(object)
-    raise ValueError(f"unsupported ONNX element type {onnx_type}")
+    raise UnsupportedModelError(f"unsupported ONNX element type {onnx_type}")
 
 
 def tensor_to_numpy(tensor: Tensor) -> np.ndarray:

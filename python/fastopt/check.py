@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable, Union
 
 from fastopt import _C
 from fastopt._io import load
+from fastopt.errors import entry_point
 from fastopt.providers import CPU, provider_name, resolve, short_name
 
 if TYPE_CHECKING:
@@ -406,6 +407,7 @@ def _ort_load(source: Source, providers: Sequence[Any] | None) -> str:
     return ""
 
 
+@entry_point("check")
 def check(
     model_or_path: ModelLike,
     *,

@@ -9,12 +9,15 @@ from collections.abc import Sequence
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 import fastopt
 from fastopt.bench.command import add_parser as add_bench_parser
-from fastopt.optimize import OptimizeReport
+from fastopt.cli_optimize import add_parser as add_optimize_parser
+from fastopt.cli_optimize import parse_providers
+from fastopt.cli_output import console, print_table
+from fastopt.options import OPTIONS
+from fastopt.registry import PRESET_DESCRIPTIONS
 from fastopt.summary import ModelSummary, human_bytes, human_count, summarize
 
 
@@ -45,7 +48,7 @@ def _print_info(s: ModelSummary, console: Console, top: int) -> None:
     for kind, values in (("in", s.inputs), ("out", s.outputs)):
         for v in values:
             io.add_row(kind, escape(v.name), v.dtype, escape(_shape_text(v.shape)))
-    console.print(io)
+    print_table(console, io)
 
     ops = Table(title="operators", show_edge=False)
     ops.add_column("op")
@@ -55,7 +58,7 @@ def _print_info(s: ModelSummary, console: Console, top: int) -> None:
         ops.add_row(escape(op), str(n))
     if len(items) > top:
         ops.add_row(f"... {len(items) - top} more", str(sum(n for _, n in items[top:])))
-    console.print(ops)
+    print_table(console, ops)
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -64,144 +67,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(s.to_dict(), indent=2))
     else:
-        _print_info(s, Console(), args.top)
+        _print_info(s, console(), args.top)
     return 0
-
-
-def _print_optimize(report: OptimizeReport, console: Console, input_path: str) -> None:
-    passes = Table(title="passes", show_edge=False)
-    for col, justify in (
-        ("pass", "left"),
-        ("rewrites", "right"),
-        ("ms", "right"),
-        ("nodes after", "right"),
-        ("details", "left"),
-    ):
-        passes.add_column(col, justify=justify)  # type: ignore[arg-type]
-    for p in report.passes:
-        details = (p.skipped and f"skipped: {p.skipped}") or ", ".join(
-            f"{k} {v}" for k, v in sorted(p.counters.items())
-        )
-        passes.add_row(
-            escape(p.name),
-            str(p.rewrites),
-            f"{p.seconds * 1e3:.1f}",
-            str(p.nodes_after),
-            escape(details),
-        )
-    console.print(passes)
-
-    ops = Table(title="operators (changed)", show_edge=False)
-    for col in ("op", "before", "after"):
-        ops.add_column(col, justify="left" if col == "op" else "right")
-    for op, (before, after) in report.op_delta().items():
-        ops.add_row(escape(op), str(before), str(after))
-    ops.add_row("[bold]all nodes[/bold]", str(report.nodes_before), str(report.nodes_after))
-    console.print(ops)
-    size = ""
-    if report.output:
-        size = f"; wrote {escape(report.output)} ({human_bytes(_files_size(report.output))})"
-    console.print(
-        f"{escape(input_path)}: {report.nodes_before} -> {report.nodes_after} nodes "
-        f"in {report.seconds:.2f} s{size}"
-    )
-
-
-def _files_size(model_path: str) -> int:
-    import os
-
-    total = os.path.getsize(model_path)
-    folder = os.path.dirname(os.path.abspath(model_path))
-    base = os.path.basename(model_path) + ".data"
-    for name in os.listdir(folder):
-        if name == base or name.startswith(base + "."):
-            total += os.path.getsize(os.path.join(folder, name))
-    return total
-
-
-def _parse_options(items: list[str]) -> dict[str, object]:
-    options: dict[str, object] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--option takes KEY=VALUE, not {item!r}")
-        try:
-            options[key] = int(value)
-        except ValueError:
-            options[key] = value
-    return options
-
-
-def _cmd_optimize(args: argparse.Namespace) -> int:
-    import os
-
-    if args.output and os.path.abspath(args.output) == os.path.abspath(args.model):
-        raise fastopt.ModelError(
-            "the output path must differ from the input (it is never modified)"
-        )
-    passes = [p for p in args.passes.split(",") if p] if args.passes else None
-    external = {"auto": None, "always": True, "never": False}[args.external_data]
-    console = Console(stderr=True)
-    with Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-        disable=not console.is_terminal,
-    ) as progress:
-        task = progress.add_task("optimizing", total=None)
-
-        def on_pass(i: int, n: int, name: str) -> None:
-            progress.update(task, total=n, completed=i, description=name or "saving")
-
-        report = fastopt.optimize(
-            args.model,
-            preset=args.preset,
-            passes=passes,
-            target=args.target,
-            output=args.output,
-            external_data=external,
-            explain=args.explain,
-            progress=on_pass,
-            options=_parse_options(args.option),
-            kv_cache=args.kv_cache,
-        )
-    out = Console()
-    if args.explain:
-        for line in report.explain:
-            out.print(escape(line))
-    _print_optimize(report, out, args.model)
-    result: dict[str, object] = {"optimize": report.to_dict()}
-    code = 0
-    if args.verify:
-        if not args.output:
-            raise fastopt.ModelError("--verify needs -o/--output")
-        from fastopt.verify import VerifyError, verify
-
-        try:
-            vreport = verify(args.model, args.output, providers=_parse_providers(args.providers))
-            out.print(str(vreport))
-            result["verify"] = vreport.to_dict()
-        except VerifyError as e:
-            out.print(f"[red]verification failed[/red]: {escape(str(e))}")
-            result["verify"] = {"error": str(e)}
-            code = 1
-    if args.report:
-        with open(args.report, "w") as f:
-            json.dump(result, f, indent=2, default=str)
-    return code
-
-
-def _parse_providers(text: str | None) -> list[str] | None:
-    """``cpu,cuda`` -> ["cpu", "cuda"]; None when not given."""
-    if not text:
-        return None
-    names = [p.strip() for p in text.split(",") if p.strip()]
-    if not names:
-        raise ValueError(f"--providers takes comma-separated names, not {text!r}")
-    return names
 
 
 def _parse_dims(items: list[str]) -> dict[str, int]:
@@ -221,7 +88,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from fastopt.check import CheckError, check_providers
     from fastopt.verify import VerifyError, VerifyReport, compare_providers, verify
 
-    providers = _parse_providers(args.providers)
+    providers = parse_providers(args.providers)
     if providers:
         check_providers(providers)  # an unavailable provider is bad input, before any work
     dims = _parse_dims(args.dims)
@@ -256,26 +123,46 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_passes(args: argparse.Namespace) -> int:
+    out = console()
     table = Table(show_edge=False)
     for col in ("pass", "lang", "opsets", "idempotent", "tags", "description"):
         table.add_column(col)
     for p in fastopt.all_passes():
         opsets = f"{p.min_opset}+" if p.max_opset is None else f"{p.min_opset}-{p.max_opset}"
         table.add_row(
-            p.name,
+            escape(p.name),
             p.language,
             opsets,
             "yes" if p.idempotent else "no",
             ",".join(p.tags),
             escape(p.description),
         )
-    Console().print(table)
+    print_table(out, table)
+    out.print()
     presets = Table(title="presets", show_edge=False)
     presets.add_column("preset")
     presets.add_column("passes")
     for name, names in fastopt.PRESETS.items():
-        presets.add_row(name, ", ".join(names))
-    Console().print(presets)
+        what = PRESET_DESCRIPTIONS.get(name, "")
+        presets.add_row(
+            escape(name), escape(f"{what}: {', '.join(names)}" if what else ", ".join(names))
+        )
+    print_table(out, presets)
+    out.print()
+    options = Table(title="options (--option KEY=VALUE)", show_edge=False)
+    for col in ("option", "passes", "default", "values, meaning"):
+        options.add_column(col)
+    for spec in OPTIONS.values():
+        if spec.internal:
+            continue
+        default = "-" if spec.default is None else str(spec.default)
+        options.add_row(
+            escape(spec.name),
+            escape(",".join(spec.passes)),
+            default,
+            escape(f"{spec.values_text()}: {spec.help}"),
+        )
+    print_table(out, options)
     return 0
 
 
@@ -292,54 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--top", type=int, default=40, help="operators to list (default 40)")
     info.set_defaults(func=_cmd_info)
 
-    opt = sub.add_parser("optimize", help="optimize a model (the input is never modified)")
-    opt.add_argument("model", help="input .onnx file")
-    opt.add_argument("-o", "--output", help="output .onnx file")
-    opt.add_argument("--preset", default="default", help="pass list to run (default: default)")
-    opt.add_argument("--passes", help="comma-separated pass names (overrides --preset)")
-    opt.add_argument(
-        "--target",
-        choices=("ort", "onnx"),
-        default="ort",
-        help="ort: ONNX Runtime contrib ops allowed; onnx: standard ops only",
-    )
-    opt.add_argument(
-        "--external-data",
-        choices=("auto", "always", "never"),
-        default="auto",
-        help="auto: external data only when the model is over 2 GB",
-    )
-    opt.add_argument(
-        "--verify", action="store_true", help="compare outputs of input and output in ONNX Runtime"
-    )
-    opt.add_argument(
-        "--providers",
-        metavar="LIST",
-        help="with --verify: comma-separated execution providers (cpu, cuda, ...); several "
-        "compare across providers too",
-    )
-    opt.add_argument("--report", help="write a JSON report here")
-    opt.add_argument(
-        "--explain",
-        metavar="RULE",
-        help="explain, per candidate node, why RULE did or did not apply ('*': all)",
-    )
-    opt.add_argument(
-        "--option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a setting for the passes, e.g. --option opset=18 for convert_version "
-        "(repeatable; integers are parsed as integers)",
-    )
-    opt.add_argument(
-        "--kv-cache",
-        choices=("standard", "inplace"),
-        help="turn a decoder exported without a KV cache into one with a cache (preset llm): "
-        "standard = growing past/present; inplace = one max-length buffer per layer shared by "
-        "past and present (target ort); writes genai_config.json next to the output",
-    )
-    opt.set_defaults(func=_cmd_optimize)
+    add_optimize_parser(sub)
 
     chk = sub.add_parser(
         "check",
@@ -377,16 +217,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Runs the command line. Exit status: 0 success, 1 a failed check or verification, 2 bad
+    input (one line ``error: ...`` on stderr, never a traceback), 130 interrupted."""
     try:
+        args = build_parser().parse_args(argv)
         return int(args.func(args))
-    except fastopt.ModelError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    except (fastopt.ModelError, OSError, KeyError, ValueError) as e:
+        # KeyError is a bad name (fastopt's own say which); ValueError a bad argument value.
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        print(f"error: {_one_line(str(msg))}", file=sys.stderr)
         return 2
-    except (OSError, KeyError, ValueError) as e:
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"error: {msg}", file=sys.stderr)
-        return 2
+
+
+def _one_line(text: str) -> str:
+    """`text` with its line breaks folded: a table in a message stays readable on one line."""
+    return " ".join(text.split()) or "unknown error"
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import tempfile
 from typing import Any
 
 from fastopt import _C
+from fastopt.errors import UnsupportedModelError
 
 GENAI_CONFIG = "genai_config.json"
 PAST_KEY = "past_key_values.%d.key"
@@ -34,7 +35,7 @@ _HEADS_ATTR = {
 }
 
 
-class GenaiConfigError(ValueError):
+class GenaiConfigError(UnsupportedModelError):
     """The graph lacks what onnxruntime-genai needs (names the missing piece)."""
 
 

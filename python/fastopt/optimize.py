@@ -10,7 +10,9 @@ from typing import Any, Literal, Union
 
 from fastopt import _C
 from fastopt._io import load
+from fastopt.errors import OptionError, UnsupportedModelError, entry_point
 from fastopt.genai_config import GENAI_CONFIG, genai_config, write_genai_config
+from fastopt.options import check_options
 from fastopt.registry import PassContext, Target, default_opset, get_pass, preset
 
 ModelOrPath = Union[_C.Model, str, "os.PathLike[str]"]
@@ -42,6 +44,7 @@ class OptimizeReport:
     seconds: float
     target: str
     output: str | None = None
+    preset: str | None = None  # the preset that ran; None when `passes` was given
     explain: list[str] = field(default_factory=list)
     # The optimized model (not part of to_dict()).
     model: _C.Model | None = field(default=None, repr=False, compare=False)
@@ -65,9 +68,13 @@ class OptimizeReport:
         }
 
 
+DEFAULT_PRESET = "default"
+
+
+@entry_point("optimize")
 def optimize(
     model_or_path: ModelOrPath,
-    preset: str = "default",
+    preset: str = DEFAULT_PRESET,
     passes: Sequence[str] | None = None,
     target: Target = "ort",
     output: str | os.PathLike[str] | None = None,
@@ -82,11 +89,17 @@ def optimize(
     """Optimizes a model and reports, per pass, the rewrites made and the time taken.
 
     ``model_or_path``: a path (loaded here; the file is never modified) or a Model (optimized in
-    place). ``passes`` overrides the preset. ``target`` is "ort" (ONNX Runtime, contrib ops
+    place). ``preset`` (default "default": the LLM fusions, and the classic CNN fusions where
+    they match; see ``fastopt.PRESETS``) names the passes to run; ``passes`` overrides it.
+    ``target`` is "ort" (ONNX Runtime, contrib ops
     allowed) or "onnx" (standard ops only). ``output`` saves the result (atomically; external
     data as in ``Model.save``). ``explain`` names a rule ("*" for all) whose non-matches are
     explained in ``report.explain``. ``options`` are settings for the passes (``ctx.options``),
-    e.g. ``{"opset": 18}`` for convert_version or ``{"fold_max_bytes": 1 << 16}``.
+    e.g. ``{"opset": 18}`` for convert_version or ``{"fold_max_bytes": 1 << 16}``, checked
+    against their declarations (``fastopt.OPTIONS``).
+    Unknown pass, preset or option names and bad option values raise
+    :class:`fastopt.OptionError` before anything runs; a model onnx / protobuf / ONNX Runtime
+    refuses raises :class:`fastopt.RejectedModelError` (see :mod:`fastopt.errors`).
     ``kv_cache`` ("standard" or "inplace") turns a decoder exported without a KV cache into one
     with a cache: the pass ``add_kv_cache`` runs right after ``fuse_attention`` (preset "llm"),
     with ``ctx.options["kv_cache"]`` = 1 (standard: growing cache, Concat) or 2 (inplace: one
@@ -94,14 +107,17 @@ def optimize(
     ``output``, a ``genai_config.json`` for onnxruntime-genai is written next to it.
     """
     if target not in ("ort", "onnx"):
-        raise ValueError(f"target must be 'ort' or 'onnx', not {target!r}")
+        raise OptionError(f"target must be 'ort' or 'onnx', not {target!r}")
     start = time.perf_counter()
-    model = model_or_path if isinstance(model_or_path, _C.Model) else load(model_or_path)
+    # Names and options first: a misspelling fails before any work, not after some passes ran.
     names = list(passes) if passes is not None else _preset_passes(preset)
-    pass_options = dict(options or {})
+    for name in names:
+        get_pass(name)
+    pass_options: dict[str, object] = dict(check_options(options or {}))
     if kv_cache is not None:
         names = _with_kv_cache(names, kv_cache, target)
         pass_options["kv_cache"] = _KV_CACHE_MODES[kv_cache]
+    model = model_or_path if isinstance(model_or_path, _C.Model) else load(model_or_path)
     ops_before = model.op_counts()
     ctx = PassContext(
         model=model,
@@ -134,7 +150,9 @@ def optimize(
     ):
         # A safety net: add_kv_cache should refuse with its own reason; never hand back (or
         # write) a "cached" model without a cache.
-        raise ValueError(f"kv_cache: {KV_CACHE_PASS} added no KV cache (no present.0.key output)")
+        raise UnsupportedModelError(
+            f"kv_cache: {KV_CACHE_PASS} added no KV cache (no present.0.key output)"
+        )
     if kv_cache == "inplace":
         _check_inplace(model)
     ops_after = model.op_counts()
@@ -157,6 +175,7 @@ def optimize(
         seconds=time.perf_counter() - start,
         target=target,
         output=out_path,
+        preset=None if passes is not None else preset,
         explain=list(ctx.explain_lines),
         model=model,
     )
@@ -181,14 +200,14 @@ def _with_kv_cache(names: list[str], kv_cache: str, target: str) -> list[str]:
     """The pass list with add_kv_cache inserted right after fuse_attention: the rewrite edits
     the internal Attention ops, before lower_attention turns them into target ops."""
     if kv_cache not in _KV_CACHE_MODES:
-        raise ValueError(f"kv_cache must be 'standard', 'inplace' or None, not {kv_cache!r}")
+        raise OptionError(f"kv_cache must be 'standard', 'inplace' or None, not {kv_cache!r}")
     if kv_cache == "inplace" and target != "ort":
-        raise ValueError(
+        raise OptionError(
             "kv_cache='inplace' needs target 'ort' (GroupQueryAttention shares one buffer as "
             "past and present; no standard op does)"
         )
     if "fuse_attention" not in names:
-        raise ValueError(
+        raise OptionError(
             "kv_cache needs the pass fuse_attention in the pass list (use preset 'llm'): the "
             "cache is added to the fused attention ops"
         )
@@ -206,7 +225,7 @@ def _check_inplace(model: _C.Model) -> None:
         producer = v.producer
         op = producer.op_type if producer is not None else "a graph input"
         if op != "GroupQueryAttention":
-            raise ValueError(
+            raise UnsupportedModelError(
                 f"kv_cache='inplace': {v.name} is produced by {op}, not GroupQueryAttention: "
                 "this model's attention was not lowered to the in-place form (use "
                 "kv_cache='standard')"

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from fastopt import _C
+from fastopt.options import unknown_name
 
 Target = Literal["ort", "onnx"]
 
@@ -163,48 +164,45 @@ def all_passes() -> list[PassSpec]:
 
 
 def get_pass(name: str) -> PassSpec:
-    for p in all_passes():
+    """The pass named `name`; :class:`fastopt.UnknownNameError` (a KeyError) listing the known
+    ones otherwise."""
+    passes = all_passes()
+    for p in passes:
         if p.name == name:
             return p
-    known = ", ".join(sorted(p.name for p in all_passes()))
-    raise KeyError(f"no pass named '{name}' (known: {known})")
+    raise unknown_name("pass", name, [p.name for p in passes])
 
 
 # Presets: ordered pass lists (data, not code). Every name must be a registered pass.
-# "default": value types first (shape folding needs them), then folding (shapes, then constants,
+# Cleanup: value types first (shape folding needs them), then folding (shapes, then constants,
 # natively and then through ONNX Runtime), then cleanup of what folding left dead.
-PRESETS: dict[str, list[str]] = {
-    "default": [
-        "infer_shapes",
-        "fold_shapes",
-        "fold_constants",
-        "fold_constants_ort",
-        "eliminate_identity",
-        "eliminate_cast",
-        "eliminate_noop",
-        "fold_transposes",
-        "fold_reshapes",
-        "eliminate_noop",  # again: a folded chain can leave a no-op Reshape or Transpose
-        "eliminate_neutral_arithmetic",
-        "eliminate_common_subexpressions",
-        "eliminate_unused_function_inputs",
-        "eliminate_dead_nodes",
-        # Classic fusions, after cleanup. fuse_conv_bn before fuse_conv_activation, so that
-        # Conv + BatchNormalization + Relu ends as one FusedConv.
-        "fuse_conv_bn",
-        "fuse_conv_activation",
-        "fuse_matmul_add",
-        "eliminate_dead_nodes",  # weights the fusions replaced
-    ],
-}
-# Cleanup, then the LLM fusions. Order matters: norms and activations first (they do not depend
-# on one another); rotary before attention (the attention lowering reads Q and K through the
-# RotaryEmbedding op on the 3-D projection); the skip norms after the attention lowering (the
+_CLEANUP = [
+    "infer_shapes",
+    "fold_shapes",
+    "fold_constants",
+    "fold_constants_ort",
+    "eliminate_identity",
+    "eliminate_cast",
+    "eliminate_noop",
+    "fold_transposes",
+    "fold_reshapes",
+    "eliminate_noop",  # again: a folded chain can leave a no-op Reshape or Transpose
+    "eliminate_neutral_arithmetic",
+    "eliminate_common_subexpressions",
+    "eliminate_unused_function_inputs",
+    "eliminate_dead_nodes",
+]
+# Classic fusions, after cleanup. fuse_conv_bn before fuse_conv_activation, so that
+# Conv + BatchNormalization + Relu ends as one FusedConv.
+_CONV = ["fuse_conv_bn", "fuse_conv_activation"]
+_MATMUL_ADD = ["fuse_matmul_add", "eliminate_dead_nodes"]  # the weights the fusions replaced
+# The LLM fusions, after cleanup. Order matters: norms and activations first (they do not
+# depend on one another); rotary before attention (the attention lowering reads Q and K through
+# the RotaryEmbedding op on the 3-D projection); the skip norms after the attention lowering (the
 # residual Adds read the attention's merged output); packing last (it packs the projections a
 # GroupQueryAttention reads). Target onnx converts to opset 23 before the fusions
 # (RMSNormalization, RotaryEmbedding, Attention).
-PRESETS["llm"] = [
-    *[p for p in PRESETS["default"] if p not in ("fuse_conv_bn", "fuse_conv_activation")],
+_LLM = [
     "target_opset",  # after cleanup: the version converter's time grows with the node count
     "fuse_layer_norm",
     "fuse_rms_norm",
@@ -223,10 +221,27 @@ PRESETS["llm"] = [
     "eliminate_common_subexpressions",
     "eliminate_dead_nodes",
 ]
+PRESETS: dict[str, list[str]] = {
+    # What `fastopt optimize` runs without --preset: the LLM fusions, and the classic CNN fusions
+    # where they match (a decoder has no Conv; a CNN has no attention: each costs the other a
+    # few milliseconds of matching).
+    "default": [*_CLEANUP, *_CONV, *_MATMUL_ADD, *_LLM],
+    "llm": [*_CLEANUP, *_MATMUL_ADD, *_LLM],
+    "classic": [*_CLEANUP, *_CONV, *_MATMUL_ADD],  # cleanup + Conv/BN/activation, MatMul+Add
+    "cleanup": list(_CLEANUP),
+}
+# One line each, for `fastopt passes` and the optimize summary.
+PRESET_DESCRIPTIONS: dict[str, str] = {
+    "default": "cleanup, LLM fusions and the classic fusions (Conv+BN, Conv+activation, "
+    "MatMul+Add)",
+    "llm": "cleanup, MatMul+Add and the LLM fusions (norms, activations, rotary, attention)",
+    "classic": "cleanup and the classic fusions (Conv+BN, Conv+activation, MatMul+Add)",
+    "cleanup": "shape inference, constant and shape folding, cleanup; no fusions",
+}
 
 
 def preset(name: str) -> list[str]:
     try:
         return list(PRESETS[name])
     except KeyError:
-        raise KeyError(f"no preset named '{name}' (known: {', '.join(PRESETS)})") from None
+        raise unknown_name("preset", name, list(PRESETS)) from None

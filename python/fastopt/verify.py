@@ -76,6 +76,7 @@ from fastopt.check import (
     ort_session,
     summarize_error,
 )
+from fastopt.errors import UnsupportedModelError, entry_point
 from fastopt.providers import Placement, is_accelerator, labels, provider_name, read_profile
 
 Tolerance = Union[float, Mapping[str, float], None]
@@ -120,6 +121,16 @@ class VerifyError(_C.ModelError):
     def __init__(self, message: str, report: VerifyReport) -> None:
         super().__init__(message)
         self.report = report
+
+
+class InputRejectedError(VerifyError):
+    """ONNX Runtime cannot load or run the original model (on the inputs made for it): bad
+    input, not a mismatch (the CLI exits 2)."""
+
+
+class OutputRejectedError(VerifyError):
+    """ONNX Runtime loads and runs the original but not the model fastopt produced: a fastopt
+    bug, reported as a failed verification (the CLI exits 1). Please report it."""
 
 
 @dataclass
@@ -396,7 +407,9 @@ class _Dims:
 
     def shape(self, v: _C.Value) -> list[int]:
         if v.shape is None:
-            raise ValueError(f"input '{v.name}' has no shape in the model; pass it in `inputs`")
+            raise UnsupportedModelError(
+                f"input '{v.name}' has no shape in the model; pass it in `inputs`"
+            )
         return [
             d if isinstance(d, int) else UNKNOWN_DIM if d is None else self.value(d)
             for d in v.shape
@@ -501,7 +514,9 @@ def _synthesize(
     out: dict[str, np.ndarray] = {}
     for v in inputs:
         if v.dtype == 0:
-            raise ValueError(f"input '{v.name}' is not a tensor of known type; pass it in `inputs`")
+            raise UnsupportedModelError(
+                f"input '{v.name}' is not a tensor of known type; pass it in `inputs`"
+            )
         shape = sized.shape(v)
         out[v.name] = _one_input(v, shape, sized, rng, graph)
     return out
@@ -548,6 +563,7 @@ def _one_input(
     return _cast(rng.standard_normal(shape), v.dtype)
 
 
+@entry_point("make_inputs")
 def make_inputs(
     model_or_path: ModelLike, dims: Mapping[str, int] | None = None, seed: int = 0
 ) -> dict[str, np.ndarray]:
@@ -815,10 +831,12 @@ def _verify(
                         f"ONNX Runtime could not run the {role} model{where}: "
                         f"{summarize_error(str(e))}"
                     )
+                    report.seconds["total"] = time.perf_counter() - start
                     if role == "original":
                         report.error += " (choose inputs with `inputs=` or `dims=`)"
-                    report.seconds["total"] = time.perf_counter() - start
-                    raise VerifyError(report.error, report) from e
+                        raise InputRejectedError(report.error, report) from e
+                    report.error += " (the original runs: a fastopt bug, please report it)"
+                    raise OutputRejectedError(report.error, report) from e
                 declared.setdefault(role, got[0])
                 results[role, label] = got[1]
                 seconds = time.perf_counter() - t
@@ -883,6 +901,7 @@ def _fill_comparisons(
         report.comparisons = []  # one provider: the classic report, nothing across providers
 
 
+@entry_point("verify")
 def verify(
     original: ModelLike,
     optimized: ModelLike,
@@ -911,6 +930,7 @@ def verify(
     return _verify(original, optimized, inputs, dims, rtol, atol, seed, providers)
 
 
+@entry_point("compare_providers")
 def compare_providers(
     model: ModelLike,
     providers: Sequence[Any],

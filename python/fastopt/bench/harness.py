@@ -13,6 +13,7 @@ from fastopt.bench.result import BenchResult
 from fastopt.bench.session import Runner, make_session, resolve_device
 from fastopt.bench.timing import Stats, interleaved
 from fastopt.check import ModelLike, onnxruntime
+from fastopt.errors import entry_point, foreign_errors
 from fastopt.verify import make_inputs
 
 RUNS = 20
@@ -50,14 +51,16 @@ def _prepare(model: ModelLike, warmup: int, options: dict[str, Any]) -> tuple[Ru
     cuda_before = cuda_memory_in_use(device_id) if device == "cuda" else None
     with PeakRssGrowth() as rss:
         runner = Runner(model, **options)
-        for _ in range(warmup):
-            runner.step()
+        with foreign_errors(f"ONNX Runtime run of {runner.label}"):
+            for _ in range(warmup):
+                runner.step()
     if runner.device == "cuda":
         after = cuda_memory_in_use(device_id)
         return runner, None if after is None else after - (cuda_before or 0)
     return runner, rss.bytes
 
 
+@entry_point("bench")
 def compare(
     models: Sequence[ModelLike],
     *,
@@ -136,6 +139,7 @@ def result_of(
     )
 
 
+@entry_point("bench")
 def run(
     model: ModelLike,
     *,
@@ -179,6 +183,7 @@ def run(
     )[0]
 
 
+@entry_point("bench")
 def sweep(
     models: Sequence[ModelLike], seqs: Sequence[int], **options: Any
 ) -> list[list[BenchResult]]:

@@ -29,6 +29,9 @@ from typing import Any, Union
 
 import numpy as np
 
+from fastopt.bench.cache_dims import cache_geometry
+from fastopt.errors import UnsupportedModelError
+from fastopt.genai_config import GENAI_CONFIG
 from fastopt.verify import make_inputs
 
 PHASES = ("prefill", "decode")
@@ -149,7 +152,9 @@ def make_workload(
         raise ValueError(f"batch and seq must be positive (got batch={batch}, seq={seq})")
     kind = detect_kind(inputs, outputs)
     if phase == "decode" and kind in ("encoder", "other"):
-        raise ValueError(f"phase 'decode' needs a decoder (input_ids -> logits); this is {kind}")
+        raise UnsupportedModelError(
+            f"phase 'decode' needs a decoder (input_ids -> logits); this is {kind}"
+        )
     by_name = {i.name: i for i in inputs}
     decode = phase == "decode"
     cached = kind in ("decoder_cache", "decoder_inplace")
@@ -172,6 +177,7 @@ def make_workload(
         for name in pairs:
             shape = by_name[name].shape
             _bind(dims, shape[0], batch)
+        _bind_cache_geometry(model, [by_name[n] for n in pairs], dims)
         if kind == "decoder_inplace":
             length = max_length if max_length is not None else total
             if length < total:
@@ -194,6 +200,26 @@ def make_workload(
     return Workload(kind, phase, batch, seq, feeds, tokens, shared, dims, note)
 
 
+def _bind_cache_geometry(model: Any, pasts: Sequence[Port], dims: dict[str, int]) -> None:
+    """Values for past inputs' kv-heads and head-size dims when they are symbolic (the
+    onnxruntime-genai builder's ``kv_cache_dim``); see :mod:`fastopt.bench.cache_dims`."""
+    symbolic = [p for p in pasts if any(isinstance(p.shape[i], str) for i in (1, 3))]
+    if not symbolic:
+        return
+    geometry = cache_geometry(model)
+    if geometry is None:
+        dim_names = sorted({str(d) for p in symbolic for d in (p.shape[1], p.shape[3])})
+        raise UnsupportedModelError(
+            f"{symbolic[0].name} has symbolic kv-heads / head-size dims ({', '.join(dim_names)}) "
+            f"and neither a {GENAI_CONFIG} next to the model nor a GroupQueryAttention in it "
+            "gives their sizes"
+        )
+    kv_heads, head_size = geometry
+    for p in symbolic:
+        _bind(dims, p.shape[1], kv_heads)
+        _bind(dims, p.shape[3], head_size)
+
+
 def _fix_llm_inputs(
     feeds: dict[str, np.ndarray], batch: int, new: int, past: int, total: int
 ) -> None:
@@ -201,7 +227,7 @@ def _fix_llm_inputs(
     the mask and positions of a step after `past` tokens."""
     ids = feeds["input_ids"]
     if ids.shape != (batch, new):
-        raise ValueError(
+        raise UnsupportedModelError(
             f"input_ids would be {list(ids.shape)}, not [{batch}, {new}]: the model fixes "
             "its batch or sequence size"
         )

@@ -21,6 +21,7 @@ import numpy as np
 
 from fastopt.bench.inputs import Port, Workload, make_workload, resolve_shape
 from fastopt.check import ModelLike, onnxruntime, open_source
+from fastopt.errors import foreign_errors
 
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
@@ -129,7 +130,8 @@ def make_session(
             options["enable_cuda_graph"] = "1"
         # CPU after CUDA places the nodes CUDA has no kernel for, as ORT does by default
         providers = [(CUDA, options), CPU]
-    session = ort.InferenceSession(source, so, providers=providers)
+    with foreign_errors("ONNX Runtime session creation"):
+        session = ort.InferenceSession(source, so, providers=providers)
     if device == "cuda" and CUDA not in session.get_providers():
         # ORT drops a provider that fails to load (missing CUDA/cuDNN libraries) with a warning
         raise ProviderUnavailableError(

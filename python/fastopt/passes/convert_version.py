@@ -8,6 +8,7 @@ copying them. The target is ``options["opset"]``; without it the pass does nothi
 from __future__ import annotations
 
 from fastopt import _C
+from fastopt.errors import OptionError, foreign_errors
 from fastopt.registry import PassContext, default_opset, register_pass
 
 
@@ -21,7 +22,7 @@ def convert_version(ctx: PassContext) -> int:
     if target is None:
         return 0
     if not isinstance(target, int) or isinstance(target, bool) or target < 1:
-        raise ValueError(f"options['opset'] must be an opset number, not {target!r}")
+        raise OptionError(f"options['opset'] must be an opset number, not {target!r}")
     if default_opset(ctx.model) == target:
         return 0
     return _convert(ctx, target)
@@ -31,12 +32,13 @@ def _convert(ctx: PassContext, target: int) -> int:
     # Imported here: `import fastopt` (the CLI, the pytest plugin) should not pay for onnx.
     import onnx.version_converter
 
-    proto = onnx.ModelProto.FromString(ctx.model.skeleton())
-    try:
-        converted = onnx.version_converter.convert_version(proto, target)
-    except Exception as e:  # the converter raises RuntimeError/ValueError/ConvertError
-        raise _C.ModelError(f"cannot convert the model to opset {target}: {e}") from e
-    ctx.model = _C.load_skeleton(converted.SerializeToString(), ctx.model)
+    skeleton = ctx.model.skeleton()
+    # The converter raises RuntimeError / ValueError / ConvertError; protobuf a DecodeError for a
+    # model past its nesting limit.
+    with foreign_errors(f"version conversion to opset {target} (onnx)"):
+        proto = onnx.ModelProto.FromString(skeleton)
+        converted = onnx.version_converter.convert_version(proto, target).SerializeToString()
+    ctx.model = _C.load_skeleton(converted, ctx.model)
     ctx.counters["converted"] = ctx.counters.get("converted", 0) + 1
     return 1
 

@@ -1,0 +1,247 @@
+"""``fastopt optimize``: the subcommand's arguments, its run and its summary."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+import fastopt
+from fastopt.cli_output import console, print_table
+from fastopt.optimize import DEFAULT_PRESET, OptimizeReport
+from fastopt.options import check_options
+from fastopt.registry import PRESET_DESCRIPTIONS, get_pass, preset
+from fastopt.summary import human_bytes
+
+# Ops whose appearance means a fusion happened: the summary names them.
+_FUSED_DOMAINS = ("com.microsoft",)
+
+
+def add_parser(sub: Any) -> None:
+    opt = sub.add_parser("optimize", help="optimize a model (the input is never modified)")
+    opt.add_argument("model", help="input .onnx file")
+    opt.add_argument("-o", "--output", help="output .onnx file")
+    opt.add_argument(
+        "--preset",
+        default=DEFAULT_PRESET,
+        help=f"pass list to run (default: {DEFAULT_PRESET}: {PRESET_DESCRIPTIONS[DEFAULT_PRESET]})",
+    )
+    opt.add_argument("--passes", help="comma-separated pass names (overrides --preset)")
+    opt.add_argument(
+        "--target",
+        choices=("ort", "onnx"),
+        default="ort",
+        help="ort: ONNX Runtime contrib ops allowed; onnx: standard ops only",
+    )
+    opt.add_argument(
+        "--external-data",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="auto: external data only when the model is over 2 GB",
+    )
+    opt.add_argument(
+        "--verify", action="store_true", help="compare outputs of input and output in ONNX Runtime"
+    )
+    opt.add_argument(
+        "--providers",
+        metavar="LIST",
+        help="with --verify: comma-separated execution providers (cpu, cuda, ...); several "
+        "compare across providers too",
+    )
+    opt.add_argument("--report", help="write a JSON report here")
+    opt.add_argument(
+        "--explain",
+        metavar="RULE",
+        help="explain, per candidate node, why RULE did or did not apply ('*': all)",
+    )
+    opt.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting for the passes, e.g. --option opset=18 for convert_version "
+        "(repeatable; `fastopt passes` lists them)",
+    )
+    opt.add_argument(
+        "--kv-cache",
+        choices=("standard", "inplace"),
+        help="turn a decoder exported without a KV cache into one with a cache (preset llm): "
+        "standard = growing past/present; inplace = one max-length buffer per layer shared by "
+        "past and present (target ort); writes genai_config.json next to the output",
+    )
+    opt.set_defaults(func=run_command)
+
+
+def parse_options(items: list[str]) -> dict[str, object]:
+    """``KEY=VALUE`` items, checked against the declared options (values stay text until then)."""
+    options: dict[str, object] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise fastopt.OptionError(f"--option takes KEY=VALUE, not {item!r}")
+        options[key] = value
+    return dict(check_options(options))
+
+
+def parse_providers(text: str | None) -> list[str] | None:
+    """``cpu,cuda`` -> ["cpu", "cuda"]; None when not given."""
+    if not text:
+        return None
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    if not names:
+        raise ValueError(f"--providers takes comma-separated names, not {text!r}")
+    return names
+
+
+def run_command(args: argparse.Namespace) -> int:
+    if args.output and os.path.abspath(args.output) == os.path.abspath(args.model):
+        raise fastopt.ModelError(
+            "the output path must differ from the input (it is never modified)"
+        )
+    if args.verify and not args.output:
+        raise fastopt.ModelError("--verify needs -o/--output")
+    # Every name and value before any work: a typo costs nothing.
+    passes = [p for p in args.passes.split(",") if p] if args.passes else None
+    for name in passes if passes is not None else preset(args.preset):
+        get_pass(name)
+    options = parse_options(args.option)
+    providers = parse_providers(args.providers)
+    external = {"auto": None, "always": True, "never": False}[args.external_data]
+    err = console(stderr=True)
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    ) as progress:
+        task = progress.add_task("optimizing", total=None)
+
+        def on_pass(i: int, n: int, name: str) -> None:
+            progress.update(task, total=n, completed=i, description=name or "saving")
+
+        report = fastopt.optimize(
+            args.model,
+            preset=args.preset,
+            passes=passes,
+            target=args.target,
+            output=args.output,
+            external_data=external,
+            explain=args.explain,
+            progress=on_pass,
+            options=options,
+            kv_cache=args.kv_cache,
+        )
+    out = console()
+    if args.explain:
+        for line in report.explain:
+            out.print(escape(line))
+    print_summary(report, out, args.model)
+    result: dict[str, object] = {"optimize": report.to_dict()}
+    code = 0
+    if args.verify:
+        from fastopt.verify import InputRejectedError, VerifyError, verify
+        from fastopt.verify_generation import verify_generation
+
+        try:
+            vreport: Any
+            if args.kv_cache:
+                # The cached model takes past inputs the original lacks: compare generations.
+                vreport = verify_generation(args.model, args.output)
+            else:
+                vreport = verify(args.model, args.output, providers=providers)
+            out.print(escape(str(vreport)))
+            result["verify"] = vreport.to_dict()
+        except InputRejectedError:
+            raise  # the input does not run: bad input, exit 2
+        except VerifyError as e:
+            out.print(f"[red]verification failed[/red]: {escape(str(e))}")
+            result["verify"] = {"error": str(e)}
+            code = 1
+    if args.report:
+        with open(args.report, "w") as f:
+            json.dump(result, f, indent=2, default=str)
+    return code
+
+
+def fused_ops(report: OptimizeReport) -> dict[str, int]:
+    """Ops the run added (count after > before) that fuse a subgraph: contrib ops and the
+    standard fused ops (attention, norms, rotary, Gelu...)."""
+    standard = {
+        "Attention",
+        "RMSNormalization",
+        "LayerNormalization",
+        "RotaryEmbedding",
+        "Gelu",
+        "Gemm",
+        "FusedConv",
+        "SimplifiedLayerNormalization",
+    }
+    gained = {}
+    for op, (before, after) in report.op_delta().items():
+        domain, _, name = op.rpartition("::")
+        if after > before and (domain in _FUSED_DOMAINS or name in standard):
+            gained[name] = after - before
+    return gained
+
+
+def print_summary(report: OptimizeReport, out: Console, input_path: str) -> None:
+    passes = Table(title="passes", show_edge=False)
+    for col, justify in (
+        ("pass", "left"),
+        ("rewrites", "right"),
+        ("ms", "right"),
+        ("nodes after", "right"),
+        ("details", "left"),
+    ):
+        passes.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for p in report.passes:
+        details = (p.skipped and f"skipped: {p.skipped}") or ", ".join(
+            f"{k} {v}" for k, v in sorted(p.counters.items())
+        )
+        passes.add_row(
+            escape(p.name),
+            str(p.rewrites),
+            f"{p.seconds * 1e3:.1f}",
+            str(p.nodes_after),
+            escape(details),
+        )
+    print_table(out, passes)
+
+    ops = Table(title="operators (changed)", show_edge=False)
+    for col in ("op", "before", "after"):
+        ops.add_column(col, justify="left" if col == "op" else "right")
+    for op, (before, after) in report.op_delta().items():
+        ops.add_row(escape(op), str(before), str(after))
+    ops.add_row("all nodes", str(report.nodes_before), str(report.nodes_after))
+    print_table(out, ops)
+    ran = f"preset {report.preset}" if report.preset else f"{len(report.passes)} passes"
+    size = ""
+    if report.output:
+        size = f"; wrote {report.output} ({human_bytes(_files_size(report.output))})"
+    fused = fused_ops(report)
+    gained = ", ".join(f"{n} {op}" for op, n in sorted(fused.items())) or "no fused ops"
+    out.print(
+        f"{input_path}: {ran}, target {report.target}: {report.nodes_before} -> "
+        f"{report.nodes_after} nodes ({gained}) in {report.seconds:.2f} s{size}",
+        markup=False,
+        highlight=False,
+    )
+
+
+def _files_size(model_path: str) -> int:
+    total = os.path.getsize(model_path)
+    folder = os.path.dirname(os.path.abspath(model_path))
+    base = os.path.basename(model_path) + ".data"
+    for name in os.listdir(folder):
+        if name == base or name.startswith(base + "."):
+            total += os.path.getsize(os.path.join(folder, name))
+    return total

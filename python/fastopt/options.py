@@ -1,0 +1,239 @@
+"""Pass options: every setting a pass reads from ``ctx.options`` is declared here, once.
+
+``fastopt.optimize(options=...)`` and ``fastopt optimize --option KEY=VALUE`` check each key and
+value against these declarations before any pass runs: a misspelled key or a value out of range
+is an :class:`fastopt.OptionError` (CLI: exit 2) that lists what is known, never a setting the
+passes silently ignore. C++ passes see the integer values (``PassContext::options``); Python
+passes see the checked values.
+
+A pass that reads a new option declares it with one call, next to the pass::
+
+    fastopt.register_option(
+        "quant_block_size", "int", "rows per quantization block", passes=("quantize",),
+        default=32, minimum=16,
+    )
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal, Union
+
+from fastopt.errors import OptionError, UnknownNameError
+
+Kind = Literal["int", "bool"]
+OptionValue = Union[int, bool]
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One option: its name, kind ("int" or "bool"), what it does, the passes that read it, its
+    default (None: the pass's own behaviour when unset), and the values it takes: ``choices``
+    (with a meaning each) or a ``minimum`` / ``maximum`` range. ``internal`` options are set by
+    ``optimize`` itself (e.g. ``kv_cache`` from ``kv_cache=``)."""
+
+    name: str
+    kind: Kind
+    help: str
+    passes: tuple[str, ...]
+    default: OptionValue | None = None
+    choices: tuple[tuple[int, str], ...] = ()
+    minimum: int | None = None
+    maximum: int | None = None
+    internal: bool = False
+
+    def values_text(self) -> str:
+        """What the option takes, in words: "0 (off), 1 (non-causal) or 2 (also causal)"."""
+        if self.kind == "bool":
+            return "a boolean (0/1, true/false)"
+        if self.choices:
+            items = [f"{v} ({meaning})" if meaning else str(v) for v, meaning in self.choices]
+            return ", ".join(items[:-1]) + f" or {items[-1]}" if len(items) > 1 else items[0]
+        if self.minimum is not None and self.maximum is not None:
+            return f"an integer in [{self.minimum}, {self.maximum}]"
+        if self.minimum is not None:
+            return f"an integer >= {self.minimum}"
+        if self.maximum is not None:
+            return f"an integer <= {self.maximum}"
+        return "an integer"
+
+    def check(self, value: object) -> OptionValue:
+        """`value` as the passes read it; :class:`OptionError` when it is not one this option
+        takes. Strings (from the command line) are parsed."""
+        parsed = _parse(self.kind, value)
+        ok = parsed is not None
+        if ok and self.kind == "int":
+            assert parsed is not None
+            if self.choices and int(parsed) not in [v for v, _ in self.choices]:
+                ok = False
+            if self.minimum is not None and int(parsed) < self.minimum:
+                ok = False
+            if self.maximum is not None and int(parsed) > self.maximum:
+                ok = False
+        if not ok or parsed is None:
+            raise OptionError(f"{self.name} must be {self.values_text()}, not {value!r}")
+        return parsed
+
+
+def _parse(kind: Kind, value: object) -> OptionValue | None:
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if kind == "bool":
+            return True if text in _TRUE else False if text in _FALSE else None
+        try:
+            return int(text)
+        except ValueError:
+            return None
+    if kind == "bool":
+        if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+            return bool(value)
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None  # True is no opset number, 2.5 no byte count
+    return value
+
+
+OPTIONS: dict[str, OptionSpec] = {}
+
+
+def register_option(
+    name: str,
+    kind: Kind,
+    help: str,
+    *,
+    passes: Sequence[str],
+    default: OptionValue | None = None,
+    choices: Sequence[tuple[int, str]] = (),
+    minimum: int | None = None,
+    maximum: int | None = None,
+    internal: bool = False,
+) -> OptionSpec:
+    """Declares an option read by `passes` (see the module docstring); the name must be new."""
+    if name in OPTIONS:
+        raise ValueError(f"an option named '{name}' is already registered")
+    if kind not in ("int", "bool"):
+        raise ValueError(f"option kind must be 'int' or 'bool', not {kind!r}")
+    spec = OptionSpec(
+        name, kind, help, tuple(passes), default, tuple(choices), minimum, maximum, internal
+    )
+    OPTIONS[name] = spec
+    return spec
+
+
+def unregister_option(name: str) -> None:
+    OPTIONS.pop(name, None)
+
+
+def unknown_name(what: str, name: str, known: Sequence[str]) -> UnknownNameError:
+    """The error for a misspelled name: the closest known ones first, then all of them."""
+    close = difflib.get_close_matches(name, known, n=3)
+    hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+    return UnknownNameError(f"no {what} named '{name}'{hint}; known: {', '.join(sorted(known))}")
+
+
+def check_options(options: Mapping[str, object]) -> dict[str, OptionValue]:
+    """`options` checked against the declarations, values as the passes read them."""
+    out: dict[str, OptionValue] = {}
+    for key, value in options.items():
+        spec = OPTIONS.get(key)
+        if spec is None:
+            raise unknown_name(
+                "option", str(key), [n for n, s in OPTIONS.items() if not s.internal]
+            )
+        out[key] = spec.check(value)
+    return out
+
+
+# --- the built-in passes' options (grep for ctx.options / option(ctx, in csrc/passes and
+# python/fastopt/passes; tests/test_options.py checks that every name read is declared) -------
+
+register_option(
+    "opset",
+    "int",
+    "the opset convert_version converts the default domain to",
+    passes=("convert_version",),
+    minimum=1,
+)
+register_option(
+    "strict_shapes",
+    "bool",
+    "shape inference errors raise instead of leaving the node's outputs untyped",
+    passes=("infer_shapes",),
+    default=False,
+)
+register_option(
+    "data_prop",
+    "bool",
+    "shape inference propagates constant shape values (Shape -> Gather -> Concat -> Reshape)",
+    passes=("infer_shapes",),
+    default=True,
+)
+register_option(
+    "fold_max_bytes",
+    "int",
+    "largest constant (bytes) constant folding writes",
+    passes=("fold_constants", "fold_constants_ort"),
+    default=1 << 20,
+    minimum=0,
+)
+register_option(
+    "fold_max_expand_bytes",
+    "int",
+    "largest constant (bytes) a fold may write that is bigger than its inputs (Expand, Tile, ...)",
+    passes=("fold_constants", "fold_constants_ort"),
+    default=64 << 10,
+    minimum=0,
+)
+register_option(
+    "rotary_max_positions",
+    "int",
+    "rows of the cos/sin caches precomputed for on-the-fly RoPE (ORT rejects larger positions)",
+    passes=("fuse_rotary",),
+    default=4096,
+    minimum=1,
+)
+register_option(
+    "attention_lowering",
+    "int",
+    "lower fused attention to the target's attention ops, or keep standard ops",
+    passes=("lower_attention",),
+    default=1,
+    choices=((0, "keep standard ops"), (1, "lower")),
+)
+register_option(
+    "cuda",
+    "int",
+    "emit attention ops the CUDA provider runs (no fp32 GroupQueryAttention, no bias on GQA)",
+    passes=("lower_attention",),
+    default=0,
+    choices=((0, "any provider"), (1, "CUDA")),
+)
+register_option(
+    "packed_attention",
+    "int",
+    "target ort: self-attention whose Q/K/V project one input becomes com.microsoft Attention "
+    "with packed weights (default 1, 0 with cuda=1)",
+    passes=("lower_attention",),
+    choices=((0, "off"), (1, "non-causal only"), (2, "also causal")),
+)
+register_option(
+    "pack_matmuls",
+    "int",
+    "pack projections sharing an input into one MatMul",
+    passes=("pack_matmuls",),
+    default=0,
+    choices=((-1, "never"), (0, "Q/K/V of a GroupQueryAttention"), (1, "every group")),
+)
+register_option(
+    "kv_cache",
+    "int",
+    "the KV cache form add_kv_cache writes; set by optimize(kv_cache=...)",
+    passes=("add_kv_cache", "lower_attention"),
+    choices=((1, "standard"), (2, "inplace")),
+    internal=True,
+)

@@ -1,0 +1,148 @@
+"""``verify_generation``: does a decoder with a KV cache generate what the original generates?
+
+A cached model takes inputs the original does not (``past_key_values.*``), so output-by-output
+verification cannot compare them. This runs greedy decoding in ONNX Runtime (graph
+optimizations off) on both, batch 1, from the same prompt: the original recomputes the whole
+sequence each step; the cached model prefills the prompt on an empty cache (a zeroed
+max-length buffer for an in-place cache) and then takes one token per step, its presents fed
+back as the next pasts. The generated tokens must be equal and each step's logits within the
+dtype's tolerance (float32 1e-3, float16 2e-2: a cache changes the accumulation order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fastopt.bench.cache_dims import cache_geometry
+from fastopt.check import onnxruntime
+from fastopt.errors import UnsupportedModelError, entry_point, foreign_errors
+from fastopt.verify import InputRejectedError, OutputRejectedError, VerifyError, make_inputs
+
+_TOLERANCE = {"tensor(float)": 1e-3, "tensor(float16)": 2e-2, "tensor(double)": 1e-6}
+_NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}
+
+
+@dataclass
+class GenerationReport:
+    original: str
+    cached: str
+    prompt: list[int]
+    tokens_original: list[int] = field(default_factory=list)
+    tokens_cached: list[int] = field(default_factory=list)
+    max_abs_err: float = 0.0
+    atol: float = 0.0
+    inplace: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.tokens_original == self.tokens_cached and self.max_abs_err <= self.atol
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "ok": self.ok}
+
+    def __str__(self) -> str:
+        verdict = "passed" if self.ok else "FAILED"
+        form = "in-place" if self.inplace else "standard"
+        return (
+            f"verify {verdict}: greedy generation, {self.cached} ({form} KV cache) vs "
+            f"{self.original} (recompute)\n"
+            f"prompt {len(self.prompt)} tokens, {len(self.tokens_original)} generated; tokens "
+            f"{'equal' if self.tokens_original == self.tokens_cached else 'DIFFER'}: "
+            f"{self.tokens_cached}; logits max_abs {self.max_abs_err:.3g} (atol {self.atol:g})"
+        )
+
+
+def _session(path: str, role: str) -> Any:
+    ort = onnxruntime()
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    with foreign_errors(f"ONNX Runtime session of the {role} model"):
+        return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
+def _feed(sess: Any, ids: list[int], past_len: int) -> dict[str, np.ndarray]:
+    names = {i.name for i in sess.get_inputs()}
+    total = past_len + len(ids)
+    feed = {
+        "input_ids": np.array([ids], np.int64),
+        "attention_mask": np.ones((1, total), np.int64),
+        "position_ids": np.arange(past_len, total, dtype=np.int64)[None, :],
+    }
+    return {k: v for k, v in feed.items() if k in names}
+
+
+@entry_point("verify_generation")
+def verify_generation(
+    original: str, cached: str, *, steps: int = 8, prompt_length: int = 8, seed: int = 0
+) -> GenerationReport:
+    """Greedy generation of `steps` tokens from a `prompt_length`-token prompt, by `original`
+    (no cache) and `cached` (a standard or in-place KV cache); see the module docstring.
+    Returns the report when they agree; raises :class:`fastopt.VerifyError` (its ``report``
+    the GenerationReport) when they do not."""
+    ids_feed = make_inputs(original, {"batch_size": 1, "sequence_length": prompt_length}, seed)
+    prompt = [int(t) for t in ids_feed["input_ids"].reshape(-1)[:prompt_length]]
+    report = GenerationReport(str(original), str(cached), prompt)
+    ref_sess = _session(original, "original")
+    sess = _session(cached, "cached")
+    pasts = [i for i in sess.get_inputs() if i.name.startswith("past_key_values.")]
+    if not pasts:
+        raise UnsupportedModelError(f"{cached} has no past_key_values.* inputs")
+    outputs = [o.name for o in sess.get_outputs()]
+    logits_type = next(o.type for o in sess.get_outputs() if o.name == "logits")
+    report.atol = _TOLERANCE.get(logits_type, 1e-3)
+    geometry = cache_geometry(cached)
+    inplace = all(p.shape[2] == o.shape[2] for p, o in zip(pasts, _presents(sess, pasts)))
+    report.inplace = inplace
+    total = prompt_length + steps
+    cache: dict[str, np.ndarray] = {}
+    for p in pasts:
+        heads = p.shape[1] if isinstance(p.shape[1], int) else geometry and geometry[0]
+        size = p.shape[3] if isinstance(p.shape[3], int) else geometry and geometry[1]
+        if not heads or not size:
+            raise UnsupportedModelError(f"{p.name} {p.shape}: the kv heads / head size are unknown")
+        cache[p.name] = np.zeros((1, heads, total if inplace else 0, size), _NUMPY[p.type])
+
+    seq = list(prompt)
+    past_len = 0
+    step_ids = list(prompt)
+    for _ in range(steps):
+        try:
+            (ref,) = ref_sess.run(["logits"], _feed(ref_sess, seq, 0))
+        except Exception as e:
+            raise InputRejectedError(f"the original model does not run: {e}", report) from e  # type: ignore[arg-type]
+        try:
+            outs = sess.run(outputs, {**_feed(sess, step_ids, past_len), **cache})
+        except Exception as e:
+            raise OutputRejectedError(
+                f"the cached model does not run (the original does: a fastopt bug): {e}",
+                report,  # type: ignore[arg-type]
+            ) from e
+        got = dict(zip(outputs, outs))
+        want, have = ref[0, -1].astype(np.float64), got["logits"][0, -1].astype(np.float64)
+        report.max_abs_err = max(report.max_abs_err, float(np.max(np.abs(want - have))))
+        report.tokens_original.append(int(want.argmax()))
+        report.tokens_cached.append(int(have.argmax()))
+        for p in pasts:
+            cache[p.name] = got[_present(p.name)]
+        past_len += len(step_ids)
+        step_ids = [report.tokens_original[-1]]  # both continue from the reference token
+        seq.append(step_ids[0])
+    if not report.ok:
+        raise VerifyError(str(report), report)  # type: ignore[arg-type]
+    return report
+
+
+def _present(past: str) -> str:
+    return "present" + past[len("past_key_values") :]
+
+
+def _presents(sess: Any, pasts: list[Any]) -> list[Any]:
+    by_name = {o.name: o for o in sess.get_outputs()}
+    missing = [p.name for p in pasts if _present(p.name) not in by_name]
+    if missing:
+        raise UnsupportedModelError(f"no present output for {', '.join(missing)}")
+    return [by_name[_present(p.name)] for p in pasts]
