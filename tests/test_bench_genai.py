@@ -70,7 +70,8 @@ def test_the_builder_leaves_the_head_size_symbolic(genai_folder: Path) -> None:
 def test_bench_runs_with_genai_config(genai_folder: Path, phase: str) -> None:
     r = fastopt.bench.run(genai_folder / "model.onnx", phase=phase, seq=16, runs=2, warmup=1)
     assert r.kind == "decoder_cache"
-    assert r.inputs["past_key_values.0.key"] == f"float32[1, 2, {16 if phase == 'decode' else 0}, 16]"
+    past = 16 if phase == "decode" else 0
+    assert r.inputs["past_key_values.0.key"] == f"float32[1, 2, {past}, 16]"
 
 
 def test_bench_without_genai_config_reads_the_graph(genai_folder: Path, tmp_path: Path) -> None:

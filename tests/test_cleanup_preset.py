@@ -1,4 +1,6 @@
-"""The "default" preset end to end on real models: the onnx wheel's backend test models
+"""The "classic" preset (cleanup + the classic fusions: the "default" preset of earlier versions,
+which now adds the LLM fusions, tested in test_llm_preset.py and test_cli_errors.py) end to end on
+real models: the onnx wheel's backend test models
 (pytorch-converted, pytorch-operator, simple, light) that ONNX Runtime can run, and the exports
 of ../shared/corpus (skipped when absent).
 
@@ -47,7 +49,7 @@ def test_model_sets_found() -> None:
 
 
 @pytest.mark.parametrize("path", MODELS, ids=[model_id(p) for p in MODELS])
-def test_default_preset(path: Path, tmp_path: Path) -> None:
+def test_classic_preset(path: Path, tmp_path: Path) -> None:
     try:
         session = ort_session(path)
     except Exception as e:  # old opsets, training ops...
@@ -56,7 +58,7 @@ def test_default_preset(path: Path, tmp_path: Path) -> None:
     feeds = model_feeds(path, original)
     expected = session.run(None, feeds)
 
-    report = fastopt.optimize(str(path), preset="default")
+    report = fastopt.optimize(str(path), preset="classic")
     assert report.model is not None
     report.model.verify()
     assert report.nodes_after <= report.nodes_before
@@ -67,5 +69,5 @@ def test_default_preset(path: Path, tmp_path: Path) -> None:
     assert [o.name for o in saved.graph.output] == [o.name for o in original.graph.output]
     assert_close(expected, run_ort(out, feeds))
 
-    again = fastopt.optimize(report.model, preset="default")
+    again = fastopt.optimize(report.model, preset="classic")
     assert again.rewrites == 0, [(p.name, p.counters) for p in again.passes if p.rewrites]

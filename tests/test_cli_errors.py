@@ -89,7 +89,8 @@ def test_sigint_in_a_real_process_is_130(tmp_path: Path) -> None:
         "def slow(*a, **k):\n"
         "    os.kill(os.getpid(), signal.SIGINT)\n"
         "fastopt.optimize = slow\n"
-        f"sys.exit(fastopt.cli.main(['optimize', {str(LLAMA)!r}, '-o', {str(tmp_path / 'o.onnx')!r}]))\n"
+        f"args = ['optimize', {str(LLAMA)!r}, '-o', {str(tmp_path / 'o.onnx')!r}]\n"
+        "sys.exit(fastopt.cli.main(args))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert proc.returncode == 130, proc.stderr
@@ -102,13 +103,22 @@ def test_sigint_in_a_real_process_is_130(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "pattern"),
     [
-        (["--option", "fold_max_byte=5"], r"no option named 'fold_max_byte' \(did you mean 'fold_max_bytes'"),
+        (
+            ["--option", "fold_max_byte=5"],
+            r"no option named 'fold_max_byte' \(did you mean 'fold_max_bytes'",
+        ),
         (["--option", "packed_attention=5"], r"packed_attention must be 0 \(off\), 1 .* or 2"),
         (["--option", "rotary_max_positions=-3"], r"rotary_max_positions must be an integer >= 1"),
         (["--option", "strict_shapes=maybe"], r"strict_shapes must be a boolean"),
         (["--option", "opset"], r"--option takes KEY=VALUE"),
-        (["--passes", "eliminate_identiy"], r"no pass named 'eliminate_identiy' \(did you mean 'eliminate_identity'"),
-        (["--preset", "lm"], r"no preset named 'lm' \(did you mean 'llm'.*known: classic, cleanup, default, llm"),
+        (
+            ["--passes", "eliminate_identiy"],
+            r"no pass named 'eliminate_identiy' \(did you mean 'eliminate_identity'",
+        ),
+        (
+            ["--preset", "lm"],
+            r"no preset named 'lm' \(did you mean 'llm'.*known: classic, cleanup, default, llm",
+        ),
     ],
 )
 def test_misspellings_are_errors_listing_the_known(
@@ -231,7 +241,8 @@ def test_default_preset_still_fuses_conv_bn_relu(tmp_path: Path) -> None:
     c = 4
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 8, 8])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, 8, 8])
-    w = helper.make_tensor("w", TensorProto.FLOAT, [c, c, 3, 3], [0.01 * i for i in range(c * c * 9)])
+    weights = [0.01 * i for i in range(c * c * 9)]
+    w = helper.make_tensor("w", TensorProto.FLOAT, [c, c, 3, 3], weights)
     bn = [
         helper.make_tensor(n, TensorProto.FLOAT, [c], v)
         for n, v in (("s", [1.5] * c), ("b", [0.1] * c), ("m", [0.2] * c), ("v", [0.9] * c))

@@ -32,12 +32,14 @@ def test_fixture_set_is_complete() -> None:
 
 
 @pytest.mark.parametrize("path", FIXTURES, ids=[p.parent.name for p in FIXTURES])
-def test_fixture_roundtrip_and_default_preset(path: Path, tmp_path: Path) -> None:
+def test_fixture_roundtrip_and_classic_preset(path: Path, tmp_path: Path) -> None:
     same = tmp_path / "same.onnx"
     fastopt.load(path).save(same)
     assert onnx.load(str(same)) == onnx.load(str(path))
     out = tmp_path / "opt.onnx"
-    report = fastopt.optimize(path, preset="default", output=out)
+    # classic: standard ops only, so onnx.checker holds (the default preset's LLM fusions write
+    # ORT contrib ops; test_llm_preset.py covers them)
+    report = fastopt.optimize(path, preset="classic", output=out)
     assert report.nodes_after < report.nodes_before
     onnx.checker.check_model(str(out), full_check=True)
     fastopt.verify(path, out)  # dtype-aware tolerances (fp32 1e-4, fp16 1e-2)

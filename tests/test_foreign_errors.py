@@ -135,7 +135,7 @@ def test_error_hierarchy() -> None:
 def test_hostile_files_are_what_they_claim(hostile_dir: Path) -> None:
     """The corpus must stay hostile: protobuf refuses the deep ones, onnx the others."""
     for name in ("deep_if", "deep_type"):
-        with pytest.raises(Exception, match="MaxDepth|parse"):
+        with pytest.raises(Exception, match=r"MaxDepth|parse"):
             onnx.load_from_string((hostile_dir / f"{name}.onnx").read_bytes())
     for name in ("missing_opset_import", "recursive_function", "duplicate_functions"):
         with pytest.raises(Exception):  # noqa: B017 - onnx's exception types vary by version

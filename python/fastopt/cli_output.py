@@ -54,7 +54,10 @@ def plain_table(
     all_rows = [list(header), *[list(r) for r in rows]]
     widths = [max(len(r[i]) for r in all_rows) for i in range(len(header) - 1)]
     indent = sum(widths) + 2 * len(widths)
-    if indent + _MIN_LAST > width and len(header) > 1:
+    longest_last = max(len(r[-1]) for r in all_rows)
+    if indent + _MIN_LAST > width and longest_last > _MIN_LAST and len(header) > 1:
+        # Too narrow for the columns and a wrapped text column: one record per row instead.
+        # (Tables of short cells, such as numbers, keep their columns and run past the width.)
         return _stacked(all_rows, width)
     room = max(_MIN_LAST, width - indent)
     lines = []
@@ -85,8 +88,8 @@ def print_table(out: Console, table: Table) -> None:
     columns = table.columns
     if out.is_terminal:
         for col in columns[:-1]:
-            cells = [_plain(c) for c in col.cells]
-            col.min_width = max([len(_plain(col.header)), *map(len, cells)])
+            texts = [_plain(c) for c in col.cells]
+            col.min_width = max([len(_plain(col.header)), *map(len, texts)])
             col.no_wrap = True
         if columns:
             columns[-1].overflow = "fold"
@@ -94,7 +97,7 @@ def print_table(out: Console, table: Table) -> None:
         return
     header = [_plain(c.header) for c in columns]
     cells = [[_plain(c) for c in col.cells] for col in columns]
-    rows = [list(r) for r in zip(*cells)]
+    rows: list[list[str]] = [list(r) for r in zip(*cells)]
     right = [c.justify == "right" for c in columns]
     if table.title:
         out.print(_plain(table.title), markup=False, highlight=False)

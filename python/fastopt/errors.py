@@ -46,7 +46,7 @@ _REFUSALS = (ValueError, RuntimeError, OverflowError, MemoryError, IndexError)
 _MESSAGE_LIMIT = 600
 
 
-class RejectedModelError(ModelError):  # type: ignore[misc]
+class RejectedModelError(ModelError):
     """onnx, protobuf or ONNX Runtime rejected the model at ``stage``; ``__cause__`` is their
     exception."""
 
@@ -58,15 +58,15 @@ class RejectedModelError(ModelError):  # type: ignore[misc]
         self.stage = stage
 
 
-class UnsupportedModelError(ModelError, ValueError):  # type: ignore[misc]
+class UnsupportedModelError(ModelError, ValueError):
     """A model fastopt reads but this operation cannot handle (also a ValueError)."""
 
 
-class OptionError(ModelError, ValueError):  # type: ignore[misc]
+class OptionError(ModelError, ValueError):
     """An unknown pass / preset / option name or a bad option value (also a ValueError)."""
 
 
-class UnknownNameError(OptionError, KeyError):  # type: ignore[misc]
+class UnknownNameError(OptionError, KeyError):
     """An unknown pass, preset or option name (also a KeyError); the message lists the known
     ones."""
 

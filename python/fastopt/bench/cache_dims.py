@@ -43,9 +43,9 @@ def _width(v: _C.Value | None) -> int | None:
         node = v.producer
         if node is None or node.op_type not in ("MatMul", "Add"):
             return None
-        weights = [i for i in node.inputs if i is not None and i.initializer is not None]
-        if node.op_type == "MatMul" and weights and len(weights[-1].initializer.shape) == 2:
-            return int(weights[-1].initializer.shape[1])
+        weights = [i.initializer for i in node.inputs if i is not None and i.initializer]
+        if node.op_type == "MatMul" and weights and len(weights[-1].shape) == 2:
+            return int(weights[-1].shape[1])
         v = next((i for i in node.inputs if i is not None and i.initializer is None), None)
     return None
 

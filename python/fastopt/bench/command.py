@@ -8,13 +8,14 @@ import importlib.util
 import json
 from typing import Any
 
-from rich.console import Console
 from rich.markup import escape
 
 from fastopt.bench.harness import RUNS, WARMUP, compare, sweep
 from fastopt.bench.inputs import PHASES
-from fastopt.bench.report import document, table
+from fastopt.bench.report import document, ratios, short_labels, table
 from fastopt.bench.session import DEVICES
+from fastopt.cli_output import console as make_console
+from fastopt.cli_output import print_table
 
 
 def default_seqs(seq: int) -> list[int]:
@@ -79,9 +80,7 @@ def run_command(args: argparse.Namespace) -> int:
         "cuda_graph": args.cuda_graph,
         "max_length": args.max_length,
     }
-    console = Console()
-    if not console.is_terminal:  # a file or pipe: do not squeeze the table to 80 columns
-        console = Console(width=160)
+    console = make_console()
     results = compare(models, seq=args.seq, **options)
     first = results[0]
     console.print(
@@ -89,10 +88,17 @@ def run_command(args: argparse.Namespace) -> int:
         f"after {args.warmup} warm-up, on {first.provider}"
         + (" (IO binding)" if first.io_binding else "")
     )
-    console.print(table(results))
+    print_table(console, table(results))
     for r in results:
         if r.note:
             console.print(f"{escape(r.model)}: {escape(r.note)}")
+    labels = short_labels([r.model for r in results])
+    for label, ratio in list(zip(labels, ratios(results)))[1:]:
+        if ratio > 0:
+            console.print(
+                f"{escape(label)}: {1 / ratio:.2f}x the speed of {escape(labels[0])} "
+                f"({first.phase}, median latency)"
+            )
     swept = []
     if args.plot:
         from fastopt.bench.plot import plot_sweep
