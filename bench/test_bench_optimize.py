@@ -1,4 +1,4 @@
-"""pytest-benchmark: fastopt.optimize(preset="default") vs onnxscript's optimizer on one corpus
+"""pytest-benchmark: fastopt.optimize(preset="classic") vs onnxscript's optimizer on one corpus
 model (llama_ts_nocache when present). Skips when ../shared/corpus is absent; the onnxscript
 benchmarks skip when onnxscript is not installed.
 
@@ -69,7 +69,7 @@ def test_fastopt_optimize_file(
     new_out = _out_in(tmp_path)
 
     def setup() -> tuple[tuple[Any, ...], dict[str, Any]]:
-        return (corpus_model,), {"preset": "default", "output": new_out()}
+        return (corpus_model,), {"preset": "classic", "output": new_out()}
 
     report = benchmark.pedantic(fastopt.optimize, setup=setup, rounds=ROUNDS, warmup_rounds=1)
     assert report.nodes_after <= report.nodes_before
@@ -101,7 +101,7 @@ def test_onnxscript_optimize_file(
 def test_fastopt_optimize_call(benchmark: Any, fastopt: ModuleType, corpus_model: str) -> None:
     # fastopt optimizes a Model in place: every round gets a freshly loaded one
     def setup() -> tuple[tuple[Any, ...], dict[str, Any]]:
-        return (fastopt.load(corpus_model),), {"preset": "default"}
+        return (fastopt.load(corpus_model),), {"preset": "classic"}
 
     report = benchmark.pedantic(fastopt.optimize, setup=setup, rounds=ROUNDS, warmup_rounds=1)
     assert report.nodes_after <= report.nodes_before

@@ -28,7 +28,7 @@ def test_fixtures(fx):
 
 @pytest.mark.parametrize("fx", CLIP, ids=ids(CLIP))
 def test_clip_quick_gelu(fx):
-    _report, out = optimize(fx, passes=[*fastopt.registry.preset("default"), "fuse_silu"])
+    _report, out = optimize(fx, passes=[*fastopt.registry.preset("classic"), "fuse_silu"])
     gelus = [n for n in out.graph.node if n.op_type == "QuickGelu"]
     assert len(gelus) == fx.layers  # one MLP per layer
     assert op_count(out, "Sigmoid") == 0
