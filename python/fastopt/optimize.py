@@ -93,7 +93,8 @@ def optimize(
     they match; see ``fastopt.PRESETS``) names the passes to run; ``passes`` overrides it.
     ``target`` is "ort" (ONNX Runtime, contrib ops allowed) or "onnx" (standard ops only).
     ``output`` saves the result (atomically; external data as in ``Model.save``). ``explain``
-    names a rule ("*" for all) whose non-matches are explained in ``report.explain``. ``options`` are settings for the passes (``ctx.options``),
+    names a rule ("*" for all) whose non-matches are explained in ``report.explain``.
+    ``options`` are settings for the passes (``ctx.options``),
     e.g. ``{"opset": 18}`` for convert_version or ``{"fold_max_bytes": 1 << 16}``, checked
     against their declarations (``fastopt.OPTIONS``).
     Unknown pass, preset or option names and bad option values raise
