@@ -54,6 +54,7 @@
 #include "ir/dtype.h"
 #include "ir/error.h"
 #include "passes/attention.h"
+#include "passes/attention_mask_proof.h"
 #include "passes/attention_shapes.h"
 #include "passes/fusion_util.h"
 
@@ -179,7 +180,46 @@ struct SharedMask {
   Value* allowed;   // bool (B, 1, S, T)
   const Node* mask_bool;
   const Node* mask_shape;
+  Value* query_positions;  // Range(P, T): P + s
+  Value* attention_mask;
+  Node* head;  // the masks go before it
+  std::vector<std::pair<int64_t, Value*>> windowed = {};  // window -> its mask
 };
+
+// The mask of a sliding-window layer: `allowed` and, for query P + s, only keys t with fewer
+// than w kept keys in (t, P + s]. Counting kept keys (cumsum of attention_mask), not positions,
+// makes a row with holes (a standard cache's padding between a short prompt and the tokens
+// generated after the longest one) see the same w tokens as the row without them; rows whose
+// tokens are contiguous (what the no-cache model and an in-place cache see) get exactly
+// transformers' window, key j visible to query i iff i - w < j <= i. One per window.
+Value* windowed_mask(KvCacheBuilder& b, SharedMask& m, int64_t window,
+                     const Dim& batch_dim) {
+  for (auto [w, v] : m.windowed) {
+    if (w == window) return v;
+  }
+  Node* head = m.head;
+  Value* mask64 =
+      b.op("Cast", {m.attention_mask}, "kv_mask_int64", head, one_attr(attr_int("to", kInt64)));
+  Value* axis1 = b.constant("kv_axis_1", {1}, {});
+  Value* kept = b.op("CumSum", {mask64, axis1}, "kv_kept_keys", head);  // (B, T), inclusive
+  Value* kept_q = b.op("Gather", {kept, m.query_positions}, "kv_kept_at_query", head,
+                       one_attr(attr_int("axis", 1)));  // (B, S)
+  Value* after = b.op("Sub",
+                      {b.op("Unsqueeze", {kept_q, b.constant("kv_axes_2", {2}, {1})},
+                            "kv_kept_at_query_column", head),
+                       b.op("Unsqueeze", {kept, b.constant("kv_axes_1", {1}, {1})},
+                            "kv_kept_keys_row", head)},
+                      "kv_kept_after_key", head);  // (B, S, T)
+  Value* inside = b.op("Less", {after, b.constant("kv_window", {window}, {})}, "kv_in_window",
+                       head);
+  Value* inside4 = b.op("Unsqueeze", {inside, b.constant("kv_axes_1", {1}, {1})},
+                        "kv_in_window_4d", head);
+  Value* allowed = b.op("And", {m.allowed, inside4}, "kv_sliding_window_mask", head);
+  allowed->type = tensor_type(kBool, {batch_dim, value_dim(1), param_dim("sequence_length"),
+                                      param_dim("total_sequence_length")});
+  m.windowed.emplace_back(window, allowed);
+  return allowed;
+}
 
 SharedMask build_shared_mask(Graph& g, KvCacheBuilder& b, Value* input_ids, Value* attention_mask,
                              const Dim& batch_dim) {
@@ -204,7 +244,47 @@ SharedMask build_shared_mask(Graph& g, KvCacheBuilder& b, Value* input_ids, Valu
   Value* allowed = b.op("And", {causal, pad}, "kv_attention_mask", head);
   allowed->type = tensor_type(kBool, {batch_dim, value_dim(1), param_dim("sequence_length"),
                                       param_dim("total_sequence_length")});
-  return {past_len, allowed, mask_bool->producer(), mask_shape_value->producer()};
+  return {past_len,        allowed,        mask_bool->producer(), mask_shape_value->producer(),
+          q_pos, attention_mask, head};
+}
+
+// The window of each attention's mask (0: none), proven by attention_mask_proof: the cached
+// form replaces the masks, so one it cannot reproduce is refused, never dropped.
+std::vector<int64_t> proven_windows(const Graph& g, const std::vector<Node*>& attentions,
+                                    bool with_past) {
+  std::vector<int64_t> windows;
+  for (size_t i = 0; i < attentions.size(); ++i) {
+    std::string why;
+    auto kind = classify_attention_mask(*g.model(), g, attentions[i], with_past, &why);
+    if (!kind) {
+      refuse("the mask of layer " + std::to_string(i) + " (attention '" +
+             attentions[i]->name.value +
+             "') is not proven to be causal with padding, with or without a sliding window, "
+             "which is all the cached form reproduces: " +
+             why);
+    }
+    windows.push_back(kind->window);
+  }
+  return windows;
+}
+
+void use_shared_mask(Node* att, Value* allowed);
+
+// Each attention gets the shared mask, or its window's; sliding_window tells the lowerings that
+// read no mask (in-place GroupQueryAttention) the window.
+void use_masks(Graph& g, KvCacheBuilder& b, SharedMask& m, const std::vector<Node*>& attentions,
+               const std::vector<int64_t>& windows, const Dim& batch_dim, PassContext& ctx) {
+  (void)g;
+  for (size_t i = 0; i < attentions.size(); ++i) {
+    Node* att = attentions[i];
+    if (!windows[i]) {
+      use_shared_mask(att, m.allowed);
+      continue;
+    }
+    use_shared_mask(att, windowed_mask(b, m, windows[i], batch_dim));
+    att->attributes.push_back(attr_int("sliding_window", windows[i]));
+    ctx.counters["sliding-window layers"] += 1;
+  }
 }
 
 // Each attention reads `allowed` (causal over past + new, and padding) with is_causal 0.
@@ -309,11 +389,13 @@ int64_t adopt_cache(Graph& g, const std::vector<Node*>& attentions, Value* input
     }
   }
 
+  const std::vector<int64_t> windows = proven_windows(g, attentions, true);
+
   // ---- edits ----
   KvCacheBuilder b(g);
   Node* head = g.first();  // the shared mask goes before it
-  const SharedMask mask = build_shared_mask(g, b, input_ids, attention_mask, batch_dim);
-  for (Node* att : attentions) use_shared_mask(att, mask.allowed);
+  SharedMask mask = build_shared_mask(g, b, input_ids, attention_mask, batch_dim);
+  use_masks(g, b, mask, attentions, windows, batch_dim, ctx);
   if (mode == 2) {
     // Shape(past) reads (B, Hkv, max_len, D) in place: give them (B, Hkv, P, D).
     Value* p1 = b.op("Unsqueeze", {mask.past_len, b.constant("kv_axes_0", {0}, {1})},
@@ -449,6 +531,8 @@ int64_t add_kv_cache(Model& m, PassContext& ctx) {
     }
   }
 
+  const std::vector<int64_t> windows = proven_windows(g, attentions, false);
+
   // ---- edits ----
   KvCacheBuilder b(g);
 
@@ -468,7 +552,7 @@ int64_t add_kv_cache(Model& m, PassContext& ctx) {
   }
 
   Node* head = g.first();  // the shared mask goes before it
-  const SharedMask mask = build_shared_mask(g, b, input_ids, attention_mask, batch_dim);
+  SharedMask mask = build_shared_mask(g, b, input_ids, attention_mask, batch_dim);
   Value* past_len = mask.past_len;
 
   // Every earlier use of attention_mask sees its last S columns, (B, S) as at export.
@@ -524,8 +608,8 @@ int64_t add_kv_cache(Model& m, PassContext& ctx) {
       g.add_output(present);
       att->set_input(1 + kv, present);
     }
-    use_shared_mask(att, mask.allowed);
   }
+  use_masks(g, b, mask, attentions, windows, batch_dim, ctx);
   ctx.counters["layers cached"] += static_cast<int64_t>(layers);
   return static_cast<int64_t>(layers);
 }

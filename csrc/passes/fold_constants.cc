@@ -286,18 +286,20 @@ std::shared_ptr<Tensor> view(const Arr& a, Dims dims) {
 
 class Evaluator {
  public:
-  Evaluator(const Node& n, int64_t opset, const FoldLimits& limits)
-      : n_(n), opset_(opset), limits_(limits) {}
+  Evaluator(const Node& n, int64_t opset, const FoldLimits& limits,
+            const std::vector<std::shared_ptr<const Tensor>>* given = nullptr)
+      : n_(n), opset_(opset), limits_(limits), given_(given) {}
 
   bool declined_for_types() const { return unsupported_; }
 
   Result run() {
-    for (Value* v : n_.inputs()) {
+    for (size_t i = 0; i < n_.inputs().size(); ++i) {
+      Value* v = n_.inputs()[i];
       if (!v) {
         inputs_.push_back(nullptr);
         continue;
       }
-      auto t = constant_tensor(v);
+      auto t = given_ ? (i < given_->size() ? (*given_)[i] : nullptr) : constant_tensor(v);
       if (!t) return std::nullopt;
       inputs_.push_back(std::move(t));
       in_bytes_ += inputs_.back()->nbytes();
@@ -306,6 +308,7 @@ class Evaluator {
     if (op == "Shape") return shape();
     if (op == "Size") return size();
     if (op == "Gather") return gather();
+    if (op == "GatherND") return gather_nd();
     if (op == "Unsqueeze") return unsqueeze();
     if (op == "Squeeze") return squeeze();
     if (op == "Flatten") return flatten();
@@ -414,6 +417,37 @@ class Evaluator {
         const uint8_t* src = data->bytes.data() + (o * dim + i) * inner;
         bytes.append(reinterpret_cast<const char*>(src), inner);
       }
+    }
+    return one(owned(data->dtype, std::move(out), std::move(bytes)));
+  }
+
+  // GatherND with batch_dims 0: index tuples of the last axis of `indices` pick slices.
+  Result gather_nd() {
+    auto data = in(0), idx = in(1);
+    if (!data || !idx || idx->dtype != kInt64 || attr_i("batch_dims").value_or(0) != 0) {
+      return std::nullopt;
+    }
+    const size_t r = data->dims.size();
+    if (idx->dims.empty()) return std::nullopt;
+    const int64_t k = idx->dims.back();
+    if (k < 1 || static_cast<size_t>(k) > r) return std::nullopt;
+    Dims out(idx->dims.begin(), idx->dims.end() - 1);
+    out.insert(out.end(), data->dims.begin() + k, data->dims.end());
+    if (!fits(data->dtype, out)) return std::nullopt;
+    const uint64_t inner = product(data->dims, k) * data->esize;
+    const uint64_t tuples = idx->numel / static_cast<uint64_t>(k);
+    std::string bytes;
+    bytes.reserve(tuples * inner);
+    for (uint64_t t = 0; t < tuples; ++t) {
+      uint64_t offset = 0;
+      for (int64_t a = 0; a < k; ++a) {
+        const int64_t dim = data->dims[static_cast<size_t>(a)];
+        int64_t i = idx->i64(t * static_cast<uint64_t>(k) + static_cast<uint64_t>(a));
+        if (i < -dim || i >= dim) return std::nullopt;
+        if (i < 0) i += dim;
+        offset = offset * static_cast<uint64_t>(dim) + static_cast<uint64_t>(i);
+      }
+      bytes.append(reinterpret_cast<const char*>(data->bytes.data() + offset * inner), inner);
     }
     return one(owned(data->dtype, std::move(out), std::move(bytes)));
   }
@@ -949,6 +983,7 @@ class Evaluator {
   const Node& n_;
   int64_t opset_;
   const FoldLimits& limits_;
+  const std::vector<std::shared_ptr<const Tensor>>* given_;  // inputs in place of constants
   std::vector<std::shared_ptr<const Tensor>> inputs_;
   uint64_t in_bytes_ = 0;
   bool unsupported_ = false;
@@ -1110,6 +1145,7 @@ const std::vector<std::string>& native_fold_ops() {
                                                "Expand",
                                                "Flatten",
                                                "Gather",
+                                               "GatherND",
                                                "Greater",
                                                "GreaterOrEqual",
                                                "Identity",
@@ -1151,6 +1187,22 @@ std::optional<std::vector<std::shared_ptr<Tensor>>> evaluate_node(const Node& n,
     return r;
   } catch (const ModelError&) {
     return std::nullopt;  // undecodable input bytes: leave the node alone
+  }
+}
+
+std::optional<std::vector<std::shared_ptr<Tensor>>> evaluate_node_on(
+    const Node& n, int64_t opset, const FoldLimits& limits,
+    const std::vector<std::shared_ptr<const Tensor>>& inputs) {
+  if (!standard_domain(n) || !n.subgraphs().empty() || n.outputs().size() != 1) {
+    return std::nullopt;
+  }
+  Evaluator e(n, opset, limits, &inputs);
+  try {
+    auto r = e.run();
+    if (e.declined_for_types()) return std::nullopt;
+    return r;
+  } catch (const ModelError&) {
+    return std::nullopt;
   }
 }
 

@@ -37,6 +37,12 @@ std::optional<std::vector<std::shared_ptr<Tensor>>> evaluate_node(const Node& n,
                                                                   const FoldLimits& limits,
                                                                   bool* unsupported = nullptr);
 
+// evaluate_node on the given input tensors (one per input of `n`, null for an absent one) instead
+// of its constant inputs; nullopt also where evaluate_node would defer to ONNX Runtime.
+std::optional<std::vector<std::shared_ptr<Tensor>>> evaluate_node_on(
+    const Node& n, int64_t opset, const FoldLimits& limits,
+    const std::vector<std::shared_ptr<const Tensor>>& inputs);
+
 // Puts a constant holding `t` in place of `v` (every use, graph outputs included) and returns
 // it: a new initializer, or a Constant node where initializers cannot go (function bodies, IR
 // version < 4) or where `v` is a graph output (which keeps its name). The producer of `v` is

@@ -892,6 +892,9 @@ Replacement lower_attention_ort(Node* node, Rewriter& rw, PassContext& ctx) {
     return rw.fail("in-place cache: no attention_mask graph input (B, total_sequence_length)");
   }
   if (inplace && !causal && !mask) return rw.fail("in-place cache: neither causal nor a mask");
+  if (int_attr_or(node, "sliding_window", 0) > 0 && !cache) {
+    return rw.fail("a sliding_window attribute outside the cached form");
+  }
 
   // 3-D operands: Q always; K/V for GQA, and for MHA when they exist already (else BNSH). MHA
   // with a cache takes 3-D new rows too (4-D K means cross-attention to it).
@@ -1033,6 +1036,13 @@ Replacement lower_attention_ort(Node* node, Rewriter& rw, PassContext& ctx) {
     // With a cache the mask is causal by contract (attention.h), so GQA's causal flag (which
     // query_seqlens requires) masks nothing more.
     if (!causal && !cache) a.push_back(attr_int("causal", 0));
+    // In place, GQA reads no mask: a sliding window (add_kv_cache's sliding_window, the keys a
+    // query sees, itself included) must be its local_window_size, which counts the same way in
+    // ORT >= 1.32 (tests/test_sliding_window.py checks). The rows are contiguous from 0 there,
+    // so positions and kept keys agree. Elsewhere the bias carries the window: GQA's own would
+    // count positions, holes included.
+    const int64_t window = int_attr_or(node, "sliding_window", 0);
+    if (window > 0 && inplace) a.push_back(attr_int("local_window_size", window));
     Value *cos = none, *sin = none;
     Value *gq = q3, *gk = k3;
     if (fold_rotary) {
