@@ -123,6 +123,36 @@ def greedy_no_cache(
     return Generation(np.stack(tokens, axis=1).astype(np.int64), np.stack(step_logits))
 
 
+def greedy_no_cache_as_cached(
+    model: ModelLike, prompts: Sequence[Sequence[int]], steps: int
+) -> Generation:
+    """Greedy decoding by full recompute on the layout a standard cache sees: the right-padded
+    prompts, each step's token appended after the longest row, so a short row keeps its padding
+    as a hole the mask marks 0. The no-cache model on the same inputs as ``greedy_cached``
+    (standard): where a model's result depends on where padding sits (a sliding window counts
+    positions, holes included, as transformers does), this is the reference that applies; for
+    causal masks it equals ``greedy_no_cache``."""
+    sess = session(model)
+    names = _input_names(sess)
+    ids, mask = right_pad(prompts)
+    batch = len(prompts)
+    last = mask.sum(axis=1).astype(np.int64) - 1
+    tokens, step_logits = [], []
+    for _ in range(steps):
+        feed = {"input_ids": ids, "attention_mask": mask}
+        if "position_ids" in names:
+            feed["position_ids"] = positions(mask)
+        (logits,) = sess.run(["logits"], {k: v for k, v in feed.items() if k in names})
+        picked = logits[np.arange(batch), last].astype(np.float32)
+        nxt = picked.argmax(axis=-1)
+        tokens.append(nxt)
+        step_logits.append(picked)
+        ids = np.concatenate([ids, nxt.astype(np.int64)[:, None]], axis=1)
+        mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], axis=1)
+        last = np.full(batch, ids.shape[1] - 1, np.int64)
+    return Generation(np.stack(tokens, axis=1).astype(np.int64), np.stack(step_logits))
+
+
 def greedy_cached(
     model: ModelLike,
     prompts: Sequence[Sequence[int]],

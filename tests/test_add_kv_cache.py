@@ -199,13 +199,69 @@ H = onnx.helper
 TP = onnx.TensorProto
 
 
+def mask_nodes(kind: str = "causal", window: int = 0) -> tuple[list, list]:  # type: ignore[type-arg]
+    """(nodes, initializers) computing the bool mask "mask" (B, 1, S, T) from attention_mask
+    (B, T) and input_ids' length S, the way exporters build it: query s at position T - S + s
+    sees key t iff t <= T - S + s (and t > T - S + s - window), and attention_mask[b, t].
+    kind "padding-only": no causality; "strict": the query's own key masked too; "positions":
+    the query positions come from position_ids; "random": And with a random constant."""
+    c = onnx.numpy_helper.from_array
+    inits = [
+        c(np.array(0, np.int64), "m_zero"),
+        c(np.array(1, np.int64), "m_one"),
+        c(np.array([1], np.int64), "m_axis1"),
+        c(np.array([1, 2], np.int64), "m_axes12"),
+        c(np.array(window, np.int64), "m_window"),
+    ]
+    nodes = [
+        H.make_node("Shape", ["attention_mask"], ["m_mshape"]),
+        H.make_node("Gather", ["m_mshape", "m_one"], ["m_total"], axis=0),
+        H.make_node("Shape", ["input_ids"], ["m_ishape"]),
+        H.make_node("Gather", ["m_ishape", "m_one"], ["m_seq"], axis=0),
+        H.make_node("Sub", ["m_total", "m_seq"], ["m_past"]),
+        H.make_node("Range", ["m_zero", "m_total", "m_one"], ["m_keys"]),
+        H.make_node("Cast", ["attention_mask"], ["m_bool"], to=TP.BOOL),
+        H.make_node("Unsqueeze", ["m_bool", "m_axes12"], ["m_pad"]),
+    ]
+    if kind == "positions":
+        nodes.append(H.make_node("Unsqueeze", ["position_ids", "m_axis1"], ["m_qcol"]))
+    else:
+        nodes.append(H.make_node("Range", ["m_past", "m_total", "m_one"], ["m_queries"]))
+        nodes.append(H.make_node("Unsqueeze", ["m_queries", "m_axis1"], ["m_qcol"]))
+    less = "Less" if kind == "strict" else "LessOrEqual"
+    nodes.append(H.make_node(less, ["m_keys", "m_qcol"], ["m_causal"]))
+    last = "m_causal"
+    if window:
+        nodes.append(H.make_node("Sub", ["m_qcol", "m_window"], ["m_oldest"]))
+        nodes.append(H.make_node("Greater", ["m_keys", "m_oldest"], ["m_inside"]))
+        nodes.append(H.make_node("And", [last, "m_inside"], ["m_windowed"]))
+        last = "m_windowed"
+    if kind == "padding-only":
+        nodes.append(H.make_node("Identity", ["m_pad"], ["mask"]))
+        return nodes, inits
+    if kind == "random":
+        rng = np.random.default_rng(0)
+        inits.append(c(rng.random((16, 16)) < 0.5, "m_random"))
+        nodes.append(H.make_node("Shape", ["m_causal"], ["m_cshape"]))
+        nodes.append(H.make_node("Slice", ["m_random", "m_zero1", "m_cshape_end"], ["m_rand"]))
+        inits += [c(np.array([0, 0], np.int64), "m_zero1")]
+        nodes.append(H.make_node("Identity", ["m_cshape"], ["m_cshape_end"]))
+        nodes.append(H.make_node("And", [last, "m_rand"], ["m_randomized"]))
+        last = "m_randomized"
+    nodes.append(H.make_node("And", ["m_pad", last], ["mask"]))
+    return nodes, inits
+
+
 def attention_model(
     seq: int | str = "S",
     k_shape: tuple[int | str, ...] = ("B", 2, "S", 16),
     extra_inputs: tuple[str, ...] = (),
     constant_mask: bool = False,
+    mask: str = "causal",
+    window: int = 0,
 ) -> bytes:
-    """input_ids/attention_mask plus an internal Attention over Q/K/V graph inputs."""
+    """input_ids/attention_mask plus an internal Attention over Q/K/V graph inputs, its mask
+    built by mask_nodes (or a graph input "mask" for mask="input")."""
     inputs = [
         H.make_tensor_value_info("input_ids", TP.INT64, ["B", seq]),
         H.make_tensor_value_info("attention_mask", TP.INT64, ["B", seq]),
@@ -213,13 +269,20 @@ def attention_model(
         H.make_tensor_value_info("k", TP.FLOAT, list(k_shape)),
         H.make_tensor_value_info("v", TP.FLOAT, ["B", 2, seq, 16]),
     ] + [H.make_tensor_value_info(n, TP.FLOAT, ["B", 2, "P", 16]) for n in extra_inputs]
-    inits = []
+    inits: list[onnx.TensorProto] = []
+    nodes: list[onnx.NodeProto] = []
     if constant_mask:
         inits.append(onnx.numpy_helper.from_array(np.ones((1, 1, 8, 8), dtype=bool), "mask"))
-    else:
+    elif mask == "input":
         inputs.append(H.make_tensor_value_info("mask", TP.BOOL, ["B", 1, seq, seq]))
+    else:
+        if mask == "positions":
+            inputs.append(H.make_tensor_value_info("position_ids", TP.INT64, ["B", seq]))
+        nodes, inits = mask_nodes(mask, window)
     att = internal_attention(["q", "k", "v", "mask"])
-    graph = H.make_graph([att], "g", inputs, [H.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    graph = H.make_graph(
+        [*nodes, att], "g", inputs, [H.make_tensor_value_info("y", TP.FLOAT, None)], inits
+    )
     return with_opsets(graph)
 
 
@@ -309,9 +372,10 @@ def cached_attention_model(past_reader: str | None) -> bytes:
         H.make_tensor_value_info("v", TP.FLOAT, ["B", 2, "S", 16]),
         H.make_tensor_value_info("past_key_values.0.key", TP.FLOAT, ["B", 2, "P", 16]),
         H.make_tensor_value_info("past_key_values.0.value", TP.FLOAT, ["B", 2, "P", 16]),
-        H.make_tensor_value_info("mask", TP.BOOL, ["B", 1, "S", "T"]),
     ]
+    mask, inits = mask_nodes()
     nodes = [
+        *mask,
         H.make_node("Concat", ["past_key_values.0.key", "k"], ["present.0.key"], axis=2),
         H.make_node("Concat", ["past_key_values.0.value", "v"], ["present.0.value"], axis=2),
         internal_attention(["q", "present.0.key", "present.0.value", "mask"]),
@@ -324,7 +388,7 @@ def cached_attention_model(past_reader: str | None) -> bytes:
     if past_reader:
         nodes.append(H.make_node(past_reader, ["past_key_values.0.key"], ["read"]))
         outputs.append(H.make_tensor_value_info("read", TP.FLOAT, None))
-    return with_opsets(H.make_graph(nodes, "g", inputs, outputs))
+    return with_opsets(H.make_graph(nodes, "g", inputs, outputs, inits))
 
 
 def test_adopts_a_cached_model() -> None:

@@ -180,41 +180,25 @@ struct SharedMask {
   Value* allowed;   // bool (B, 1, S, T)
   const Node* mask_bool;
   const Node* mask_shape;
-  Value* query_positions;  // Range(P, T): P + s
-  Value* attention_mask;
+  Value* query_column;   // (S, 1): P + s
+  Value* key_positions;  // (T): t
   Node* head;  // the masks go before it
   std::vector<std::pair<int64_t, Value*>> windowed = {};  // window -> its mask
 };
 
-// The mask of a sliding-window layer: `allowed` and, for query P + s, only keys t with fewer
-// than w kept keys in (t, P + s]. Counting kept keys (cumsum of attention_mask), not positions,
-// makes a row with holes (a standard cache's padding between a short prompt and the tokens
-// generated after the longest one) see the same w tokens as the row without them; rows whose
-// tokens are contiguous (what the no-cache model and an in-place cache see) get exactly
-// transformers' window, key j visible to query i iff i - w < j <= i. One per window.
-Value* windowed_mask(KvCacheBuilder& b, SharedMask& m, int64_t window,
-                     const Dim& batch_dim) {
+// The mask of a sliding-window layer: `allowed` and key t > P + s - w for query P + s, as
+// transformers' window (key j visible to query i iff i - w < j <= i, positions as indices, so
+// padding inside the window counts, exactly what the no-cache model computes on the same
+// attention_mask). One per window, shared by its layers.
+Value* windowed_mask(KvCacheBuilder& b, SharedMask& m, int64_t window, const Dim& batch_dim) {
   for (auto [w, v] : m.windowed) {
     if (w == window) return v;
   }
   Node* head = m.head;
-  Value* mask64 =
-      b.op("Cast", {m.attention_mask}, "kv_mask_int64", head, one_attr(attr_int("to", kInt64)));
-  Value* axis1 = b.constant("kv_axis_1", {1}, {});
-  Value* kept = b.op("CumSum", {mask64, axis1}, "kv_kept_keys", head);  // (B, T), inclusive
-  Value* kept_q = b.op("Gather", {kept, m.query_positions}, "kv_kept_at_query", head,
-                       one_attr(attr_int("axis", 1)));  // (B, S)
-  Value* after = b.op("Sub",
-                      {b.op("Unsqueeze", {kept_q, b.constant("kv_axes_2", {2}, {1})},
-                            "kv_kept_at_query_column", head),
-                       b.op("Unsqueeze", {kept, b.constant("kv_axes_1", {1}, {1})},
-                            "kv_kept_keys_row", head)},
-                      "kv_kept_after_key", head);  // (B, S, T)
-  Value* inside = b.op("Less", {after, b.constant("kv_window", {window}, {})}, "kv_in_window",
-                       head);
-  Value* inside4 = b.op("Unsqueeze", {inside, b.constant("kv_axes_1", {1}, {1})},
-                        "kv_in_window_4d", head);
-  Value* allowed = b.op("And", {m.allowed, inside4}, "kv_sliding_window_mask", head);
+  Value* oldest = b.op("Sub", {m.query_column, b.constant("kv_window", {window}, {})},
+                       "kv_window_start", head);  // (S, 1): P + s - w
+  Value* inside = b.op("Greater", {m.key_positions, oldest}, "kv_in_window", head);  // (S, T)
+  Value* allowed = b.op("And", {m.allowed, inside}, "kv_sliding_window_mask", head);
   allowed->type = tensor_type(kBool, {batch_dim, value_dim(1), param_dim("sequence_length"),
                                       param_dim("total_sequence_length")});
   m.windowed.emplace_back(window, allowed);
@@ -245,7 +229,7 @@ SharedMask build_shared_mask(Graph& g, KvCacheBuilder& b, Value* input_ids, Valu
   allowed->type = tensor_type(kBool, {batch_dim, value_dim(1), param_dim("sequence_length"),
                                       param_dim("total_sequence_length")});
   return {past_len,        allowed,        mask_bool->producer(), mask_shape_value->producer(),
-          q_pos, attention_mask, head};
+          q_col,           k_pos,          head};
 }
 
 // The window of each attention's mask (0: none), proven by attention_mask_proof: the cached

@@ -15,29 +15,29 @@
 // rest of the pipeline trusts shape inference. Anything else (position_ids, float arithmetic
 // on activations, an op the evaluator lacks) is refused: the mask then is not known.
 //
-// Probes (P = past length, S = new tokens, T = P + S; P = 0 without a cache), each a batch whose
-// attention_mask rows are padded left or right:
-//   - every T in 1..16, with every left- and every right-padding of that length in one batch
-//     (and a batch of one, unpadded);
+// Probes (P = past length, S = new tokens, T = P + S; P = 0 without a cache), each a batch of
+// attention_mask rows:
+//   - every T in 1..16, in one batch: the unpadded row, every left and every right padding,
+//     every single hole and alternating holes (a standard cache's padding between a short
+//     prompt and the tokens generated after the longest row); and a batch of one, unpadded;
 //   - T = c-1 .. c+2 around every integer constant c of the subgraph with 16 < c <= 2048, with
-//     rows unpadded, padded by 1 and by T/2 on either side; a constant of 2048 < |c| < 2^31 - 1
-//     (a window this check would have to probe beyond) refuses the mask;
+//     rows unpadded, padded by 1 and by T/2 on either side, and a hole; a constant of
+//     2048 < |c| < 2^31 - 1 (a window this check would have to probe beyond) refuses the mask;
 //   - with a cache, S in {1, 2, T} for each T.
 // The mask must agree on every probe, for every query that attention_mask keeps, at every key,
-// with: key t allowed iff attention_mask[b, t] != 0, t <= P + s, and (window w > 0) fewer than w
-// kept keys lie in (t, P + s]. Its window w is read off the longest unpadded probe.
+// with transformers' pattern: key t allowed iff attention_mask[b, t] != 0, t <= P + s, and
+// (window w > 0) t > P + s - w (positions are indices: padding inside the window counts). Its
+// window w is read off the longest unpadded probe.
 //
 // Why these probes suffice for the admitted subgraphs: their inputs are the lengths and the 0/1
 // padding column; the ops compare Range-made index grids with each other, with the lengths and
 // with constants, and combine the results elementwise. Such a mask changes with the lengths only
 // where a length crosses a constant (or a small offset of one) of the subgraph, and each row's
 // answer depends on its own padding column. The probes take every length up to 16, both sides of
-// every constant up to 2048, and every padding a length up to 16 can have, so a subgraph that
+// every constant up to 2048, and the paddings and holes a row can have, so a subgraph that
 // agrees on all of them is the pattern. This is a check of the exporters' mask builders, not a
 // decision procedure for arbitrary programs; what it admits is kept to the op set above for that
-// reason. Rows whose kept tokens are not contiguous (holes) are not probed: the cached form's
-// mask counts kept keys, not positions, so a row with holes behaves as the same tokens without
-// them, which is what the no-cache model computes on each row laid out contiguously.
+// reason.
 // Pad queries' rows are not compared: a pad position's output reaches no kept position (no kept
 // query may see a pad key, which the comparison checks), and its own output is don't-care.
 #include "passes/attention_mask_proof.h"
@@ -272,19 +272,31 @@ class MaskProof {
       for (int64_t i = 0; i < k; ++i) r[right ? total - 1 - i : i] = 0;
       rows.push_back(std::move(r));
     };
+    auto holed = [&](int64_t at) {
+      std::vector<uint8_t> r(total, 1);
+      r[at] = 0;
+      rows.push_back(std::move(r));
+    };
     if (total <= kShortLengths) {
       for (int64_t k = 1; k < total; ++k) padded(k, true);
       for (int64_t k = 1; k < total; ++k) padded(k, false);
+      for (int64_t k = 1; k + 1 < total; ++k) holed(k);
+      for (int64_t phase = 0; phase < 2 && total > 2; ++phase) {
+        std::vector<uint8_t> r(total, 1);
+        for (int64_t t = phase; t < total - 1; t += 2) r[t] = 0;
+        rows.push_back(std::move(r));
+      }
     } else {
       for (int64_t k : {int64_t{1}, total / 2}) {
         padded(k, true);
         padded(k, false);
       }
+      holed(total / 2);
     }
     const std::string at = "length " + std::to_string(total) +
                            (with_past_ ? " (past " + std::to_string(total - seq) + ")" : "");
     return {make_probe(total, seq, {full_row(total)}, at + ", batch 1"),
-            make_probe(total, seq, std::move(rows), at + ", left- and right-padded rows")};
+            make_probe(total, seq, std::move(rows), at + ", padded rows and rows with holes")};
   }
 
   std::optional<int64_t> role_value(const std::string& param, const Probe& p) const {
@@ -397,6 +409,12 @@ class MaskProof {
         vals[n->outputs()[0]] = make_int64_tensor(part, {len});
         continue;
       }
+      if (n->op_type == "Identity") {
+        auto t = value_of(n->inputs()[0]);
+        if (!t) return std::nullopt;
+        vals[n->outputs()[0]] = *t;
+        continue;
+      }
       std::vector<TensorPtr> ins;
       for (Value* x : n->inputs()) {
         auto t = value_of(x);
@@ -465,14 +483,12 @@ class MaskProof {
     const int64_t total = p.past + p.seq;
     for (size_t b = 0; b < p.rows.size(); ++b) {
       const std::vector<uint8_t>& row = p.rows[b];
-      std::vector<int64_t> kept(total + 1, 0);  // kept[t] = kept keys in [0, t)
-      for (int64_t t = 0; t < total; ++t) kept[t + 1] = kept[t] + row[t];
       for (int64_t s = 0; s < p.seq; ++s) {
         const int64_t q = p.past + s;
         if (!row[q]) continue;  // a pad query: don't-care
         for (int64_t h = 0; h < hq_; ++h) {
           for (int64_t t = 0; t < total; ++t) {
-            const bool in_window = window == 0 || kept[q + 1] - kept[t + 1] < window;
+            const bool in_window = window == 0 || t > q - window;
             const int want = row[t] && t <= q && in_window;
             const int got = allowed(mask, bytes.data(), p, static_cast<int64_t>(b), h, s, t);
             if (got == -2) {

@@ -12,8 +12,8 @@
 namespace fastopt::passes {
 
 // The masks the cached form can reproduce: every earlier key of the row that attention_mask
-// keeps (window 0), or only the last `window` of them (a sliding window: HF's
-// sliding_window = window keys, the query's own included).
+// keeps (window 0), or only those among the last `window` positions (a sliding window as
+// transformers': key j visible to query i iff i - window < j <= i, the query's own included).
 struct MaskKind {
   int64_t window = 0;
 };

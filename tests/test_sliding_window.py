@@ -1,0 +1,127 @@
+"""Sliding-window attention through the KV-cache rewrite (issue 13): add_kv_cache proves each
+attention's mask (causal, or causal with a window of w keys, with padding) before replacing it,
+and refuses any other; the window survives into every cached form. The gemma3 fixtures' greedy
+generation is checked by test_kv_generation.py (they are decoder fixtures like the others)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import fastopt
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from llm_fixtures import fixtures, ids
+from onnx import TensorProto, helper
+from test_add_kv_cache import attention_model
+
+GEMMA3 = fixtures(arch="gemma3", dtype="float32")
+
+
+def test_gqa_local_window_size_counts_the_query() -> None:
+    """ONNX Runtime's GroupQueryAttention local_window_size = w: a query sees its own key and the
+    w - 1 before it, as transformers' sliding_window = w (lower_attention_ort relies on it)."""
+    t, d = 10, 16
+    for window in (2, 4):
+        node = helper.make_node(
+            "GroupQueryAttention",
+            ["q", "k", "v", "", "", "seqlens", "total"],
+            ["y", "pk", "pv"],
+            domain="com.microsoft",
+            num_heads=1,
+            kv_num_heads=1,
+            local_window_size=window,
+        )
+        inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, t, d]) for n in "qkv"]
+        inputs += [
+            helper.make_tensor_value_info("seqlens", TensorProto.INT32, [1]),
+            helper.make_tensor_value_info("total", TensorProto.INT32, []),
+        ]
+        out = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+        model = helper.make_model(
+            helper.make_graph([node], "g", inputs, out),
+            opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+        )
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        zeros = np.zeros((1, t, d), np.float32)
+        v = zeros.copy()
+        v[0, np.arange(t), np.arange(t)] = 1  # output column j = weight on key j
+        feed = {"q": zeros, "k": zeros, "v": v}
+        feed |= {"seqlens": np.array([t - 1], np.int32), "total": np.array(t, np.int32)}
+        (y,) = sess.run(["y"], feed)
+        for i in range(t):
+            seen = np.flatnonzero(y[0, i, :t] > 0)
+            assert list(seen) == list(range(max(0, i - window + 1), i + 1)), (window, i)
+
+
+def _add_cache(model: bytes, out: Path | None = None) -> fastopt.OptimizeReport:
+    return fastopt.optimize(
+        fastopt.load_bytes(model), passes=["add_kv_cache"], options={"kv_cache": 1}, output=out
+    )
+
+
+def test_a_proven_window_is_kept() -> None:
+    model = fastopt.load_bytes(attention_model(window=3))
+    ctx = fastopt.PassContext(model=model, target="ort", options={"kv_cache": 1})
+    assert fastopt.get_pass("add_kv_cache").run(ctx) == 1
+    assert ctx.counters["sliding-window layers"] == 1
+    att = next(n for n in model.to_onnx().graph.node if n.op_type == "Attention")
+    attrs = {a.name: helper.get_attribute_value(a) for a in att.attribute}
+    assert attrs["sliding_window"] == 3 and att.input[3] == "kv_sliding_window_mask"
+
+
+@pytest.mark.parametrize(
+    ("mask", "message"),
+    [
+        ("input", "reads the graph input 'mask'"),
+        ("positions", "reads the graph input 'position_ids'"),
+        ("padding-only", "query 0 sees key 1"),
+        ("strict", "query 0 does not see key 0"),
+        ("random", "unlike a causal mask"),
+    ],
+)
+def test_a_mask_it_does_not_know_is_refused(mask: str, message: str, tmp_path: Path) -> None:
+    """Nothing is written; the message names the layer and what the mask does."""
+    out = tmp_path / "out.onnx"
+    with pytest.raises(fastopt.ModelError, match=f"mask of layer 0 .*{message}"):
+        _add_cache(attention_model(mask=mask), out)
+    assert not out.exists()
+
+
+def test_a_window_beyond_the_probes_is_refused() -> None:
+    with pytest.raises(fastopt.ModelError, match="constant 4096, beyond the lengths"):
+        _add_cache(attention_model(window=4096))
+
+
+@pytest.mark.parametrize("fx", GEMMA3, ids=ids(GEMMA3))
+def test_gemma3_layers_keep_their_own_masks(fx, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Layers 0 and 2 slide (window 4), layer 1 does not: in place, GroupQueryAttention has
+    local_window_size 4 on the sliding layers only; standard MHA/GQA read a windowed bias there
+    and the shared causal one on layer 1."""
+    window = int(fx.meta["config"]["sliding_window"])
+    for mode in ("inplace", "standard"):
+        out = tmp_path / mode / "model.onnx"
+        out.parent.mkdir()
+        fastopt.optimize(fx.path, preset="llm", output=out, kv_cache=mode)  # type: ignore[arg-type]
+        model = onnx.load(out)
+        atts = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
+        assert len(atts) == 3
+        if mode == "inplace":
+            windows = [
+                {a.name: helper.get_attribute_value(a) for a in n.attribute}.get(
+                    "local_window_size", -1
+                )
+                for n in atts
+            ]
+            assert windows == [window, -1, window]
+        else:
+            producers = {o: n for n in model.graph.node for o in n.output}
+
+            def bool_mask(bias: str) -> str:  # back through Where(mask, 0, lowest) / Expand
+                while producers[bias].op_type in ("Where", "Expand"):
+                    bias = producers[bias].input[0]
+                return bias
+
+            masks = [bool_mask(n.input[10]) for n in atts]
+            assert masks[0] == masks[2] != masks[1]
