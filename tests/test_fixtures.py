@@ -22,6 +22,7 @@ def test_fixture_set_is_complete() -> None:
         "qwen2",
         "phi3",
         "gemma",
+        "gemma3",
         "gpt2",
         "gpt_neox",
         "bert",

@@ -16,7 +16,10 @@ from llm_fixtures import Fixture, assert_parity, fixtures, ids, op_count, optimi
 from onnx import TensorProto, helper
 
 PASSES = ["fuse_attention", "lower_attention"]
-ALL = fixtures()
+# gemma3 TorchScript: without fuse_rms_norm (not in these pass lists) its decomposed q/k norms
+# hide the kv head count ("the number of kv heads is unknown"); the llm preset fuses them first
+# (tests/test_llm_preset.py covers gemma3 there).
+ALL = [fx for fx in fixtures() if fx.name not in ("gemma3_ts_float32", "gemma3_ts_float16")]
 
 
 def attention_passes(target: str) -> tuple[list[str], dict[str, int]]:

@@ -15,7 +15,9 @@ from onnx import TensorProto, helper
 
 F, H = TensorProto.FLOAT, TensorProto.FLOAT16
 D = 8
-RMS_ARCHS = ("llama", "mistral", "qwen2", "phi3", "gemma")
+RMS_ARCHS = ("llama", "mistral", "qwen2", "phi3", "gemma", "gemma3")
+# Norms per layer: gemma3 has four around its blocks and q/k norms; the others two.
+NORMS_PER_LAYER = {"gemma3": 6}
 DEFAULT = fastopt.registry.preset("classic")
 ORT_PASSES = [
     *DEFAULT,
@@ -39,6 +41,11 @@ DECOMPOSED = ("ReduceMean", "Sqrt", "Reciprocal")
 
 def expected_ort(fx: Fixture) -> dict[str, int]:
     n = fx.layers
+    if fx.arch == "gemma3":  # post-norms end each block: only the pre-norms take the residual
+        return {
+            "SimplifiedLayerNormalization": 4 * n + 1,
+            "SkipSimplifiedLayerNormalization": 2 * n,
+        }
     if fx.arch in RMS_ARCHS:  # first layer's norm reads the embedding Gather: no residual Add
         return {"SimplifiedLayerNormalization": 1, "SkipSimplifiedLayerNormalization": 2 * n}
     if fx.arch == "gpt_neox":  # parallel residual: two norms read one sum, one can take it
@@ -60,7 +67,7 @@ def test_fixture_ort(fx: Fixture) -> None:
 @pytest.mark.parametrize("fx", fixtures(), ids=ids(fixtures()))
 def test_fixture_onnx(fx: Fixture) -> None:
     _, out = optimize(fx, passes=ONNX_PASSES, target="onnx", options={"opset": 23})
-    norms = 2 * fx.layers + 1
+    norms = NORMS_PER_LAYER.get(fx.arch, 2) * fx.layers + 1
     op = "RMSNormalization" if fx.arch in RMS_ARCHS else "LayerNormalization"
     assert op_count(out, op) == norms
     for dec in DECOMPOSED:

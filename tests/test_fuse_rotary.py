@@ -11,7 +11,7 @@ from fusion_util import assert_close, info, ort_run, out_info, tensor
 from llm_fixtures import Fixture, assert_parity, fixtures, op_count, optimize
 from onnx import TensorProto, helper, numpy_helper
 
-ROPE_ARCHS = ("llama", "mistral", "qwen2", "phi3", "gemma", "gpt_neox")
+ROPE_ARCHS = ("llama", "mistral", "qwen2", "phi3", "gemma", "gemma3", "gpt_neox")
 PASSES = ["fuse_rotary", "eliminate_dead_nodes"]
 TO_OPSET_23 = ["convert_version"]
 
@@ -50,6 +50,8 @@ def test_fixture(fx: Fixture, target: str) -> None:
     consumers = {i: n for n in out.graph.node for i in n.input}
     if fx.arch == "gpt_neox":  # rotary_pct 0.5 of head 16, on a slice of the fused qkv: 4-D
         assert all(a["rotary_embedding_dim"] == 8 and a["num_heads"] == 4 for a in attrs)
+    elif fx.arch == "gemma3":  # after the q/k norms, on the heads (B, H, S, D): 4-D
+        assert all("rotary_embedding_dim" not in a and "num_heads" not in a for a in attrs)
     else:  # 3-D form on the projection, then the head split again
         assert all(a["num_heads"] in (4, 2, 1) and "rotary_embedding_dim" not in a for a in attrs)
         for n in rope:
@@ -57,9 +59,10 @@ def test_fixture(fx: Fixture, target: str) -> None:
             assert reshape.op_type == "Reshape"
             assert consumers[reshape.output[0]].op_type == "Transpose"
     # One cache pair per distinct source, shared by the layers' q and k (gemma_ts_float16 has
-    # an fp32 layer whose cos/sin round-trip through fp16: a second pair).
+    # an fp32 layer whose cos/sin round-trip through fp16: a second pair; gemma3's sliding and
+    # full layers have their own bases: a pair each).
     cos_inputs = {n.input[2 if target == "ort" else 1] for n in rope}
-    assert len(cos_inputs) == counters(report)["caches"] <= 2
+    assert len(cos_inputs) == counters(report)["caches"] <= (4 if fx.arch == "gemma3" else 2)
     inits = {t.name: t for t in out.graph.initializer}
     for name in cos_inputs:
         assert next(iter(inits[name].dims)) == 4096  # the default rotary_max_positions

@@ -1,4 +1,4 @@
-"""The `llm` preset end to end on every fixture (8 architectures, both exporters, fp32/fp16), for
+"""The `llm` preset end to end on every fixture (9 architectures, both exporters, fp32/fp16), for
 both targets: every layer's norms, attention and rotary fused (counts against the number of
 layers), nothing decomposed left behind, and ONNX Runtime parity of the logits on unpadded,
 right-padded and left-padded batches. Per-pass tests cover the variants; this covers the order
@@ -16,8 +16,8 @@ from conftest import CORPUS_DIR
 from llm_fixtures import Fixture, assert_parity, fixtures, ids, op_count, optimize
 
 ALL = fixtures()
-ROPE_ARCHS = {"llama", "mistral", "qwen2", "phi3", "gemma", "gpt_neox"}
-RMS_ARCHS = {"llama", "mistral", "qwen2", "phi3", "gemma"}
+ROPE_ARCHS = {"llama", "mistral", "qwen2", "phi3", "gemma", "gemma3", "gpt_neox"}
+RMS_ARCHS = {"llama", "mistral", "qwen2", "phi3", "gemma", "gemma3"}
 
 NORMS_ORT = (
     "SimplifiedLayerNormalization",
@@ -33,7 +33,8 @@ DECOMPOSED = ("ReduceMean", "Softmax", "Sin", "Cos", "Neg", "Sqrt", "Erf")
 
 def expected_norms(fx: Fixture) -> int:
     # Two per layer plus the final one; bert: the embeddings' norm instead of a final one.
-    return 2 * fx.layers + 1
+    # gemma3: four around the blocks (pre/post attention, pre/post MLP) and the q/k norms.
+    return (6 if fx.arch == "gemma3" else 2) * fx.layers + 1
 
 
 def expected_attention_op(fx: Fixture) -> str:

@@ -24,12 +24,12 @@ def test_fixtures_pack_all(fx):
     n = fx.layers
     # Q/K/V (3 MatMuls) and gate/up (2) per layer pack into 2; bert, clip pack Q/K/V (biases too);
     # gpt2, gpt_neox and phi3 export packed projections already.
-    packed = {"llama": 2, "mistral": 2, "qwen2": 2, "gemma": 2, "bert": 1, "clip": 1}.get(
-        fx.arch, 0
-    ) * n
-    removed = {"llama": 3, "mistral": 3, "qwen2": 3, "gemma": 3, "bert": 2, "clip": 2}.get(
-        fx.arch, 0
-    ) * n
+    packed_per_layer = {"llama": 2, "mistral": 2, "qwen2": 2, "gemma": 2, "gemma3": 2}
+    packed_per_layer |= {"bert": 1, "clip": 1}
+    removed_per_layer = {"llama": 3, "mistral": 3, "qwen2": 3, "gemma": 3, "gemma3": 3}
+    removed_per_layer |= {"bert": 2, "clip": 2}
+    packed = packed_per_layer.get(fx.arch, 0) * n
+    removed = removed_per_layer.get(fx.arch, 0) * n
     assert op_count(out, "MatMul") == op_count(plain, "MatMul") - removed
     assert op_count(out, "Split") == op_count(plain, "Split") + packed
     assert report.passes[-1].rewrites == packed

@@ -89,9 +89,39 @@ def test_a_mask_it_does_not_know_is_refused(mask: str, message: str, tmp_path: P
     assert not out.exists()
 
 
+def test_a_computed_window_is_found() -> None:
+    """A window the graph computes (Mul(256, 2)) is probed around too: proven 512, not taken
+    for a plain causal mask from probes shorter than the window."""
+    model = onnx.load_from_string(attention_model(window=512))
+    g = model.graph
+    (w,) = [i for i in g.initializer if i.name == "m_window"]
+    g.initializer.remove(w)
+    g.initializer.extend(
+        [
+            onnx.numpy_helper.from_array(np.array(256, np.int64), "m_half"),
+            onnx.numpy_helper.from_array(np.array(2, np.int64), "m_two"),
+        ]
+    )
+    g.node.insert(0, helper.make_node("Mul", ["m_half", "m_two"], ["m_window"]))
+    loaded = fastopt.load_bytes(model.SerializeToString())
+    ctx = fastopt.PassContext(model=loaded, target="ort", options={"kv_cache": 1})
+    assert fastopt.get_pass("add_kv_cache").run(ctx) == 1
+    att = next(n for n in loaded.to_onnx().graph.node if n.op_type == "Attention")
+    attrs = {a.name: helper.get_attribute_value(a) for a in att.attribute}
+    assert attrs["sliding_window"] == 512
+
+
 def test_a_window_beyond_the_probes_is_refused() -> None:
     with pytest.raises(fastopt.ModelError, match="constant 4096, beyond the lengths"):
         _add_cache(attention_model(window=4096))
+
+
+def _bool_mask(model: onnx.ModelProto, bias: str) -> str:
+    """The bool mask behind a bias: back through Where(mask, 0, lowest) and Expand."""
+    producers = {o: n for n in model.graph.node for o in n.output}
+    while producers[bias].op_type in ("Where", "Expand"):
+        bias = producers[bias].input[0]
+    return bias
 
 
 @pytest.mark.parametrize("fx", GEMMA3, ids=ids(GEMMA3))
@@ -116,12 +146,5 @@ def test_gemma3_layers_keep_their_own_masks(fx, tmp_path: Path) -> None:  # type
             ]
             assert windows == [window, -1, window]
         else:
-            producers = {o: n for n in model.graph.node for o in n.output}
-
-            def bool_mask(bias: str) -> str:  # back through Where(mask, 0, lowest) / Expand
-                while producers[bias].op_type in ("Where", "Expand"):
-                    bias = producers[bias].input[0]
-                return bias
-
-            masks = [bool_mask(n.input[10]) for n in atts]
+            masks = [_bool_mask(model, n.input[10]) for n in atts]
             assert masks[0] == masks[2] != masks[1]

@@ -35,7 +35,13 @@
 // and in place (kv_cache 2) every Shape read of a past that includes its length gets P instead
 // of the buffer's max length.
 //
+// Masks: every attention's mask is replaced, so each is first proven (attention_mask_proof.h,
+// by evaluating it on probes) to be causal with padding, or that with a sliding window of w
+// keys; the sliding layers then get `allowed` AND t > P + s - w and the attribute
+// sliding_window = w. A mask proven to be neither is refused.
+//
 // Refused (ModelError, the graph is not changed) when: no internal Attention node exists;
+// a mask is not proven (it reads other inputs, cannot be evaluated, or is another pattern);
 // input_ids or attention_mask is missing; the sequence length is static (fixed dims, a constant
 // mask, a Reshape of a symbolic-length tensor to a constant shape); K/V are not (B, Hkv, S, D);
 // positions are computed in a way this pass does not know; with past inputs: an attention not in
@@ -180,9 +186,9 @@ struct SharedMask {
   Value* allowed;   // bool (B, 1, S, T)
   const Node* mask_bool;
   const Node* mask_shape;
-  Value* query_column;   // (S, 1): P + s
-  Value* key_positions;  // (T): t
-  Node* head;  // the masks go before it
+  Value* query_column;                                    // (S, 1): P + s
+  Value* key_positions;                                   // (T): t
+  Node* head;                                             // the masks go before it
   std::vector<std::pair<int64_t, Value*>> windowed = {};  // window -> its mask
 };
 
@@ -228,8 +234,8 @@ SharedMask build_shared_mask(Graph& g, KvCacheBuilder& b, Value* input_ids, Valu
   Value* allowed = b.op("And", {causal, pad}, "kv_attention_mask", head);
   allowed->type = tensor_type(kBool, {batch_dim, value_dim(1), param_dim("sequence_length"),
                                       param_dim("total_sequence_length")});
-  return {past_len,        allowed,        mask_bool->producer(), mask_shape_value->producer(),
-          q_col,           k_pos,          head};
+  return {past_len, allowed, mask_bool->producer(), mask_shape_value->producer(), q_col,
+          k_pos,    head};
 }
 
 // The window of each attention's mask (0: none), proven by attention_mask_proof: the cached
@@ -237,7 +243,20 @@ SharedMask build_shared_mask(Graph& g, KvCacheBuilder& b, Value* input_ids, Valu
 std::vector<int64_t> proven_windows(const Graph& g, const std::vector<Node*>& attentions,
                                     bool with_past) {
   std::vector<int64_t> windows;
+  // Layers sharing one mask value (and causal flag, head count) share the answer.
+  std::vector<std::pair<const Node*, int64_t>> proven;
+  auto same_mask = [](const Node* a, const Node* b) {
+    return a->inputs().size() > 3 && b->inputs().size() > 3 && a->inputs()[3] == b->inputs()[3] &&
+           int_attr_or(a, "is_causal", 0) == int_attr_or(b, "is_causal", 0) &&
+           int_attr_or(a, "q_num_heads", 0) == int_attr_or(b, "q_num_heads", 0);
+  };
   for (size_t i = 0; i < attentions.size(); ++i) {
+    auto known = std::find_if(proven.begin(), proven.end(),
+                              [&](const auto& p) { return same_mask(p.first, attentions[i]); });
+    if (known != proven.end()) {
+      windows.push_back(known->second);
+      continue;
+    }
     std::string why;
     auto kind = classify_attention_mask(*g.model(), g, attentions[i], with_past, &why);
     if (!kind) {
@@ -248,6 +267,7 @@ std::vector<int64_t> proven_windows(const Graph& g, const std::vector<Node*>& at
              why);
     }
     windows.push_back(kind->window);
+    proven.emplace_back(attentions[i], kind->window);
   }
   return windows;
 }

@@ -30,7 +30,11 @@
 //   Concat(past graph input (B, Hkv, P, D), k_new (B, Hkv, S, D), axis 2), whose output is the
 //   graph output `present` (B, Hkv, P+S, D); the mask is bool (B, 1, S, T) with the causality in
 //   it (is_causal 0): allowed[b, s, t] = (t <= P + s) AND attention_mask[b, t] != 0, so it
-//   never lets a query see a later key and lowerings may add a causal flag. The node keeps the
+//   never lets a query see a later key and lowerings may add a causal flag. A sliding-window
+//   layer's mask also has t > P + s - w, and the node the attribute sliding_window = w (int:
+//   the keys a query sees, its own included), for lowerings that read no mask (in-place GQA:
+//   local_window_size). Each mask is proven to be what the export computed before it replaces
+//   it (attention_mask_proof.h). The node keeps the
 //   semantics above; the lowerings recognise the form (cached_kv) and hand past/present to ops that
 //   take a cache natively. Option kv_cache == 2 (in place) asks target ort for GroupQueryAttention
 //   on one max-length buffer per layer.

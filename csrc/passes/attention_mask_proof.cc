@@ -20,7 +20,8 @@
 //   - every T in 1..16, in one batch: the unpadded row, every left and every right padding,
 //     every single hole and alternating holes (a standard cache's padding between a short
 //     prompt and the tokens generated after the longest row); and a batch of one, unpadded;
-//   - T = c-1 .. c+2 around every integer constant c of the subgraph with 16 < c <= 2048, with
+//   - T = c-1 .. c+2 around every integer constant c of the subgraph (initializers and what its
+//     input-free nodes compute) with 16 < c <= 2048, with
 //     rows unpadded, padded by 1 and by T/2 on either side, and a hole; a constant of
 //     2048 < |c| < 2^31 - 1 (a window this check would have to probe beyond) refuses the mask;
 //   - with a cache, S in {1, 2, T} for each T.
@@ -67,8 +68,8 @@ constexpr double kMaskedBelow = -1e4;  // as fuse_attention: exp() underflows to
 using TensorPtr = std::shared_ptr<const Tensor>;
 
 bool is_integer_type(int32_t t) {
-  return t == kInt8 || t == kInt16 || t == kInt32 || t == kInt64 || t == kUint8 ||
-         t == kUint16 || t == kUint32 || t == kUint64;
+  return t == kInt8 || t == kInt16 || t == kInt32 || t == kInt64 || t == kUint8 || t == kUint16 ||
+         t == kUint32 || t == kUint64;
 }
 
 enum class Role { kBatch, kSeq, kTotal, kPast };
@@ -108,6 +109,16 @@ class MaskProof {
     if (tainted(mask_)) {
       return fail(why, "the mask depends on the values of input '" + taint_source_ +
                            "' (not only its shape)");
+    }
+    // Constants the subgraph computes (Mul(256, 2) is a window of 512 too): the values of its
+    // input-free nodes, from one evaluation.
+    {
+      std::string err;
+      std::vector<int64_t> computed;
+      if (!evaluate(make_probe(1, 1, {full_row(1)}, "length 1"), &err, &computed)) {
+        return fail(why, err);
+      }
+      constants_.insert(constants_.end(), computed.begin(), computed.end());
     }
     std::vector<int64_t> lengths;
     for (int64_t t = 1; t <= kShortLengths; ++t) lengths.push_back(t);
@@ -368,7 +379,11 @@ class MaskProof {
                        bytes_of(dt, static_cast<uint64_t>(b * h * p.past * d), nullptr));
   }
 
-  std::optional<TensorPtr> evaluate(const Probe& p, std::string* err) const {
+  // The mask on probe `p`; `computed` (if given) collects the small integer values of the
+  // nodes that read no graph input.
+  std::optional<TensorPtr> evaluate(const Probe& p, std::string* err,
+                                    std::vector<int64_t>* computed = nullptr) const {
+    std::unordered_set<const Value*> reads_input;
     std::unordered_map<const Value*, TensorPtr> vals;
     auto value_of = [&](Value* x) -> std::optional<TensorPtr> {
       if (!x) return TensorPtr{};
@@ -391,8 +406,8 @@ class MaskProof {
         for (const Dim& d : n->inputs()[0]->type.dims) {
           auto x = d.value ? d.value : role_value(*d.param, p);
           if (!x) {
-            *err = "the shape of '" + n->inputs()[0]->name() + "' ties symbols the probe " +
-                   "(" + p.what + ") gives different lengths";
+            *err = "the shape of '" + n->inputs()[0]->name() + "' ties symbols the probe " + "(" +
+                   p.what + ") gives different lengths";
             return std::nullopt;
           }
           dims.push_back(*x);
@@ -407,12 +422,17 @@ class MaskProof {
         std::vector<int64_t> part(dims.begin() + start, dims.begin() + std::max(start, end));
         const int64_t len = static_cast<int64_t>(part.size());
         vals[n->outputs()[0]] = make_int64_tensor(part, {len});
+        reads_input.insert(n->outputs()[0]);  // the lengths (fixed dims too: conservative)
         continue;
       }
       if (n->op_type == "Identity") {
         auto t = value_of(n->inputs()[0]);
         if (!t) return std::nullopt;
         vals[n->outputs()[0]] = *t;
+        Value* x = n->inputs()[0];
+        if (x && (x->is_graph_input() || reads_input.count(x))) {
+          reads_input.insert(n->outputs()[0]);
+        }
         continue;
       }
       std::vector<TensorPtr> ins;
@@ -428,6 +448,16 @@ class MaskProof {
         return std::nullopt;
       }
       vals[n->outputs()[0]] = (*out)[0];
+      const bool free = std::none_of(n->inputs().begin(), n->inputs().end(), [&](Value* x) {
+        return x && (x->is_graph_input() || reads_input.count(x));
+      });
+      if (!free) {
+        reads_input.insert(n->outputs()[0]);
+      } else if (computed && is_integer_type((*out)[0]->dtype()) && (*out)[0]->numel() <= 64) {
+        if (auto ints = tensor_ints(*(*out)[0], 64)) {
+          computed->insert(computed->end(), ints->begin(), ints->end());
+        }
+      }
     }
     return value_of(mask_);
   }
@@ -466,7 +496,10 @@ class MaskProof {
         v = 2;
         break;
       }
-      case kDouble: std::memcpy(&x, e, 8); v = 2; break;
+      case kDouble:
+        std::memcpy(&x, e, 8);
+        v = 2;
+        break;
       default: return -1;
     }
     if (v == 2) v = x == 0.0 ? 1 : x <= kMaskedBelow ? 0 : -1;
@@ -497,8 +530,9 @@ class MaskProof {
               return false;
             }
             if (got == -1) {
-              *err = "the mask holds values other than 0 and a masking value (a bias, not a "
-                     "mask)";
+              *err =
+                  "the mask holds values other than 0 and a masking value (a bias, not a "
+                  "mask)";
               return false;
             }
             if (got != want) {
