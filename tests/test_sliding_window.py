@@ -148,3 +148,52 @@ def test_gemma3_layers_keep_their_own_masks(fx, tmp_path: Path) -> None:  # type
         else:
             masks = [_bool_mask(model, n.input[10]) for n in atts]
             assert masks[0] == masks[2] != masks[1]
+
+
+def test_a_sliced_cache_is_refused_with_the_reason(tmp_path: Path) -> None:
+    """A model exported WITH a sliding-window cache (gemma3: the sliding layers' present is the
+    last w rows of Concat(past, new)) is not converted; the refusal says so."""
+    h, tp = helper, TensorProto
+    kv = ["B", 2, "P", 16]
+    inputs = [
+        h.make_tensor_value_info("input_ids", tp.INT64, ["B", "S"]),
+        h.make_tensor_value_info("attention_mask", tp.INT64, ["B", "T"]),
+        h.make_tensor_value_info("q", tp.FLOAT, ["B", 4, "S", 16]),
+        h.make_tensor_value_info("k", tp.FLOAT, ["B", 2, "S", 16]),
+        h.make_tensor_value_info("v", tp.FLOAT, ["B", 2, "S", 16]),
+        h.make_tensor_value_info("past_key_values.0.key", tp.FLOAT, kv),
+        h.make_tensor_value_info("past_key_values.0.value", tp.FLOAT, kv),
+    ]
+    inits = [
+        onnx.numpy_helper.from_array(np.array([-4], np.int64), "last_rows"),
+        onnx.numpy_helper.from_array(np.array([2**62], np.int64), "to_end"),
+        onnx.numpy_helper.from_array(np.array([2], np.int64), "seq_axis"),
+    ]
+    nodes = []
+    for kind, new in (("key", "k"), ("value", "v")):
+        nodes.append(h.make_node("Concat", [f"past_key_values.0.{kind}", new], [kind], axis=2))
+        nodes.append(
+            h.make_node("Slice", [kind, "last_rows", "to_end", "seq_axis"], [f"present.0.{kind}"])
+        )
+    nodes.append(
+        h.make_node(
+            "Attention",
+            ["q", "present.0.key", "present.0.value"],
+            ["y"],
+            domain="ai.fastopt.internal",
+            scale=0.25,
+            is_causal=1,
+            q_num_heads=4,
+            kv_num_heads=2,
+        )
+    )
+    outputs = [h.make_tensor_value_info(n, tp.FLOAT, None) for n in ("y", "present.0.key")]
+    outputs.append(h.make_tensor_value_info("present.0.value", tp.FLOAT, None))
+    model = h.make_model(
+        h.make_graph(nodes, "g", inputs, outputs, inits),
+        opset_imports=[h.make_opsetid("", 18), h.make_opsetid("ai.fastopt.internal", 1)],
+    )
+    out = tmp_path / "out.onnx"
+    with pytest.raises(fastopt.ModelError, match=r"sliding-window cache .* not converted"):
+        _add_cache(model.SerializeToString(), out)
+    assert not out.exists()

@@ -351,9 +351,25 @@ int64_t adopt_cache(Graph& g, const std::vector<Node*>& attentions, Value* input
     }
     const std::optional<CachedKV> c = cached_kv(att);
     if (!c) {
+      // A Slice near the keys: a cache that keeps only its last rows (sliding-window layers
+      // exported with a cache, e.g. gemma3), whose positions and mask this form cannot follow.
+      bool sliced = false;
+      const Value* x = att->inputs().size() > 1 ? att->inputs()[1] : nullptr;
+      for (int i = 0; i < 4 && x && x->producer() && !sliced; ++i) {
+        sliced = x->producer()->op_type == "Slice";
+        x = x->producer()->inputs().empty() ? nullptr : x->producer()->inputs()[0];
+      }
+      for (const Value* out : g.outputs()) {
+        const Node* p = out ? out->producer() : nullptr;
+        sliced = sliced || (p && p->op_type == "Slice" && out->name().rfind("present", 0) == 0);
+      }
       refuse("the model has past inputs, but attention '" + att->name.value +
              "' does not read its keys and values as Concat(past input, new rows) feeding a "
-             "present output (the cached form of a model exported with a cache)");
+             "present output (the cached form of a model exported with a cache)" +
+             (sliced
+                  ? std::string("; a present is sliced: a sliding-window cache that keeps only its "
+                                "last rows (gemma3-style) is not converted, export without a cache")
+                  : std::string()));
     }
     for (const Value* x : {c->past_k, c->past_v}) {
       if (rank_of(x) != 4) refuse("past input '" + x->name() + "' is not 4-D (B, Hkv, P, D)");
