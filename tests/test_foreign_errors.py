@@ -70,9 +70,10 @@ def test_only_model_errors_escape(name: str, entry: str, hostile_dir: Path, tmp_
         ("recursive_function", "infer_shapes", "shape inference.*recursive", "ValidationError"),
         ("duplicate_functions", "optimize", "multiple local functions", "ValidationError"),
         ("matmul_without_inputs", "optimize", "MatMul.*Input 0 is out of bounds", "InferenceError"),
-        ("deep_if", "optimize", "shape inference.*Unable to parse proto", "ValueError"),
-        ("deep_type", "to_onnx", "protobuf cannot parse", "DecodeError"),
-        ("deep_if", "convert_version", "version conversion.*MaxDepth", "DecodeError"),
+        # Past protobuf's nesting limit: refused at load, before onnx or protobuf see it.
+        ("deep_if", "optimize", "nesting deeper than 100 levels", None),
+        ("deep_type", "to_onnx", "nesting deeper than 100 levels", None),
+        ("deep_if", "convert_version", "nesting deeper than 100 levels", None),
         ("invalid_tensor_dtype", "verify", "unsupported ONNX element type 99", None),
         ("invalid_tensor_dtype", "bench_run", "ONNX Runtime session creation", "InvalidArgument"),
         ("type_mismatch", "bench_run", "ONNX Runtime session creation", "Fail"),

@@ -19,12 +19,31 @@
 #include "passes/registry.h"
 #include "proto/onnx_reader.h"
 #include "proto/onnx_writer.h"
+#include "proto/output_files.h"
 
 namespace py = pybind11;
 using namespace fastopt;
 using namespace fastopt::bindings;
 
 namespace {
+
+// A tensor's bytes mapped from a file that shrank or changed since the load would raise SIGBUS
+// (or show other bytes) when touched: refuse them with a ModelError instead.
+void check_source_unchanged(const Tensor& t) {
+  auto check = [](const ByteRef& r) {
+    if (r.buffer) r.buffer->check_unchanged(r.offset + r.size);
+  };
+  switch (t.storage) {
+    case Tensor::Storage::kRaw: check(t.raw); break;
+    case Tensor::Storage::kExternal:
+      t.external->file->check_unchanged(t.external->offset + t.external->length);
+      break;
+    case Tensor::Storage::kTyped:
+      for (const auto& r : t.typed) check(r);
+      break;
+    case Tensor::Storage::kNone: break;
+  }
+}
 
 Node* live(const PyNode& n) {
   if (!n.node->alive()) throw ModelError("node '" + n.node->name.value + "' was removed");
@@ -143,6 +162,7 @@ PYBIND11_MODULE(_C, m) {
           "raw_bytes",
           [](const PyTensor& t) {
             py::gil_scoped_release release;
+            check_source_unchanged(*t.tensor);
             return Bytes{t.tensor->bytes()};
           },
           "Element bytes (little-endian): a view for raw/external data, decoded for typed fields")
@@ -150,6 +170,7 @@ PYBIND11_MODULE(_C, m) {
           "strings",
           [](const PyTensor& t) {
             py::typing::List<py::bytes> l;
+            check_source_unchanged(*t.tensor);
             for (const auto& s : t.tensor->strings()) l.append(py::bytes(s));
             return l;
           },
@@ -454,6 +475,25 @@ PYBIND11_MODULE(_C, m) {
       .def("verify", &Model::verify, py::call_guard<py::gil_scoped_release>(),
            "Checks the IR's invariants; raises ModelError naming the first broken one")
       .def(
+          "external_checksums",
+          [](const Model& mm) {
+            py::typing::List<py::typing::Tuple<py::str, py::str, py::str>> out;
+            mm.for_each_graph([&](Graph& g) {
+              for (Value* v : g.initializer_order) {
+                const Tensor& t = *v->initializer();
+                if (!t.is_external()) continue;
+                for (const auto& kv : t.external->entries) {
+                  if (kv.first == "checksum") {
+                    out.append(py::make_tuple(t.name.value, t.external->file->path(), kv.second));
+                  }
+                }
+              }
+            });
+            return out;
+          },
+          "(tensor, data file, checksum) of each external tensor with a 'checksum' key "
+          "(fastopt.verify_checksums checks them)")
+      .def(
           "num_parameters",
           [](const Model& mm) {
             uint64_t n = 0;
@@ -547,8 +587,9 @@ fastopt._C.load_skeleton(bytes, model) or apply its types with Model.apply_types
           "save",
           [](const Model& mm, const py::object& path, const py::object& external_data,
              const std::string& location, uint64_t size_threshold, uint64_t align,
-             uint64_t max_file_bytes) {
+             uint64_t max_file_bytes, const std::map<std::string, py::bytes>& side_files) {
             SaveOptions o;
+            for (const auto& [name, bytes] : side_files) o.side_files.emplace_back(name, bytes);
             o.location = location;
             if (external_data.is_none()) {
               o.external = SaveOptions::External::kAuto;
@@ -570,16 +611,33 @@ fastopt._C.load_skeleton(bytes, model) or apply its types with Model.apply_types
           },
           py::arg("path"), py::arg("external_data") = py::none(), py::kw_only(),
           py::arg("location") = "", py::arg("size_threshold") = 1024, py::arg("align") = 0,
-          py::arg("max_file_bytes") = 0,
-          R"doc(Writes the model atomically (temporary files, then rename); never touches the input.
+          py::arg("max_file_bytes") = 0, py::arg("side_files") = std::map<std::string, py::bytes>{},
+          R"doc(Writes the model: complete or absent at every instant, never over the loaded model's files.
+
+Files are written unnamed and named at the end, data files before the model file (the old
+model file is removed first, so it never sits beside new data); missing folders are created.
+A path that is the loaded model's own file or one of its external data files (by identity:
+links and symlinks included), a directory, FIFO, socket or device is refused (ModelError), as
+is a save after one of the loaded files shrank or changed.
 
 external_data: None writes a self-contained file when it fits protobuf's 2 GB limit and
 external data otherwise; True always moves tensors of at least size_threshold bytes to
 `location` (default '<file name>.data') beside the model; False never does (ModelError over
 2 GB); a string is True with that location. align pads each tensor's offset in the data file to
 a multiple of it (4096 lets runtimes mmap tensors); max_file_bytes > 0 splits the data into
-several files.)doc");
+several files. side_files ({name: bytes}) are written beside the model and committed with it
+(genai_config.json: never beside another model file).)doc");
 
+  m.def(
+      "write_file",
+      [](const py::object& path, py::bytes data) {
+        std::string p = fspath(path);
+        std::string s = data;
+        py::gil_scoped_release release;
+        write_output_file(p, s);
+      },
+      py::arg("path"), py::arg("data"),
+      "Writes a small output file (e.g. genai_config.json) as Model.save writes a model file");
   m.def(
       "load",
       [](const py::object& path) {

@@ -23,6 +23,9 @@ class Buffer {
     static const std::string empty;
     return empty;
   }
+  // Throws ModelError when bytes [0, end) can no longer be read as they were loaded (a file
+  // truncated or rewritten since: touching its mapping past the new end would raise SIGBUS).
+  virtual void check_unchanged(uint64_t end) const { (void)end; }
 };
 
 // Bytes owned in memory (serialized models handed over from Python, tensors made by passes).
@@ -36,11 +39,13 @@ class OwnedBuffer final : public Buffer {
   std::string bytes_;
 };
 
-// A read-only file. The mapping is created on first access to data(), so external data files
-// that no one reads are never mapped; size() comes from fstat at open.
+// A read-only regular file. The mapping is created on first access to data(), so external data
+// files that no one reads are never mapped; size() and the modification time come from fstat
+// at open, and check_unchanged() compares them with the file's current ones.
 class FileBuffer final : public Buffer {
  public:
-  // Opens `path`; throws ModelError naming the file when it cannot be opened.
+  // Opens `path`; throws ModelError naming the file when it cannot be opened or is not a
+  // regular file (checked before opening: opening a FIFO for reading blocks).
   static std::shared_ptr<FileBuffer> open(const std::string& path, bool map_now);
   ~FileBuffer() override;
   FileBuffer(const FileBuffer&) = delete;
@@ -50,6 +55,7 @@ class FileBuffer final : public Buffer {
   uint64_t size() const override { return size_; }
   int fd() const override { return fd_; }
   const std::string& path() const override { return path_; }
+  void check_unchanged(uint64_t end) const override;
   // Identity of the underlying file, to detect the same file reached by two names.
   uint64_t device() const { return dev_; }
   uint64_t inode() const { return ino_; }
@@ -60,6 +66,7 @@ class FileBuffer final : public Buffer {
   int fd_ = -1;
   uint64_t size_ = 0;
   uint64_t dev_ = 0, ino_ = 0;
+  int64_t mtime_sec_ = 0, mtime_nsec_ = 0;
   mutable std::once_flag mapped_once_;
   mutable const uint8_t* map_ = nullptr;
 };

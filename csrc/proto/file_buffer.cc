@@ -12,7 +12,17 @@
 namespace fastopt {
 
 std::shared_ptr<FileBuffer> FileBuffer::open(const std::string& path, bool map_now) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // stat before open: opening a FIFO for reading would block until a writer appears.
+  struct stat before{};
+  if (::stat(path.c_str(), &before) != 0) {
+    throw ModelError("cannot open '" + path + "': " + std::strerror(errno));
+  }
+  if (S_ISDIR(before.st_mode)) throw ModelError("'" + path + "' is a directory, not a file");
+  if (!S_ISREG(before.st_mode)) {
+    throw ModelError("'" + path + "' is not a regular file (a FIFO, socket or device)");
+  }
+  // O_NONBLOCK: should the name be swapped for a FIFO after the stat, open still returns.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     throw ModelError("cannot open '" + path + "': " + std::strerror(errno));
   }
@@ -32,8 +42,29 @@ std::shared_ptr<FileBuffer> FileBuffer::open(const std::string& path, bool map_n
   buf->size_ = static_cast<uint64_t>(st.st_size);
   buf->dev_ = static_cast<uint64_t>(st.st_dev);
   buf->ino_ = static_cast<uint64_t>(st.st_ino);
+  buf->mtime_sec_ = static_cast<int64_t>(st.st_mtim.tv_sec);
+  buf->mtime_nsec_ = static_cast<int64_t>(st.st_mtim.tv_nsec);
   if (map_now) buf->data();
   return buf;
+}
+
+void FileBuffer::check_unchanged(uint64_t end) const {
+  struct stat st{};
+  if (::fstat(fd_, &st) != 0) {
+    throw ModelError("cannot stat '" + path_ + "': " + std::strerror(errno));
+  }
+  const uint64_t now = static_cast<uint64_t>(st.st_size);
+  if (now < end || now < size_) {
+    throw ModelError("'" + path_ + "' shrank from " + std::to_string(size_) + " to " +
+                     std::to_string(now) +
+                     " bytes after the model was loaded (another program rewrote it); its "
+                     "weights can no longer be read: load the model again");
+  }
+  if (st.st_mtim.tv_sec != mtime_sec_ || st.st_mtim.tv_nsec != mtime_nsec_) {
+    throw ModelError("'" + path_ +
+                     "' was modified after the model was loaded (another program wrote to it); "
+                     "its weights may have changed: load the model again");
+  }
 }
 
 FileBuffer::~FileBuffer() {

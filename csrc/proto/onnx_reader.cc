@@ -11,14 +11,13 @@
 #include "ir/constant.h"
 #include "ir/error.h"
 #include "proto/onnx_fields.h"
+#include "proto/onnx_schema.h"
 #include "proto/onnx_writer.h"
 #include "proto/wire.h"
 
 namespace fastopt {
 
 namespace {
-
-constexpr int kMaxGraphDepth = 64;
 
 std::string real_path(const std::string& p) {
   char buf[PATH_MAX];
@@ -63,17 +62,7 @@ uint64_t count_values(wire::Reader& r, wire::WireType type, const uint8_t* base,
     if ((e - b) % fixed_size) r.fail("packed field length is not a multiple of the value size");
     return (e - b) / fixed_size;
   }
-  uint64_t n = 0;  // varints: one value ends at each byte without the continuation bit
-  int run = 0;     // bytes in the current varint; more than 10 is not a varint
-  for (uint64_t p = b; p < e; ++p) {
-    if (++run > 10) r.fail("varint in packed field does not terminate within 10 bytes");
-    if ((base[p] & 0x80) == 0) {
-      ++n;
-      run = 0;
-    }
-  }
-  if (e > b && (base[e - 1] & 0x80)) r.fail("packed varint field ends inside a value");
-  return n;
+  return wire::check_packed_varints(r, base, b, e);
 }
 
 // Protobuf `string` fields hold UTF-8; names with invalid bytes cannot be text in Python or
@@ -128,12 +117,15 @@ struct ModelReader {
     Attribute* attr;
     int index;  // -1: attr.g, else attr.graphs[index]
     uint64_t begin, end;
+    int depth;  // nesting level of the GraphProto
   };
 
   ByteRef span(uint64_t b, uint64_t e) const { return ByteRef{source, b, e - b}; }
-  void keep(RawFields& extras, wire::Reader& r, wire::WireType type, uint32_t number) {
+  // A field the IR does not model, kept verbatim: it must parse as protobuf parses it.
+  void keep(RawFields& extras, wire::Reader& r, wire::WireType type, uint32_t number,
+            schema::Msg message) {
     uint64_t start = r.tag_start();
-    r.skip(type, number);
+    schema::check_field(r, base, message, number, type);
     extras.push_back(span(start, r.pos()));
   }
   // A `string` field: must be UTF-8.
@@ -171,9 +163,9 @@ struct ModelReader {
 
   // ---- small messages ----
 
-  OpsetId read_opset(uint64_t b, uint64_t e) {
+  OpsetId read_opset(uint64_t b, uint64_t e, int depth) {
     OpsetId o;
-    wire::Reader r(base, b, e, "OperatorSetIdProto");
+    wire::Reader r(base, b, e, "OperatorSetIdProto", depth);
     uint32_t f;
     wire::WireType t;
     while (r.next(&f, &t)) {
@@ -183,14 +175,14 @@ struct ModelReader {
         o.version = int64(r, t, "version");
         if (*o.version < 0) r.fail("negative opset version");
       } else
-        keep(o.extras, r, t, f);
+        keep(o.extras, r, t, f, schema::Msg::kOpset);
     }
     return o;
   }
 
   // Returns false if the entry has fields beyond key and value.
-  bool read_entry(uint64_t b, uint64_t e, std::string* key, std::string* value) {
-    wire::Reader r(base, b, e, "StringStringEntryProto");
+  bool read_entry(uint64_t b, uint64_t e, std::string* key, std::string* value, int depth) {
+    wire::Reader r(base, b, e, "StringStringEntryProto", depth);
     uint32_t f;
     wire::WireType t;
     bool plain = true;
@@ -207,11 +199,12 @@ struct ModelReader {
     return plain;
   }
 
-  TypeInfo read_type(uint64_t b, uint64_t e) {
+  TypeInfo read_type(uint64_t b, uint64_t e, int depth) {
     TypeInfo ti;
     ti.known = true;
-    ti.encoded = span(b, e);
-    wire::Reader r(base, b, e, "TypeProto");
+    ti.encoded = span(b, e);  // written back verbatim: all of it must parse
+    schema::check_message(base, b, e, schema::Msg::kType, depth, "TypeProto");
+    wire::Reader r(base, b, e, "TypeProto", depth);
     uint32_t f;
     wire::WireType t;
     while (r.next(&f, &t)) {
@@ -221,21 +214,21 @@ struct ModelReader {
       }
       ti.is_tensor = true;
       auto [tb, te] = sub(r, t, "tensor_type");
-      wire::Reader tr(base, tb, te, "TypeProto.Tensor");
+      wire::Reader tr(base, tb, te, "TypeProto.Tensor", depth + 1);
       while (tr.next(&f, &t)) {
         if (f == field::type::tensor::kElemType) {
           ti.elem_type = static_cast<int32_t>(int64(tr, t, "elem_type"));
         } else if (f == field::type::tensor::kShape) {
           ti.has_shape = true;
           auto [sb, se] = sub(tr, t, "shape");
-          wire::Reader sr(base, sb, se, "TensorShapeProto");
+          wire::Reader sr(base, sb, se, "TensorShapeProto", depth + 2);
           while (sr.next(&f, &t)) {
             if (f != field::type::shape::kDim) {
               sr.skip(t, f);
               continue;
             }
             auto [db, de] = sub(sr, t, "dim");
-            wire::Reader dr(base, db, de, "TensorShapeProto.Dimension");
+            wire::Reader dr(base, db, de, "TensorShapeProto.Dimension", depth + 3);
             Dim d;
             while (dr.next(&f, &t)) {
               if (f == field::type::dim::kValue) {
@@ -258,10 +251,10 @@ struct ModelReader {
 
   // ---- tensors ----
 
-  std::shared_ptr<Tensor> read_tensor(uint64_t b, uint64_t e) {
+  std::shared_ptr<Tensor> read_tensor(uint64_t b, uint64_t e, int depth) {
     auto tp = std::make_shared<Tensor>();
     Tensor& ts = *tp;
-    wire::Reader r(base, b, e, "TensorProto");
+    wire::Reader r(base, b, e, "TensorProto", depth);
     uint32_t f;
     wire::WireType t;
     std::vector<std::pair<std::string, std::string>> ext_entries;
@@ -288,7 +281,7 @@ struct ModelReader {
         case field::tensor::kExternalData: {
           auto [xb, xe] = sub(r, t, "external_data");
           std::string k, v;
-          read_entry(xb, xe, &k, &v);
+          read_entry(xb, xe, &k, &v, depth + 1);
           ext_entries.emplace_back(std::move(k), std::move(v));
           break;
         }
@@ -318,7 +311,7 @@ struct ModelReader {
           ts.typed.push_back(span(start, r.pos()));
           break;
         }
-        default: keep(ts.extras, r, t, f);
+        default: keep(ts.extras, r, t, f, schema::Msg::kTensor);
       }
     }
     finish_tensor(ts, std::move(ext_entries), typed_values, string_values);
@@ -341,8 +334,14 @@ struct ModelReader {
     }
     const int32_t dt = ts.dtype();
     const int bits = dtype_bits(dt);
-    if (bits > 0 && numel > (UINT64_MAX - 7) / static_cast<uint64_t>(bits)) {
-      throw ModelError(who + " has absurd dimensions " + shape_text(ts.dims));
+    // numpy and onnx size an array as the product of its non-zero dims times the item size,
+    // even when a zero dim makes it empty: that product must fit in int64 too.
+    uint64_t nonzero = 1;  // numel() proved this product fits in int64
+    for (int64_t d : ts.dims) nonzero *= d > 0 ? static_cast<uint64_t>(d) : 1;
+    const uint64_t item = bits >= 8 ? static_cast<uint64_t>(bits) / 8 : dt == kString ? 8 : 1;
+    if (nonzero > static_cast<uint64_t>(INT64_MAX) / item) {
+      throw ModelError(who + " has absurd dimensions " + shape_text(ts.dims) + " of " +
+                       dtype_name(dt) + " (size in bytes overflows)");
     }
     const uint64_t expected = bits > 0 ? dtype_storage_bytes(dt, numel) : 0;
     const bool external = ts.data_location.value_or(0) == field::tensor::kLocationExternal;
@@ -510,23 +509,23 @@ struct ModelReader {
     return ExternalLocation{std::move(file), offset, length, std::move(entries)};
   }
 
-  std::shared_ptr<SparseTensor> read_sparse(uint64_t b, uint64_t e) {
+  std::shared_ptr<SparseTensor> read_sparse(uint64_t b, uint64_t e, int depth) {
     auto sp = std::make_shared<SparseTensor>();
-    wire::Reader r(base, b, e, "SparseTensorProto");
+    wire::Reader r(base, b, e, "SparseTensorProto", depth);
     uint32_t f;
     wire::WireType t;
     while (r.next(&f, &t)) {
       if (f == field::sparse::kValues) {
         auto [vb, ve] = sub(r, t, "values");
-        sp->values = read_tensor(vb, ve);
+        sp->values = read_tensor(vb, ve, depth + 1);
       } else if (f == field::sparse::kIndices) {
         auto [ib, ie] = sub(r, t, "indices");
-        sp->indices = read_tensor(ib, ie);
+        sp->indices = read_tensor(ib, ie, depth + 1);
       } else if (f == field::sparse::kDims) {
         wire::read_repeated_varint(
             r, t, base, [&](uint64_t v) { sp->dims.push_back(static_cast<int64_t>(v)); });
       } else {
-        keep(sp->extras, r, t, f);
+        keep(sp->extras, r, t, f, schema::Msg::kSparseTensor);
       }
     }
     validate_sparse(*sp);
@@ -572,9 +571,10 @@ struct ModelReader {
 
   // ---- attributes and nodes ----
 
-  Attribute read_attribute(uint64_t b, uint64_t e, std::vector<PendingGraph>* pending_raw) {
+  Attribute read_attribute(uint64_t b, uint64_t e, std::vector<PendingGraph>* pending_raw,
+                           int depth) {
     Attribute a;
-    wire::Reader r(base, b, e, "AttributeProto");
+    wire::Reader r(base, b, e, "AttributeProto", depth);
     uint32_t f;
     wire::WireType t;
     std::vector<std::pair<uint64_t, uint64_t>> graphs;
@@ -596,7 +596,7 @@ struct ModelReader {
         case field::attr::kS: a.s = bytes(r, t, "s"); break;
         case field::attr::kT: {
           auto [tb, te] = sub(r, t, "t");
-          a.t = read_tensor(tb, te);
+          a.t = read_tensor(tb, te, depth + 1);
           break;
         }
         case field::attr::kG:
@@ -617,12 +617,12 @@ struct ModelReader {
         case field::attr::kStrings: a.strings.push_back(bytes(r, t, "strings")); break;
         case field::attr::kTensors: {
           auto [tb, te] = sub(r, t, "tensors");
-          a.tensors.push_back(read_tensor(tb, te));
+          a.tensors.push_back(read_tensor(tb, te, depth + 1));
           break;
         }
         case field::attr::kGraphs: graphs.push_back(sub(r, t, "graphs")); break;
         case field::attr::kRefAttrName: a.ref_attr_name.set(str(r, t, "ref_attr_name")); break;
-        default: keep(a.extras, r, t, f);
+        default: keep(a.extras, r, t, f, schema::Msg::kAttribute);
       }
     }
     if (a.name.empty()) r.fail("attribute has no name");
@@ -630,9 +630,10 @@ struct ModelReader {
       r.fail("attribute '" + a.name + "' has unknown type " + std::to_string(*a.type));
     }
     // Subgraphs are parsed after the enclosing graph has defined all its names.
-    if (has_g) pending_raw->push_back({nullptr, -1, g.first, g.second});
+    if (has_g) pending_raw->push_back({nullptr, -1, g.first, g.second, depth + 1});
     for (size_t i = 0; i < graphs.size(); ++i) {
-      pending_raw->push_back({nullptr, static_cast<int>(i), graphs[i].first, graphs[i].second});
+      pending_raw->push_back(
+          {nullptr, static_cast<int>(i), graphs[i].first, graphs[i].second, depth + 1});
     }
     a.graphs.resize(graphs.size());
     return a;
@@ -644,11 +645,11 @@ struct ModelReader {
     std::vector<std::pair<size_t, PendingGraph>> graphs;  // attribute index, graph
   };
 
-  PendingNode read_node(Graph& g, uint64_t b, uint64_t e) {
+  PendingNode read_node(Graph& g, uint64_t b, uint64_t e, int depth) {
     Node& n = *g.new_node();
     PendingNode pn{nullptr, {}, {}};
     std::vector<std::string> outputs;
-    wire::Reader r(base, b, e, "NodeProto");
+    wire::Reader r(base, b, e, "NodeProto", depth);
     uint32_t f;
     wire::WireType t;
     while (r.next(&f, &t)) {
@@ -665,11 +666,11 @@ struct ModelReader {
         case field::node::kAttribute: {
           auto [ab, ae] = sub(r, t, "attribute");
           std::vector<PendingGraph> raw;
-          n.attributes.push_back(read_attribute(ab, ae, &raw));
+          n.attributes.push_back(read_attribute(ab, ae, &raw, depth + 1));
           for (auto& pg : raw) pn.graphs.emplace_back(n.attributes.size() - 1, pg);
           break;
         }
-        default: keep(n.extras, r, t, f);
+        default: keep(n.extras, r, t, f, schema::Msg::kNode);
       }
     }
     if (!n.has_op_type || n.op_type.empty()) r.fail("node '" + n.name.value + "' has no op_type");
@@ -695,9 +696,10 @@ struct ModelReader {
     return pn;
   }
 
-  ValueInfoEntry read_value_info(uint64_t b, uint64_t e, std::string* name, TypeInfo* type) {
+  ValueInfoEntry read_value_info(uint64_t b, uint64_t e, std::string* name, TypeInfo* type,
+                                 int depth) {
     ValueInfoEntry entry;
-    wire::Reader r(base, b, e, "ValueInfoProto");
+    wire::Reader r(base, b, e, "ValueInfoProto", depth);
     uint32_t f;
     wire::WireType t;
     while (r.next(&f, &t)) {
@@ -705,9 +707,9 @@ struct ModelReader {
         *name = str(r, t, "name");
       } else if (f == field::value_info::kType) {
         auto [tb, te] = sub(r, t, "type");
-        *type = read_type(tb, te);
+        *type = read_type(tb, te, depth + 1);
       } else {
-        keep(entry.extras, r, t, f);
+        keep(entry.extras, r, t, f, schema::Msg::kValueInfo);
       }
     }
     return entry;
@@ -742,13 +744,13 @@ struct ModelReader {
     }
   }
 
-  void read_subgraphs(Graph& g, std::vector<PendingNode>& pending, int depth) {
+  void read_subgraphs(Graph& g, std::vector<PendingNode>& pending) {
     for (auto& pn : pending) {
       for (auto& [attr_index, pg] : pn.graphs) {
         Attribute& a = pn.node->attributes[attr_index];
         auto sub = std::make_unique<Graph>(model, &g);
         sub->set_owner_node(pn.node);
-        read_graph_body(*sub, {{pg.begin, pg.end}}, depth + 1);
+        read_graph_body(*sub, {{pg.begin, pg.end}}, pg.depth);
         if (pg.index < 0)
           a.g = std::move(sub);
         else
@@ -760,10 +762,10 @@ struct ModelReader {
   // `spans` are the occurrences of one GraphProto field: protobuf merges them in order.
   void read_graph_body(Graph& g, const std::vector<std::pair<uint64_t, uint64_t>>& spans,
                        int depth) {
-    if (depth > kMaxGraphDepth) throw ModelError("subgraphs are nested too deeply");
+    if (depth > wire::kMaxNesting) wire::nesting_error();
     std::vector<std::pair<uint64_t, uint64_t>> nodes, inputs, outputs, inits, sparse, infos;
     for (auto [b, e] : spans) {
-      wire::Reader r(base, b, e, "GraphProto");
+      wire::Reader r(base, b, e, "GraphProto", depth);
       uint32_t f;
       wire::WireType t;
       while (r.next(&f, &t)) {
@@ -777,7 +779,7 @@ struct ModelReader {
           case field::graph::kInput: inputs.push_back(sub(r, t, "input")); break;
           case field::graph::kOutput: outputs.push_back(sub(r, t, "output")); break;
           case field::graph::kValueInfo: infos.push_back(sub(r, t, "value_info")); break;
-          default: keep(g.extras, r, t, f);
+          default: keep(g.extras, r, t, f, schema::Msg::kGraph);
         }
       }
     }
@@ -786,7 +788,7 @@ struct ModelReader {
     for (auto [ib, ie] : inputs) {
       std::string name;
       TypeInfo type;
-      ValueInfoEntry entry = read_value_info(ib, ie, &name, &type);
+      ValueInfoEntry entry = read_value_info(ib, ie, &name, &type, depth + 1);
       if (name.empty()) throw ModelError(gname + " has an input with an empty name");
       Value* v = g.create_value(name);
       v->is_graph_input_ = true;
@@ -805,25 +807,25 @@ struct ModelReader {
       return v;
     };
     for (auto [tb, te] : inits) {
-      auto tensor = read_tensor(tb, te);
+      auto tensor = read_tensor(tb, te, depth + 1);
       Value* v = initializer_value(tensor->name.value);
       v->initializer_ = std::move(tensor);
       g.initializer_order.push_back(v);
     }
     for (auto [sb, se] : sparse) {
-      auto sp = read_sparse(sb, se);
+      auto sp = read_sparse(sb, se, depth + 1);
       Value* v = initializer_value(sp->values->name.value);
       v->sparse_ = std::move(sp);
       g.sparse_initializer_order.push_back(v);
     }
     std::vector<PendingNode> pending;
     pending.reserve(nodes.size());
-    for (auto [nb, ne] : nodes) pending.push_back(read_node(g, nb, ne));
+    for (auto [nb, ne] : nodes) pending.push_back(read_node(g, nb, ne, depth + 1));
     for (auto& pn : pending) resolve_inputs(g, pn);
     for (auto [ib, ie] : infos) {
       std::string name;
       TypeInfo type;
-      ValueInfoEntry entry = read_value_info(ib, ie, &name, &type);
+      ValueInfoEntry entry = read_value_info(ib, ie, &name, &type, depth + 1);
       auto it = g.scope().find(name);
       if (it == g.scope().end()) {
         entry.orphan_name = name;  // describes nothing in this graph; kept as written
@@ -838,7 +840,7 @@ struct ModelReader {
     for (auto [ob, oe] : outputs) {
       std::string name;
       TypeInfo type;
-      ValueInfoEntry entry = read_value_info(ob, oe, &name, &type);
+      ValueInfoEntry entry = read_value_info(ob, oe, &name, &type, depth + 1);
       Value* v = g.lookup(name);
       if (!v) {
         throw ModelError(gname + " output '" + name + "' is not defined (dangling output)");
@@ -851,7 +853,7 @@ struct ModelReader {
       ++v->graph_output_count_;
       g.output_entries.push_back(std::move(entry));
     }
-    read_subgraphs(g, pending, depth);
+    read_subgraphs(g, pending);
     if (Node* bad = g.find_cycle()) {
       throw ModelError(gname + " has a cycle through node '" + bad->name.value + "' (" +
                        bad->op_type + ")");
@@ -859,10 +861,11 @@ struct ModelReader {
   }
 
   std::unique_ptr<Function> read_function(uint64_t b, uint64_t e) {
+    const int depth = 1;  // FunctionProto is a field of ModelProto
     auto fn = std::make_unique<Function>();
     fn->body = std::make_unique<Graph>(model, nullptr);
     Graph& g = *fn->body;
-    wire::Reader r(base, b, e, "FunctionProto");
+    wire::Reader r(base, b, e, "FunctionProto", depth);
     uint32_t f;
     wire::WireType t;
     std::vector<std::string> inputs, outputs;
@@ -880,7 +883,7 @@ struct ModelReader {
         case field::function::kAttributeProto: {
           auto [ab, ae] = sub(r, t, "attribute_proto");
           std::vector<PendingGraph> raw;
-          fn->attribute_defaults.push_back(read_attribute(ab, ae, &raw));
+          fn->attribute_defaults.push_back(read_attribute(ab, ae, &raw, depth + 1));
           if (!raw.empty()) {
             throw ModelError("function '" + fn->name.value +
                              "' has a graph-valued attribute default (unsupported)");
@@ -890,11 +893,11 @@ struct ModelReader {
         case field::function::kNode: nodes.push_back(sub(r, t, "node")); break;
         case field::function::kOpsetImport: {
           auto [ob, oe] = sub(r, t, "opset_import");
-          fn->opset_import.push_back(read_opset(ob, oe));
+          fn->opset_import.push_back(read_opset(ob, oe, depth + 1));
           break;
         }
         case field::function::kValueInfo: infos.push_back(sub(r, t, "value_info")); break;
-        default: keep(fn->extras, r, t, f);
+        default: keep(fn->extras, r, t, f, schema::Msg::kFunction);
       }
     }
     g.name.value = fn->name.value;  // for error messages only; not written
@@ -906,7 +909,7 @@ struct ModelReader {
       g.input_entries.push_back(std::move(entry));
     }
     std::vector<PendingNode> pending;
-    for (auto [nb, ne] : nodes) pending.push_back(read_node(g, nb, ne));
+    for (auto [nb, ne] : nodes) pending.push_back(read_node(g, nb, ne, depth + 1));
     for (auto& pn : pending) resolve_inputs(g, pn);
     for (const auto& name : outputs) {
       Value* v = g.lookup(name);
@@ -921,7 +924,7 @@ struct ModelReader {
     for (auto [ib, ie] : infos) {
       std::string name;
       TypeInfo type;
-      ValueInfoEntry entry = read_value_info(ib, ie, &name, &type);
+      ValueInfoEntry entry = read_value_info(ib, ie, &name, &type, depth + 1);
       auto it = g.scope().find(name);
       if (it == g.scope().end()) {
         entry.orphan_name = name;
@@ -932,7 +935,7 @@ struct ModelReader {
       }
       g.value_info_entries.push_back(std::move(entry));
     }
-    read_subgraphs(g, pending, 1);
+    read_subgraphs(g, pending);
     if (Node* bad = g.find_cycle()) {
       throw ModelError("function '" + fn->name.value + "' has a cycle through node '" +
                        bad->name.value + "' (" + bad->op_type + ")");
@@ -964,21 +967,23 @@ struct ModelReader {
         case field::model::kGraph: graph.push_back(sub(r, t, "graph")); break;
         case field::model::kOpsetImport: {
           auto [ob, oe] = sub(r, t, "opset_import");
-          m->opset_import.push_back(read_opset(ob, oe));
+          m->opset_import.push_back(read_opset(ob, oe, 1));
           break;
         }
         case field::model::kMetadataProps: {
           uint64_t start = r.tag_start();
           auto [mb, me] = sub(r, t, "metadata_props");
           std::string k, v;
-          if (read_entry(mb, me, &k, &v))
+          if (read_entry(mb, me, &k, &v, 1)) {
             m->metadata_props.emplace_back(k, v);
-          else
+          } else {  // kept verbatim
+            schema::check_message(base, mb, me, schema::Msg::kEntry, 1, "StringStringEntryProto");
             m->metadata_extras.push_back(span(start, r.pos()));
+          }
           break;
         }
         case field::model::kFunctions: functions.push_back(sub(r, t, "functions")); break;
-        default: keep(m->extras, r, t, f);
+        default: keep(m->extras, r, t, f, schema::Msg::kModel);
       }
     }
     if (graph.empty())
@@ -989,7 +994,7 @@ struct ModelReader {
     }
     for (auto [fb, fe] : functions) m->functions.push_back(read_function(fb, fe));
     m->graph = std::make_unique<Graph>(model, nullptr);
-    read_graph_body(*m->graph, graph, 0);
+    read_graph_body(*m->graph, graph, 1);
     return m;
   }
 };

@@ -10,6 +10,7 @@
 
 #include "ir/error.h"
 #include "proto/onnx_fields.h"
+#include "proto/output_files.h"
 #include "proto/wire.h"
 
 namespace fastopt {
@@ -18,112 +19,7 @@ namespace {
 
 constexpr uint64_t kProtobufLimit = (1ull << 31) - 1;  // protobuf refuses messages of 2 GB+
 
-std::string errno_text() {
-  return std::strerror(errno);
-}
-
-std::string basename_of(const std::string& p) {
-  auto slash = p.find_last_of('/');
-  return slash == std::string::npos ? p : p.substr(slash + 1);
-}
-
-std::string dirname_of(const std::string& p) {
-  auto slash = p.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return p.substr(0, slash);
-}
-
-// A file being written under a temporary name in its final folder.
-class TempFile {
- public:
-  TempFile(const std::string& final_path) : final_(final_path) {
-    std::string pattern = dirname_of(final_path) + "/." + basename_of(final_path) + ".tmp-XXXXXX";
-    std::vector<char> buf(pattern.begin(), pattern.end());
-    buf.push_back('\0');
-    fd_ = ::mkstemp(buf.data());
-    if (fd_ < 0) {
-      throw ModelError("cannot create a file in '" + dirname_of(final_path) + "': " + errno_text());
-    }
-    temp_.assign(buf.data());
-    mode_t mask = ::umask(0);
-    ::umask(mask);
-    ::fchmod(fd_, 0666 & ~mask);
-  }
-  ~TempFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(temp_.c_str());
-  }
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
-
-  uint64_t size() const { return size_; }
-
-  void write(const void* p, uint64_t n) {
-    const char* c = static_cast<const char*>(p);
-    while (n > 0) {
-      ssize_t w = ::write(fd_, c, n > (1u << 30) ? (1u << 30) : n);
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        throw ModelError("cannot write '" + final_ + "': " + errno_text());
-      }
-      c += w;
-      n -= static_cast<uint64_t>(w);
-      size_ += static_cast<uint64_t>(w);
-    }
-  }
-
-  void zeros(uint64_t n) {
-    static const char kZeros[4096] = {};
-    while (n > 0) {
-      uint64_t k = n < sizeof(kZeros) ? n : sizeof(kZeros);
-      write(kZeros, k);
-      n -= k;
-    }
-  }
-
-  // Copies a byte range of a source in the kernel when it is file-backed.
-  void copy(const ByteRef& ref) {
-    int src = ref.buffer->fd();
-    if (src >= 0 && can_copy_range_) {
-      loff_t in_off = static_cast<loff_t>(ref.offset);
-      uint64_t left = ref.size;
-      while (left > 0) {
-        ssize_t n = ::copy_file_range(src, &in_off, fd_, nullptr, left, 0);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;  // unsupported here (or end of file): finish through memory
-        left -= static_cast<uint64_t>(n);
-        size_ += static_cast<uint64_t>(n);
-      }
-      if (left == 0) return;
-      can_copy_range_ = false;
-      write(ref.data() + (ref.size - left), left);
-      return;
-    }
-    write(ref.data(), ref.size);
-  }
-
-  void commit() {
-    if (::close(fd_) != 0) {
-      fd_ = -1;
-      throw ModelError("cannot write '" + final_ + "': " + errno_text());
-    }
-    fd_ = -1;
-    if (::rename(temp_.c_str(), final_.c_str()) != 0) {
-      throw ModelError("cannot move the written file to '" + final_ + "': " + errno_text());
-    }
-    committed_ = true;
-  }
-
- private:
-  std::string final_, temp_;
-  int fd_ = -1;
-  uint64_t size_ = 0;
-  bool committed_ = false;
-  bool can_copy_range_ = true;
-};
-
-void write_pieces(TempFile& out, const wire::Writer& w) {
+void write_pieces(OutputFile& out, const wire::Writer& w) {
   for (const auto& piece : w.pieces()) {
     if (piece.ref.buffer)
       out.copy(piece.ref);
@@ -135,8 +31,13 @@ void write_pieces(TempFile& out, const wire::Writer& w) {
 // External data files being written: tensors are appended as the model is serialized.
 class DataFiles {
  public:
-  DataFiles(std::string folder, std::string location, const SaveOptions& opt)
-      : folder_(std::move(folder)), location_(std::move(location)), opt_(opt) {}
+  DataFiles(std::string folder, std::string location, const SaveOptions& opt,
+            const InputFiles& inputs, std::string model_name)
+      : folder_(std::move(folder)),
+        location_(std::move(location)),
+        opt_(opt),
+        inputs_(inputs),
+        model_name_(std::move(model_name)) {}
 
   struct Placement {
     std::string location;
@@ -148,17 +49,24 @@ class DataFiles {
                            padded(files_.back().file->size()) + bytes.size > opt_.max_file_bytes)) {
       std::string name =
           files_.empty() ? location_ : location_ + "." + std::to_string(files_.size());
-      files_.push_back({name, std::make_unique<TempFile>(folder_ + "/" + name)});
+      if (name == model_name_) {
+        throw ModelError("external data file '" + name + "' would be the model file itself");
+      }
+      const std::string path = folder_ + "/" + name;
+      inputs_.check_output(path, "external data file");
+      files_.push_back({name, std::make_unique<OutputFile>(path)});
     }
-    TempFile& f = *files_.back().file;
+    OutputFile& f = *files_.back().file;
     f.zeros(padded(f.size()) - f.size());
     uint64_t offset = f.size();
     f.copy(bytes);
     return {files_.back().name, offset};
   }
 
-  void commit() {
-    for (auto& f : files_) f.file->commit();
+  std::vector<OutputFile*> files() const {
+    std::vector<OutputFile*> out;
+    for (const auto& f : files_) out.push_back(f.file.get());
+    return out;
   }
 
  private:
@@ -167,10 +75,12 @@ class DataFiles {
   }
   struct Entry {
     std::string name;
-    std::unique_ptr<TempFile> file;
+    std::unique_ptr<OutputFile> file;
   };
   std::string folder_, location_;
   const SaveOptions& opt_;
+  const InputFiles& inputs_;
+  std::string model_name_;
   std::vector<Entry> files_;
 };
 
@@ -451,41 +361,57 @@ std::string serialize_skeleton(Model& model, uint64_t threshold) {
 
 void write_model_file(const Model& model, const std::string& path, const SaveOptions& options) {
   if (path.empty()) throw ModelError("output path is empty");
+  if (path.back() == '/') throw ModelError("output path '" + path + "' names a folder");
   const std::string folder = dirname_of(path);
-  struct stat st {};
-  if (::stat(folder.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    throw ModelError("output folder '" + folder + "' does not exist");
+  const InputFiles inputs(model);  // also: none of them changed since the load
+  inputs.check_output(path, "output");
+
+  std::string location = options.location.empty() ? basename_of(path) + ".data" : options.location;
+  if (options.external != SaveOptions::External::kNever &&
+      (location.find('/') != std::string::npos || location == "." || location == "..")) {
+    throw ModelError("external data location '" + location +
+                     "' must be a plain file name in the output folder");
   }
-  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-    throw ModelError("output path '" + path + "' is a directory");
+  for (const auto& [name, bytes] : options.side_files) {
+    if (name.empty() || name.find('/') != std::string::npos || name == "." || name == ".." ||
+        name == basename_of(path) || name == location) {
+      throw ModelError("side file name '" + name + "' must be a plain file name in the output " +
+                       "folder, other than the model's and its data's");
+    }
+    inputs.check_output(folder + "/" + name, "output");
   }
+  CreatedFolders folders(folder);  // -o new/dir/model.onnx creates new/dir
+  std::vector<std::unique_ptr<OutputFile>> side;
+  for (const auto& [name, bytes] : options.side_files) {
+    side.push_back(std::make_unique<OutputFile>(folder + "/" + name));
+    side.back()->write(bytes.data(), bytes.size());
+  }
+  auto commit = [&](OutputFile& out, std::vector<OutputFile*> files) {
+    for (auto& f : side) files.push_back(f.get());
+    commit_outputs(&out, files);  // the model file takes its name last
+    folders.keep();
+  };
 
   if (options.external != SaveOptions::External::kAlways) {
     wire::Writer w = ModelWriter(model, nullptr, 0).model();
     if (w.size() <= kProtobufLimit) {
-      TempFile out(path);
+      OutputFile out(path);
       write_pieces(out, w);
-      out.commit();
+      commit(out, {});
       return;
     }
     if (options.external == SaveOptions::External::kNever) throw ModelError(too_big(w.size()));
   }
 
-  std::string location = options.location.empty() ? basename_of(path) + ".data" : options.location;
-  if (location.find('/') != std::string::npos || location == "." || location == "..") {
-    throw ModelError("external data location '" + location +
-                     "' must be a plain file name in the output folder");
-  }
-  DataFiles data(folder, location, options);
+  DataFiles data(folder, location, options, inputs, basename_of(path));
   wire::Writer w = ModelWriter(model, &data, options.size_threshold).model();
   if (w.size() > kProtobufLimit) {
     throw ModelError("the model's graph alone is " + std::to_string(w.size()) +
                      " bytes, over protobuf's 2 GB limit, even with external data");
   }
-  TempFile out(path);
+  OutputFile out(path);
   write_pieces(out, w);
-  data.commit();  // data first: the model file only appears once its data is in place
-  out.commit();
+  commit(out, data.files());
 }
 
 }  // namespace fastopt

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "ir/graph.h"
 
@@ -16,10 +18,14 @@ struct SaveOptions {
   uint64_t size_threshold = 1024;  // tensors smaller than this stay inline
   uint64_t align = 0;              // align each tensor's offset in the data file (0 = no padding)
   uint64_t max_file_bytes = 0;     // > 0: start a new data file before exceeding this size
+  // Small files written beside the model (name in the output folder, bytes), committed with
+  // the data files: e.g. genai_config.json, which must never describe another model file.
+  std::vector<std::pair<std::string, std::string>> side_files;
 };
 
-// Writes atomically: everything goes to temporary files in the output folder, renamed into
-// place only when complete. The source model's files are never written.
+// Writes the model file, its data files and side files: complete or absent at every instant
+// (commit_outputs), never over the loaded model's own files or over anything not a regular
+// file; missing folders are created.
 void write_model_file(const Model& model, const std::string& path, const SaveOptions& options);
 
 // Serializes a self-contained model in memory (external data inlined); ModelError over 2 GB.

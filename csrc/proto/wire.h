@@ -23,21 +23,37 @@ enum WireType : uint32_t {
   kFixed32 = 5
 };
 
-// Parse position in one message. `what` names the message for error text.
+// Protobuf's default recursion limit: messages (and groups) nested deeper than this below the
+// top-level message make protobuf (onnx.load, ONNX Runtime) refuse the whole file.
+inline constexpr int kMaxNesting = 100;
+
+[[noreturn]] inline void nesting_error() {
+  throw ModelError("nesting deeper than " + std::to_string(kMaxNesting) +
+                   " levels (protobuf's limit; onnx and ONNX Runtime cannot read such a file)");
+}
+
+// Parse position in one message. `what` names the message for error text; `depth` is the
+// message's nesting level (0 = the top-level message), which bounds groups inside it.
 class Reader {
  public:
-  Reader(const uint8_t* base, uint64_t begin, uint64_t end, const char* what)
-      : base_(base), pos_(begin), end_(end), what_(what) {}
+  Reader(const uint8_t* base, uint64_t begin, uint64_t end, const char* what, int depth = 0)
+      : base_(base), pos_(begin), end_(end), what_(what), depth_(depth) {
+    if (depth > kMaxNesting) nesting_error();
+  }
 
   bool done() const { return pos_ >= end_; }
   uint64_t pos() const { return pos_; }
   const char* what() const { return what_; }
+  int depth() const { return depth_; }
 
+  // At most 10 bytes, the 10th holding only bit 63: anything longer is not an int64.
   uint64_t varint() {
     uint64_t result = 0;
     for (int shift = 0; shift < 64; shift += 7) {
       if (pos_ >= end_) fail("truncated varint (input ends inside it)");
       uint8_t b = base_[pos_++];
+      if (shift == 63 && b > 1)
+        fail("varint overflows 64 bits (10th byte " + std::to_string(b) + ")");
       result |= static_cast<uint64_t>(b & 0x7f) << shift;
       if ((b & 0x80) == 0) return result;
     }
@@ -90,15 +106,17 @@ class Reader {
     return v;
   }
 
-  // Skips the value of the field whose tag was just read.
-  void skip(WireType type, uint32_t field, int depth = 0) {
+  // Skips the value of the field whose tag was just read. A group is a nested message to
+  // protobuf: it counts toward the nesting limit.
+  void skip(WireType type, uint32_t field, int depth = -1) {
+    if (depth < 0) depth = depth_ + 1;
     switch (type) {
       case kVarint: varint(); return;
       case kFixed64: fixed64(); return;
       case kFixed32: fixed32(); return;
       case kLen: len_payload(); return;
       case kStartGroup: {
-        if (depth > 32) fail("groups nested too deeply");
+        if (depth > kMaxNesting) nesting_error();
         uint32_t f;
         WireType t;
         while (next(&f, &t)) {
@@ -137,14 +155,31 @@ class Reader {
   uint64_t end_;
   uint64_t tag_start_ = 0;
   const char* what_;
+  int depth_ = 0;
 };
+
+// Checks a packed repeated varint payload [b, e) as protobuf parses it; returns the count.
+inline uint64_t check_packed_varints(Reader& r, const uint8_t* base, uint64_t b, uint64_t e) {
+  uint64_t n = 0;  // one value ends at each byte without the continuation bit
+  int run = 0;     // bytes in the current varint
+  for (uint64_t p = b; p < e; ++p) {
+    if (++run > 10) r.fail("varint in packed field does not terminate within 10 bytes");
+    if (run == 10 && base[p] > 1) r.fail("varint in packed field overflows 64 bits");
+    if ((base[p] & 0x80) == 0) {
+      ++n;
+      run = 0;
+    }
+  }
+  if (e > b && (base[e - 1] & 0x80)) r.fail("packed varint field ends inside a value");
+  return n;
+}
 
 // Reads a repeated scalar field that may be packed (kLen) or not.
 template <typename F>
 void read_repeated_varint(Reader& r, WireType type, const uint8_t* base, F&& add) {
   if (type == kLen) {
     auto [b, e] = r.len_payload();
-    Reader sub(base, b, e, r.what());
+    Reader sub(base, b, e, r.what(), r.depth());
     while (!sub.done()) add(sub.varint());
   } else if (type == kVarint) {
     add(r.varint());

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import typing
 import typing_extensions
-__all__: list[str] = ['Bytes', 'Function', 'Graph', 'Match', 'Model', 'ModelError', 'Node', 'PassInfo', 'PassResult', 'Pattern', 'PatternNode', 'Rewriter', 'Rule', 'Tensor', 'Value', 'apply_rules', 'constant_nodes_model', 'cpp_passes', 'dtype_name', 'load', 'load_bytes', 'load_skeleton', 'make_tensor', 'native_fold_ops', 'native_fold_unsupported', 'run_pass']
+__all__: list[str] = ['Bytes', 'Function', 'Graph', 'Match', 'Model', 'ModelError', 'Node', 'PassInfo', 'PassResult', 'Pattern', 'PatternNode', 'Rewriter', 'Rule', 'Tensor', 'Value', 'apply_rules', 'constant_nodes_model', 'cpp_passes', 'dtype_name', 'load', 'load_bytes', 'load_skeleton', 'make_tensor', 'native_fold_ops', 'native_fold_unsupported', 'run_pass', 'write_file']
 class ModelError(Exception):
     pass
 class Tensor:
@@ -227,6 +227,10 @@ class Model:
         """
         Applies the value types of an edited skeleton of this model (e.g. after onnx shape inference): values are matched by name per graph; a type is set where missing and refined where the other is more specific; graph inputs keep theirs. Values whose type changed get value_info entries. Returns how many changed.
         """
+    def external_checksums(self) -> list[tuple[str, str, str]]:
+        """
+        (tensor, data file, checksum) of each external tensor with a 'checksum' key (fastopt.verify_checksums checks them)
+        """
     def external_data_files(self) -> list[str]:
         ...
     def graphs(self) -> list[Graph]:
@@ -245,16 +249,23 @@ class Model:
         """
         Bytes of all initializers (subgraphs included)
         """
-    def save(self, path: typing.Any, external_data: typing.Any = None, *, location: str = '', size_threshold: typing.SupportsInt | typing.SupportsIndex = 1024, align: typing.SupportsInt | typing.SupportsIndex = 0, max_file_bytes: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
+    def save(self, path: typing.Any, external_data: typing.Any = None, *, location: str = '', size_threshold: typing.SupportsInt | typing.SupportsIndex = 1024, align: typing.SupportsInt | typing.SupportsIndex = 0, max_file_bytes: typing.SupportsInt | typing.SupportsIndex = 0, side_files: collections.abc.Mapping[str, bytes] = {}) -> None:
         """
-        Writes the model atomically (temporary files, then rename); never touches the input.
+        Writes the model: complete or absent at every instant, never over the loaded model's files.
+        
+        Files are written unnamed and named at the end, data files before the model file (the old
+        model file is removed first, so it never sits beside new data); missing folders are created.
+        A path that is the loaded model's own file or one of its external data files (by identity:
+        links and symlinks included), a directory, FIFO, socket or device is refused (ModelError), as
+        is a save after one of the loaded files shrank or changed.
         
         external_data: None writes a self-contained file when it fits protobuf's 2 GB limit and
         external data otherwise; True always moves tensors of at least size_threshold bytes to
         `location` (default '<file name>.data') beside the model; False never does (ModelError over
         2 GB); a string is True with that location. align pads each tensor's offset in the data file to
         a multiple of it (4096 lets runtimes mmap tensors); max_file_bytes > 0 splits the data into
-        several files.
+        several files. side_files ({name: bytes}) are written beside the model and committed with it
+        (genai_config.json: never beside another model file).
         """
     def self_contained_size(self) -> int:
         """
@@ -507,4 +518,8 @@ def native_fold_unsupported(node: Node, max_bytes: typing.SupportsInt | typing.S
 def run_pass(model: Model, name: str, target: str = 'ort', max_iterations: typing.SupportsInt | typing.SupportsIndex = 10, explain_rule: str = '', options: collections.abc.Mapping[str, typing.SupportsInt | typing.SupportsIndex] = {}) -> tuple[int, PassResult]:
     """
     Runs a C++ pass; returns (rewrites, result)
+    """
+def write_file(path: typing.Any, data: bytes) -> None:
+    """
+    Writes a small output file (e.g. genai_config.json) as Model.save writes a model file
     """

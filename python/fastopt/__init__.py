@@ -22,7 +22,7 @@ from fastopt._C import (
     Value,
     apply_rules,
 )
-from fastopt._io import from_onnx, load, load_bytes
+from fastopt._io import from_onnx, load, load_bytes, verify_checksums
 from fastopt.check import CheckError, CheckReport, check
 from fastopt.errors import OptionError, RejectedModelError, UnknownNameError, UnsupportedModelError
 from fastopt.optimize import OptimizeReport, PassReport, optimize
@@ -100,4 +100,5 @@ __all__ = [
     "unregister_option",
     "unregister_pass",
     "verify",
+    "verify_checksums",
 ]

@@ -13,6 +13,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 import fastopt
+from fastopt._io import check_output_path
 from fastopt.cli_output import console, print_table
 from fastopt.optimize import DEFAULT_PRESET, OptimizeReport
 from fastopt.options import check_options
@@ -100,10 +101,8 @@ def parse_providers(text: str | None) -> list[str] | None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    if args.output and os.path.abspath(args.output) == os.path.abspath(args.model):
-        raise fastopt.ModelError(
-            "the output path must differ from the input (it is never modified)"
-        )
+    if args.output:
+        check_output_path(args.model, args.output)  # by identity; Model.save checks data files
     if args.verify and not args.output:
         raise fastopt.ModelError("--verify needs -o/--output")
     # Every name and value before any work: a typo costs nothing.

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from typing import Any
 
 from fastopt import _C
@@ -186,16 +185,14 @@ def genai_config(
     }
 
 
+def genai_config_bytes(config: dict[str, Any]) -> bytes:
+    """``config`` as the JSON text written to ``genai_config.json``."""
+    return (json.dumps(config, indent=4) + "\n").encode()
+
+
 def write_genai_config(config: dict[str, Any], path: str | os.PathLike[str]) -> None:
-    """Writes ``config`` as JSON atomically (a temporary file in the same folder, then rename)."""
-    path = os.fspath(path)
-    folder = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".genai_config.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(config, f, indent=4)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    """Writes ``config`` as JSON, complete or absent, as ``Model.save`` writes a model file (the
+    usual umask permissions, never over a directory or special file). To write it beside a
+    model, pass ``side_files={GENAI_CONFIG: genai_config_bytes(config)}`` to ``Model.save``
+    instead: then it is committed with the model and never describes another model file."""
+    _C.write_file(os.fspath(path), genai_config_bytes(config))

@@ -9,9 +9,9 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, Union
 
 from fastopt import _C
-from fastopt._io import load
+from fastopt._io import check_output_path, load
 from fastopt.errors import OptionError, UnsupportedModelError, entry_point
-from fastopt.genai_config import GENAI_CONFIG, genai_config, write_genai_config
+from fastopt.genai_config import GENAI_CONFIG, genai_config, genai_config_bytes
 from fastopt.options import check_options
 from fastopt.registry import PassContext, Target, default_opset, get_pass, preset
 
@@ -118,6 +118,8 @@ def optimize(
         names = _with_kv_cache(names, kv_cache, target)
         pass_options["kv_cache"] = _KV_CACHE_MODES[kv_cache]
     model = model_or_path if isinstance(model_or_path, _C.Model) else load(model_or_path)
+    if output is not None and model.path:
+        check_output_path(model.path, output)  # before the work; save checks the data files
     ops_before = model.op_counts()
     ctx = PassContext(
         model=model,
@@ -159,13 +161,14 @@ def optimize(
     out_path = None
     if output is not None:
         out_path = os.fspath(output)
+        side_files: dict[str, bytes] = {}
         if kv_cache is not None:
             # Before the model: a model without its config is of no use to onnxruntime-genai,
-            # and a config that cannot be derived should leave nothing written.
+            # and a config that cannot be derived should leave nothing written. Committed with
+            # the model, so an old config never sits beside the new model.
             config = genai_config(model, os.path.basename(out_path), inplace=kv_cache == "inplace")
-        model.save(out_path, external_data)
-        if kv_cache is not None:
-            write_genai_config(config, os.path.join(os.path.dirname(out_path), GENAI_CONFIG))
+            side_files[GENAI_CONFIG] = genai_config_bytes(config)
+        model.save(out_path, external_data, side_files=side_files)
     return OptimizeReport(
         passes=reports,
         nodes_before=sum(ops_before.values()),

@@ -1,0 +1,97 @@
+// The files a save writes, and the order in which they take their names (see commit_outputs):
+// complete or absent at every instant, never over the loaded model's own files.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ir/buffer.h"
+
+namespace fastopt {
+
+struct Model;
+
+// Identity of a file (device, inode): the same file however it is named (links, symlinks).
+struct FileId {
+  uint64_t dev = 0, ino = 0;
+  bool operator==(const FileId& o) const { return dev == o.dev && ino == o.ino; }
+};
+
+// The files a loaded model reads from (its model file and every external data file it maps),
+// which no save may replace. Construction also checks that none has changed since the load,
+// so a save never touches a mapping past a file's new end.
+class InputFiles {
+ public:
+  explicit InputFiles(const Model& model);
+  // Throws ModelError when `path` names one of the input files, or exists and is not a regular
+  // file (a directory, FIFO, socket or device is never replaced). `what` says which output.
+  void check_output(const std::string& path, const char* what) const;
+
+ private:
+  struct Entry {
+    FileId id;
+    std::string path;
+  };
+  std::vector<Entry> files_;
+};
+
+// Creates the missing folders of `folder` (parents too); removes them again unless keep() is
+// called, so a failed save leaves the disk as it found it.
+class CreatedFolders {
+ public:
+  explicit CreatedFolders(const std::string& folder);
+  ~CreatedFolders();
+  CreatedFolders(const CreatedFolders&) = delete;
+  CreatedFolders& operator=(const CreatedFolders&) = delete;
+  void keep() { created_.clear(); }
+
+ private:
+  std::vector<std::string> created_;  // outermost first
+};
+
+// A file being written for `final_path`: an unnamed file in its folder (O_TMPFILE) until
+// commit_outputs names it, or, where the filesystem has no unnamed files, a hidden temporary
+// in the folder. Destroyed uncommitted, it leaves nothing.
+class OutputFile {
+ public:
+  explicit OutputFile(std::string final_path, bool unnamed = true);
+  ~OutputFile();
+  OutputFile(const OutputFile&) = delete;
+  OutputFile& operator=(const OutputFile&) = delete;
+
+  const std::string& path() const { return final_; }
+  uint64_t size() const { return size_; }
+  void write(const void* p, uint64_t n);
+  void zeros(uint64_t n);
+  // Appends the bytes of `ref`. A file-backed source is read through its descriptor (in the
+  // kernel where it can), never through its mapping: a source that shrank since the load is a
+  // ModelError, not a SIGBUS.
+  void copy(const ByteRef& ref);
+
+ private:
+  friend void commit_outputs(OutputFile* model, const std::vector<OutputFile*>& data);
+  void sync();
+  void name();  // links the file under final_ (which must not exist)
+  void read_from(int src, uint64_t offset, uint64_t n, const std::string& src_path);
+
+  std::string final_, temp_;  // temp_: the named temporary of the fallback, else empty
+  int fd_ = -1;
+  uint64_t size_ = 0;
+  bool committed_ = false;
+  bool can_copy_range_ = true;
+};
+
+// Gives `data` files and then the `model` file their names, in the order described in
+// output_files.cc. FASTOPT_TEST_KILL_AT_STEP=k (tests only) kills the process with SIGKILL
+// right after step k, to prove that every intermediate state is safe.
+void commit_outputs(OutputFile* model, const std::vector<OutputFile*>& data);
+
+// Writes `bytes` to `path` as a save writes a model file (folders created, never over a
+// directory or special file, complete or absent).
+void write_output_file(const std::string& path, const std::string& bytes);
+
+std::string dirname_of(const std::string& path);
+std::string basename_of(const std::string& path);
+
+}  // namespace fastopt
