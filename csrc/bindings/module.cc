@@ -217,9 +217,7 @@ PYBIND11_MODULE(_C, m) {
                                return py::cast(PyTensor{v.model, v.value->initializer()});
                              })
       .def_property_readonly("graph",
-                             [](const PyValue& v) {
-                               return PyGraph{v.model, v.value->graph()};
-                             })
+                             [](const PyValue& v) { return PyGraph{v.model, v.value->graph()}; })
       .def(
           "replace_all_uses_with",
           [](const PyValue& v, const PyValue& other) {
@@ -319,9 +317,7 @@ PYBIND11_MODULE(_C, m) {
                                return l;
                              })
       .def_property_readonly("graph",
-                             [](const PyNode& n) {
-                               return PyGraph{n.model, n.node->graph()};
-                             })
+                             [](const PyNode& n) { return PyGraph{n.model, n.node->graph()}; })
       .def("set_input",
            [](const PyNode& n, int i, std::optional<PyValue> v) {
              live(n)->set_input(i, v ? v->value : nullptr);
@@ -416,9 +412,8 @@ PYBIND11_MODULE(_C, m) {
                              [](const PyFunction& f) { return f.function->overload.value; })
       .def_property_readonly("attribute_names",
                              [](const PyFunction& f) { return f.function->attribute_names; })
-      .def_property_readonly("graph", [](const PyFunction& f) {
-        return PyGraph{f.model, f.function->body.get()};
-      });
+      .def_property_readonly(
+          "graph", [](const PyFunction& f) { return PyGraph{f.model, f.function->body.get()}; });
 
   model_cls
       .def_property_readonly("ir_version",
@@ -446,9 +441,7 @@ PYBIND11_MODULE(_C, m) {
                                return d;
                              })
       .def_property_readonly("graph",
-                             [](const ModelPtr& mm) {
-                               return PyGraph{mm, mm->graph.get()};
-                             })
+                             [](const ModelPtr& mm) { return PyGraph{mm, mm->graph.get()}; })
       .def_property_readonly("functions",
                              [](const ModelPtr& mm) {
                                py::typing::List<PyFunction> l;
@@ -719,9 +712,23 @@ several files. side_files ({name: bytes}) are written beside the model and commi
       .def_readonly("max_opset", &passes::PassInfo::max_opset)
       .def_readonly("idempotent", &passes::PassInfo::idempotent);
 
+  py::class_<quant::QuantRecord>(m, "QuantRecord", "What a quantization pass did to one weight")
+      .def_readonly("weight", &quant::QuantRecord::weight)
+      .def_readonly("node", &quant::QuantRecord::node)
+      .def_readonly("op", &quant::QuantRecord::op)
+      .def_readonly("quantized", &quant::QuantRecord::quantized)
+      .def_readonly("reason", &quant::QuantRecord::reason)
+      .def_readonly("dtype_before", &quant::QuantRecord::dtype_before)
+      .def_readonly("dtype_after", &quant::QuantRecord::dtype_after)
+      .def_readonly("bytes_before", &quant::QuantRecord::bytes_before)
+      .def_readonly("bytes_after", &quant::QuantRecord::bytes_after)
+      .def_readonly("max_rel_error", &quant::QuantRecord::max_rel_error)
+      .def_readonly("mean_rel_error", &quant::QuantRecord::mean_rel_error);
+
   py::class_<passes::PassContext>(m, "PassResult", "What one run of a C++ pass did")
       .def_readonly("counters", &passes::PassContext::counters)
-      .def_readonly("explain_lines", &passes::PassContext::explain_lines);
+      .def_readonly("explain_lines", &passes::PassContext::explain_lines)
+      .def_readonly("quant_records", &passes::PassContext::quant_records);
 
   bind_patterns(m);
 
@@ -736,7 +743,8 @@ several files. side_files ({name: bytes}) are written beside the model and commi
   m.def(
       "run_pass",
       [](Model& model, const std::string& name, const std::string& target, int max_iterations,
-         const std::string& explain_rule, const std::map<std::string, int64_t>& options) {
+         const std::string& explain_rule, const std::map<std::string, int64_t>& options,
+         const std::map<std::string, std::string>& text_options, py::object progress) {
         const passes::PassInfo* info = passes::find_pass(name);
         if (!info) throw ModelError("no C++ pass named '" + name + "'");
         passes::PassContext ctx;
@@ -744,6 +752,13 @@ several files. side_files ({name: bytes}) are written beside the model and commi
         ctx.max_iterations = max_iterations;
         ctx.explain_rule = explain_rule;
         ctx.options = options;
+        ctx.text_options = text_options;
+        if (!progress.is_none()) {
+          ctx.progress = [progress](int64_t done, int64_t total, const std::string& what) {
+            py::gil_scoped_acquire gil;
+            progress(done, total, what);
+          };
+        }
         int64_t rewrites;
         {
           py::gil_scoped_release release;
@@ -753,5 +768,8 @@ several files. side_files ({name: bytes}) are written beside the model and commi
       },
       py::arg("model"), py::arg("name"), py::arg("target") = "ort", py::arg("max_iterations") = 10,
       py::arg("explain_rule") = "", py::arg("options") = std::map<std::string, int64_t>{},
-      "Runs a C++ pass; returns (rewrites, result)");
+      py::arg("text_options") = std::map<std::string, std::string>{},
+      py::arg("progress") = py::none(),
+      "Runs a C++ pass; returns (rewrites, result). `progress(done, total, what)` is called "
+      "during long passes (quantization)");
 }

@@ -12,6 +12,7 @@
 
 #include "ir/graph.h"
 #include "pattern/rewrite.h"
+#include "quant/quant_record.h"
 
 namespace fastopt::passes {
 
@@ -20,8 +21,13 @@ struct PassContext {
   int max_iterations = 10;
   std::string explain_rule;  // rule name, "*" for all, "" for none
   std::vector<std::string> explain_lines;
-  std::map<std::string, int64_t> counters;  // per rule or per kind of rewrite
-  std::map<std::string, int64_t> options;   // numeric options from the caller, by name
+  std::map<std::string, int64_t> counters;          // per rule or per kind of rewrite
+  std::map<std::string, int64_t> options;           // numeric options from the caller, by name
+  std::map<std::string, std::string> text_options;  // string options (e.g. quant_exclude)
+  // One record per weight a quantization pass looked at (quant/quant_record.h).
+  std::vector<quant::QuantRecord> quant_records;
+  // Progress of long passes: (done, total, what); may be empty. Called from the pass's thread.
+  std::function<void(int64_t, int64_t, const std::string&)> progress;
 };
 
 struct PassInfo {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import typing
 import typing_extensions
-__all__: list[str] = ['Bytes', 'Function', 'Graph', 'Match', 'Model', 'ModelError', 'Node', 'PassInfo', 'PassResult', 'Pattern', 'PatternNode', 'Rewriter', 'Rule', 'Tensor', 'Value', 'apply_rules', 'constant_nodes_model', 'cpp_passes', 'dtype_name', 'load', 'load_bytes', 'load_skeleton', 'make_tensor', 'native_fold_ops', 'native_fold_unsupported', 'run_pass', 'write_file']
+__all__: list[str] = ['Bytes', 'Function', 'Graph', 'Match', 'Model', 'ModelError', 'Node', 'PassInfo', 'PassResult', 'Pattern', 'PatternNode', 'QuantRecord', 'Rewriter', 'Rule', 'Tensor', 'Value', 'apply_rules', 'constant_nodes_model', 'cpp_passes', 'dtype_name', 'load', 'load_bytes', 'load_skeleton', 'make_tensor', 'native_fold_ops', 'native_fold_unsupported', 'run_pass', 'write_file']
 class ModelError(Exception):
     pass
 class Tensor:
@@ -355,6 +355,43 @@ class PassInfo:
     @property
     def tags(self) -> list[str]:
         ...
+class QuantRecord:
+    """
+    What a quantization pass did to one weight
+    """
+    @property
+    def bytes_after(self) -> int:
+        ...
+    @property
+    def bytes_before(self) -> int:
+        ...
+    @property
+    def dtype_after(self) -> str:
+        ...
+    @property
+    def dtype_before(self) -> str:
+        ...
+    @property
+    def max_rel_error(self) -> float:
+        ...
+    @property
+    def mean_rel_error(self) -> float:
+        ...
+    @property
+    def node(self) -> str:
+        ...
+    @property
+    def op(self) -> str:
+        ...
+    @property
+    def quantized(self) -> bool:
+        ...
+    @property
+    def reason(self) -> str:
+        ...
+    @property
+    def weight(self) -> str:
+        ...
 class PassResult:
     """
     What one run of a C++ pass did
@@ -364,6 +401,9 @@ class PassResult:
         ...
     @property
     def explain_lines(self) -> list[str]:
+        ...
+    @property
+    def quant_records(self) -> list[QuantRecord]:
         ...
 class Pattern:
     """
@@ -515,9 +555,9 @@ def native_fold_unsupported(node: Node, max_bytes: typing.SupportsInt | typing.S
     """
     True when fold_constants declines this node (inputs constant, outputs within the limits) only for lack of a native implementation for its types: ONNX Runtime may fold it
     """
-def run_pass(model: Model, name: str, target: str = 'ort', max_iterations: typing.SupportsInt | typing.SupportsIndex = 10, explain_rule: str = '', options: collections.abc.Mapping[str, typing.SupportsInt | typing.SupportsIndex] = {}) -> tuple[int, PassResult]:
+def run_pass(model: Model, name: str, target: str = 'ort', max_iterations: typing.SupportsInt | typing.SupportsIndex = 10, explain_rule: str = '', options: collections.abc.Mapping[str, typing.SupportsInt | typing.SupportsIndex] = {}, text_options: collections.abc.Mapping[str, str] = {}, progress: typing.Any = None) -> tuple[int, PassResult]:
     """
-    Runs a C++ pass; returns (rewrites, result)
+    Runs a C++ pass; returns (rewrites, result). `progress(done, total, what)` is called during long passes (quantization)
     """
 def write_file(path: typing.Any, data: bytes) -> None:
     """

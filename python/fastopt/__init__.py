@@ -27,6 +27,9 @@ from fastopt.check import CheckError, CheckReport, check
 from fastopt.errors import OptionError, RejectedModelError, UnknownNameError, UnsupportedModelError
 from fastopt.optimize import OptimizeReport, PassReport, optimize
 from fastopt.options import OPTIONS, OptionSpec, register_option, unregister_option
+from fastopt.quant_settings import QuantSettings, WeightQuantization
+from fastopt.quant_verify import QuantVerifyReport
+from fastopt.quantize import QuantizeReport, quantize
 from fastopt.registry import (
     PRESET_DESCRIPTIONS,
     PRESETS,
@@ -73,6 +76,9 @@ __all__ = [
     "PassSpec",
     "Pattern",
     "PatternNode",
+    "QuantSettings",
+    "QuantVerifyReport",
+    "QuantizeReport",
     "RejectedModelError",
     "Rewriter",
     "Rule",
@@ -82,6 +88,7 @@ __all__ = [
     "Value",
     "VerifyError",
     "VerifyReport",
+    "WeightQuantization",
     "__version__",
     "all_passes",
     "apply_rules",
@@ -94,6 +101,7 @@ __all__ = [
     "load_bytes",
     "make_inputs",
     "optimize",
+    "quantize",
     "register_option",
     "register_pass",
     "register_rules",

@@ -16,6 +16,7 @@ from fastopt.bench.command import add_parser as add_bench_parser
 from fastopt.cli_optimize import add_parser as add_optimize_parser
 from fastopt.cli_optimize import parse_providers
 from fastopt.cli_output import console, print_table
+from fastopt.cli_quantize import add_parser as add_quantize_parser
 from fastopt.options import OPTIONS
 from fastopt.registry import PRESET_DESCRIPTIONS
 from fastopt.summary import ModelSummary, human_bytes, human_count, summarize
@@ -180,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.set_defaults(func=_cmd_info)
 
     add_optimize_parser(sub)
+    add_quantize_parser(sub)
 
     chk = sub.add_parser(
         "check",

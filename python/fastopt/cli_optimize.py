@@ -76,6 +76,16 @@ def add_parser(sub: Any) -> None:
         "standard = growing past/present; inplace = one max-length buffer per layer shared by "
         "past and present (target ort); writes genai_config.json next to the output",
     )
+    from fastopt.cli_quantize import add_quant_flags
+    from fastopt.quant_settings import MODES
+
+    opt.add_argument(
+        "--quantize",
+        choices=tuple(MODES),
+        metavar="MODE",
+        help="quantize after the preset's passes (fusions, KV cache, packing): " + "|".join(MODES),
+    )
+    add_quant_flags(opt)
     opt.set_defaults(func=run_command)
 
 
@@ -112,6 +122,11 @@ def run_command(args: argparse.Namespace) -> int:
     options = parse_options(args.option)
     providers = parse_providers(args.providers)
     external = {"auto": None, "always": True, "never": False}[args.external_data]
+    from fastopt.cli_quantize import print_quantization, quant_settings, work_progress
+
+    quantize = quant_settings(args, args.quantize, args.output) if args.quantize else None
+    if quantize is not None:
+        quantize.validate()
     err = console(stderr=True)
     with Progress(
         SpinnerColumn(),
@@ -138,12 +153,15 @@ def run_command(args: argparse.Namespace) -> int:
             progress=on_pass,
             options=options,
             kv_cache=args.kv_cache,
+            quantize=quantize,
+            work_progress=work_progress(progress, task),
         )
     out = console()
     if args.explain:
         for line in report.explain:
             out.print(escape(line))
     print_summary(report, out, args.model)
+    print_quantization(report.quantization, out)
     result: dict[str, object] = {"optimize": report.to_dict()}
     code = 0
     if args.verify:
@@ -152,7 +170,14 @@ def run_command(args: argparse.Namespace) -> int:
 
         try:
             vreport: Any
-            if args.kv_cache:
+            if args.quantize:
+                # Quantization changes outputs by design: its own criteria (quant_verify).
+                from fastopt.quant_verify import verify_quantized
+
+                vreport = verify_quantized(args.model, args.output, args.quantize)
+                if not vreport.ok:
+                    code = 1
+            elif args.kv_cache:
                 # The cached model takes past inputs the original lacks: compare generations.
                 vreport = verify_generation(args.model, args.output)
             else:

@@ -13,11 +13,14 @@ from fastopt._io import check_output_path, load
 from fastopt.errors import OptionError, UnsupportedModelError, entry_point
 from fastopt.genai_config import GENAI_CONFIG, genai_config, genai_config_bytes
 from fastopt.options import check_options
-from fastopt.registry import PassContext, Target, default_opset, get_pass, preset
+from fastopt.quant_settings import QDQ_OPSET, QuantSettings, WeightQuantization
+from fastopt.registry import PassContext, Target, all_passes, default_opset, get_pass, preset
 
 ModelOrPath = Union[_C.Model, str, "os.PathLike[str]"]
 # Called before each pass with (index, count, pass name); for progress displays.
 ProgressFn = Callable[[int, int, str], None]
+# Called by long passes (quantization) with (done, total, what): source bytes quantized so far.
+WorkProgressFn = Callable[[int, int, str], None]
 KvCache = Literal["standard", "inplace"]
 # ctx.options["kv_cache"] values read by add_kv_cache and the cache-aware lowerings.
 _KV_CACHE_MODES: dict[str, int] = {"standard": 1, "inplace": 2}
@@ -46,12 +49,15 @@ class OptimizeReport:
     output: str | None = None
     preset: str | None = None  # the preset that ran; None when `passes` was given
     explain: list[str] = field(default_factory=list)
+    # One entry per weight a quantization pass looked at (empty without quantize=...).
+    quantization: list[WeightQuantization] = field(default_factory=list)
     # The optimized model (not part of to_dict()).
     model: _C.Model | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "model"}
         d["passes"] = [asdict(p) for p in self.passes]
+        d["quantization"] = [asdict(w) for w in self.quantization]
         return d
 
     @property
@@ -85,6 +91,8 @@ def optimize(
     progress: ProgressFn | None = None,
     options: Mapping[str, object] | None = None,
     kv_cache: KvCache | None = None,
+    quantize: QuantSettings | None = None,
+    work_progress: WorkProgressFn | None = None,
 ) -> OptimizeReport:
     """Optimizes a model and reports, per pass, the rewrites made and the time taken.
 
@@ -105,9 +113,15 @@ def optimize(
     with ``ctx.options["kv_cache"]`` = 1 (standard: growing cache, Concat) or 2 (inplace: one
     max-length buffer per layer bound as both past and present; target "ort" only). With
     ``output``, a ``genai_config.json`` for onnxruntime-genai is written next to it.
+    ``quantize`` (fastopt.quant_settings.QuantSettings) runs that mode's quantization pass last,
+    after the fusions, the KV-cache rewrite and pack_matmuls (packed projections are quantized
+    packed); ``report.quantization`` lists every weight it looked at. ``work_progress(done,
+    total, what)`` reports progress inside long passes.
     """
     if target not in ("ort", "onnx"):
         raise OptionError(f"target must be 'ort' or 'onnx', not {target!r}")
+    if quantize is not None:
+        _check_quantize(quantize)
     start = time.perf_counter()
     # Names and options first: a misspelling fails before any work, not after some passes ran.
     names = list(passes) if passes is not None else _preset_passes(preset)
@@ -143,6 +157,10 @@ def optimize(
     if any(op.startswith(_INTERNAL_DOMAIN + "::") for op in ctx.model.op_counts()):
         # A pass list that fused attention without lowering it: internal ops never leave.
         reports.append(_run_pass("lower_attention", ctx))
+    if quantize is not None:
+        if progress is not None:
+            progress(len(names), len(names) + 1, quantize.pass_name)
+        reports.extend(_quantize(ctx, quantize, work_progress))
     if progress is not None:
         progress(len(names), len(names), "")
     model = ctx.model
@@ -180,6 +198,7 @@ def optimize(
         output=out_path,
         preset=None if passes is not None else preset,
         explain=list(ctx.explain_lines),
+        quantization=[WeightQuantization.from_record(r) for r in ctx.quant_records],
         model=model,
     )
 
@@ -193,6 +212,36 @@ def _run_pass(name: str, ctx: PassContext) -> PassReport:
     return PassReport(
         name, rewrites, seconds, _node_count(ctx.model), {k: v for k, v in counters.items() if v}
     )
+
+
+def _check_quantize(settings: QuantSettings) -> None:
+    settings.validate()
+    if not any(p.name == settings.pass_name for p in all_passes()):
+        raise _C.ModelError(
+            f"mode {settings.mode} is not available (its pass {settings.pass_name} is not "
+            "registered in this build)"
+        )
+
+
+def _quantize(
+    ctx: PassContext, settings: QuantSettings, work_progress: WorkProgressFn | None
+) -> list[PassReport]:
+    """The quantization step: target onnx's blocked DequantizeLinear needs opset 21 first."""
+    reports = []
+    if (
+        ctx.target == "onnx"
+        and settings.pass_name == "quantize_weights"
+        and default_opset(ctx.model) < QDQ_OPSET
+    ):
+        ctx.options["opset"] = QDQ_OPSET
+        reports.append(_run_pass("convert_version", ctx))
+    ctx.options.update(settings.options())
+    ctx.progress = work_progress
+    try:
+        reports.append(_run_pass(settings.pass_name, ctx))
+    finally:
+        ctx.progress = None
+    return reports
 
 
 # Ops that exist only between two passes (see csrc/passes/attention.h).

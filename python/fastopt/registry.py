@@ -42,6 +42,10 @@ class PassContext:
     options: dict[str, object] = field(default_factory=dict)
     # True while the model's value types are those of a shape inference run on its current graph.
     shapes_inferred: bool = False
+    # One record per weight a quantization pass looked at (quantized or kept, and why).
+    quant_records: list[_C.QuantRecord] = field(default_factory=list)
+    # progress(done, total, what), called by long passes (quantization); may be None.
+    progress: Callable[[int, int, str], None] | None = None
 
 
 PassFunction = Callable[[PassContext], int]
@@ -82,12 +86,21 @@ class PassSpec:
         if self.function is not None:
             return int(self.function(ctx))
         int_options = {k: int(v) for k, v in ctx.options.items() if isinstance(v, (int, bool))}
+        text_options = {k: v for k, v in ctx.options.items() if isinstance(v, str)}
         rewrites, result = _C.run_pass(
-            ctx.model, self.name, ctx.target, ctx.max_iterations, ctx.explain_rule, int_options
+            ctx.model,
+            self.name,
+            ctx.target,
+            ctx.max_iterations,
+            ctx.explain_rule,
+            int_options,
+            text_options,
+            ctx.progress,
         )
         for key, n in result.counters.items():
             ctx.counters[key] = ctx.counters.get(key, 0) + n
         ctx.explain_lines.extend(result.explain_lines)
+        ctx.quant_records.extend(result.quant_records)
         return int(rewrites)
 
 

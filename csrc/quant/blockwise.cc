@@ -1,0 +1,171 @@
+#include "quant/blockwise.h"
+
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+
+#include "ir/constant.h"
+
+namespace fastopt::quant {
+
+void ErrorSums::merge(const ErrorSums& o) {
+  abs_err += o.abs_err;
+  abs += o.abs;
+  max_err = o.max_err > max_err || std::isnan(o.max_err) ? o.max_err : max_err;
+  max_abs = o.max_abs > max_abs ? o.max_abs : max_abs;
+  count += o.count;
+}
+
+bool ErrorSums::finite() const {
+  return std::isfinite(abs_err) && std::isfinite(abs) && std::isfinite(max_err);
+}
+
+uint16_t float_to_bfloat16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if (std::isnan(f)) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7fff + ((u >> 16) & 1);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+float bfloat16_to_float(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+namespace {
+
+// One row of codes and its error terms; a plain function of restrict pointers so that the
+// compiler vectorizes it across columns.
+void quantize_row(const float* __restrict row, const float* __restrict rs,
+                  const float* __restrict zf, const float* __restrict ds, float kmax, int64_t n,
+                  int32_t* __restrict qw, float* __restrict ce, float* __restrict ca,
+                  float* __restrict cme, float* __restrict cma) {
+  for (int64_t c = 0; c < n; ++c) {
+    const float v = row[c];
+    // clamp(roundf(x), 0, kmax) == roundf(clamp(x, 0, kmax)) since kmax is whole; for
+    // x >= 0, roundf (halves away from zero) is t + (x - t >= 0.5) with t = trunc(x), exact.
+    float x = v * rs[c] + zf[c];
+    x = x >= 0.0f ? x : 0.0f;
+    x = x <= kmax ? x : kmax;
+    const int32_t t = static_cast<int32_t>(x);
+    const int32_t qi = t + ((x - static_cast<float>(t)) >= 0.5f ? 1 : 0);
+    qw[c] = qi;
+    const float e = std::fabs(v - (static_cast<float>(qi) - zf[c]) * ds[c]);
+    const float a = std::fabs(v);
+    ce[c] += e;
+    ca[c] += a;
+    cme[c] = e > cme[c] ? e : cme[c];
+    cma[c] = a > cma[c] ? a : cma[c];
+  }
+}
+
+}  // namespace
+
+void BlockQuantizer::run(const float* src, int64_t ld, int64_t rows, int64_t cols, ErrorSums& err) {
+  const size_t n = static_cast<size_t>(cols);
+  min_.resize(n);
+  max_.resize(n);
+  recip_.resize(n);
+  zero_.resize(n);
+  dequant_scale_.resize(n);
+  stored_.resize(n);
+  zp_.resize(n);
+  codes_.resize(n * static_cast<size_t>(rows));
+  float* mn = min_.data();
+  float* mx = max_.data();
+  for (size_t c = 0; c < n; ++c) {
+    mn[c] = FLT_MAX;
+    mx[c] = -FLT_MAX;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = src + r * ld;
+    for (size_t c = 0; c < n; ++c) {
+      const float v = row[c];
+      mn[c] = v < mn[c] ? v : mn[c];
+      mx[c] = v > mx[c] ? v : mx[c];
+    }
+  }
+
+  const float kmax = static_cast<float>(spec_.max_code());
+  const float half = static_cast<float>(spec_.mid_code());
+  for (size_t c = 0; c < n; ++c) {
+    float scale;
+    uint8_t zp;
+    if (spec_.symmetric) {
+      const float m = std::fabs(mx[c]) > std::fabs(mn[c]) ? mx[c] : mn[c];
+      scale = -m / half;
+      zp = static_cast<uint8_t>(spec_.mid_code());
+    } else {
+      const float lo = std::min(mn[c], 0.0f), hi = std::max(mx[c], 0.0f);
+      scale = (hi - lo) / kmax;
+      float zp_f = lo;
+      if (scale != 0.0f) zp_f = 0.0f - lo / scale;
+      if (zp_f < 0.0f) {
+        zp = 0;
+      } else if (zp_f > kmax) {
+        zp = static_cast<uint8_t>(spec_.max_code());
+      } else {
+        zp = static_cast<uint8_t>(std::roundf(zp_f));
+      }
+    }
+    float used = scale, dequant = scale;  // the scale the codes use, and the one stored
+    if (spec_.scale_dtype == 10) {
+      const uint16_t h = float_to_half(scale);
+      stored_[c] = h;
+      used = dequant = half_to_float(h);
+    } else if (spec_.scale_dtype == 16) {
+      const uint16_t b = float_to_bfloat16(scale);
+      stored_[c] = b;
+      dequant = bfloat16_to_float(b);
+    } else {
+      std::memcpy(&stored_[c], &scale, 4);
+    }
+    recip_[c] = used != 0.0f ? 1.0f / used : 0.0f;
+    zero_[c] = static_cast<float>(zp);
+    dequant_scale_[c] = dequant;
+    zp_[c] = zp;
+  }
+
+  const float* __restrict rs = recip_.data();
+  const float* __restrict zf = zero_.data();
+  const float* __restrict ds = dequant_scale_.data();
+  // Per-column accumulators: the loops below stay elementwise across columns (no reductions
+  // inside them), which is what lets the compiler vectorize them.
+  col_err_.assign(n, 0.0f);
+  col_abs_.assign(n, 0.0f);
+  col_max_err_.assign(n, 0.0f);
+  col_max_abs_.assign(n, 0.0f);
+  float* __restrict ce = col_err_.data();
+  float* __restrict ca = col_abs_.data();
+  float* __restrict cme = col_max_err_.data();
+  float* __restrict cma = col_max_abs_.data();
+  codes_wide_.resize(n);
+  int32_t* __restrict qw = codes_wide_.data();
+  for (int64_t r = 0; r < rows; ++r) {
+    quantize_row(src + r * ld, rs, zf, ds, kmax, static_cast<int64_t>(n), qw, ce, ca, cme, cma);
+    uint8_t* q = codes_.data() + static_cast<size_t>(r) * n;
+    for (size_t c = 0; c < n; ++c) q[c] = static_cast<uint8_t>(qw[c]);
+  }
+  double abs_err = 0, abs_sum = 0;
+  float max_err = err.max_err, max_abs = err.max_abs;
+  for (size_t c = 0; c < n; ++c) {
+    abs_err += static_cast<double>(ce[c]);  // a NaN shows in the sums
+    abs_sum += static_cast<double>(ca[c]);
+    max_err = cme[c] > max_err ? cme[c] : max_err;
+    max_abs = cma[c] > max_abs ? cma[c] : max_abs;
+  }
+  err.abs_err += abs_err;
+  err.abs += abs_sum;
+  err.max_err = max_err;
+  err.max_abs = max_abs;
+  err.count += static_cast<uint64_t>(rows) * n;
+}
+
+void BlockQuantizer::store_scale(int64_t c, uint8_t* dst) const {
+  std::memcpy(dst, &stored_[static_cast<size_t>(c)], static_cast<size_t>(spec_.scale_bytes()));
+}
+
+}  // namespace fastopt::quant

@@ -1,0 +1,68 @@
+// Blockwise round-to-nearest quantization of one block of rows, computed exactly as ONNX
+// Runtime's MLAS BlockwiseQuantizer (onnxruntime/core/mlas/lib/q4_dq.cpp, reached through
+// quantize_matmul_4bits / 8bits and MatMulNBitsQuantizer's default RTN), so that fastopt's bytes
+// are the same as onnxruntime's:
+//   per column, over the block's rows (min and max as float):
+//     symmetric:  m = |max| > |min| ? max : min (signed);  scale = -m / 2^(bits-1);  zp =
+//     2^(bits-1) asymmetric: min = min(min, 0), max = max(max, 0);  scale = (max - min) / (2^bits -
+//     1);
+//                 zp = clamp(roundf(-min / scale), 0, 2^bits - 1)   (0 when scale is 0)
+//   the scale is rounded to its storage type (the weight's: fp32 / fp16) and read back, then
+//     q = clamp(roundf(v * (scale ? 1 / scale : 0) + zp), 0, 2^bits - 1)
+// (bf16 weights: onnxruntime quantizes them as fp32 and casts the scales to bf16 afterwards.)
+// The loops run across columns of a row-major block, so the compiler vectorizes them; the file
+// is built with -ffp-contract=off (no fused multiply-adds: the rounding must match).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace fastopt::quant {
+
+struct BlockwiseSpec {
+  int bits = 4;  // 4 or 8
+  int64_t block_size = 32;
+  bool symmetric = true;
+  int32_t scale_dtype = 1;  // ONNX code of the scales' type: 1 float, 10 float16, 16 bfloat16
+  int max_code() const { return (1 << bits) - 1; }
+  int mid_code() const { return 1 << (bits - 1); }
+  int scale_bytes() const { return scale_dtype == 1 ? 4 : 2; }
+};
+
+// Reconstruction error sums of the dequantized values against the originals.
+struct ErrorSums {
+  double abs_err = 0, abs = 0;  // sums of |w - w'| and |w|
+  float max_err = 0, max_abs = 0;
+  uint64_t count = 0;
+  void merge(const ErrorSums& o);
+  bool finite() const;  // false when the weight held NaN or infinities
+};
+
+class BlockQuantizer {
+ public:
+  explicit BlockQuantizer(const BlockwiseSpec& spec) : spec_(spec) {}
+
+  // Quantizes `rows` (1..block_size) rows x `cols` columns of a row-major float block whose rows
+  // are `ld` floats apart. Results: codes()[r * cols + c], and per column the stored scale,
+  // the scale the codes were computed with, and the zero point.
+  void run(const float* src, int64_t ld, int64_t rows, int64_t cols, ErrorSums& err);
+
+  const uint8_t* codes() const { return codes_.data(); }
+  uint8_t zero_point(int64_t c) const { return zp_[c]; }
+  // Writes column c's scale as stored (little-endian, spec.scale_bytes() bytes).
+  void store_scale(int64_t c, uint8_t* dst) const;
+
+ private:
+  BlockwiseSpec spec_;
+  std::vector<float> min_, max_, recip_, zero_, dequant_scale_;
+  std::vector<float> col_err_, col_abs_, col_max_err_, col_max_abs_;
+  std::vector<uint32_t> stored_;  // bits of the stored scale
+  std::vector<uint8_t> zp_, codes_;
+  std::vector<int32_t> codes_wide_;  // one row's codes before narrowing
+};
+
+// bfloat16 <-> float (round to nearest even, as ml_dtypes / numpy casts do).
+uint16_t float_to_bfloat16(float f);
+float bfloat16_to_float(uint16_t b);
+
+}  // namespace fastopt::quant

@@ -1,0 +1,52 @@
+// The quantization options every quant pass reads from PassContext (python/fastopt/quantize.py
+// sets them): validated here, once, so a bad value is a ModelError naming the option.
+//   quant_mode           text: int4 | int8 | int8-dynamic | fp16 | bf16 (what the user asked)
+//   quant_bits           4 | 8 (weight-only)
+//   quant_block_size     power of two in 16..256 (default 32)
+//   quant_symmetric      1 (default) | 0
+//   quant_accuracy_level MatMulNBits accuracy_level 0..4 (default: QuantOptions::accuracy_for)
+//   quant_exclude        text: comma-separated globs on node or weight names, kept in float
+//   quant_lm_head        text: "" (same as the rest) | keep | int4 | int8
+//   quant_embeddings     text: keep (default) | int4 | int8
+//   quant_per_channel    1 | 0 (default)      quant_keep_io_types  1 | 0 (default)
+//   quant_threads        threads (0 = all cores)
+//   quant_tmpdir         text: folder for the temporary file of quantized bytes ("" = $TMPDIR)
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "passes/registry.h"
+
+namespace fastopt::quant {
+
+struct QuantOptions {
+  std::string mode;
+  int bits = 4;
+  int64_t block_size = 32;
+  bool symmetric = true;
+  int64_t accuracy_level = -1;  // -1: accuracy_for's default
+  std::vector<std::string> exclude;
+  std::string lm_head;  // "" = same as the rest
+  std::string embeddings = "keep";
+  bool per_channel = false;
+  bool keep_io_types = false;
+  int threads = 0;
+  std::string tmpdir;
+  bool cuda = false;  // option cuda=1
+
+  // MatMulNBits accuracy_level for a weight of `dtype` when none was given: 4 (int8 compute,
+  // what the model builder uses on CPU) for float32; 0 for float16/bfloat16 (ORT 1.32's CPU
+  // kernel at level 4 with fp16 activations gives wrong logits on the dynamo fp16 fixtures:
+  // cosine 0.36 vs 0.9998 at level 0) and with cuda=1.
+  int64_t accuracy_for(int32_t dtype) const;
+
+  // The glob of `exclude` matching `name`, or "".
+  std::string excluded(const std::string& name) const;
+};
+
+// Reads and validates the options; ModelError on a bad value.
+QuantOptions read_options(const passes::PassContext& ctx);
+
+}  // namespace fastopt::quant

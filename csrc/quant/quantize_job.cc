@@ -1,0 +1,342 @@
+#include "quant/quantize_job.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <thread>
+
+#include "ir/constant.h"
+#include "ir/error.h"
+
+namespace fastopt::quant {
+namespace {
+
+// Budget of one tile's output and of its staging, per thread.
+constexpr uint64_t kTileBytes = 4u << 20;
+
+const float* half_table() {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(65536);
+    for (uint32_t h = 0; h < 65536; ++h) t[h] = half_to_float(static_cast<uint16_t>(h));
+    return t;
+  }();
+  return table.data();
+}
+
+void read_bytes(const ByteRef& ref, uint64_t offset, uint64_t n, uint8_t* dst) {
+  const int fd = ref.buffer->fd();
+  if (fd < 0) {
+    std::memcpy(dst, ref.data() + offset, n);
+    return;
+  }
+  uint64_t pos = ref.offset + offset;
+  while (n > 0) {
+    ssize_t r = ::pread(fd, dst, n, static_cast<off_t>(pos));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      throw ModelError("cannot read weights from '" + ref.buffer->path() +
+                       "': " + (r < 0 ? std::strerror(errno) : "unexpected end of file"));
+    }
+    dst += r;
+    pos += static_cast<uint64_t>(r);
+    n -= static_cast<uint64_t>(r);
+  }
+}
+
+struct Tile {
+  size_t job;
+  int64_t begin, end;  // columns (MatMulNBits) or rows (QDQ)
+  uint64_t work;       // source bytes, for progress
+};
+
+// Per-thread scratch.
+struct Scratch {
+  std::vector<float> block;
+  std::vector<uint8_t> raw, data, scales, zps;
+  std::vector<uint8_t> last_codes;  // per column: code of the previous block's last row
+};
+
+// MatMulNBits tile: columns [c0, c1), all of K. Its output is contiguous in each part.
+void nbits_tile(WeightJob& job, int64_t c0, int64_t c1, TempFile& out, Scratch& s) {
+  const BlockwiseSpec& spec = job.spec;
+  const int64_t K = job.src.K, bs = spec.block_size, kb_count = job.k_blocks();
+  const int64_t cols = c1 - c0, blob = job.blob();
+  const int64_t zp_cols = (kb_count * spec.bits + 7) / 8;
+  const int sb = spec.scale_bytes();
+  s.data.assign(static_cast<size_t>(cols * kb_count * blob), 0);
+  s.scales.resize(static_cast<size_t>(cols * kb_count * sb));
+  if (!spec.symmetric) s.zps.assign(static_cast<size_t>(cols * zp_cols), 0);
+  s.block.resize(static_cast<size_t>(bs * cols));
+  s.last_codes.assign(static_cast<size_t>(cols), 0);
+  BlockQuantizer bq(spec);
+  ErrorSums err;
+  for (int64_t kb = 0; kb < kb_count; ++kb) {
+    const int64_t r0 = kb * bs, rows = std::min(bs, K - r0);
+    job.src.read(r0, rows, c0, cols, s.block.data(), s.raw);
+    bq.run(s.block.data(), cols, rows, cols, err);
+    const uint8_t* q = bq.codes();
+    for (int64_t c = 0; c < cols; ++c) {
+      uint8_t* dst = s.data.data() + (c * kb_count + kb) * blob;
+      if (spec.bits == 8) {
+        for (int64_t r = 0; r < rows; ++r) dst[r] = q[r * cols + c];
+      } else {
+        const int64_t pairs = rows / 2;
+        for (int64_t i = 0; i < pairs; ++i) {
+          dst[i] = static_cast<uint8_t>(q[(2 * i) * cols + c] | (q[(2 * i + 1) * cols + c] << 4));
+        }
+        if (rows & 1) {
+          // Odd K: onnxruntime leaves the last byte's high nibble holding the code it made
+          // before (row K-2 when it falls in the same two-block unit, else 0). Copy that.
+          const int64_t unit_start = (K - 1) / (2 * bs) * (2 * bs);
+          uint8_t prev = 0;
+          if (K - 2 >= unit_start) prev = rows >= 2 ? q[(rows - 2) * cols + c] : s.last_codes[c];
+          dst[pairs] = static_cast<uint8_t>(q[(rows - 1) * cols + c] | (prev << 4));
+        }
+        s.last_codes[c] = q[(rows - 1) * cols + c];
+      }
+      bq.store_scale(c, s.scales.data() + (c * kb_count + kb) * sb);
+      if (!spec.symmetric) {
+        uint8_t* z = s.zps.data() + c * zp_cols;
+        if (spec.bits == 8) {
+          z[kb] = bq.zero_point(c);
+        } else {
+          // Low nibble first; a column's spare high nibble (odd block count) is 8.
+          if (kb % 2 == 0) {
+            z[kb / 2] = static_cast<uint8_t>(bq.zero_point(c) | (kb + 1 == kb_count ? 0x80 : 0));
+          } else {
+            z[kb / 2] = static_cast<uint8_t>(z[kb / 2] | (bq.zero_point(c) << 4));
+          }
+        }
+      }
+    }
+  }
+  out.write(job.data_offset + static_cast<uint64_t>(c0 * kb_count * blob), s.data.data(),
+            s.data.size());
+  out.write(job.scale_offset + static_cast<uint64_t>(c0 * kb_count * sb), s.scales.data(),
+            s.scales.size());
+  if (!spec.symmetric) {
+    out.write(job.zp_offset + static_cast<uint64_t>(c0 * zp_cols), s.zps.data(), s.zps.size());
+  }
+  std::lock_guard<std::mutex> lock(*job.mu);
+  job.error.merge(err);
+}
+
+// QDQ tile: rows [r0, r1) (whole blocks), all of N, in column chunks.
+void qdq_tile(WeightJob& job, int64_t r0, int64_t r1, TempFile& out, Scratch& s) {
+  const BlockwiseSpec& spec = job.spec;
+  const int64_t N = job.src.N, bs = spec.block_size;
+  const int sb = spec.scale_bytes();
+  const int64_t elems = (r1 - r0) * N;
+  s.data.assign(static_cast<size_t>(spec.bits == 8 ? elems : (elems + 1) / 2), 0);
+  const int64_t kb0 = r0 / bs, kb1 = (r1 + bs - 1) / bs;
+  s.scales.resize(static_cast<size_t>((kb1 - kb0) * N * sb));
+  const int64_t chunk =
+      std::max<int64_t>(16, std::min<int64_t>(N, static_cast<int64_t>(kTileBytes / 4) / bs));
+  s.block.resize(static_cast<size_t>(bs * chunk));
+  // Signed types store q - mid: flipping the top bit does it for 4 and 8 bits.
+  const uint8_t flip = spec.symmetric ? static_cast<uint8_t>(spec.mid_code()) : 0;
+  BlockQuantizer bq(spec);
+  ErrorSums err;
+  for (int64_t kb = kb0; kb < kb1; ++kb) {
+    const int64_t br = kb * bs, rows = std::min(bs, r1 - br);
+    for (int64_t c0 = 0; c0 < N; c0 += chunk) {
+      const int64_t cols = std::min(chunk, N - c0);
+      job.src.read(br, rows, c0, cols, s.block.data(), s.raw);
+      bq.run(s.block.data(), cols, rows, cols, err);
+      const uint8_t* q = bq.codes();
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t e0 = (br - r0 + r) * N + c0;
+        for (int64_t c = 0; c < cols; ++c) {
+          const uint8_t v = static_cast<uint8_t>(q[r * cols + c] ^ flip);
+          const int64_t e = e0 + c;
+          if (spec.bits == 8) {
+            s.data[static_cast<size_t>(e)] = v;
+          } else {
+            s.data[static_cast<size_t>(e / 2)] |= static_cast<uint8_t>(v << ((e & 1) * 4));
+          }
+        }
+      }
+      for (int64_t c = 0; c < cols; ++c) {
+        bq.store_scale(c, s.scales.data() + ((kb - kb0) * N + c0 + c) * sb);
+        if (!spec.symmetric)
+          job.qdq_zero_points[static_cast<size_t>(kb * N + c0 + c)] = bq.zero_point(c);
+      }
+    }
+  }
+  const uint64_t data_start = static_cast<uint64_t>(r0 * N) * static_cast<uint64_t>(spec.bits) / 8;
+  out.write(job.data_offset + data_start, s.data.data(), s.data.size());
+  out.write(job.scale_offset + static_cast<uint64_t>(kb0 * N * sb), s.scales.data(),
+            s.scales.size());
+  std::lock_guard<std::mutex> lock(*job.mu);
+  job.error.merge(err);
+}
+
+}  // namespace
+
+void WeightSource::read(int64_t r0, int64_t rows, int64_t c0, int64_t cols, float* dst,
+                        std::vector<uint8_t>& raw) const {
+  const uint64_t es = dtype == 1 ? 4 : 2;
+  const uint64_t row_bytes = static_cast<uint64_t>(cols) * es;
+  raw.resize(static_cast<size_t>(rows) * row_bytes);
+  if (cols == N) {
+    read_bytes(bytes, static_cast<uint64_t>(r0 * N) * es, raw.size(), raw.data());
+  } else {
+    for (int64_t r = 0; r < rows; ++r) {
+      read_bytes(bytes, static_cast<uint64_t>((r0 + r) * N + c0) * es, row_bytes,
+                 raw.data() + static_cast<uint64_t>(r) * row_bytes);
+    }
+  }
+  const size_t n = static_cast<size_t>(rows * cols);
+  if (dtype == 1) {
+    std::memcpy(dst, raw.data(), n * 4);
+  } else {
+    const uint8_t* p = raw.data();
+    if (dtype == 10) {
+      const float* table = half_table();
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * i, 2);
+        dst[i] = table[h];
+      }
+    } else {
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t b;
+        std::memcpy(&b, p + 2 * i, 2);
+        dst[i] = bfloat16_to_float(b);
+      }
+    }
+  }
+}
+
+uint64_t WeightJob::data_bytes() const {
+  if (layout == Layout::kNBits) return static_cast<uint64_t>(src.N * k_blocks() * blob());
+  const uint64_t e = static_cast<uint64_t>(src.K * src.N);
+  return spec.bits == 8 ? e : (e + 1) / 2;
+}
+
+uint64_t WeightJob::scale_bytes() const {
+  return static_cast<uint64_t>(src.N * k_blocks() * spec.scale_bytes());
+}
+
+uint64_t WeightJob::zp_bytes() const {
+  if (spec.symmetric) return 0;
+  if (layout == Layout::kNBits) {
+    return static_cast<uint64_t>(src.N * ((k_blocks() * spec.bits + 7) / 8));
+  }
+  const uint64_t e = static_cast<uint64_t>(src.N * k_blocks());
+  return spec.bits == 8 ? e : (e + 1) / 2;
+}
+
+void run_jobs(std::vector<WeightJob>& jobs, TempFile& out, int threads,
+              const JobProgress& progress) {
+  std::vector<Tile> tiles;
+  int64_t total = 0;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    WeightJob& job = jobs[j];
+    job.data_offset = out.reserve(job.data_bytes());
+    job.scale_offset = out.reserve(job.scale_bytes());
+    job.zp_offset = out.reserve(job.zp_bytes());
+    const int64_t K = job.src.K, N = job.src.N, bs = job.spec.block_size;
+    const uint64_t es = job.src.dtype == 1 ? 4 : 2;
+    if (job.layout == Layout::kNBits) {
+      const uint64_t per_col = job.data_bytes() / static_cast<uint64_t>(N) +
+                               job.scale_bytes() / static_cast<uint64_t>(N) +
+                               job.zp_bytes() / static_cast<uint64_t>(N) + 1;
+      int64_t width = static_cast<int64_t>(kTileBytes / per_col);
+      width = std::min<int64_t>(width, static_cast<int64_t>(kTileBytes / 4) / bs);
+      width = std::max<int64_t>(16, std::min(width, N));
+      for (int64_t c = 0; c < N; c += width) {
+        const int64_t e = std::min(N, c + width);
+        tiles.push_back({j, c, e, static_cast<uint64_t>(K * (e - c)) * es});
+      }
+    } else {
+      if (!job.spec.symmetric)
+        job.qdq_zero_points.assign(static_cast<size_t>(N * job.k_blocks()), 0);
+      const uint64_t per_block =
+          static_cast<uint64_t>(bs * N) * static_cast<uint64_t>(job.spec.bits) / 8 + 1;
+      const int64_t blocks = std::max<int64_t>(1, static_cast<int64_t>(kTileBytes / per_block));
+      for (int64_t r = 0; r < K; r += blocks * bs) {
+        const int64_t e = std::min(K, r + blocks * bs);
+        tiles.push_back({j, r, e, static_cast<uint64_t>((e - r) * N) * es});
+      }
+    }
+    total += static_cast<int64_t>(static_cast<uint64_t>(K * N) * es);
+  }
+  // Largest tiles first: the threads finish together.
+  std::stable_sort(tiles.begin(), tiles.end(),
+                   [](const Tile& a, const Tile& b) { return a.work > b.work; });
+
+  int n_threads = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
+  n_threads = std::max(1, std::min<int>(n_threads, static_cast<int>(tiles.size())));
+  std::atomic<size_t> next{0};
+  std::atomic<int64_t> done{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  std::mutex mu;
+  std::condition_variable cv;
+  int running = n_threads;
+  std::string current;
+  auto worker = [&] {
+    Scratch s;
+    try {
+      for (size_t i; !failed && (i = next.fetch_add(1)) < tiles.size();) {
+        const Tile& t = tiles[i];
+        WeightJob& job = jobs[t.job];
+        if (job.layout == Layout::kNBits) {
+          nbits_tile(job, t.begin, t.end, out, s);
+        } else {
+          qdq_tile(job, t.begin, t.end, out, s);
+        }
+        done += static_cast<int64_t>(t.work);
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!error) error = std::current_exception();
+      failed = true;
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    --running;
+    cv.notify_all();
+  };
+  std::vector<std::thread> pool;
+  for (int i = 0; i < n_threads; ++i) pool.emplace_back(worker);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    while (running > 0) {
+      cv.wait_for(lock, std::chrono::milliseconds(100));
+      if (progress && running > 0) {
+        const size_t i = std::min(next.load(), tiles.size() - 1);
+        const std::string& name = jobs[tiles[i].job].name;
+        lock.unlock();
+        progress(done.load(), total, name);
+        lock.lock();
+      }
+    }
+  }
+  for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+
+  // QDQ zero points: packed once all rows are done (4-bit neighbours share bytes).
+  for (WeightJob& job : jobs) {
+    if (job.layout != Layout::kQdq || job.spec.symmetric) continue;
+    std::vector<uint8_t> packed(static_cast<size_t>(job.zp_bytes()), 0);
+    for (size_t e = 0; e < job.qdq_zero_points.size(); ++e) {
+      if (job.spec.bits == 8) {
+        packed[e] = job.qdq_zero_points[e];
+      } else {
+        packed[e / 2] |= static_cast<uint8_t>(job.qdq_zero_points[e] << ((e & 1) * 4));
+      }
+    }
+    out.write(job.zp_offset, packed.data(), packed.size());
+    std::vector<uint8_t>().swap(job.qdq_zero_points);
+  }
+  if (progress) progress(total, total, "");
+}
+
+}  // namespace fastopt::quant

@@ -1,0 +1,68 @@
+// Quantizing whole weights: each weight is cut into tiles that threads take from a shared list;
+// a tile is read from the weight's file with pread (or from memory for tensors made by earlier
+// passes), quantized block by block (blockwise.h) and its packed bytes are written straight into
+// the TempFile. Memory: a few MB of staging per thread, whatever the model weighs; the source
+// pages are never mapped into the process, so they do not count in its RSS either.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ir/buffer.h"
+#include "quant/blockwise.h"
+#include "quant/temp_file.h"
+
+namespace fastopt::quant {
+
+// A row-major [K, N] float weight (float32, float16 or bfloat16 elements).
+struct WeightSource {
+  ByteRef bytes;
+  int32_t dtype = 1;
+  int64_t K = 0, N = 0;
+  // Rows [r0, r0 + rows) x columns [c0, c0 + cols) as floats into dst (row stride cols);
+  // `raw` is staging for the file's bytes.
+  void read(int64_t r0, int64_t rows, int64_t c0, int64_t cols, float* dst,
+            std::vector<uint8_t>& raw) const;
+};
+
+enum class Layout {
+  kNBits,  // com.microsoft MatMulNBits: B uint8 [N, k_blocks, blob], scales [N, k_blocks],
+           // zero points uint8 [N, ceil(k_blocks * bits / 8)] (asymmetric only)
+  kQdq,    // DequantizeLinear(axis 0, block_size): data [K, N] int4/uint4/int8/uint8,
+           // scales [k_blocks, N], zero points [k_blocks, N] (asymmetric only)
+};
+
+struct WeightJob {
+  std::string name;
+  WeightSource src;
+  BlockwiseSpec spec;
+  Layout layout = Layout::kNBits;
+
+  int64_t k_blocks() const { return (src.K + spec.block_size - 1) / spec.block_size; }
+  int64_t blob() const { return spec.block_size * spec.bits / 8; }
+  uint64_t data_bytes() const;   // quantized weights
+  uint64_t scale_bytes() const;  // scales
+  uint64_t zp_bytes() const;     // zero points (0 when symmetric)
+
+  // Filled by run_jobs: offsets of the three parts in the TempFile, and the error sums.
+  uint64_t data_offset = 0, scale_offset = 0, zp_offset = 0;
+  ErrorSums error;
+
+  // Internal to run_jobs.
+  std::unique_ptr<std::mutex> mu = std::make_unique<std::mutex>();
+  std::vector<uint8_t> qdq_zero_points;  // unpacked, [k_blocks, N] (QDQ, asymmetric)
+};
+
+// (bytes done, bytes total, weight being worked on)
+using JobProgress = std::function<void(int64_t, int64_t, const std::string&)>;
+
+// Quantizes every job into `out` with `threads` threads (0 = all cores). Calls `progress` from
+// the calling thread about ten times a second (may be empty). Rethrows a worker's error.
+void run_jobs(std::vector<WeightJob>& jobs, TempFile& out, int threads,
+              const JobProgress& progress);
+
+}  // namespace fastopt::quant

@@ -1,0 +1,83 @@
+#include "quant/temp_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "ir/error.h"
+
+namespace fastopt::quant {
+
+std::shared_ptr<TempFile> TempFile::create(const std::string& dir) {
+  std::string base = dir;
+  if (base.empty()) {
+    const char* env = std::getenv("TMPDIR");
+    base = env && *env ? env : "/tmp";
+  }
+  std::string pattern = base + "/fastopt-quant-XXXXXX";
+  std::vector<char> name(pattern.begin(), pattern.end());
+  name.push_back('\0');
+  int fd = ::mkostemp(name.data(), O_CLOEXEC);
+  if (fd < 0) {
+    throw ModelError("cannot create a temporary file in '" + base + "': " + std::strerror(errno));
+  }
+  ::unlink(name.data());  // gone when the last view of it goes
+  std::shared_ptr<TempFile> f(new TempFile());
+  f->path_ = name.data();
+  f->fd_ = fd;
+  return f;
+}
+
+TempFile::~TempFile() {
+  if (map_ != nullptr && mapped_size_ > 0) ::munmap(const_cast<uint8_t*>(map_), mapped_size_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+uint64_t TempFile::reserve(uint64_t n) {
+  const uint64_t aligned = (n + 63) & ~uint64_t{63};
+  return size_.fetch_add(aligned);
+}
+
+void TempFile::write(uint64_t offset, const void* data, uint64_t n) const {
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (n > 0) {
+    ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      throw ModelError("cannot write quantized weights to a temporary file in '" + path_ +
+                       "': " + std::strerror(errno));
+    }
+    p += w;
+    offset += static_cast<uint64_t>(w);
+    n -= static_cast<uint64_t>(w);
+  }
+}
+
+const uint8_t* TempFile::data() const {
+  std::call_once(mapped_once_, [this] {
+    mapped_size_ = size_.load();
+    if (mapped_size_ == 0) {
+      static const uint8_t kEmpty = 0;
+      map_ = &kEmpty;
+      return;
+    }
+    // Reserved tails past the last write read as zeros: make the file that long.
+    if (::ftruncate(fd_, static_cast<off_t>(mapped_size_)) != 0) {
+      throw ModelError("cannot size a temporary file: " + std::string(std::strerror(errno)));
+    }
+    void* p = ::mmap(nullptr, mapped_size_, PROT_READ, MAP_SHARED, fd_, 0);
+    if (p == MAP_FAILED) {
+      throw ModelError("cannot map a temporary file: " + std::string(std::strerror(errno)));
+    }
+    map_ = static_cast<const uint8_t*>(p);
+  });
+  if (map_ == nullptr) throw ModelError("cannot map a temporary file");
+  return map_;
+}
+
+}  // namespace fastopt::quant

@@ -1,0 +1,209 @@
+"""``fastopt quantize``: the subcommand, and the quantization flags ``fastopt optimize
+--quantize MODE`` shares with it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+import fastopt
+from fastopt.cli_optimize import _files_size, parse_options
+from fastopt.cli_output import console
+from fastopt.quant_settings import MODES, QuantSettings, QuantSummary, WeightQuantization
+from fastopt.summary import human_bytes
+
+
+def add_parser(sub: Any) -> None:
+    qnt = sub.add_parser(
+        "quantize",
+        help="quantize a model: weight-only int4/int8, int8 dynamic, fp16/bf16 (the input is "
+        "never modified)",
+    )
+    qnt.add_argument("model", help="input .onnx file")
+    qnt.add_argument("-o", "--output", required=True, help="output .onnx file")
+    qnt.add_argument("--mode", required=True, choices=tuple(MODES))
+    qnt.add_argument(
+        "--target",
+        choices=("ort", "onnx"),
+        default="ort",
+        help="ort: com.microsoft ops (MatMulNBits, ...); onnx: standard ops (opset 21 QDQ)",
+    )
+    qnt.add_argument(
+        "--verify",
+        action="store_true",
+        help="compare with the original: logits cosine, max error relative to the logit "
+        "scale, top-1 agreement",
+    )
+    qnt.add_argument("--report", help="write a JSON report here")
+    qnt.add_argument(
+        "--external-data",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="auto: external data only when the model is over 2 GB",
+    )
+    qnt.add_argument(
+        "--option", action="append", default=[], metavar="KEY=VALUE", help="pass settings"
+    )
+    add_quant_flags(qnt)
+    qnt.set_defaults(func=run_command)
+
+
+def add_quant_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--block-size", type=int, default=32, help="int4/int8: power of two in 16..256 (32)"
+    )
+    sym = p.add_mutually_exclusive_group()
+    sym.add_argument(
+        "--symmetric", dest="symmetric", action="store_true", default=True, help="(default)"
+    )
+    sym.add_argument("--asymmetric", dest="symmetric", action="store_false")
+    p.add_argument(
+        "--accuracy-level",
+        type=int,
+        help="MatMulNBits accuracy_level 0..4 (default 4; 0 with --option cuda=1)",
+    )
+    p.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="node or weight names kept in float (repeatable)",
+    )
+    p.add_argument("--lm-head", choices=("keep", "int4", "int8"), help="default: as the rest")
+    p.add_argument("--embeddings", choices=("keep", "int4", "int8"), default="keep")
+    p.add_argument("--per-channel", action="store_true", help="int8-dynamic: per-column scales")
+    p.add_argument("--keep-io-types", action="store_true", help="fp16/bf16: float32 inputs/outputs")
+    p.add_argument("--threads", type=int, default=0, help="quantizing threads (0: all cores)")
+
+
+def quant_settings(args: argparse.Namespace, mode: str, output: str | None) -> QuantSettings:
+    return QuantSettings(
+        mode=mode,
+        block_size=args.block_size,
+        symmetric=args.symmetric,
+        accuracy_level=args.accuracy_level,
+        exclude=tuple(args.exclude),
+        lm_head=args.lm_head,
+        embeddings=args.embeddings,
+        per_channel=args.per_channel,
+        keep_io_types=args.keep_io_types,
+        threads=args.threads,
+        tmpdir=os.path.dirname(os.path.abspath(output)) if output else "",
+    )
+
+
+def print_quantization(weights: list[WeightQuantization], out: Any) -> None:
+    if not weights:
+        return
+    s = QuantSummary.of(weights)
+    table = Table(title="weights", show_edge=False)
+    for col, justify in (
+        ("weight", "left"),
+        ("action", "left"),
+        ("type", "left"),
+        ("bytes", "right"),
+        ("max rel err", "right"),
+        ("mean rel err", "right"),
+    ):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    shown = [w for w in weights if w.bytes_before]
+    for w in shown[:60]:
+        action = w.action if w.action == "quantized" else f"kept: {w.reason}"
+        table.add_row(
+            escape(w.weight),
+            escape(action),
+            escape(f"{w.dtype_before} -> {w.dtype_after}" if w.dtype_after else w.dtype_before),
+            f"{human_bytes(w.bytes_before)} -> {human_bytes(w.bytes_after)}",
+            f"{w.max_rel_error:.4f}" if w.action == "quantized" else "",
+            f"{w.mean_rel_error:.4f}" if w.action == "quantized" else "",
+        )
+    if len(shown) > 60:
+        table.add_row(f"... {len(shown) - 60} more", "", "", "", "", "")
+    out.print(table)
+    reasons = ", ".join(f"{k}: {v}" for k, v in sorted(s.kept_reasons.items()))
+    out.print(
+        f"quantized {s.quantized} weights, kept {s.kept}"
+        + (f" ({escape(reasons)})" if reasons else "")
+        + f"; {human_bytes(s.bytes_before)} -> {human_bytes(s.bytes_after)}"
+    )
+
+
+def work_progress(progress: Progress, task: object) -> Callable[[int, int, str], None]:
+    def on_work(done: int, total: int, what: str) -> None:
+        progress.update(task, total=total, completed=done, description=what or "quantized")  # type: ignore[arg-type]
+
+    return on_work
+
+
+def run_command(args: argparse.Namespace) -> int:
+    if os.path.abspath(args.output) == os.path.abspath(args.model):
+        raise fastopt.ModelError(
+            "the output path must differ from the input (it is never modified)"
+        )
+    settings = quant_settings(args, args.mode, args.output)
+    settings.validate()
+    external = {"auto": None, "always": True, "never": False}[args.external_data]
+    err = console(stderr=True)
+    plain = not err.is_terminal
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=plain,
+    ) as progress:
+        task = progress.add_task("quantizing", total=None)
+        on_work = work_progress(progress, task)
+        last = [-1]
+
+        def on_work_plain(done: int, total: int, what: str) -> None:
+            # Not a terminal: a line per tenth of the work, not a bar.
+            tenth = done * 10 // total if total else 10
+            if tenth != last[0]:
+                last[0] = tenth
+                print(f"quantizing: {tenth * 10}%", file=sys.stderr, flush=True)
+
+        report = fastopt.quantize(
+            args.model,
+            args.output,
+            mode=settings.mode,
+            block_size=settings.block_size,
+            symmetric=settings.symmetric,
+            accuracy_level=settings.accuracy_level,
+            exclude=settings.exclude,
+            lm_head=settings.lm_head,
+            embeddings=settings.embeddings,
+            per_channel=settings.per_channel,
+            keep_io_types=settings.keep_io_types,
+            target=args.target,
+            threads=settings.threads,
+            verify=args.verify,
+            options=parse_options(args.option),
+            external_data=external,
+            progress=on_work_plain if plain else on_work,
+        )
+    out = console()
+    print_quantization(report.weights, out)
+    out.print(
+        f"{escape(args.model)} -> {escape(args.output)} ({human_bytes(_files_size(args.output))}) "
+        f"in {report.seconds:.2f} s"
+    )
+    code = 0
+    if report.verify is not None:
+        out.print(escape(str(report.verify)))
+        code = 0 if report.verify.ok else 1
+    if args.report:
+        with open(args.report, "w") as f:
+            json.dump(report.to_dict(), f, indent=2, default=str)
+    return code

@@ -1,0 +1,173 @@
+"""Quantization settings and the per-weight report records, shared by ``fastopt.quantize`` and
+``fastopt.optimize(quantize=...)`` (kept apart from both so neither imports the other).
+
+A mode maps to one C++ pass; the settings reach it as PassContext options (``quant_*``, see
+csrc/quant/options.h):
+
+==============  ====================  ==================================================
+mode            pass                  what it emits (target ort / target onnx)
+==============  ====================  ==================================================
+int4, int8      ``quantize_weights``  MatMulNBits / DequantizeLinear(block_size) + MatMul
+int8-dynamic    ``quantize_dynamic``  DynamicQuantizeMatMul / DynamicQuantizeLinear +
+                                      MatMulInteger (+ ConvInteger)
+fp16, bf16      ``convert_precision`` weights and compute in the new type
+==============  ====================  ==================================================
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from fastopt import _C
+
+Mode = Literal["int4", "int8", "int8-dynamic", "fp16", "bf16"]
+MODES: dict[str, str] = {
+    "int4": "quantize_weights",
+    "int8": "quantize_weights",
+    "int8-dynamic": "quantize_dynamic",
+    "fp16": "convert_precision",
+    "bf16": "convert_precision",
+}
+WEIGHT_POLICIES = ("keep", "int4", "int8")
+# Opset of the blocked DequantizeLinear (block_size attribute, int4 types).
+QDQ_OPSET = 21
+
+
+@dataclass(frozen=True)
+class QuantSettings:
+    """What ``fastopt quantize`` / ``--quantize MODE`` asks for; ``options()`` are the pass
+    options. Validated again in C++ (csrc/quant/options.h) so a pass run alone is safe too."""
+
+    mode: str
+    block_size: int = 32
+    symmetric: bool = True
+    accuracy_level: int | None = None  # None: 4 for fp32 weights; 0 for fp16/bf16 or cuda=1
+    exclude: Sequence[str] = ()
+    lm_head: str | None = None  # None: as the rest
+    embeddings: str = "keep"
+    per_channel: bool = False
+    keep_io_types: bool = False
+    threads: int = 0
+    tmpdir: str = ""
+
+    @property
+    def pass_name(self) -> str:
+        return MODES[self.mode]
+
+    def validate(self) -> None:
+        """ModelError for a bad setting (before anything is loaded or run)."""
+        if self.mode not in MODES:
+            raise _C.ModelError(
+                f"unknown quantization mode {self.mode!r}; choose one of {', '.join(MODES)}"
+            )
+        bs = self.block_size
+        if not isinstance(bs, int) or bs < 16 or bs > 256 or bs & (bs - 1):
+            raise _C.ModelError(
+                f"block size must be a power of two in 16..256 (what onnxruntime's "
+                f"MatMulNBits kernels run), not {bs!r}"
+            )
+        if self.accuracy_level is not None and self.accuracy_level not in range(5):
+            raise _C.ModelError(
+                "accuracy level must be 0 (unset), 1 (fp32), 2 (fp16), 3 (bf16) or 4 (int8), "
+                f"not {self.accuracy_level!r}"
+            )
+        if self.lm_head is not None and self.lm_head not in WEIGHT_POLICIES:
+            raise _C.ModelError(f"lm_head must be keep, int4 or int8, not {self.lm_head!r}")
+        if self.embeddings not in WEIGHT_POLICIES:
+            raise _C.ModelError(f"embeddings must be keep, int4 or int8, not {self.embeddings!r}")
+        if self.per_channel and self.mode != "int8-dynamic":
+            raise _C.ModelError(
+                "per_channel applies to int8-dynamic; int4/int8 weights are blockwise (choose "
+                "the block size)"
+            )
+        if self.keep_io_types and self.mode not in ("fp16", "bf16"):
+            raise _C.ModelError("keep_io_types applies to fp16 and bf16")
+        if self.threads < 0:
+            raise _C.ModelError(f"threads must be 0 (all cores) or more, not {self.threads}")
+        for g in self.exclude:
+            if not g or "," in g:
+                raise _C.ModelError(f"exclude patterns must be non-empty, without ',': {g!r}")
+
+    def options(self) -> dict[str, object]:
+        o: dict[str, object] = {
+            "quant_mode": self.mode,
+            "quant_block_size": self.block_size,
+            "quant_symmetric": int(self.symmetric),
+            "quant_exclude": ",".join(self.exclude),
+            "quant_lm_head": self.lm_head or "",
+            "quant_embeddings": self.embeddings,
+            "quant_per_channel": int(self.per_channel),
+            "quant_keep_io_types": int(self.keep_io_types),
+            "quant_threads": self.threads,
+            # A folder that does not exist yet (the save makes it): $TMPDIR instead.
+            "quant_tmpdir": self.tmpdir if self.tmpdir and os.path.isdir(self.tmpdir) else "",
+        }
+        if self.mode in ("int4", "int8"):
+            o["quant_bits"] = 4 if self.mode == "int4" else 8
+        if self.accuracy_level is not None:
+            o["quant_accuracy_level"] = self.accuracy_level
+        return o
+
+
+@dataclass
+class WeightQuantization:
+    """One weight: quantized or kept (and why), bytes, reconstruction error relative to the
+    weight's scale (max |w - w'| / max |w|, mean |w - w'| / mean |w|)."""
+
+    weight: str
+    node: str
+    op: str
+    action: Literal["quantized", "kept"]
+    reason: str
+    dtype_before: str
+    dtype_after: str
+    bytes_before: int
+    bytes_after: int
+    max_rel_error: float
+    mean_rel_error: float
+
+    @classmethod
+    def from_record(cls, r: _C.QuantRecord) -> WeightQuantization:
+        return cls(
+            weight=r.weight,
+            node=r.node,
+            op=r.op,
+            action="quantized" if r.quantized else "kept",
+            reason=r.reason,
+            dtype_before=r.dtype_before,
+            dtype_after=r.dtype_after,
+            bytes_before=int(r.bytes_before),
+            bytes_after=int(r.bytes_after),
+            max_rel_error=float(r.max_rel_error),
+            mean_rel_error=float(r.mean_rel_error),
+        )
+
+
+@dataclass
+class QuantSummary:
+    quantized: int = 0
+    kept: int = 0
+    bytes_before: int = 0  # of the weights looked at
+    bytes_after: int = 0
+    kept_reasons: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, weights: Sequence[WeightQuantization]) -> QuantSummary:
+        s = cls()
+        for w in weights:
+            s.bytes_before += w.bytes_before
+            s.bytes_after += w.bytes_after
+            if w.action == "quantized":
+                s.quantized += 1
+            else:
+                s.kept += 1
+                # Reasons name globs or ranks; group by their first words.
+                key = w.reason.split(" (")[0].split(" '")[0]
+                s.kept_reasons[key] = s.kept_reasons.get(key, 0) + 1
+        return s
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)

@@ -1,0 +1,158 @@
+"""``fastopt.quantize``: weight-only int4/int8, int8 dynamic and fp16/bf16, in C++ over the mapped
+weights, with a per-weight report.
+
+Interface (shared by the quantization passes; keep it stable):
+
+- ``fastopt.quantize(model_or_path, output=None, *, mode, block_size=32, symmetric=True,
+  accuracy_level=None, exclude=(), lm_head=None, embeddings="keep", per_channel=False,
+  keep_io_types=False, target="ort", threads=0, verify=False) -> QuantizeReport``.
+- ``mode`` -> pass (fastopt.quant_settings.MODES): int4 / int8 -> ``quantize_weights``;
+  int8-dynamic -> ``quantize_dynamic``; fp16 / bf16 -> ``convert_precision``. A mode whose pass
+  is not registered raises ModelError "mode X is not available".
+- The settings reach the pass as PassContext options (``QuantSettings.options()``): quant_mode,
+  quant_bits, quant_block_size, quant_symmetric, quant_accuracy_level, quant_exclude (comma
+  separated globs), quant_lm_head, quant_embeddings, quant_per_channel, quant_keep_io_types,
+  quant_threads, quant_tmpdir; C++ passes read them with quant::read_options
+  (csrc/quant/options.h).
+- Each pass appends one ``quant::QuantRecord`` per weight it looked at to
+  ``PassContext::quant_records`` (csrc/quant/quant_record.h: weight, node, op, quantized or kept
+  with a reason, dtype and bytes before/after, max and mean relative reconstruction error);
+  they surface as ``OptimizeReport.quantization`` and ``QuantizeReport.weights``
+  (fastopt.quant_settings.WeightQuantization). Long passes report progress through
+  ``PassContext::progress(done, total, what)``.
+- ``fastopt optimize ... --quantize MODE`` runs the same pass after the preset (fusions, KV
+  cache, pack_matmuls), so packed QKV / gate-up are quantized packed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from fastopt import _C
+from fastopt.optimize import ModelOrPath, OptimizeReport, PassReport, WorkProgressFn, optimize
+from fastopt.quant_settings import QuantSettings, QuantSummary, WeightQuantization
+from fastopt.quant_verify import QuantVerifyReport, verify_quantized
+from fastopt.registry import Target
+
+
+@dataclass
+class QuantizeReport:
+    mode: str
+    settings: dict[str, Any]
+    weights: list[WeightQuantization]
+    summary: QuantSummary
+    passes: list[PassReport]
+    seconds: float
+    output: str | None = None
+    verify: QuantVerifyReport | None = None
+    model: _C.Model | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def quantized(self) -> list[WeightQuantization]:
+        return [w for w in self.weights if w.action == "quantized"]
+
+    @property
+    def kept(self) -> list[WeightQuantization]:
+        return [w for w in self.weights if w.action == "kept"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "settings": self.settings,
+            "summary": self.summary.to_dict(),
+            "seconds": self.seconds,
+            "output": self.output,
+            "passes": [asdict(p) for p in self.passes],
+            "weights": [asdict(w) for w in self.weights],
+            "verify": self.verify.to_dict() if self.verify else None,
+        }
+
+
+def quantize(
+    model_or_path: ModelOrPath,
+    output: str | os.PathLike[str] | None = None,
+    *,
+    mode: str,
+    block_size: int = 32,
+    symmetric: bool = True,
+    accuracy_level: int | None = None,
+    exclude: Sequence[str] = (),
+    lm_head: str | None = None,
+    embeddings: str = "keep",
+    per_channel: bool = False,
+    keep_io_types: bool = False,
+    target: Target = "ort",
+    threads: int = 0,
+    verify: bool = False,
+    options: Mapping[str, object] | None = None,
+    external_data: bool | str | None = None,
+    progress: WorkProgressFn | None = None,
+) -> QuantizeReport:
+    """Quantizes a model (a path, never modified, or a Model, changed in place).
+
+    ``mode``: int4 | int8 (weight-only, blockwise RTN along K, ``block_size`` a power of two
+    in 16..256, ``symmetric`` or not; target ort: com.microsoft MatMulNBits with
+    ``accuracy_level`` (default 4 for fp32, 0 for fp16/bf16 or option cuda=1); target onnx:
+    opset-21 blocked DequantizeLinear + MatMul) | int8-dynamic | fp16 | bf16.
+    ``exclude``: globs on node or weight names kept in float. ``lm_head``: keep | int4 | int8
+    (default: as the rest). ``embeddings``: keep (int4/int8 not yet supported).
+    ``threads``: 0 = all cores. ``verify`` compares the output with the original (needs a
+    path and ``output``; fastopt.quant_verify). ``progress(done, total, what)``: bytes
+    quantized so far.
+    """
+    settings = QuantSettings(
+        mode=mode,
+        block_size=block_size,
+        symmetric=symmetric,
+        accuracy_level=accuracy_level,
+        exclude=tuple(exclude),
+        lm_head=lm_head,
+        embeddings=embeddings,
+        per_channel=per_channel,
+        keep_io_types=keep_io_types,
+        threads=threads,
+        # Quantized bytes wait beside the output: the save then copies within one filesystem.
+        tmpdir=os.path.dirname(os.path.abspath(os.fspath(output))) if output else "",
+    )
+    settings.validate()
+    if verify and (isinstance(model_or_path, _C.Model) or output is None):
+        raise _C.ModelError("verify needs the input as a path and an output path")
+    if (
+        output is not None
+        and not isinstance(model_or_path, _C.Model)
+        and os.path.abspath(os.fspath(output)) == os.path.abspath(os.fspath(model_or_path))
+    ):
+        raise _C.ModelError("the output path must differ from the input (it is never modified)")
+    start = time.perf_counter()
+    report: OptimizeReport = optimize(
+        model_or_path,
+        passes=[],
+        target=target,
+        output=output,
+        external_data=external_data,
+        options=options,
+        quantize=settings,
+        work_progress=progress,
+    )
+    seconds = time.perf_counter() - start
+    vreport = None
+    if verify:
+        assert output is not None and not isinstance(model_or_path, _C.Model)
+        vreport = verify_quantized(model_or_path, output, mode)
+    shown = {k: v for k, v in asdict(settings).items() if k != "tmpdir"}
+    shown["target"] = target
+    return QuantizeReport(
+        mode=mode,
+        settings=shown,
+        weights=report.quantization,
+        summary=QuantSummary.of(report.quantization),
+        passes=report.passes,
+        seconds=seconds,
+        output=report.output,
+        verify=vreport,
+        model=report.model,
+    )
