@@ -292,8 +292,11 @@ def test_refusals(tmp_path: Path, kwargs: dict[str, object], message: str) -> No
 
 def test_pass_option_checked_in_cpp() -> None:
     m = fastopt.load(str(FIXTURES / "qwen2_ts_float32" / "model.onnx"))
-    with pytest.raises(fastopt.ModelError, match="quant_bits must be 4 or 8"):
+    with pytest.raises(fastopt.ModelError, match="quant_bits must be 4"):
         fastopt.optimize(m, passes=["quantize_weights"], options={"quant_bits": 3})
+    # the C++ pass checks too, when called without the Python layer
+    with pytest.raises(fastopt.ModelError, match="block size must be a power of two"):
+        fastopt._C.run_pass(m, "quantize_weights", "ort", 10, "", {"quant_block_size": 48})
 
 
 def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -237,3 +237,57 @@ register_option(
     choices=((1, "standard"), (2, "inplace")),
     internal=True,
 )
+
+# Quantization: set by optimize(quantize=QuantSettings(...)) / fastopt.quantize, read by the
+# quant passes through quant::read_options (csrc/quant/options.h), which checks them again. The
+# text settings (quant_mode, quant_exclude, quant_lm_head, quant_embeddings, quant_tmpdir) travel
+# as PassContext::text_options, outside this integer/boolean registry.
+_QUANT_PASSES = ("quantize_weights", "quantize_dynamic", "convert_precision")
+register_option(
+    "quant_bits",
+    "int",
+    "weight-only bits",
+    passes=_QUANT_PASSES,
+    choices=((4, "int4"), (8, "int8")),
+    internal=True,
+)
+register_option(
+    "quant_block_size",
+    "int",
+    "rows per quantization block (a power of two)",
+    passes=_QUANT_PASSES,
+    default=32,
+    minimum=16,
+    maximum=256,
+    internal=True,
+)
+register_option(
+    "quant_symmetric", "bool", "symmetric quantization", passes=_QUANT_PASSES, internal=True
+)
+register_option(
+    "quant_accuracy_level",
+    "int",
+    "MatMulNBits accuracy_level (unset: 4 for fp32 weights, 0 for fp16/bf16 or cuda=1)",
+    passes=_QUANT_PASSES,
+    minimum=0,
+    maximum=4,
+    internal=True,
+)
+register_option(
+    "quant_per_channel", "bool", "per-channel scales", passes=_QUANT_PASSES, internal=True
+)
+register_option(
+    "quant_keep_io_types",
+    "bool",
+    "keep float32 graph inputs and outputs",
+    passes=_QUANT_PASSES,
+    internal=True,
+)
+register_option(
+    "quant_threads",
+    "int",
+    "quantizing threads (0: all cores)",
+    passes=_QUANT_PASSES,
+    minimum=0,
+    internal=True,
+)

@@ -8,11 +8,11 @@ original by what quantization should preserve:
 
 Both models run in ONNX Runtime (CPU, optimizations off) on the same inputs
 (``fastopt.verify.make_inputs`` of the quantized model: a prompt of 16 tokens, an empty past
-when ``--kv-cache standard`` gave it a cache). Thresholds (``THRESHOLDS``), chosen from
-measurements on the test fixtures (random-weight decoders, whose logits are small and nearly
-tied, the hard case for top-1; int4 RTN at block 32 measured cosine 0.952..0.988, max rel err 0.12..0.39, top-1 0.47..0.97 there,
-int8 cosine >= 0.9996, max rel err <= 0.038, top-1 >= 0.94; the bytes equal onnxruntime's, so
-its quantizer's output scores the same):
+when ``--kv-cache standard`` gave it a cache). Thresholds (``THRESHOLDS``) come from
+measurements on the test fixtures: random-weight decoders, whose logits are small and nearly
+tied, the hard case for top-1. There int4 RTN at block 32 measured cosine 0.952..0.988, max
+rel err 0.12..0.39, top-1 0.47..0.97; int8 cosine >= 0.9996, max rel err <= 0.038, top-1 >=
+0.94. The bytes equal onnxruntime's, so its quantizer's output scores the same:
 
 ====  ===========  ===============  ==============
 mode  cosine >=    max rel err <=   top-1 >=
