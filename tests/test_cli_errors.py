@@ -154,7 +154,11 @@ def test_every_option_a_pass_reads_is_declared() -> None:
         r'options\["([a-z_]+)"\]',
     ]
     read: set[str] = set()
-    for folder in (root / "csrc" / "passes", root / "python" / "fastopt" / "passes"):
+    for folder in (
+        root / "csrc" / "passes",
+        root / "csrc" / "quant",
+        root / "python" / "fastopt" / "passes",
+    ):
         for f in folder.iterdir():
             if f.suffix in (".cc", ".h", ".py"):
                 text = f.read_text()

@@ -7,7 +7,7 @@
 namespace fastopt::quant {
 namespace {
 
-int64_t num(const passes::PassContext& ctx, const std::string& key, int64_t fallback) {
+int64_t option(const passes::PassContext& ctx, const std::string& key, int64_t fallback) {
   auto it = ctx.options.find(key);
   return it == ctx.options.end() ? fallback : it->second;
 }
@@ -30,20 +30,20 @@ std::string QuantOptions::excluded(const std::string& name) const {
 QuantOptions read_options(const passes::PassContext& ctx) {
   QuantOptions o;
   o.mode = text(ctx, "quant_mode", "");
-  const int64_t bits = num(ctx, "quant_bits", o.mode == "int8" ? 8 : 4);
+  const int64_t bits = option(ctx, "quant_bits", o.mode == "int8" ? 8 : 4);
   if (bits != 4 && bits != 8) {
     throw ModelError("quant_bits must be 4 or 8, not " + std::to_string(bits));
   }
   o.bits = static_cast<int>(bits);
-  o.block_size = num(ctx, "quant_block_size", 32);
+  o.block_size = option(ctx, "quant_block_size", 32);
   if (o.block_size < 16 || o.block_size > 256 || (o.block_size & (o.block_size - 1)) != 0) {
     throw ModelError(
         "block size must be a power of two in 16..256 (what onnxruntime's "
         "MatMulNBits kernels run), not " +
         std::to_string(o.block_size));
   }
-  o.symmetric = num(ctx, "quant_symmetric", 1) != 0;
-  o.accuracy_level = num(ctx, "quant_accuracy_level", -1);
+  o.symmetric = option(ctx, "quant_symmetric", 1) != 0;
+  o.accuracy_level = option(ctx, "quant_accuracy_level", -1);
   if (o.accuracy_level < -1 || o.accuracy_level > 4) {
     throw ModelError(
         "accuracy level must be 0 (unset), 1 (fp32), 2 (fp16), 3 (bf16) or 4 "
@@ -67,16 +67,16 @@ QuantOptions read_options(const passes::PassContext& ctx) {
   if (o.embeddings != "keep" && o.embeddings != "int4" && o.embeddings != "int8") {
     throw ModelError("embeddings must be keep, int4 or int8, not '" + o.embeddings + "'");
   }
-  o.per_channel = num(ctx, "quant_per_channel", 0) != 0;
-  o.keep_io_types = num(ctx, "quant_keep_io_types", 0) != 0;
-  const int64_t threads = num(ctx, "quant_threads", 0);
+  o.per_channel = option(ctx, "quant_per_channel", 0) != 0;
+  o.keep_io_types = option(ctx, "quant_keep_io_types", 0) != 0;
+  const int64_t threads = option(ctx, "quant_threads", 0);
   if (threads < 0 || threads > 4096) {
     throw ModelError("threads must be 0 (all cores) or a positive count, not " +
                      std::to_string(threads));
   }
   o.threads = static_cast<int>(threads);
   o.tmpdir = text(ctx, "quant_tmpdir", "");
-  o.cuda = num(ctx, "cuda", 0) != 0;
+  o.cuda = option(ctx, "cuda", 0) != 0;
   return o;
 }
 
