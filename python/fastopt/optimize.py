@@ -13,6 +13,7 @@ from fastopt._io import check_output_path, load
 from fastopt.errors import OptionError, UnsupportedModelError, entry_point
 from fastopt.genai_config import GENAI_CONFIG, genai_config, genai_config_bytes
 from fastopt.options import check_options
+from fastopt.quant_checks import extra_options
 from fastopt.quant_settings import QDQ_OPSET, QuantSettings, WeightQuantization
 from fastopt.registry import PassContext, Target, all_passes, default_opset, get_pass, preset
 
@@ -236,6 +237,7 @@ def _quantize(
         ctx.options["opset"] = QDQ_OPSET
         reports.append(_run_pass("convert_version", ctx))
     ctx.options.update(settings.options())
+    ctx.options.update(extra_options(ctx.model, settings, ctx.target))
     ctx.progress = work_progress
     try:
         reports.append(_run_pass(settings.pass_name, ctx))

@@ -277,6 +277,13 @@ register_option(
     "quant_per_channel", "bool", "per-channel scales", passes=_QUANT_PASSES, internal=True
 )
 register_option(
+    "quant_reduce_range",
+    "bool",
+    "int8-dynamic: 7-bit weights, as quantize_dynamic(reduce_range=True)",
+    passes=("quantize_dynamic",),
+    default=False,
+)
+register_option(
     "quant_keep_io_types",
     "bool",
     "keep float32 graph inputs and outputs",

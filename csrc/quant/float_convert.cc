@@ -1,0 +1,103 @@
+#include "quant/float_convert.h"
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <thread>
+
+#include "ir/constant.h"
+#include "quant/int8.h"
+
+namespace fastopt::quant {
+namespace {
+
+constexpr uint64_t kTileFloats = 1 << 20;
+constexpr float kHalfMax = 65504.0f;
+constexpr uint16_t kBf16Max = 0x7f7f;
+
+float back_to_float(uint16_t bits, int32_t to) {
+  return to == 10 ? half_to_float(bits) : bfloat16_to_float(bits);
+}
+
+}  // namespace
+
+uint16_t convert_float(float f, int32_t to, bool& clamped) {
+  clamped = false;
+  if (to == 10) {
+    if (std::isfinite(f) && std::fabs(f) > kHalfMax) {
+      clamped = true;
+      f = f < 0 ? -kHalfMax : kHalfMax;
+    }
+    return float_to_half(f);
+  }
+  const uint16_t b = float_to_bfloat16(f);
+  if (std::isfinite(f) && (b & 0x7fff) == 0x7f80) {
+    clamped = true;
+    return static_cast<uint16_t>((b & 0x8000) | kBf16Max);
+  }
+  return b;
+}
+
+void run_convert_jobs(std::vector<ConvertJob>& jobs, TempFile& out, int threads,
+                      const JobProgress& progress) {
+  struct Tile {
+    size_t job;
+    uint64_t begin, end;
+  };
+  std::vector<Tile> tiles;
+  std::vector<uint64_t> work;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    jobs[j].offset = out.reserve(jobs[j].data_bytes());
+    for (uint64_t b = 0; b < jobs[j].numel; b += kTileFloats) {
+      tiles.push_back({j, b, std::min(jobs[j].numel, b + kTileFloats)});
+      work.push_back((tiles.back().end - b) * 4);
+    }
+  }
+  int n_threads = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
+  n_threads = std::max(1, n_threads);
+  struct Scratch {
+    std::vector<float> x;
+    std::vector<uint8_t> raw;
+    std::vector<uint16_t> y;
+  };
+  std::vector<Scratch> scratch(static_cast<size_t>(n_threads));
+  std::mutex mu;
+  parallel_tasks(
+      tiles.size(), work, n_threads,
+      [&](size_t i, int w) {
+        const Tile& t = tiles[i];
+        ConvertJob& job = jobs[t.job];
+        Scratch& s = scratch[static_cast<size_t>(w)];
+        const int64_t n = static_cast<int64_t>(t.end - t.begin);
+        // The tensor as [numel, 1]: rows [begin, end) are one contiguous read.
+        const WeightSource src{job.src, 1, static_cast<int64_t>(job.numel), 1};
+        s.x.resize(static_cast<size_t>(n));
+        s.y.resize(static_cast<size_t>(n));
+        src.read(static_cast<int64_t>(t.begin), n, 0, 1, s.x.data(), s.raw);
+        uint64_t clamped = 0;
+        ErrorSums err;
+        for (int64_t k = 0; k < n; ++k) {
+          bool c;
+          const float v = s.x[static_cast<size_t>(k)];
+          const uint16_t b = convert_float(v, job.to, c);
+          s.y[static_cast<size_t>(k)] = b;
+          clamped += c;
+          if (std::isfinite(v)) {
+            const float e = std::fabs(v - back_to_float(b, job.to)), a = std::fabs(v);
+            err.abs_err += e;
+            err.abs += a;
+            err.max_err = std::max(err.max_err, e);
+            err.max_abs = std::max(err.max_abs, a);
+          }
+        }
+        err.count = static_cast<uint64_t>(n);
+        out.write(job.offset + t.begin * 2, s.y.data(), static_cast<uint64_t>(n) * 2);
+        std::lock_guard<std::mutex> lock(mu);
+        job.clamped += clamped;
+        job.error.merge(err);
+      },
+      progress, "converting weights");
+  if (progress) progress(1, 1, "");
+}
+
+}  // namespace fastopt::quant

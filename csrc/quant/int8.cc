@@ -1,0 +1,258 @@
+#include "quant/int8.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cfloat>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+namespace fastopt::quant {
+namespace {
+
+// Floats per tile: 4 MB of staging per thread.
+constexpr int64_t kTileFloats = 1 << 20;
+// 1.5 * 2^23: (v + m) - m rounds |v| < 2^22 to an integer, half to even (float32, no FMA).
+constexpr float kRoundMagic = 12582912.0f;
+
+struct Range {
+  std::vector<float> lo, hi;
+  bool finite = true;
+};
+
+struct Tile {
+  size_t job;
+  int64_t r0, r1;
+};
+
+}  // namespace
+
+Int8Params int8_params(float rmin, float rmax, const Int8Spec& spec) {
+  int qmin = -128, qmax = 127;
+  if (spec.reduce_range) {
+    qmin = -64;
+    qmax = 64;
+  } else if (spec.symmetric) {
+    qmin = -127;
+  }
+  rmin = std::min(rmin, 0.0f);
+  rmax = std::max(rmax, 0.0f);
+  if (spec.symmetric) {
+    const float absmax = std::max(std::fabs(rmin), std::fabs(rmax));
+    rmin = -absmax;
+    rmax = absmax;
+  }
+  const double scale = (static_cast<double>(rmax) - static_cast<double>(rmin)) /
+                       (static_cast<double>(qmax) - static_cast<double>(qmin));
+  Int8Params p;
+  if (scale < static_cast<double>(FLT_MIN)) return p;  // scale 1, zero point 0
+  const double zp = spec.symmetric ? std::nearbyint((qmin + qmax) / 2.0)
+                                   : std::nearbyint(qmin - static_cast<double>(rmin) / scale);
+  p.zero_point = static_cast<int8_t>(zp);
+  p.scale = static_cast<float>(scale);
+  return p;
+}
+
+void Int8Job::read_rows(int64_t r0, int64_t n, float* dst, std::vector<float>& tmp,
+                        std::vector<uint8_t>& raw) const {
+  if (!transposed) {
+    src.read(r0, n, 0, src.N, dst, raw);
+    return;
+  }
+  // Columns [r0, r0 + n) of the stored [src.K, src.N], transposed.
+  tmp.resize(static_cast<size_t>(src.K * n));
+  src.read(0, src.K, r0, n, tmp.data(), raw);
+  for (int64_t k = 0; k < src.K; ++k) {
+    for (int64_t i = 0; i < n; ++i) dst[i * src.K + k] = tmp[static_cast<size_t>(k * n + i)];
+  }
+}
+
+void parallel_tasks(size_t n, const std::vector<uint64_t>& work, int threads,
+                    const std::function<void(size_t, int)>& fn, const JobProgress& progress,
+                    const std::string& what) {
+  if (n == 0) return;
+  int n_threads = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
+  n_threads = std::max(1, std::min<int>(n_threads, static_cast<int>(n)));
+  int64_t total = 0;
+  for (uint64_t w : work) total += static_cast<int64_t>(w);
+  std::atomic<size_t> next{0};
+  std::atomic<int64_t> done{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  std::mutex mu;
+  std::condition_variable cv;
+  int running = n_threads;
+  auto worker = [&](int id) {
+    try {
+      for (size_t i; !failed && (i = next.fetch_add(1)) < n;) {
+        fn(i, id);
+        done += static_cast<int64_t>(work[i]);
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!error) error = std::current_exception();
+      failed = true;
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    --running;
+    cv.notify_all();
+  };
+  std::vector<std::thread> pool;
+  for (int i = 0; i < n_threads; ++i) pool.emplace_back(worker, i);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    while (running > 0) {
+      cv.wait_for(lock, std::chrono::milliseconds(100));
+      if (progress && running > 0) {
+        lock.unlock();
+        progress(done.load(), total, what);
+        lock.lock();
+      }
+    }
+  }
+  for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+void run_int8_jobs(std::vector<Int8Job>& jobs, TempFile& out, int threads,
+                   const JobProgress& progress) {
+  std::vector<Tile> tiles;
+  std::vector<uint64_t> work;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    Int8Job& job = jobs[j];
+    job.data_offset = out.reserve(job.data_bytes());
+    const int64_t rows = std::max<int64_t>(1, kTileFloats / std::max<int64_t>(1, job.cols()));
+    for (int64_t r = 0; r < job.rows(); r += rows) {
+      tiles.push_back({j, r, std::min(job.rows(), r + rows)});
+      work.push_back(static_cast<uint64_t>((tiles.back().r1 - r) * job.cols()) * 4);
+    }
+  }
+  int n_threads = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
+  n_threads = std::max(1, n_threads);
+  struct Scratch {
+    std::vector<float> block;
+    std::vector<uint8_t> raw;
+    std::vector<int8_t> codes;
+    std::vector<float> scale, zero;  // per column of the tile
+    std::vector<float> tmp;          // a transposed job's source block
+  };
+  std::vector<Scratch> scratch(static_cast<size_t>(n_threads));
+
+  // Pass 1: ranges, per tile, merged under the job's lock.
+  std::vector<Range> ranges(jobs.size());
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    ranges[j].lo.assign(static_cast<size_t>(jobs[j].channels()), INFINITY);
+    ranges[j].hi.assign(static_cast<size_t>(jobs[j].channels()), -INFINITY);
+  }
+  std::mutex mu;
+  parallel_tasks(
+      tiles.size(), work, n_threads,
+      [&](size_t i, int w) {
+        const Tile& t = tiles[i];
+        const Int8Job& job = jobs[t.job];
+        Scratch& s = scratch[static_cast<size_t>(w)];
+        const int64_t N = job.cols(), rows = t.r1 - t.r0;
+        s.block.resize(static_cast<size_t>(rows * N));
+        job.read_rows(t.r0, rows, s.block.data(), s.tmp, s.raw);
+        const size_t ch = static_cast<size_t>(job.channels());
+        std::vector<float> lo(ch, INFINITY), hi(ch, -INFINITY);
+        float nonfinite = 0;  // v - v is NaN for NaN and infinities, 0 otherwise
+        for (int64_t r = 0; r < rows; ++r) {
+          const float* x = s.block.data() + r * N;
+          if (ch == 1) {
+            float l = lo[0], h = hi[0];
+            for (int64_t c = 0; c < N; ++c) {
+              l = std::min(l, x[c]);
+              h = std::max(h, x[c]);
+              nonfinite += x[c] - x[c];
+            }
+            lo[0] = l;
+            hi[0] = h;
+          } else {
+            for (int64_t c = 0; c < N; ++c) {
+              lo[c] = std::min(lo[c], x[c]);
+              hi[c] = std::max(hi[c], x[c]);
+              nonfinite += x[c] - x[c];
+            }
+          }
+        }
+        const bool finite = nonfinite == 0;
+        std::lock_guard<std::mutex> lock(mu);
+        Range& rg = ranges[t.job];
+        rg.finite &= finite;
+        for (size_t k = 0; k < ch; ++k) {
+          rg.lo[k] = std::min(rg.lo[k], lo[k]);
+          rg.hi[k] = std::max(rg.hi[k], hi[k]);
+        }
+      },
+      progress, "int8 ranges");
+
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    Int8Job& job = jobs[j];
+    job.finite = ranges[j].finite;
+    job.params.resize(static_cast<size_t>(job.channels()));
+    for (size_t k = 0; k < job.params.size(); ++k) {
+      job.params[k] = int8_params(ranges[j].lo[k], ranges[j].hi[k], job.spec);
+    }
+  }
+
+  // Pass 2: codes.
+  parallel_tasks(
+      tiles.size(), work, n_threads,
+      [&](size_t i, int w) {
+        const Tile& t = tiles[i];
+        Int8Job& job = jobs[t.job];
+        if (!job.finite) return;
+        Scratch& s = scratch[static_cast<size_t>(w)];
+        const int64_t N = job.cols(), rows = t.r1 - t.r0;
+        s.block.resize(static_cast<size_t>(rows * N));
+        s.codes.resize(static_cast<size_t>(rows * N));
+        job.read_rows(t.r0, rows, s.block.data(), s.tmp, s.raw);
+        const bool per_channel = job.channels() > 1;
+        s.scale.resize(static_cast<size_t>(N));
+        s.zero.resize(static_cast<size_t>(N));
+        for (int64_t c = 0; c < N; ++c) {
+          const Int8Params& p = job.params[per_channel ? static_cast<size_t>(c) : 0];
+          s.scale[static_cast<size_t>(c)] = p.scale;
+          s.zero[static_cast<size_t>(c)] = static_cast<float>(p.zero_point);
+        }
+        const float* sc = s.scale.data();
+        const float* zp = s.zero.data();
+        ErrorSums err;
+        for (int64_t r = 0; r < rows; ++r) {
+          const float* x = s.block.data() + r * N;
+          int8_t* q = s.codes.data() + r * N;
+          float e_sum = 0, a_sum = 0, e_max = 0, a_max = 0;
+          for (int64_t c = 0; c < N; ++c) {
+            // numpy: (x / scale).round() + zp, clipped. The clamp to +-2^20 first changes no
+            // result (it clips anyway) and keeps the add-and-subtract of 1.5 * 2^23 an exact
+            // round half to even in float32 (vectorizes, unlike nearbyint).
+            float v = std::min(1048576.0f, std::max(-1048576.0f, x[c] / sc[c]));
+            v = (v + kRoundMagic) - kRoundMagic;
+            v = std::min(127.0f, std::max(-128.0f, v + zp[c]));
+            q[c] = static_cast<int8_t>(v);
+            const float e = std::fabs(x[c] - (v - zp[c]) * sc[c]), a = std::fabs(x[c]);
+            e_sum += e;
+            a_sum += a;
+            e_max = std::max(e_max, e);
+            a_max = std::max(a_max, a);
+          }
+          err.abs_err += e_sum;
+          err.abs += a_sum;
+          err.max_err = std::max(err.max_err, e_max);
+          err.max_abs = std::max(err.max_abs, a_max);
+        }
+        err.count = static_cast<uint64_t>(rows * N);
+        out.write(job.data_offset + static_cast<uint64_t>(t.r0 * N), s.codes.data(),
+                  s.codes.size());
+        std::lock_guard<std::mutex> lock(mu);
+        job.error.merge(err);
+      },
+      progress, "int8 codes");
+  if (progress) progress(1, 1, "");
+}
+
+}  // namespace fastopt::quant

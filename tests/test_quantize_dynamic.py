@@ -1,0 +1,266 @@
+"""int8-dynamic (quantize_dynamic pass): weight bytes identical to onnxruntime's quantize_dynamic
+(QInt8) per setting, the quantized models run in ONNX Runtime and agree with the original,
+kept weights say why, bad settings are refused."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import fastopt
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from llm_fixtures import Fixture, feeds, fixtures
+from onnx import TensorProto, helper, numpy_helper
+from onnxruntime.quantization import QuantType, quantize_dynamic
+
+logging.getLogger().setLevel(logging.ERROR)  # quantize_dynamic's "run pre-processing" warning
+
+CNN = Path(__file__).parent / "fixtures" / "cnn" / "model.onnx"
+LLAMA = fixtures(arch="llama", exporter="ts", dtype="float32")[0]
+QWEN2 = fixtures(arch="qwen2", exporter="dynamo", dtype="float32")[0]
+SETTINGS = [(pc, sym) for pc in (False, True) for sym in (True, False)]
+
+
+def _initializers(path: Path) -> dict[str, np.ndarray]:
+    return {t.name: numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer}
+
+
+def _ort_reference(
+    src: Path, out: Path, per_channel: bool, symmetric: bool, reduce_range: bool = False
+) -> None:
+    quantize_dynamic(
+        str(src), str(out), weight_type=QuantType.QInt8, per_channel=per_channel,
+        reduce_range=reduce_range, extra_options={"WeightSymmetric": symmetric},
+    )  # fmt: skip
+
+
+def _assert_same_weights(ours: Path, theirs: Path) -> int:
+    """Every quantized weight, scale and zero point fastopt wrote equals onnxruntime's, byte for
+    byte; zero points fastopt leaves out (symmetric) are all 0 there. Returns weights compared."""
+    a, b = _initializers(ours), _initializers(theirs)
+    compared = 0
+    for name in a:
+        if not name.endswith("_quantized"):
+            continue
+        base = name[: -len("_quantized")]
+        for suffix in ("_quantized", "_scale", "_zero_point"):
+            key = base + suffix
+            assert key in b, f"onnxruntime wrote no {key}"
+            if key not in a:
+                assert suffix == "_zero_point" and not b[key].any(), key
+                continue
+            assert a[key].dtype == b[key].dtype and a[key].shape == b[key].shape, key
+            assert a[key].tobytes() == b[key].tobytes(), f"{key} differs from onnxruntime's"
+        compared += 1
+    return compared
+
+
+def _session(path: Path | str) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def _logits_agree(fx: Fixture, out: Path, min_cos: float = 0.99, min_top1: float = 0.8) -> None:
+    inputs = feeds(fx)
+    ref = _session(fx.path).run(None, inputs)[0].astype(np.float64)
+    got = _session(out).run(None, inputs)[0].astype(np.float64)
+    mask = inputs["attention_mask"].astype(bool)
+    a, b = ref[mask], got[mask]
+    cos = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+    top1 = float((a.argmax(-1) == b.argmax(-1)).mean())
+    assert cos.min() >= min_cos and top1 >= min_top1, (cos.min(), top1)
+
+
+def _ops(path: Path) -> list[str]:
+    return [n.op_type for n in onnx.load(str(path)).graph.node]
+
+
+@pytest.mark.parametrize("fx", [LLAMA, QWEN2], ids=lambda f: f.name)
+@pytest.mark.parametrize(("per_channel", "symmetric"), SETTINGS)
+def test_weights_match_onnxruntime(
+    fx: Fixture, per_channel: bool, symmetric: bool, tmp_path: Path
+) -> None:
+    ours, theirs = tmp_path / "fastopt.onnx", tmp_path / "ort.onnx"
+    r = fastopt.quantize(
+        fx.path, ours, mode="int8-dynamic", per_channel=per_channel, symmetric=symmetric
+    )
+    _ort_reference(fx.path, theirs, per_channel, symmetric)
+    assert _assert_same_weights(ours, theirs) == r.summary.quantized > 0
+
+
+def test_reduce_range_matches_onnxruntime(tmp_path: Path) -> None:
+    ours, theirs = tmp_path / "fastopt.onnx", tmp_path / "ort.onnx"
+    fastopt.quantize(
+        LLAMA.path, ours, mode="int8-dynamic", per_channel=True,
+        options={"quant_reduce_range": 1},
+    )  # fmt: skip
+    _ort_reference(LLAMA.path, theirs, True, True, reduce_range=True)
+    assert _assert_same_weights(ours, theirs) > 0
+    assert np.abs(_initializers(ours)["onnx::MatMul_703_quantized"]).max() <= 64
+
+
+@pytest.mark.parametrize("target", ["ort", "onnx"])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_quantized_decoders_run_and_agree(target: str, per_channel: bool, tmp_path: Path) -> None:
+    for fx in (LLAMA, QWEN2):
+        out = tmp_path / f"{fx.name}.onnx"
+        r = fastopt.quantize(
+            fx.path,
+            out,
+            mode="int8-dynamic",
+            target=target,
+            per_channel=per_channel,  # type: ignore[arg-type]
+        )
+        ops = _ops(out)
+        if target == "ort":
+            # Q/K/V and gate/up share one DynamicQuantizeLinear (as ORT's fusions make of
+            # quantize_dynamic's output); o_proj, down_proj and lm_head quantize their own.
+            fused = ops.count("DynamicQuantizeMatMul") + ops.count("MatMulIntegerToFloat")
+            assert fused == r.summary.quantized
+            assert (
+                ops.count("MatMulIntegerToFloat") == 10 and ops.count("DynamicQuantizeMatMul") == 5
+            )
+            assert ops.count("DynamicQuantizeLinear") == 4 and "MatMulInteger" not in ops
+        else:
+            assert ops.count("MatMulInteger") == r.summary.quantized
+            assert not any(n.domain for n in onnx.load(str(out)).graph.node)
+            onnx.checker.check_model(str(out), full_check=True)
+        _logits_agree(fx, out)
+
+
+def test_bias_folded(tmp_path: Path) -> None:
+    out = tmp_path / "q.onnx"
+    r = fastopt.quantize(QWEN2.path, out, mode="int8-dynamic")
+    counters = r.passes[-1].counters
+    assert counters["bias_folded"] == 6  # q/k/v projections of 2 layers
+    with_bias = [
+        n for n in onnx.load(str(out)).graph.node
+        if n.op_type == "MatMulIntegerToFloat" and len(n.input) == 7
+    ]  # fmt: skip
+    assert len(with_bias) == 6 and all(n.input[5] == "" for n in with_bias)
+    assert "Add" not in {n.op_type for n in onnx.load(str(out)).graph.node if "proj" in n.name}
+
+
+def test_report_lists_kept_weights_with_reasons(tmp_path: Path) -> None:
+    r = fastopt.quantize(
+        LLAMA.path,
+        tmp_path / "q.onnx",
+        mode="int8-dynamic",
+        exclude=["*lm_head*", "onnx::MatMul_703"],
+    )
+    kept = {w.weight: w.reason for w in r.kept}
+    assert kept["onnx::MatMul_703"] == "excluded by 'onnx::MatMul_703'"
+    assert "embedding table" in kept["m.model.embed_tokens.weight"]
+    lm = [w for w in r.kept if "lm_head" in w.node]
+    assert lm and lm[0].reason == "excluded by '*lm_head*'"
+    for w in r.quantized:
+        assert w.dtype_after == "int8" and w.bytes_after < w.bytes_before / 3
+        assert 0 < w.mean_rel_error < 0.05 and 0 < w.max_rel_error <= 0.01
+    names = {i.name for i in onnx.load(str(tmp_path / "q.onnx")).graph.initializer}
+    assert "onnx::MatMul_703" in names and "onnx::MatMul_703_quantized" not in names
+
+
+def test_float16_weights_are_kept(tmp_path: Path) -> None:
+    fx = fixtures(arch="llama", exporter="ts", dtype="float16")[0]
+    r = fastopt.quantize(fx.path, tmp_path / "q.onnx", mode="int8-dynamic")
+    half = [w for w in r.weights if w.dtype_before == "float16"]
+    assert len(half) >= 13 and all(w.action == "kept" for w in half)
+    assert all("take float32 only" in w.reason for w in half if "Gather" not in w.node)
+    # The export's few float32 projections (o_proj reads float32 there) are quantized.
+    assert all(w.dtype_before == "float" for w in r.quantized)
+    _session(tmp_path / "q.onnx")
+
+
+def test_nan_weight_is_kept(tmp_path: Path) -> None:
+    w = np.ones((4, 3), np.float32)
+    w[1, 2] = np.nan
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    src = tmp_path / "nan.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(src))
+    r = fastopt.quantize(src, tmp_path / "q.onnx", mode="int8-dynamic")
+    assert [(w.weight, w.reason) for w in r.kept] == [("w", "weight holds NaN or infinite values")]
+    assert _ops(tmp_path / "q.onnx") == ["MatMul"]
+
+
+def test_old_opset_is_refused(tmp_path: Path) -> None:
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        [numpy_helper.from_array(np.ones((4, 3), np.float32), "w")],
+    )
+    src = tmp_path / "old.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 10)]), str(src))
+    with pytest.raises(fastopt.ModelError, match="opset >= 11"):
+        fastopt.quantize(src, tmp_path / "q.onnx", mode="int8-dynamic")
+    assert not (tmp_path / "q.onnx").exists()
+
+
+@pytest.mark.parametrize(("per_channel", "symmetric"), SETTINGS)
+def test_cnn_conv_integer(per_channel: bool, symmetric: bool, tmp_path: Path) -> None:
+    ours, theirs = tmp_path / "fastopt.onnx", tmp_path / "ort.onnx"
+    r = fastopt.quantize(
+        CNN, ours, mode="int8-dynamic", per_channel=per_channel, symmetric=symmetric
+    )
+    _ort_reference(CNN, theirs, per_channel, symmetric)
+    # 6 Conv -> ConvInteger; the Gemm head (transB) -> MatMulInteger or MatMulIntegerToFloat
+    # on its transposed weight, as quantize_dynamic does.
+    assert _assert_same_weights(ours, theirs) == 7 == r.summary.quantized
+    ops = _ops(ours)
+    assert ops.count("ConvInteger") == 6 and "Conv" not in ops and "Gemm" not in ops
+    x = np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    ref = _session(CNN).run(None, {"pixel_values": x})[0]
+    got = _session(ours).run(None, {"pixel_values": x})[0]
+    assert np.abs(got - ref).max() <= 0.02 * np.abs(ref).max()
+    assert (got.argmax(-1) == ref.argmax(-1)).all()
+    # The same graph as onnxruntime's, up to names: the same outputs.
+    np.testing.assert_array_equal(got, _session(theirs).run(None, {"pixel_values": x})[0])
+
+
+def test_cli_int8_dynamic(tmp_path: Path) -> None:
+    import subprocess
+
+    out = tmp_path / "q.onnx"
+    p = subprocess.run(
+        [sys.executable, "-m", "fastopt", "quantize", str(CNN), "-o", str(out),
+         "--mode", "int8-dynamic", "--per-channel", "--target", "onnx"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert _ops(out).count("ConvInteger") == 6
+
+
+def test_per_channel_kernel_probe() -> None:
+    from fastopt import ort_kernels
+
+    assert ort_kernels.dynamic_quantize_matmul_per_channel() is None  # onnxruntime >= 1.2x
+
+
+def test_per_channel_refused_where_the_kernel_refuses(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from fastopt import ort_kernels
+
+    monkeypatch.setattr(
+        ort_kernels,
+        "dynamic_quantize_matmul_per_channel",
+        lambda: "Per-Channel is not supported yet",
+    )
+    with pytest.raises(fastopt.ModelError, match="refuses per-column scales"):
+        fastopt.quantize(LLAMA.path, tmp_path / "q.onnx", mode="int8-dynamic", per_channel=True)
+    assert not (tmp_path / "q.onnx").exists()
+    out = tmp_path / "onnx.onnx"
+    fastopt.quantize(LLAMA.path, out, mode="int8-dynamic", per_channel=True, target="onnx")
+    assert "MatMulInteger" in _ops(out)
