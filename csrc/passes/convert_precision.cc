@@ -352,13 +352,8 @@ class PrecisionConverter {
   }
 
   void keep(const Value* w, const Node* n, std::string reason) {
-    QuantRecord r;
-    r.weight = w->name();
-    r.node = n ? n->name.value : "";
-    r.op = n ? n->op_type : "";
-    r.reason = std::move(reason);
+    QuantRecord r = quant::kept_record(w, n, std::move(reason), w->initializer().get());
     r.dtype_before = dtype_name(kFloat);  // as the other quant passes name it
-    r.bytes_before = r.bytes_after = w->initializer()->nbytes();
     ctx_.quant_records.push_back(std::move(r));
     ++ctx_.counters["weights_kept"];
   }
@@ -526,19 +521,11 @@ class PrecisionConverter {
   }
 
   void record(const quant::ConvertJob& j, const Value* w, const Node* n, const Tensor& t) {
-    QuantRecord r;
-    r.weight = w->name();
-    r.node = n ? n->name.value : "";
-    r.op = n ? n->op_type : "";
-    r.quantized = true;
+    QuantRecord r = quant::quantized_record(w->name(), n, t.nbytes(), j.error);
     r.reason = j.clamped ? std::to_string(j.clamped) + " values clamped to the range" : "";
     r.dtype_before = dtype_name(kFloat);  // as the other quant passes name it
     r.dtype_after = to_ == kFloat16 ? "float16" : "bfloat16";
-    r.bytes_before = t.nbytes();
     r.bytes_after = j.data_bytes();
-    const auto& e = j.error;
-    r.max_rel_error = e.max_abs > 0 ? static_cast<double>(e.max_err) / e.max_abs : 0.0;
-    r.mean_rel_error = e.abs > 0 ? e.abs_err / e.abs : 0.0;
     ctx_.quant_records.push_back(std::move(r));
     ++ctx_.counters["weights_converted"];
     clamped_ += j.clamped;

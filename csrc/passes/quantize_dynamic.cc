@@ -102,16 +102,7 @@ class DynamicQuantizer {
 
  private:
   void keep(const Value* w, const Node* n, std::string reason, const Tensor* t) {
-    QuantRecord r;
-    r.weight = w ? w->name() : "";
-    r.node = n->name.value;
-    r.op = n->op_type;
-    r.reason = std::move(reason);
-    if (t) {
-      r.dtype_before = dtype_name(t->dtype());
-      r.bytes_before = r.bytes_after = t->nbytes();
-    }
-    ctx_.quant_records.push_back(std::move(r));
+    ctx_.quant_records.push_back(quant::kept_record(w, n, std::move(reason), t));
     ++ctx_.counters["weights_kept"];
   }
 
@@ -279,32 +270,26 @@ class DynamicQuantizer {
     const bool gemm = n->op_type == "Gemm";
     Value* bias = c.add ? c.add->inputs()[1 - n->outputs()[0]->uses()[0].input_index] : nullptr;
     if (gemm && n->inputs().size() > 2) bias = n->inputs()[2];
-    if (!conv && ctx_.target != "onnx" && readers_[{&g, n->inputs()[0]}] > 1) {
-      // Several MatMuls read A (Q/K/V, gate/up): quantize A once for all of them.
-      Node* dql = activation_quantizer(g, n->inputs()[0], n);
-      std::vector<Value*> in{
-          dql->outputs()[0], m.data, dql->outputs()[1], m.scale, dql->outputs()[2], m.zp, bias};
+    if (!conv && ctx_.target != "onnx") {
+      std::vector<Value*> in;
+      const bool shared = readers_[{&g, n->inputs()[0]}] > 1;
+      if (shared) {
+        // Several MatMuls read A (Q/K/V, gate/up): quantize A once for all of them.
+        Node* dql = activation_quantizer(g, n->inputs()[0], n);
+        in = {dql->outputs()[0], m.data, dql->outputs()[1], m.scale, dql->outputs()[2], m.zp, bias};
+      } else {
+        in = {n->inputs()[0], m.data, m.scale, m.zp, bias};
+      }
       while (!in.back()) in.pop_back();
-      Node* q = g.create_node("MatMulIntegerToFloat", kMsDomain, in,
-                              {g.unique_name(old_out->name() + "_quantized")}, n);
+      Node* q = g.create_node(shared ? "MatMulIntegerToFloat" : "DynamicQuantizeMatMul", kMsDomain,
+                              in, {g.unique_name(old_out->name() + "_quantized")}, n);
       c.made = q->op_type;
       q->name.set(g.unique_name(base + "_quant"));
       import_domain(g, kMsDomain);
       result = q->outputs()[0];
       if (c.add) ++ctx_.counters["bias_folded"];
       ++ctx_.counters["matmuls_quantized"];
-      ++ctx_.counters["activations_shared"];
-    } else if (!conv && ctx_.target != "onnx") {
-      std::vector<Value*> in{n->inputs()[0], m.data, m.scale, m.zp, bias};
-      while (!in.back()) in.pop_back();
-      Node* q = g.create_node("DynamicQuantizeMatMul", kMsDomain, in,
-                              {g.unique_name(old_out->name() + "_quantized")}, n);
-      c.made = q->op_type;
-      q->name.set(g.unique_name(base + "_quant"));
-      import_domain(g, kMsDomain);
-      result = q->outputs()[0];
-      if (c.add) ++ctx_.counters["bias_folded"];
-      ++ctx_.counters["matmuls_quantized"];
+      if (shared) ++ctx_.counters["activations_shared"];
     } else {
       Node* dql = activation_quantizer(g, n->inputs()[0], n);
       std::vector<Value*> in{dql->outputs()[0], m.data, dql->outputs()[2]};
@@ -329,12 +314,10 @@ class DynamicQuantizer {
         const auto b = constant_tensor(n->inputs()[2]);
         std::vector<int64_t> dims(c.tensor->dims.size() - 1, 1);
         dims[0] = b->dims[0];
-        Value* bias = g.add_initializer(g.unique_name(n->inputs()[2]->name() + "_reshaped"),
-                                        view_tensor(kFloat, dims, b->bytes()));
-        Node* add = g.create_node("Add", "", {result, bias},
-                                  {g.unique_name(n->outputs()[0]->name() + "_bias_add")}, n);
-        result = add->outputs()[0];
-      } else if (bias) {
+        bias = g.add_initializer(g.unique_name(n->inputs()[2]->name() + "_reshaped"),
+                                 view_tensor(kFloat, dims, b->bytes()));
+      }
+      if (bias) {
         Node* add = g.create_node("Add", "", {result, bias},
                                   {g.unique_name(n->outputs()[0]->name() + "_bias_add")}, n);
         result = add->outputs()[0];
@@ -365,19 +348,12 @@ class DynamicQuantizer {
       return;
     }
     const bool conv = c.node->op_type == "Conv";
-    QuantRecord r;
-    r.weight = job.name;
-    r.node = c.node->name.value;
+    QuantRecord r = quant::quantized_record(job.name, c.node, c.tensor->nbytes(), job.error);
     r.op = !c.made.empty() ? c.made : conv ? "ConvInteger" : "MatMulInteger";
-    r.quantized = true;
     r.dtype_before = dtype_name(kFloat);
     r.dtype_after = "int8";
-    r.bytes_before = c.tensor->nbytes();
     const uint64_t ch = static_cast<uint64_t>(job.channels());
     r.bytes_after = job.data_bytes() + 4 * ch + (!opt_.symmetric || has_nonzero(job) ? ch : 0);
-    const auto& e = job.error;
-    r.max_rel_error = e.max_abs > 0 ? static_cast<double>(e.max_err) / e.max_abs : 0.0;
-    r.mean_rel_error = e.abs > 0 ? e.abs_err / e.abs : 0.0;
     ctx_.quant_records.push_back(std::move(r));
     ++ctx_.counters["weights_quantized"];
   }

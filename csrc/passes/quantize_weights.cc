@@ -116,16 +116,7 @@ class Quantizer {
 
  private:
   void keep(const Value* w, const Node* n, std::string reason, const Tensor* t) {
-    QuantRecord r;
-    r.weight = w ? w->name() : "";
-    r.node = n->name.value;
-    r.op = n->op_type;
-    r.reason = std::move(reason);
-    if (t) {
-      r.dtype_before = dtype_name(t->dtype());
-      r.bytes_before = r.bytes_after = t->nbytes();
-    }
-    ctx_.quant_records.push_back(std::move(r));
+    ctx_.quant_records.push_back(quant::kept_record(w, n, std::move(reason), t));
     ++ctx_.counters["weights_kept"];
   }
 
@@ -304,18 +295,11 @@ class Quantizer {
       keep(c.weight, c.matmul, "weight holds NaN or infinite values", c.tensor.get());
       return;
     }
-    QuantRecord r;
-    r.weight = job.name;
-    r.node = c.matmul->name.value;
+    QuantRecord r = quant::quantized_record(job.name, c.matmul, c.tensor->nbytes(), job.error);
     r.op = qdq_ ? "DequantizeLinear+MatMul" : "MatMulNBits";
-    r.quantized = true;
     r.dtype_before = dtype_name(job.src.dtype);
     r.dtype_after = quantized_type(job.spec.bits, job.spec.symmetric);
-    r.bytes_before = c.tensor->nbytes();
     r.bytes_after = job.data_bytes() + job.scale_bytes() + job.zp_bytes();
-    const auto& e = job.error;
-    r.max_rel_error = e.max_abs > 0 ? static_cast<double>(e.max_err) / e.max_abs : 0.0;
-    r.mean_rel_error = e.abs > 0 ? e.abs_err / e.abs : 0.0;
     ctx_.quant_records.push_back(std::move(r));
     ++ctx_.counters["weights_quantized"];
   }

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <mutex>
-#include <thread>
 
 #include "ir/constant.h"
 #include "quant/int8.h"
@@ -53,8 +52,7 @@ void run_convert_jobs(std::vector<ConvertJob>& jobs, TempFile& out, int threads,
       work.push_back((tiles.back().end - b) * 4);
     }
   }
-  int n_threads = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
-  n_threads = std::max(1, n_threads);
+  const int n_threads = worker_count(threads, tiles.size());
   struct Scratch {
     std::vector<float> x;
     std::vector<uint8_t> raw;

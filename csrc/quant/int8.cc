@@ -1,14 +1,9 @@
 #include "quant/int8.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cfloat>
-#include <chrono>
 #include <cmath>
-#include <condition_variable>
-#include <exception>
 #include <mutex>
-#include <thread>
 
 namespace fastopt::quant {
 namespace {
@@ -70,53 +65,6 @@ void Int8Job::read_rows(int64_t r0, int64_t n, float* dst, std::vector<float>& t
   }
 }
 
-void parallel_tasks(size_t n, const std::vector<uint64_t>& work, int threads,
-                    const std::function<void(size_t, int)>& fn, const JobProgress& progress,
-                    const std::string& what) {
-  if (n == 0) return;
-  int n_threads = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
-  n_threads = std::max(1, std::min<int>(n_threads, static_cast<int>(n)));
-  int64_t total = 0;
-  for (uint64_t w : work) total += static_cast<int64_t>(w);
-  std::atomic<size_t> next{0};
-  std::atomic<int64_t> done{0};
-  std::atomic<bool> failed{false};
-  std::exception_ptr error;
-  std::mutex mu;
-  std::condition_variable cv;
-  int running = n_threads;
-  auto worker = [&](int id) {
-    try {
-      for (size_t i; !failed && (i = next.fetch_add(1)) < n;) {
-        fn(i, id);
-        done += static_cast<int64_t>(work[i]);
-      }
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(mu);
-      if (!error) error = std::current_exception();
-      failed = true;
-    }
-    std::lock_guard<std::mutex> lock(mu);
-    --running;
-    cv.notify_all();
-  };
-  std::vector<std::thread> pool;
-  for (int i = 0; i < n_threads; ++i) pool.emplace_back(worker, i);
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    while (running > 0) {
-      cv.wait_for(lock, std::chrono::milliseconds(100));
-      if (progress && running > 0) {
-        lock.unlock();
-        progress(done.load(), total, what);
-        lock.lock();
-      }
-    }
-  }
-  for (auto& t : pool) t.join();
-  if (error) std::rethrow_exception(error);
-}
-
 void run_int8_jobs(std::vector<Int8Job>& jobs, TempFile& out, int threads,
                    const JobProgress& progress) {
   std::vector<Tile> tiles;
@@ -130,8 +78,7 @@ void run_int8_jobs(std::vector<Int8Job>& jobs, TempFile& out, int threads,
       work.push_back(static_cast<uint64_t>((tiles.back().r1 - r) * job.cols()) * 4);
     }
   }
-  int n_threads = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
-  n_threads = std::max(1, n_threads);
+  const int n_threads = worker_count(threads, tiles.size());
   struct Scratch {
     std::vector<float> block;
     std::vector<uint8_t> raw;

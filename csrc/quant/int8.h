@@ -70,11 +70,4 @@ struct Int8Job {
 void run_int8_jobs(std::vector<Int8Job>& jobs, TempFile& out, int threads,
                    const JobProgress& progress);
 
-// Runs fn(task, worker) for task in [0, n) on `threads` threads (0 = all cores), the calling
-// thread reporting progress(done_work, total_work, "") about ten times a second; `work[i]`
-// weighs task i. Rethrows the first error once all workers stopped.
-void parallel_tasks(size_t n, const std::vector<uint64_t>& work, int threads,
-                    const std::function<void(size_t task, int worker)>& fn,
-                    const JobProgress& progress, const std::string& what);
-
 }  // namespace fastopt::quant

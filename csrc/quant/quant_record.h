@@ -7,6 +7,9 @@
 #include <cstdint>
 #include <string>
 
+#include "ir/graph.h"
+#include "quant/blockwise.h"
+
 namespace fastopt::quant {
 
 struct QuantRecord {
@@ -24,5 +27,14 @@ struct QuantRecord {
   double max_rel_error = 0;
   double mean_rel_error = 0;
 };
+
+// A weight left as it is: bytes unchanged; `node` (may be null) is its reader, `tensor` (may be
+// null) gives its dtype and size.
+QuantRecord kept_record(const Value* weight, const Node* node, std::string reason,
+                        const Tensor* tensor);
+// A weight the pass rewrote, read by `node`: name, node, bytes before and the relative errors
+// from the kernel's sums; the caller sets op, dtypes and bytes_after.
+QuantRecord quantized_record(const std::string& weight, const Node* node, uint64_t bytes_before,
+                             const ErrorSums& error);
 
 }  // namespace fastopt::quant

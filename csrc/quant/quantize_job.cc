@@ -3,13 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
-#include <chrono>
-#include <condition_variable>
 #include <cstring>
-#include <exception>
-#include <thread>
 
 #include "ir/constant.h"
 #include "ir/error.h"
@@ -272,55 +267,22 @@ void run_jobs(std::vector<WeightJob>& jobs, TempFile& out, int threads,
   std::stable_sort(tiles.begin(), tiles.end(),
                    [](const Tile& a, const Tile& b) { return a.work > b.work; });
 
-  int n_threads = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
-  n_threads = std::max(1, std::min<int>(n_threads, static_cast<int>(tiles.size())));
-  std::atomic<size_t> next{0};
-  std::atomic<int64_t> done{0};
-  std::atomic<bool> failed{false};
-  std::exception_ptr error;
-  std::mutex mu;
-  std::condition_variable cv;
-  int running = n_threads;
-  std::string current;
-  auto worker = [&] {
-    Scratch s;
-    try {
-      for (size_t i; !failed && (i = next.fetch_add(1)) < tiles.size();) {
+  std::vector<uint64_t> work;
+  for (const Tile& t : tiles) work.push_back(t.work);
+  std::vector<Scratch> scratch(static_cast<size_t>(worker_count(threads, tiles.size())));
+  parallel_tasks(
+      tiles.size(), work, threads,
+      [&](size_t i, int w) {
         const Tile& t = tiles[i];
         WeightJob& job = jobs[t.job];
+        Scratch& s = scratch[static_cast<size_t>(w)];
         if (job.layout == Layout::kNBits) {
           nbits_tile(job, t.begin, t.end, out, s);
         } else {
           qdq_tile(job, t.begin, t.end, out, s);
         }
-        done += static_cast<int64_t>(t.work);
-      }
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(mu);
-      if (!error) error = std::current_exception();
-      failed = true;
-    }
-    std::lock_guard<std::mutex> lock(mu);
-    --running;
-    cv.notify_all();
-  };
-  std::vector<std::thread> pool;
-  for (int i = 0; i < n_threads; ++i) pool.emplace_back(worker);
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    while (running > 0) {
-      cv.wait_for(lock, std::chrono::milliseconds(100));
-      if (progress && running > 0) {
-        const size_t i = std::min(next.load(), tiles.size() - 1);
-        const std::string& name = jobs[tiles[i].job].name;
-        lock.unlock();
-        progress(done.load(), total, name);
-        lock.lock();
-      }
-    }
-  }
-  for (auto& t : pool) t.join();
-  if (error) std::rethrow_exception(error);
+      },
+      progress, [&](size_t i) { return jobs[tiles[i].job].name; });
 
   // QDQ zero points: packed once all rows are done (4-bit neighbours share bytes).
   for (WeightJob& job : jobs) {

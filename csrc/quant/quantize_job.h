@@ -14,6 +14,7 @@
 
 #include "ir/buffer.h"
 #include "quant/blockwise.h"
+#include "quant/parallel.h"
 #include "quant/temp_file.h"
 
 namespace fastopt::quant {
@@ -56,9 +57,6 @@ struct WeightJob {
   std::unique_ptr<std::mutex> mu = std::make_unique<std::mutex>();
   std::vector<uint8_t> qdq_zero_points;  // unpacked, [k_blocks, N] (QDQ, asymmetric)
 };
-
-// (bytes done, bytes total, weight being worked on)
-using JobProgress = std::function<void(int64_t, int64_t, const std::string&)>;
 
 // Quantizes every job into `out` with `threads` threads (0 = all cores). Calls `progress` from
 // the calling thread about ten times a second (may be empty). Rethrows a worker's error.
