@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import onnx
 from onnx import TensorProto, helper
+from wire import f_len
 
 F = TensorProto.FLOAT
 X = helper.make_tensor_value_info("x", F, [2, 3])
@@ -78,25 +79,11 @@ def matmul_shape_mismatch() -> bytes:
     ).SerializeToString()
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited protobuf field."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
 def _with_graph_fields(model: onnx.ModelProto, graph_fields: bytes) -> bytes:
     """`model`'s bytes with more GraphProto fields merged into its graph (protobuf merges a
     repeated message field into the one before). Written by hand: protobuf itself refuses to
     build messages nested past its depth limit."""
-    return model.SerializeToString() + _field(7, graph_fields)
+    return model.SerializeToString() + f_len(7, graph_fields)
 
 
 def deep_if(depth: int = 34) -> bytes:
@@ -113,28 +100,28 @@ def deep_if(depth: int = 34) -> bytes:
         # NodeProto: input 1, output 2, op_type 4, attribute 5; AttributeProto: name 1, g 6,
         # type 20 (GRAPH = 5); GraphProto: node 1, name 2, output 12.
         attrs = b"".join(
-            _field(5, _field(1, name.encode()) + _field(6, g) + bytes([0xA0, 0x01, 5]))
+            f_len(5, f_len(1, name.encode()) + f_len(6, g) + bytes([0xA0, 0x01, 5]))
             for name, g in (("then_branch", graph), ("else_branch", leaf))
         )
-        node = _field(1, b"c") + _field(2, f"y{i + 1}".encode()) + _field(4, b"If") + attrs
+        node = f_len(1, b"c") + f_len(2, f"y{i + 1}".encode()) + f_len(4, b"If") + attrs
         out = helper.make_tensor_value_info(f"y{i + 1}", F, [2, 3]).SerializeToString()
-        graph = _field(1, node) + _field(2, f"g{i}".encode()) + _field(12, out)
+        graph = f_len(1, node) + f_len(2, f"g{i}".encode()) + f_len(12, out)
     cond = helper.make_tensor_value_info("c", TensorProto.BOOL, [])
     top = helper.make_tensor_value_info(f"y{depth}", F, [2, 3])
     # The main graph holds the outermost If node.
-    return _with_graph_fields(_model([], inputs=[X, cond], outputs=[top]), _field(1, node))
+    return _with_graph_fields(_model([], inputs=[X, cond], outputs=[top]), f_len(1, node))
 
 
 def deep_type(depth: int = 52) -> bytes:
     """A graph input of type sequence(sequence(... tensor)) `depth` deep (each level is two
     protobuf messages): past protobuf's parse depth limit."""
     # TypeProto: tensor_type 1 (elem_type 1), sequence_type 4 (elem_type 1).
-    t = _field(1, bytes([0x08, F]))
+    t = f_len(1, bytes([0x08, F]))
     for _ in range(depth):
-        t = _field(4, _field(1, t))
-    value_info = _field(1, b"s") + _field(2, t)
+        t = f_len(4, f_len(1, t))
+    value_info = f_len(1, b"s") + f_len(2, t)
     return _with_graph_fields(
-        _model([helper.make_node("Relu", ["x"], ["y"])]), _field(11, value_info)
+        _model([helper.make_node("Relu", ["x"], ["y"])]), f_len(11, value_info)
     )
 
 

@@ -26,18 +26,14 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from test_bad_input import (
-    SGROUP_WT,
     add_model,
-    f_len,
-    f_str,
-    f_varint,
-    key,
     model_from_graph,
     nested_graph_model,
     nested_group_model,
     nested_type_model,
     wire_node,
 )
+from wire import SGROUP_WT, f_len, f_str, f_varint, key
 
 HERE = Path(__file__).resolve().parent
 CORPUS = HERE / "fuzz" / "corpus"

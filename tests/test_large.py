@@ -24,6 +24,7 @@ import onnx
 import pytest
 from conftest import assert_outputs_identical, run_ort
 from onnx import TensorProto, helper
+from wire import varint
 
 pytestmark = pytest.mark.slow
 
@@ -174,18 +175,9 @@ def test_external_data_over_2gb(big_dir: Path) -> None:
     assert (m.parameter_bytes(), m.num_parameters()) == (total, total // 4)
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
 def _len_field(field: int, length: int) -> bytes:
     """Tag and length of a length-delimited field; the payload follows."""
-    return _varint(field << 3 | 2) + _varint(length)
+    return varint(field << 3 | 2) + varint(length)
 
 
 def test_single_file_over_2gb(big_dir: Path) -> None:

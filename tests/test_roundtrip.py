@@ -27,6 +27,7 @@ from conftest import (
     without_weights,
 )
 from onnx import TensorProto, helper, numpy_helper
+from wire import varint
 
 MODELS = backend_models() + corpus_models()
 
@@ -109,26 +110,17 @@ def test_external_data_roundtrip(model_path: Path, tmp_path: Path) -> None:
 # --- hand-made models: unknown fields, field presence, rarely used fields -----------------------
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
 def _unknown_fields(first: int) -> bytes:
     """Four fields this onnx version does not know: varint, fixed64, length-delimited, fixed32."""
     return (
-        _varint(first << 3 | 0)
-        + _varint(150)
-        + _varint((first + 1) << 3 | 1)
+        varint(first << 3 | 0)
+        + varint(150)
+        + varint((first + 1) << 3 | 1)
         + bytes(range(8))
-        + _varint((first + 2) << 3 | 2)
-        + _varint(5)
+        + varint((first + 2) << 3 | 2)
+        + varint(5)
         + b"hello"
-        + _varint((first + 3) << 3 | 5)
+        + varint((first + 3) << 3 | 5)
         + bytes(range(4))
     )
 
@@ -309,7 +301,7 @@ def test_rare_fields_preserved(tmp_path: Path) -> None:
 
 
 def _len_field(field: int, payload: bytes) -> bytes:
-    return _varint(field << 3 | 2) + _varint(len(payload)) + payload
+    return varint(field << 3 | 2) + varint(len(payload)) + payload
 
 
 def _tensor_bytes(variant: str) -> bytes:
@@ -317,12 +309,12 @@ def _tensor_bytes(variant: str) -> bytes:
     dims = [2, 3]
     floats = np.arange(6, dtype=np.float32)
     if variant == "packed":  # dims packed (onnx writes it unpacked), float_data unpacked
-        dims_field = _len_field(1, b"".join(_varint(d) for d in dims))
-        floats_field = b"".join(_varint(4 << 3 | 5) + f.tobytes() for f in floats)
+        dims_field = _len_field(1, b"".join(varint(d) for d in dims))
+        floats_field = b"".join(varint(4 << 3 | 5) + f.tobytes() for f in floats)
     else:
-        dims_field = b"".join(_varint(1 << 3) + _varint(d) for d in dims)
+        dims_field = b"".join(varint(1 << 3) + varint(d) for d in dims)
         floats_field = _len_field(4, floats.tobytes())
-    data_type = _varint(2 << 3) + (b"\x81\x80\x00" if variant == "overlong" else _varint(1))
+    data_type = varint(2 << 3) + (b"\x81\x80\x00" if variant == "overlong" else varint(1))
     name = _len_field(8, b"W")
     if variant == "reordered":
         return name + floats_field + data_type + dims_field
@@ -350,7 +342,7 @@ def _wire_model(variant: str) -> bytes:
         return head.SerializeToString() + _len_field(7, graph_a) + second
     if variant == "last_wins":  # scalar fields twice: the last value counts
         graph = _len_field(2, b"old name") + graph_a + graph_b + initializer
-        return _varint(1 << 3) + _varint(3) + head.SerializeToString() + _len_field(7, graph)
+        return varint(1 << 3) + varint(3) + head.SerializeToString() + _len_field(7, graph)
     if variant == "reordered":
         return _len_field(7, initializer + graph_b + graph_a) + head.SerializeToString()
     return head.SerializeToString() + _len_field(7, graph_a + graph_b + initializer)

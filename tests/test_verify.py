@@ -17,6 +17,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from wire import varint
 
 CORPUS_DIR = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 CORPUS = sorted(CORPUS_DIR.glob("*/model.onnx")) if CORPUS_DIR.is_dir() else []
@@ -473,18 +474,9 @@ def test_corpus_model_with_a_perturbed_weight_fails() -> None:
 COLS = 256
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
 def _field(number: int, length: int) -> bytes:
     """Tag and length of a length-delimited protobuf field; the payload follows."""
-    return _varint(number << 3 | 2) + _varint(length)
+    return varint(number << 3 | 2) + varint(length)
 
 
 def _write_rows(f: Any, n_rows: int) -> None:
