@@ -731,6 +731,7 @@ several files. side_files ({name: bytes}) are written beside the model and commi
       .def_readonly("quant_records", &passes::PassContext::quant_records);
 
   bind_patterns(m);
+  bind_analysis(m);
 
   m.def(
       "cpp_passes",

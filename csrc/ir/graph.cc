@@ -8,6 +8,12 @@
 namespace fastopt {
 
 namespace {
+void note_edit_of(Graph* g) {
+  if (g && g->model()) g->model()->note_edit();
+}
+}  // namespace
+
+namespace {
 // A node of `g` now reads `v`: when `v` lives in an enclosing graph, every graph in between
 // records the outer reference, or topological_sort/find_cycle miss the dependency.
 void note_outer_use(Graph* g, Value* v) {
@@ -39,12 +45,14 @@ void Node::drop_use(int index) {
 }
 
 void Node::append_input(Value* v) {
+  note_edit_of(graph_);
   inputs_.push_back(v);
   use_slots_.push_back(0);
   if (v) add_use(static_cast<int>(inputs_.size()) - 1);
 }
 
 void Node::remove_input(int index) {
+  note_edit_of(graph_);
   if (index < 0 || static_cast<size_t>(index) >= inputs_.size()) {
     throw ModelError("input index " + std::to_string(index) + " out of range");
   }
@@ -98,6 +106,7 @@ std::vector<Graph*> Node::subgraphs() const {
 }
 
 void Node::set_input(int index, Value* v) {
+  note_edit_of(graph_);
   if (index < 0 || static_cast<size_t>(index) >= inputs_.size()) {
     throw ModelError("input index " + std::to_string(index) + " out of range for node '" +
                      name.value + "'");
@@ -190,6 +199,7 @@ std::string Graph::unique_name(const std::string& base) const {
 }
 
 void Graph::link_before(Node* node, Node* before) {
+  note_edit_of(this);
   if (before == nullptr) {
     node->prev_ = tail_;
     node->next_ = nullptr;
@@ -263,6 +273,7 @@ Node* Graph::create_node(const std::string& op_type, const std::string& domain,
 }
 
 void Graph::remove_node(Node* node) {
+  note_edit_of(this);
   if (node->graph_ != this || !node->alive_) throw ModelError("node is not in this graph");
   for (Value* out : node->outputs_) {
     if (!out) continue;
@@ -327,6 +338,7 @@ bool initializers_are_inputs(const Graph& g) {
 }  // namespace
 
 void Graph::set_initializer(Value* v, std::shared_ptr<Tensor> t) {
+  note_edit_of(this);
   if (v->producer_) throw ModelError("value '" + v->name_ + "' is produced by a node");
   if (!v->initializer_) initializer_order.push_back(v);
   t->name.set(v->name_);
@@ -342,6 +354,7 @@ void Graph::set_initializer(Value* v, std::shared_ptr<Tensor> t) {
 }
 
 void Graph::remove_initializer(Value* v) {
+  note_edit_of(this);
   if (!v->initializer_) return;
   v->initializer_.reset();
   initializer_order.erase(std::remove(initializer_order.begin(), initializer_order.end(), v),
@@ -357,6 +370,7 @@ void Graph::remove_initializer(Value* v) {
 }
 
 void Graph::add_output(Value* v) {
+  note_edit_of(this);
   ValueInfoEntry e;
   e.value = v;
   output_entries.push_back(std::move(e));
@@ -364,6 +378,7 @@ void Graph::add_output(Value* v) {
 }
 
 void Graph::remove_input(size_t index) {
+  note_edit_of(this);
   if (index >= input_entries.size()) throw ModelError("graph input index out of range");
   Value* v = input_entries[index].value;
   if (v && (!v->uses_.empty() || v->is_graph_output() || v->initializer_)) {
@@ -374,6 +389,7 @@ void Graph::remove_input(size_t index) {
 }
 
 void Graph::add_input(Value* v) {
+  note_edit_of(this);
   ValueInfoEntry e;
   e.value = v;
   input_entries.push_back(std::move(e));
@@ -430,6 +446,7 @@ Node* Graph::find_cycle() const {
 }
 
 void Graph::topological_sort() {
+  note_edit_of(this);
   // Stable: among ready nodes, keep the current order.
   std::vector<Node*> order = nodes();
   for (size_t i = 0; i < order.size(); ++i) order[i]->scratch = static_cast<int64_t>(i);

@@ -295,6 +295,11 @@ struct Model {
   std::unordered_map<std::string, uint64_t> next_suffix;
   uint64_t next_node_id = 0;   // numbers the names of nodes made by rewrites
   uint32_t rewrite_round = 0;  // numbers the rounds of every apply_rules call (Node::queued_round)
+  // Bumped by every structural edit (nodes, inputs, initializers, graph inputs/outputs) of any
+  // graph: analyses memoized on the model (analysis::ShapeFacts) recompute when it moved.
+  // Editing attributes in place does not bump it; such a pass calls note_edit().
+  uint64_t edit_generation = 0;
+  void note_edit() { ++edit_generation; }
 
   // Tensors that skeletons (serialize_skeleton) stand in for with placeholders, by placeholder
   // index. Append-only, so every skeleton made from this model stays valid while it lives.

@@ -12,12 +12,31 @@
 //   - Gather(Shape(x), i) and Slice(Shape(x), ...) when the dims they select are known, even
 //     if others are symbolic (partially static shapes).
 // fold_constants then folds what follows (Unsqueeze, Concat, Cast, ...).
+//
+// Then, with the symbolic shape analysis (csrc/analysis), over the main graph:
+//   - any integer shape computation whose elements the analysis proves to be numbers
+//     (Concat(Unsqueeze(Gather(Shape(x), 2)), [14]) with dim 2 a number from a Reshape target,
+//     Where(Equal(shape, -1), ones, shape), ...) becomes a constant;
+//   - Reshape(x, s) with a computed s whose output dims are proven: s becomes a constant
+//     with 0 where an output dim equals x's dim at the same position (allowzero=0), numbers,
+//     and -1 only when every other entry is a nonzero number; when the output dims are x's
+//     dims the Reshape is x;
+//   - Expand(x, s) whose output dims are x's dims is x.
+//
+//   x[B,S,896] ─ Shape ─ Gather(0) ─ Unsqueeze ─┐
+//              └ Shape ─ Gather(1) ─ Unsqueeze ─┴ Concat(·,·,[14],[64]) ─ Reshape(x, ·)
+//   =>   Reshape(x, [0, 0, 14, 64])       (the Shape chain dies)
 #include <algorithm>
+#include <cstring>
+#include <unordered_set>
 
+#include "analysis/shape_facts.h"
 #include "ir/constant.h"
+#include "ir/dtype.h"
 #include "passes/fold_constants.h"
 #include "passes/registry.h"
 #include "pattern/attr_schema.h"
+#include "pattern/rewrite.h"
 
 namespace fastopt::passes {
 namespace {
@@ -200,8 +219,200 @@ struct ShapeFolder {
   }
 };
 
+// Ops whose integer outputs are shape computations a constant may stand for.
+bool computes_shape(const Node& n) {
+  static const std::unordered_set<std::string> ops{
+      "Shape",           "Size",     "Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Cast",
+      "Reshape",         "Add",      "Sub",    "Mul",   "Div",    "Where",     "Equal",   "Expand",
+      "ConstantOfShape", "Identity", "Range"};
+  return standard(&n) && ops.count(n.op_type) && n.outputs().size() == 1 && n.outputs()[0];
+}
+
+std::shared_ptr<Tensor> ints_tensor(int32_t dtype, const std::vector<int64_t>& v,
+                                    std::vector<int64_t> dims) {
+  if (dtype == kInt64) return make_int64_tensor(v, std::move(dims));
+  std::string bytes(v.size() * 4, '\0');
+  for (size_t i = 0; i < v.size(); ++i) {
+    const int32_t x = static_cast<int32_t>(v[i]);
+    std::memcpy(&bytes[i * 4], &x, 4);
+  }
+  return make_tensor(kInt32, std::move(dims), std::move(bytes));
+}
+
+// What the facts allow, decided on the unedited graph (facts recompute after an edit), then
+// applied in one go: each edit replaces a value by one with the same contents, so the other
+// decisions stay true.
+struct FactFolder {
+  Model& model;
+  PassContext& ctx;
+  struct Constant {
+    Node* node;
+    std::shared_ptr<Tensor> value;
+  };
+  struct Target {
+    Node* reshape;
+    std::vector<int64_t> shape;
+  };
+  struct Forward {
+    Node* node;  // its output is its input 0
+  };
+  std::vector<Constant> constants;
+  std::vector<Target> targets;
+  std::vector<Forward> forwards;
+
+  int64_t run() {
+    if (!model.graph) return 0;
+    Graph& g = *model.graph;
+    analysis::ShapeFacts facts(model);
+    for (Node* n = g.first(); n; n = n->next()) {
+      if (!standard(n) || pattern::mistyped_attribute(*n) || n->has_subgraphs()) continue;
+      decide(*n, facts);
+    }
+    return apply(g);
+  }
+
+  void decide(Node& n, analysis::ShapeFacts& facts) {
+    Value* out = n.outputs().empty() ? nullptr : n.outputs()[0];
+    if (!out || (out->uses().empty() && !out->is_graph_output())) return;
+    const analysis::Facts* f = facts.facts(out);
+    if (!f) return;
+    if (computes_shape(n) && f->has_value && f->ranked && f->dims.size() <= 1 &&
+        (f->dtype == kInt64 || f->dtype == kInt32) && !constant_tensor(out)) {
+      if (auto v = facts.constant_shape_value(out)) {
+        std::vector<int64_t> dims;
+        if (!f->dims.empty()) dims.push_back(static_cast<int64_t>(v->size()));
+        constants.push_back({&n, ints_tensor(f->dtype, *v, dims)});
+        return;
+      }
+    }
+    if ((n.op_type == "Reshape" || n.op_type == "Expand") && n.inputs().size() >= 2 &&
+        n.inputs()[0] && n.inputs()[1]) {
+      Value* x = n.inputs()[0];
+      const analysis::Facts* fx = facts.facts(x);
+      if (!fx || !fx->ranked || !f->ranked) return;
+      if (fx->dims == f->dims && fx->dtype == f->dtype) {
+        forwards.push_back({&n});
+        return;
+      }
+      if (n.op_type == "Reshape" && !constant_tensor(n.inputs()[1]) &&
+          !facts.constant_shape_value(n.inputs()[1])) {  // else the target itself folds
+        if (auto shape = reshape_target(n, *fx, *f)) targets.push_back({&n, std::move(*shape)});
+      }
+    }
+  }
+
+  // A constant target giving the same output: 0 copies x's dim at the same position, numbers
+  // stay, one -1 only when every other entry is a nonzero number.
+  static std::optional<std::vector<int64_t>> reshape_target(const Node& n, const analysis::Facts& x,
+                                                            const analysis::Facts& out) {
+    if (cleanup_has_attr_refs(n)) return std::nullopt;
+    const Attribute* az = n.attribute("allowzero");
+    if (az && az->i && *az->i != 0) return std::nullopt;
+    std::vector<int64_t> shape;
+    int infer = -1;
+    for (size_t i = 0; i < out.dims.size(); ++i) {
+      const analysis::DimExpr& d = out.dims[i];
+      auto c = d.constant_value();
+      if (i < x.dims.size() && x.dims[i] == d && !(c && *c > 0)) {
+        shape.push_back(0);
+      } else if (c && *c > 0) {
+        shape.push_back(*c);
+      } else {
+        if (infer >= 0) return std::nullopt;
+        infer = static_cast<int>(i);
+        shape.push_back(-1);
+      }
+    }
+    if (infer >= 0) {
+      for (size_t i = 0; i < shape.size(); ++i) {
+        if (static_cast<int>(i) != infer && shape[i] <= 0) return std::nullopt;
+      }
+    }
+    return shape;
+  }
+
+  static bool cleanup_has_attr_refs(const Node& n) {
+    for (const auto& a : n.attributes) {
+      if (a.ref_attr_name.written()) return true;
+    }
+    return false;
+  }
+
+  int64_t apply(Graph& g) {
+    int64_t rewrites = 0;
+    std::vector<Node*> dead;
+    auto note_inputs = [&](Node* n) {
+      for (Value* v : n->inputs()) {
+        if (v && v->producer()) dead.push_back(v->producer());
+      }
+    };
+    // Only the last constant of a chain is written: a candidate whose readers all fold too just
+    // dies with them.
+    std::unordered_set<const Node*> folded;
+    for (auto& c : constants) folded.insert(c.node);
+    for (auto& c : constants) {
+      Value* out = c.node->outputs()[0];
+      bool needed = out->is_graph_output();
+      for (const Use& u : out->uses()) needed = needed || !folded.count(u.node);
+      if (!needed) {
+        dead.push_back(c.node);
+        continue;
+      }
+      note_inputs(c.node);
+      replace_with_constant(g, out, c.value);
+      if (out->uses().empty() && !out->is_graph_output()) g.remove_node(c.node);
+      ++ctx.counters["shape_value(" + c.node->op_type + ")"];
+      ++rewrites;
+    }
+    for (auto& t : targets) {
+      if (!t.reshape->alive()) continue;
+      Value* old = t.reshape->inputs()[1];
+      if (old && old->producer()) dead.push_back(old->producer());
+      auto tensor = make_int64_tensor(t.shape, {int64_t(t.shape.size())});
+      const std::string name = g.unique_name(t.reshape->outputs()[0]->name() + "_shape");
+      Value* k;
+      if (model.ir_version.value_or(0) < 4) {  // initializers would be (overridable) inputs
+        Node* c = g.create_node("Constant", "", {}, {name}, t.reshape);
+        c->attributes.push_back(pattern::attr_tensor("value", std::move(tensor)));
+        k = c->outputs()[0];
+      } else {
+        k = g.add_initializer(name, std::move(tensor));
+      }
+      t.reshape->set_input(1, k);
+      ++ctx.counters["Reshape(target)"];
+      ++rewrites;
+    }
+    for (auto& f : forwards) {
+      Node* n = f.node;
+      if (!n->alive()) continue;
+      Value *out = n->outputs()[0], *x = n->inputs()[0];
+      if (!pattern::can_replace(g, out, x)) continue;
+      note_inputs(n);
+      pattern::replace_value(g, out, x);
+      if (out->uses().empty() && !out->is_graph_output()) g.remove_node(n);
+      ++ctx.counters[n->op_type + "(identity)"];
+      ++rewrites;
+    }
+    // Producers left without readers (the Shape -> Gather -> Concat chains), transitively.
+    while (!dead.empty()) {
+      Node* n = dead.back();
+      dead.pop_back();
+      if (!n->alive() || !standard(n) || n->has_subgraphs()) continue;
+      bool used = false;
+      for (Value* v : n->outputs())
+        used = used || (v && (!v->uses().empty() || v->is_graph_output()));
+      if (used) continue;
+      note_inputs(n);
+      g.remove_node(n);
+    }
+    return rewrites;
+  }
+};
+
 int64_t fold_shapes(Model& model, PassContext& ctx) {
-  return ShapeFolder{model, ctx}.run();
+  int64_t rewrites = ShapeFolder{model, ctx}.run();
+  rewrites += FactFolder{model, ctx, {}, {}, {}}.run();
+  return rewrites;
 }
 
 const PassRegistrar kRegister{{

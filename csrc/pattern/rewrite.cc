@@ -4,7 +4,9 @@
 #include <set>
 #include <unordered_map>
 
+#include "analysis/shape_facts.h"
 #include "ir/error.h"
+#include "ir/types.h"
 
 namespace fastopt::pattern {
 
@@ -84,6 +86,7 @@ std::vector<Value*> Rewriter::op(const std::string& op_type, const std::vector<V
   Node* n = graph_.create_node(op_type, domain, inputs, names, root_);
   n->name.set(std::move(base));
   n->attributes = std::move(attrs);
+  analysis::type_new_node(*graph_.model(), *n);  // outputs typed where the inputs tell
   created_nodes_.push_back(n);
   return n->outputs();
 }
@@ -110,7 +113,7 @@ bool can_replace(const Graph& g, const Value* from, const Value* to) {
 
 void replace_value(Graph& g, Value* from, Value* to) {
   if (from == to) return;
-  if (!to->type.known && from->type.known) to->type = from->type;
+  if (from->type.known) refine_type(to->type, from->type);
   const bool keep_name = from->is_graph_output() && can_replace(g, from, to);
   g.replace_all_uses(from, to);
   if (keep_name) {

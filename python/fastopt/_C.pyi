@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import typing
 import typing_extensions
-__all__: list[str] = ['Bytes', 'Function', 'Graph', 'Match', 'Model', 'ModelError', 'Node', 'PassInfo', 'PassResult', 'Pattern', 'PatternNode', 'QuantRecord', 'Rewriter', 'Rule', 'Tensor', 'Value', 'apply_rules', 'constant_nodes_model', 'cpp_passes', 'dtype_name', 'load', 'load_bytes', 'load_skeleton', 'make_tensor', 'native_fold_ops', 'native_fold_unsupported', 'run_pass', 'write_file']
+__all__: list[str] = ['Bytes', 'Function', 'Graph', 'Match', 'Model', 'ModelError', 'Node', 'PassInfo', 'PassResult', 'Pattern', 'PatternNode', 'QuantRecord', 'Rewriter', 'Rule', 'ShapeFacts', 'Tensor', 'Value', 'analyze_shapes', 'apply_rules', 'constant_nodes_model', 'cpp_passes', 'dtype_name', 'load', 'load_bytes', 'load_skeleton', 'make_tensor', 'native_fold_ops', 'native_fold_unsupported', 'run_pass', 'shape_facts', 'write_file']
 class ModelError(Exception):
     pass
 class Tensor:
@@ -517,6 +517,27 @@ class Rule:
     @property
     def name(self) -> str:
         ...
+class ShapeFacts:
+    """
+    The C++ shape analysis of a model's main graph, memoized until an edit
+    """
+    def __init__(self, model: Model) -> None:
+        ...
+    def facts(self, name: str) -> typing.Any:
+        """
+        (dtype, dims, shape value) of the named value (see shape_facts), or None
+        """
+    @property
+    def computations(self) -> int:
+        """
+        How many times the facts were computed
+        """
+def analyze_shapes(model: Model, apply: bool = True) -> tuple[int, dict[str, int]]:
+    """
+    Runs the C++ shape analysis on the main graph; with `apply`, writes what it proves
+    into the value types (refining, never losing, what they say; changed values get value_info).
+    Returns (values whose type changed, {op: count} of nodes it has no rule for).
+    """
 def apply_rules(model: Model, rules: collections.abc.Sequence[Rule], max_iterations: typing.SupportsInt | typing.SupportsIndex = 10, explain_rule: str = '') -> tuple[int, dict[str, int], list[str]]:
     """
     Applies rules to a fixed point; returns (rewrites, per-rule counts, explanation lines)
@@ -558,6 +579,12 @@ def native_fold_unsupported(node: Node, max_bytes: typing.SupportsInt | typing.S
 def run_pass(model: Model, name: str, target: str = 'ort', max_iterations: typing.SupportsInt | typing.SupportsIndex = 10, explain_rule: str = '', options: collections.abc.Mapping[str, typing.SupportsInt | typing.SupportsIndex] = {}, text_options: collections.abc.Mapping[str, str] = {}, progress: typing.Any = None) -> tuple[int, PassResult]:
     """
     Runs a C++ pass; returns (rewrites, result). `progress(done, total, what)` is called during long passes (quantization)
+    """
+def shape_facts(model: Model) -> dict:
+    """
+    {value name: (dtype, dims, shape value)} for the main graph: dims and elements are
+    ints, or strings spelling expressions of symbols ('?N' names a fresh symbol: unknown, but equal
+    wherever it appears); None when the rank / the elements are unknown.
     """
 def write_file(path: typing.Any, data: bytes) -> None:
     """

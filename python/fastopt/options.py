@@ -174,6 +174,18 @@ register_option(
     default=True,
 )
 register_option(
+    "shape_engine",
+    "int",
+    "which shape inference infer_shapes runs",
+    passes=("infer_shapes",),
+    default=0,
+    choices=(
+        (0, "native analysis, onnx's for ops it does not know"),
+        (1, "native only"),
+        (2, "onnx only"),
+    ),
+)
+register_option(
     "fold_max_bytes",
     "int",
     "largest constant (bytes) constant folding writes",

@@ -9,7 +9,8 @@ conversion, sets ``ctx.model``). Register one with the decorator::
         ...
 
 A pass tagged ``"needs_shapes"`` gets value types first: unless the model's types are fresh
-(``infer_shapes`` ran, and no pass changed the graph since), ``fastopt.shapes.infer_shapes`` runs
+(``infer_shapes`` ran, and no pass changed the graph since), ``fastopt.shapes.infer_shapes`` (the
+C++ shape analysis, onnx's inference for what it does not know) runs
 before it. Passes read their settings from ``ctx.options`` (``fastopt.optimize(options=...)``);
 C++ passes see the integer ones.
 
@@ -75,7 +76,7 @@ class PassSpec:
         if "needs_shapes" in self.tags and not ctx.shapes_inferred:
             from fastopt.shapes import infer_shapes
 
-            infer_shapes(ctx.model)
+            infer_shapes(ctx.model, engine=int(ctx.options.get("shape_engine", 0)))  # type: ignore[call-overload]
             ctx.shapes_inferred = True
         rewrites = self._run(ctx)
         if rewrites and "analysis" not in self.tags:

@@ -1,12 +1,17 @@
-"""Shape inference as a step: onnx's shape inference on the model's skeleton, applied in place.
+"""Shape inference as a step: fastopt's C++ shape analysis, with onnx's as the fallback.
 
-The skeleton (``Model.skeleton``) is the model without its weights (payloads of 1 KiB or more
-become placeholders), so inference runs on a few MB whatever the model weighs: no 2 GB limit, no
-weights through protobuf. Small constants stay inline, so data propagation still sees the shape
-tensors it needs.
+The native analysis (csrc/analysis: symbolic dims, shape values through Shape -> Gather ->
+Concat chains, Reshape with -1 and 0, the com.microsoft ops fastopt writes) types the main graph
+in one sweep. Where it has no rule for a node (an op it does not know, an If/Loop body, a
+function), or when asked for onnx's strict checks, onnx's shape inference runs too, on the
+model's skeleton (``Model.skeleton``: the model without its weights, so no 2 GB limit and no
+weights through protobuf), and fills what the native analysis left open. Types are only ever
+refined: a value keeps what its type already says.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 from fastopt import _C
 from fastopt.errors import entry_point, foreign_errors
@@ -14,25 +19,68 @@ from fastopt.errors import entry_point, foreign_errors
 # What an onnx refusal is reported as ("shape inference (onnx): InferenceError: ...").
 STAGE = "shape inference (onnx)"
 
+# shape_engine option values.
+AUTO, NATIVE, ONNX = 0, 1, 2
+
+
+@dataclass
+class ShapeRun:
+    """What one inference step did: the engines that ran and the types they changed."""
+
+    changed: int = 0
+    engines: list[str] = field(default_factory=list)
+    # {op: count} of nodes the native analysis has no rule for (why onnx ran, in auto mode).
+    unknown_ops: dict[str, int] = field(default_factory=dict)
+
 
 @entry_point(STAGE)
-def infer_shapes(model: _C.Model, *, strict: bool = False, data_prop: bool = True) -> None:
-    """Infers value types with onnx and applies them to ``model`` in place.
+def infer_shapes(
+    model: _C.Model, *, strict: bool = False, data_prop: bool = True, engine: int = AUTO
+) -> None:
+    """Infers value types and applies them to ``model`` in place.
 
     Values without a type get the inferred one; values whose inferred type is more specific
-    (known element type, a shape, numbers where dims were unknown or symbolic) are refined; graph
-    inputs keep their declared types. Refined values get value_info entries, so the types are
-    saved with the model. ``strict`` makes inference errors raise instead of leaving the node's
-    outputs untyped; onnx's refusals (inference errors, a model onnx cannot parse or validate:
-    missing opset imports, recursive or duplicate functions, protobuf's nesting limit) raise
-    :class:`fastopt.RejectedModelError` with onnx's exception as ``__cause__``;
-    ``data_prop`` propagates constant shape values (Shape -> Gather -> Concat -> Reshape).
+    (known element type, a shape, numbers or symbolic expressions where dims were unknown) are
+    refined; graph inputs keep their declared types. Refined values get value_info entries, so
+    the types are saved with the model. ``engine``: AUTO (native analysis, onnx's for the nodes
+    it does not know), NATIVE, ONNX. ``strict`` runs onnx's inference too and makes its errors
+    raise; onnx's refusals (inference errors, a model onnx cannot parse or validate) raise
+    :class:`fastopt.RejectedModelError` with onnx's exception as ``__cause__``. ``data_prop``
+    False is onnx's inference without constant shape values (the native analysis always
+    propagates them, so it does not run then).
     """
-    apply_inferred_types(model, strict=strict, data_prop=data_prop)
+    run_inference(model, strict=strict, data_prop=data_prop, engine=engine)
+
+
+def run_inference(
+    model: _C.Model, *, strict: bool = False, data_prop: bool = True, engine: int = AUTO
+) -> ShapeRun:
+    """``infer_shapes``, reporting what ran."""
+    run = ShapeRun()
+    if engine != ONNX and data_prop:
+        changed, unknown = _C.analyze_shapes(model)
+        run.changed += changed
+        run.engines.append("native")
+        run.unknown_ops = dict(unknown)
+    needs_onnx = (
+        engine == ONNX
+        or not data_prop
+        or strict
+        or (engine == AUTO and (run.unknown_ops or _has_bodies(model)))
+    )
+    if needs_onnx:
+        run.changed += apply_inferred_types(model, strict=strict, data_prop=data_prop)
+        run.engines.append("onnx")
+    return run
+
+
+def _has_bodies(model: _C.Model) -> bool:
+    """Functions or subgraphs: the native analysis covers the main graph only."""
+    return bool(model.functions) or any(n.subgraphs for n in model.graph.nodes)
 
 
 def apply_inferred_types(model: _C.Model, *, strict: bool = False, data_prop: bool = True) -> int:
-    """``infer_shapes``, returning the number of values whose type changed."""
+    """onnx's shape inference on the skeleton, applied; returns the values whose type changed."""
     import onnx.shape_inference  # here: `import fastopt` should not pay for onnx
 
     skeleton = model.skeleton()

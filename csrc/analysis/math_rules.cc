@@ -1,0 +1,307 @@
+// Shape rules for computing ops: elementwise (unary, broadcast binary, variadic, Where),
+// comparisons, MatMul, Gemm, normalizations, reductions, and the gathers. Integer arithmetic on
+// shape values (Add/Sub/Mul/Div, Equal, Where) carries the elements exporters compute shapes
+// with.
+#include <algorithm>
+
+#include "analysis/rule_util.h"
+#include "ir/dtype.h"
+
+namespace fastopt::analysis::rules {
+namespace {
+
+bool unary(const Node&, RuleContext& ctx, std::vector<Facts>& out) {
+  out[0] = same_as(ctx.in(0));
+  return true;
+}
+
+bool unary_bool(const Node&, RuleContext& ctx, std::vector<Facts>& out) {
+  out[0] = same_as(ctx.in(0), kBool);
+  return true;
+}
+
+// Broadcast output of all inputs with dtype `dtype` (0: input 0's).
+bool broadcast_out(RuleContext& ctx, std::vector<Facts>& out, int32_t dtype) {
+  std::vector<const Facts*> ins;
+  for (size_t i = 0; i < ctx.num_inputs(); ++i) ins.push_back(&ctx.in(i));
+  out[0].dtype = dtype;
+  for (size_t i = 0; !out[0].dtype && i < ins.size(); ++i) out[0].dtype = ins[i]->dtype;
+  if (auto b = broadcast(ctx, ins)) {
+    out[0].ranked = true;
+    out[0].dims = std::move(*b);
+  }
+  return true;
+}
+
+template <std::optional<DimExpr> (*Fn)(const DimExpr&, const DimExpr&)>
+bool arith(const Node&, RuleContext& ctx, std::vector<Facts>& out) {
+  broadcast_out(ctx, out, 0);
+  const int32_t t = out[0].dtype;
+  if ((t == kInt64 || t == kInt32) && ctx.num_inputs() == 2 && out[0].ranked &&
+      out[0].dims.size() <= 1) {
+    if (auto v = elementwise_value(ctx.in(0), ctx.in(1), Fn)) {
+      out[0].has_value = true;
+      out[0].value = std::move(*v);
+    }
+  }
+  return true;
+}
+
+std::optional<DimExpr> add_fn(const DimExpr& a, const DimExpr& b) {
+  return DimExpr::add(a, b);
+}
+std::optional<DimExpr> sub_fn(const DimExpr& a, const DimExpr& b) {
+  return DimExpr::sub(a, b);
+}
+std::optional<DimExpr> mul_fn(const DimExpr& a, const DimExpr& b) {
+  return DimExpr::mul(a, b);
+}
+std::optional<DimExpr> div_fn(const DimExpr& a, const DimExpr& b) {
+  return DimExpr::div_exact(a, b);
+}
+
+// Equal on shape values: 1 when the same expression, 0 when two numbers differ or a size is
+// compared with a negative number; unknown otherwise.
+std::optional<DimExpr> equal_fn(const DimExpr& a, const DimExpr& b) {
+  if (a == b) return DimExpr::constant(1);
+  auto ca = a.constant_value(), cb = b.constant_value();
+  if (ca && cb) return DimExpr::constant(*ca == *cb ? 1 : 0);
+  return std::nullopt;
+}
+
+bool comparison(const Node& n, RuleContext& ctx, std::vector<Facts>& out) {
+  broadcast_out(ctx, out, kBool);
+  if (n.op_type != "Equal" || ctx.num_inputs() != 2 || !out[0].ranked || out[0].dims.size() > 1) {
+    return true;
+  }
+  const Facts &a = ctx.in(0), &b = ctx.in(1);
+  if (!a.has_value || !b.has_value) return true;
+  const size_t na = a.value.size(), nb = b.value.size();
+  if (na != nb && na != 1 && nb != 1) return true;
+  std::vector<DimExpr> v;
+  for (size_t i = 0; i < std::max(na, nb); ++i) {
+    const DimExpr &x = a.value[na == 1 ? 0 : i], &y = b.value[nb == 1 ? 0 : i];
+    auto r = equal_fn(x, y);
+    if (!r) {
+      // A size (>= 0) never equals a negative number.
+      auto cx = x.constant_value(), cy = y.constant_value();
+      if ((cy && *cy < 0 && ctx.symbols().nonneg(x)) ||
+          (cx && *cx < 0 && ctx.symbols().nonneg(y))) {
+        r = DimExpr::constant(0);
+      }
+    }
+    if (!r) return true;
+    v.push_back(*r);
+  }
+  out[0].has_value = true;
+  out[0].value = std::move(v);
+  return true;
+}
+
+bool where(const Node&, RuleContext& ctx, std::vector<Facts>& out) {
+  std::vector<const Facts*> ins{&ctx.in(0), &ctx.in(1), &ctx.in(2)};
+  out[0].dtype = ctx.in(1).dtype ? ctx.in(1).dtype : ctx.in(2).dtype;
+  if (auto b = broadcast(ctx, ins)) {
+    out[0].ranked = true;
+    out[0].dims = std::move(*b);
+  }
+  const Facts &c = ctx.in(0), &x = ctx.in(1), &y = ctx.in(2);
+  if (c.has_value && x.has_value && y.has_value && out[0].ranked && out[0].dims.size() <= 1) {
+    const size_t n = std::max({c.value.size(), x.value.size(), y.value.size()});
+    auto at = [n](const Facts& f, size_t i) -> const DimExpr* {
+      if (f.value.size() == 1) return &f.value[0];
+      return f.value.size() == n ? &f.value[i] : nullptr;
+    };
+    std::vector<DimExpr> v;
+    for (size_t i = 0; i < n; ++i) {
+      const DimExpr *ci = at(c, i), *xi = at(x, i), *yi = at(y, i);
+      if (!ci || !xi || !yi) return true;
+      auto cv = ci->constant_value();
+      if (!cv) return true;
+      v.push_back(*cv ? *xi : *yi);
+    }
+    out[0].has_value = true;
+    out[0].value = std::move(v);
+  }
+  return true;
+}
+
+bool variadic(const Node&, RuleContext& ctx, std::vector<Facts>& out) {
+  return broadcast_out(ctx, out, 0);
+}
+
+bool pow_rule(const Node&, RuleContext& ctx, std::vector<Facts>& out) {
+  std::vector<const Facts*> ins{&ctx.in(0), &ctx.in(1)};
+  out[0].dtype = ctx.in(0).dtype;
+  if (auto b = broadcast(ctx, ins)) {
+    out[0].ranked = true;
+    out[0].dims = std::move(*b);
+  }
+  return true;
+}
+
+// MatMul dims of a [.., M, K] x [.., K, N] (1-D operands promoted and the added dim dropped).
+std::optional<std::vector<DimExpr>> matmul_dims(RuleContext& ctx, const Facts& a, const Facts& b) {
+  if (!a.ranked || !b.ranked || a.dims.empty() || b.dims.empty()) return std::nullopt;
+  Facts ba, bb;
+  ba.ranked = bb.ranked = true;
+  ba.dims.assign(a.dims.begin(), a.dims.end() - std::min<size_t>(a.dims.size(), 2));
+  bb.dims.assign(b.dims.begin(), b.dims.end() - std::min<size_t>(b.dims.size(), 2));
+  auto batch = broadcast(ctx, {&ba, &bb});
+  if (!batch) return std::nullopt;
+  std::vector<DimExpr> out = *batch;
+  if (a.dims.size() >= 2) out.push_back(a.dims[a.dims.size() - 2]);
+  if (b.dims.size() >= 2) out.push_back(b.dims.back());
+  return out;
+}
+
+bool matmul(const Node&, RuleContext& ctx, std::vector<Facts>& out) {
+  out[0].dtype = ctx.in(0).dtype;
+  if (auto d = matmul_dims(ctx, ctx.in(0), ctx.in(1))) {
+    out[0].ranked = true;
+    out[0].dims = std::move(*d);
+  }
+  return true;
+}
+
+bool gemm(const Node& n, RuleContext& ctx, std::vector<Facts>& out) {
+  const Facts &a = ctx.in(0), &b = ctx.in(1);
+  out[0].dtype = a.dtype;
+  if (!a.ranked || !b.ranked || a.dims.size() != 2 || b.dims.size() != 2) return true;
+  const bool ta = attr_i(n, "transA").value_or(0) != 0, tb = attr_i(n, "transB").value_or(0) != 0;
+  out[0].ranked = true;
+  out[0].dims = {a.dims[ta ? 1 : 0], b.dims[tb ? 0 : 1]};
+  return true;
+}
+
+// LayerNormalization / RMSNormalization: Y like X; Mean, InvStdDev with the normalized dims 1.
+bool norm(const Node& n, RuleContext& ctx, std::vector<Facts>& out) {
+  const Facts& x = ctx.in(0);
+  out[0] = same_as(x);
+  if (out.size() > 1 && x.ranked) {
+    const int64_t r = static_cast<int64_t>(x.dims.size());
+    auto axis = norm_axis(attr_i(n, "axis").value_or(-1), r);
+    if (!axis) return false;
+    const int32_t stash = static_cast<int32_t>(attr_i(n, "stash_type").value_or(kFloat));
+    for (size_t i = 1; i < out.size(); ++i) {
+      out[i].dtype = stash;
+      out[i].ranked = true;
+      out[i].dims = x.dims;
+      for (size_t d = static_cast<size_t>(*axis); d < x.dims.size(); ++d) {
+        out[i].dims[d] = DimExpr::constant(1);
+      }
+    }
+  }
+  return true;
+}
+
+bool reduce(const Node& n, RuleContext& ctx, std::vector<Facts>& out) {
+  const Facts& x = ctx.in(0);
+  out[0].dtype = x.dtype;
+  if (n.op_type == "ArgMax" || n.op_type == "ArgMin") out[0].dtype = kInt64;
+  if (!x.ranked) return true;
+  const int64_t r = static_cast<int64_t>(x.dims.size());
+  const bool keep = attr_i(n, "keepdims").value_or(1) != 0;
+  std::optional<std::vector<int64_t>> axes;
+  if (n.op_type == "ArgMax" || n.op_type == "ArgMin") {
+    axes = std::vector<int64_t>{attr_i(n, "axis").value_or(0)};
+  } else {
+    axes = attr_is(n, "axes");
+    if (!axes && ctx.present(1)) {
+      axes = ctx.ints(1);
+      if (!axes) return true;
+    }
+  }
+  std::vector<bool> reduced(static_cast<size_t>(r), false);
+  if (!axes || axes->empty()) {
+    if (attr_i(n, "noop_with_empty_axes").value_or(0) != 0) {
+      out[0] = same_as(x);
+      return true;
+    }
+    reduced.assign(static_cast<size_t>(r), true);
+  }
+  for (int64_t a : axes ? *axes : std::vector<int64_t>{}) {
+    auto na = norm_axis(a, r);
+    if (!na) return false;
+    reduced[static_cast<size_t>(*na)] = true;
+  }
+  out[0].ranked = true;
+  for (int64_t i = 0; i < r; ++i) {
+    if (!reduced[static_cast<size_t>(i)])
+      out[0].dims.push_back(x.dims[static_cast<size_t>(i)]);
+    else if (keep)
+      out[0].dims.push_back(DimExpr::constant(1));
+  }
+  return true;
+}
+
+bool gather_elements(const Node&, RuleContext& ctx, std::vector<Facts>& out) {
+  out[0] = same_as(ctx.in(1), ctx.in(0).dtype);
+  return true;
+}
+
+bool gather_nd(const Node& n, RuleContext& ctx, std::vector<Facts>& out) {
+  const Facts &data = ctx.in(0), &idx = ctx.in(1);
+  out[0].dtype = data.dtype;
+  if (!data.ranked || !idx.ranked || idx.dims.empty()) return true;
+  auto k = idx.dims.back().constant_value();
+  const int64_t b = attr_i(n, "batch_dims").value_or(0);
+  if (!k || b < 0 || b + *k > static_cast<int64_t>(data.dims.size())) return true;
+  out[0].ranked = true;
+  out[0].dims.assign(idx.dims.begin(), idx.dims.end() - 1);
+  out[0].dims.insert(out[0].dims.end(), data.dims.begin() + b + *k, data.dims.end());
+  return true;
+}
+
+bool dropout(const Node&, RuleContext& ctx, std::vector<Facts>& out) {
+  out[0] = same_as(ctx.in(0));
+  if (out.size() > 1) out[1] = same_as(ctx.in(0), kBool);
+  return true;
+}
+
+bool softmax_like(const Node&, RuleContext& ctx, std::vector<Facts>& out) {
+  out[0] = same_as(ctx.in(0));
+  return true;
+}
+
+}  // namespace
+
+void add_math_rules(RuleTable& t) {
+  for (const char* op :
+       {"Neg",      "Abs",      "Sqrt", "Reciprocal",  "Exp",       "Log",       "Sigmoid", "Tanh",
+        "Relu",     "Erf",      "Sin",  "Cos",         "Floor",     "Ceil",      "Round",   "Sign",
+        "Softplus", "Softsign", "Gelu", "HardSigmoid", "HardSwish", "LeakyRelu", "Elu",     "Selu",
+        "Celu",     "Mish",     "Clip", "Trilu",       "CumSum",    "Tan",       "Asin",    "Acos",
+        "Atan",     "Sinh",     "Cosh", "Asinh",       "Acosh",     "Atanh"}) {
+    t.push_back({op, unary});
+  }
+  for (const char* op : {"IsNaN", "IsInf", "Not"}) t.push_back({op, unary_bool});
+  for (const char* op :
+       {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor"}) {
+    t.push_back({op, comparison});
+  }
+  for (const char* op : {"Max", "Min", "Sum", "Mean", "Mod", "BitwiseAnd", "BitwiseOr"}) {
+    t.push_back({op, variadic});
+  }
+  for (const char* op : {"Softmax", "LogSoftmax", "Hardmax"}) t.push_back({op, softmax_like});
+  for (const char* op :
+       {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2", "ReduceL1",
+        "ReduceSumSquare", "ReduceLogSumExp", "ArgMax", "ArgMin"}) {
+    t.push_back({op, reduce});
+  }
+  t.insert(t.end(), {{"Add", arith<add_fn>},
+                     {"Sub", arith<sub_fn>},
+                     {"Mul", arith<mul_fn>},
+                     {"Div", arith<div_fn>},
+                     {"Pow", pow_rule},
+                     {"Where", where},
+                     {"MatMul", matmul},
+                     {"Gemm", gemm},
+                     {"LayerNormalization", norm},
+                     {"RMSNormalization", norm},
+                     {"GatherElements", gather_elements},
+                     {"GatherND", gather_nd},
+                     {"Dropout", dropout}});
+}
+
+}  // namespace fastopt::analysis::rules

@@ -1,0 +1,353 @@
+#include "analysis/shape_facts.h"
+
+#include <unordered_set>
+
+#include "ir/constant.h"
+#include "ir/dtype.h"
+#include "ir/types.h"
+
+namespace fastopt::analysis {
+
+int32_t SymbolTable::named(const std::string& name) {
+  auto it = by_name_.find(name);
+  if (it != by_name_.end()) return it->second;
+  const int32_t id = static_cast<int32_t>(names_.size());
+  names_.push_back(name);
+  kinds_.push_back(SymbolKind::kNamed);
+  by_name_.emplace(name, id);
+  return id;
+}
+
+int32_t SymbolTable::fresh(SymbolKind kind) {
+  const int32_t id = static_cast<int32_t>(names_.size());
+  names_.emplace_back();
+  kinds_.push_back(kind);
+  return id;
+}
+
+bool SymbolTable::all_named(const DimExpr& e) const {
+  for (const auto& t : e.terms()) {
+    for (int32_t s : t.symbols) {
+      if (kind(s) != SymbolKind::kNamed) return false;
+    }
+  }
+  return true;
+}
+
+bool SymbolTable::nonneg(const DimExpr& e) const {
+  if (!e.nonneg_coeffs()) return false;
+  for (const auto& t : e.terms()) {
+    for (int32_t s : t.symbols) {
+      if (kind(s) == SymbolKind::kFreshData) return false;
+    }
+  }
+  return true;
+}
+
+std::optional<std::vector<int64_t>> RuleContext::ints(size_t i) const {
+  const Facts& f = in(i);
+  if (!f.has_value) return std::nullopt;
+  std::vector<int64_t> out;
+  out.reserve(f.value.size());
+  for (const DimExpr& e : f.value) {
+    auto c = e.constant_value();
+    if (!c) return std::nullopt;
+    out.push_back(*c);
+  }
+  return out;
+}
+
+namespace {
+
+bool is_int_type(int32_t t) {
+  return t == kInt64 || t == kInt32 || t == kInt16 || t == kInt8 || t == kUint8 || t == kUint16 ||
+         t == kUint32 || t == kUint64;
+}
+
+int64_t main_opset(const Model& m) {
+  for (const auto& o : m.opset_import) {
+    if ((o.domain.value.empty() || o.domain.value == "ai.onnx") && o.version) return *o.version;
+  }
+  return 0;
+}
+
+bool has_fresh(const SymbolTable& s, const DimExpr& e) {
+  return !s.all_named(e);
+}
+
+Facts facts_from_type(SymbolTable& symbols, const TypeInfo& t) {
+  Facts f;
+  if (!t.known || !t.is_tensor) return f;
+  f.dtype = t.elem_type;
+  if (t.has_shape) {
+    f.ranked = true;
+    for (const Dim& d : t.dims) {
+      if (d.value && *d.value >= 0) {
+        f.dims.push_back(DimExpr::constant(*d.value));
+      } else if (d.param && !d.param->empty() && d.param->rfind("unk__", 0) != 0) {
+        f.dims.push_back(DimExpr::symbol(symbols.named(*d.param)));
+      } else {
+        f.dims.push_back(DimExpr::symbol(symbols.fresh(SymbolKind::kFreshDim)));
+      }
+    }
+  }
+  return f;
+}
+
+Facts facts_from_tensor(const Tensor& t) {
+  Facts f;
+  f.dtype = t.dtype();
+  f.ranked = true;
+  for (int64_t d : t.dims) f.dims.push_back(DimExpr::constant(d));
+  if (is_int_type(t.dtype()) && t.dims.size() <= 1) {
+    if (auto v = tensor_ints(t, kMaxShapeValue)) {
+      f.has_value = true;
+      for (int64_t x : *v) f.value.push_back(DimExpr::constant(x));
+    }
+  }
+  return f;
+}
+
+// Facts of `v` when nothing computed them: its fixed initializer, else its declared type.
+Facts leaf_facts(SymbolTable& symbols, const Value* v) {
+  if (fixed_initializer(v) && v->initializer()) return facts_from_tensor(*v->initializer());
+  Facts f = facts_from_type(symbols, v->type);
+  if (!f.dtype && v->initializer()) f.dtype = v->initializer()->dtype();
+  return f;
+}
+
+}  // namespace
+
+void merge_facts(SymbolTable& symbols, Facts& inferred, const Facts& declared) {
+  if (!inferred.dtype) inferred.dtype = declared.dtype;
+  if (!declared.ranked) return;
+  if (!inferred.ranked) {
+    inferred.ranked = true;
+    inferred.dims = declared.dims;
+    return;
+  }
+  if (inferred.dims.size() != declared.dims.size()) return;
+  for (size_t i = 0; i < inferred.dims.size(); ++i) {
+    if (has_fresh(symbols, inferred.dims[i]) && !has_fresh(symbols, declared.dims[i])) {
+      inferred.dims[i] = declared.dims[i];
+    }
+  }
+}
+
+void ShapeFacts::ensure() {
+  if (generation_ == model_.edit_generation) return;
+  compute();
+  generation_ = model_.edit_generation;
+}
+
+void ShapeFacts::compute() {
+  ++computations_;
+  facts_.clear();
+  unknown_.clear();
+  symbols_ = SymbolTable{};
+  if (!model_.graph) return;
+  const Graph& g = *model_.graph;
+  facts_.reserve(g.scope().size() + 16);
+  for (Value* v : g.inputs()) facts_[v] = leaf_facts(symbols_, v);
+  for (Value* v : g.initializer_order) {
+    if (!facts_.count(v)) facts_[v] = leaf_facts(symbols_, v);
+  }
+  RuleContext ctx(symbols_, main_opset(model_));
+  std::vector<Facts> outs;
+  std::vector<const Facts*> ins;
+  std::vector<bool> present;
+  for (Node* n = g.first(); n; n = n->next()) {
+    ins.clear();
+    present.clear();
+    for (Value* v : n->inputs()) {
+      present.push_back(v != nullptr);
+      if (!v) {
+        ins.push_back(nullptr);
+        continue;
+      }
+      auto it = facts_.find(v);
+      if (it == facts_.end()) {  // an outer or out-of-order value: what it declares
+        it = facts_.emplace(v, leaf_facts(symbols_, v)).first;
+      }
+      ins.push_back(&it->second);
+    }
+    ctx.set_inputs(ins, present);
+    outs.assign(n->outputs().size(), Facts{});
+    OpRule rule = n->has_subgraphs() ? nullptr : find_rule(n->domain.value, n->op_type);
+    bool ok = false;
+    if (rule) {
+      try {
+        ok = rule(*n, ctx, outs);
+      } catch (const std::exception&) {  // a malformed attribute: no facts, not a failure
+        ok = false;
+      }
+    }
+    if (!ok) {
+      ++unknown_[(n->domain.value.empty() ? "" : n->domain.value + "::") + n->op_type];
+      outs.assign(n->outputs().size(), Facts{});
+    }
+    for (size_t i = 0; i < n->outputs().size(); ++i) {
+      Value* o = n->outputs()[i];
+      if (!o) continue;
+      merge_facts(symbols_, outs[i], facts_from_type(symbols_, o->type));
+      facts_[o] = std::move(outs[i]);
+    }
+  }
+}
+
+const Facts* ShapeFacts::facts(const Value* v) {
+  if (!v) return nullptr;
+  ensure();
+  auto it = facts_.find(v);
+  return it == facts_.end() ? nullptr : &it->second;
+}
+
+int32_t ShapeFacts::dtype(const Value* v) {
+  const Facts* f = facts(v);
+  return f ? f->dtype : 0;
+}
+
+int ShapeFacts::rank(const Value* v) {
+  const Facts* f = facts(v);
+  return f && f->ranked ? static_cast<int>(f->dims.size()) : -1;
+}
+
+std::optional<DimExpr> ShapeFacts::dim(const Value* v, int axis) {
+  const Facts* f = facts(v);
+  if (!f || !f->ranked) return std::nullopt;
+  const int r = static_cast<int>(f->dims.size());
+  if (axis < 0) axis += r;
+  if (axis < 0 || axis >= r) return std::nullopt;
+  return f->dims[static_cast<size_t>(axis)];
+}
+
+std::optional<int64_t> ShapeFacts::known_dim(const Value* v, int axis) {
+  auto d = dim(v, axis);
+  return d ? d->constant_value() : std::nullopt;
+}
+
+bool ShapeFacts::same_dim(const Value* a, int axis_a, const Value* b, int axis_b) {
+  auto x = dim(a, axis_a), y = dim(b, axis_b);
+  return x && y && *x == *y;
+}
+
+const std::vector<DimExpr>* ShapeFacts::shape_value(const Value* v) {
+  const Facts* f = facts(v);
+  return f && f->has_value ? &f->value : nullptr;
+}
+
+std::optional<std::vector<int64_t>> ShapeFacts::constant_shape_value(const Value* v) {
+  const auto* sv = shape_value(v);
+  if (!sv) return std::nullopt;
+  std::vector<int64_t> out;
+  for (const DimExpr& e : *sv) {
+    auto c = e.constant_value();
+    if (!c) return std::nullopt;
+    out.push_back(*c);
+  }
+  return out;
+}
+
+const std::map<std::string, int64_t>& ShapeFacts::unknown_ops() {
+  ensure();
+  return unknown_;
+}
+
+Dim ShapeFacts::to_dim(const DimExpr& e) const {
+  Dim d;
+  if (auto c = e.constant_value()) {
+    if (*c >= 0) d.value = *c;
+  } else if (symbols_.all_named(e) && symbols_.nonneg(e)) {
+    d.param = symbols_.str(e);
+  }
+  return d;
+}
+
+namespace {
+TypeInfo type_of(const ShapeFacts& sf, const Facts& f) {
+  TypeInfo t;
+  if (!f.dtype) return t;
+  t.known = true;
+  t.is_tensor = true;
+  t.elem_type = f.dtype;
+  t.has_shape = f.ranked;
+  for (const DimExpr& e : f.dims) t.dims.push_back(sf.to_dim(e));
+  return t;
+}
+}  // namespace
+
+int64_t ShapeFacts::apply_to_types(Model& model) {
+  ensure();
+  if (!model.graph) return 0;
+  Graph& g = *model.graph;
+  std::unordered_set<const Value*> described;
+  for (const auto* entries : {&g.input_entries, &g.output_entries, &g.value_info_entries}) {
+    for (const auto& e : *entries) described.insert(e.value);
+  }
+  int64_t changed = 0;
+  for (Node* n = g.first(); n; n = n->next()) {
+    for (Value* v : n->outputs()) {
+      if (!v) continue;
+      auto it = facts_.find(v);
+      if (it == facts_.end()) continue;
+      if (!refine_type(v->type, type_of(*this, it->second))) continue;
+      ++changed;
+      if (described.insert(v).second) {
+        ValueInfoEntry e;
+        e.value = v;
+        g.value_info_entries.push_back(std::move(e));
+      }
+    }
+  }
+  // Our own writes need no recomputation: types only refine what the facts already hold.
+  return changed;
+}
+
+void type_new_node(const Model& model, Node& node) {
+  bool needed = false;
+  for (Value* o : node.outputs()) needed = needed || (o && !o->type.known);
+  if (!needed || node.has_subgraphs()) return;
+  OpRule rule = find_rule(node.domain.value, node.op_type);
+  if (!rule) return;
+  SymbolTable symbols;
+  std::vector<Facts> in_facts;
+  in_facts.reserve(node.inputs().size());
+  std::vector<const Facts*> ins;
+  std::vector<bool> present;
+  for (Value* v : node.inputs()) {
+    present.push_back(v != nullptr);
+    in_facts.push_back(v ? leaf_facts(symbols, v) : Facts{});
+    if (v && !in_facts.back().has_value && v->producer() && v->producer()->op_type == "Constant") {
+      if (auto t = constant_tensor(v)) in_facts.back() = facts_from_tensor(*t);
+    }
+  }
+  for (size_t i = 0; i < in_facts.size(); ++i) ins.push_back(present[i] ? &in_facts[i] : nullptr);
+  RuleContext ctx(symbols, main_opset(model));
+  ctx.set_inputs(ins, present);
+  std::vector<Facts> outs(node.outputs().size());
+  try {
+    if (!rule(node, ctx, outs)) return;
+  } catch (const std::exception&) {
+    return;
+  }
+  for (size_t i = 0; i < node.outputs().size(); ++i) {
+    Value* o = node.outputs()[i];
+    if (!o || o->type.known || !outs[i].dtype) continue;
+    TypeInfo t;
+    t.known = t.is_tensor = true;
+    t.elem_type = outs[i].dtype;
+    t.has_shape = outs[i].ranked;
+    for (const DimExpr& e : outs[i].dims) {
+      Dim d;
+      if (auto c = e.constant_value(); c && *c >= 0) {
+        d.value = *c;
+      } else if (symbols.all_named(e) && symbols.nonneg(e)) {
+        d.param = symbols.str(e);
+      }
+      t.dims.push_back(std::move(d));
+    }
+    o->type = std::move(t);
+  }
+}
+
+}  // namespace fastopt::analysis

@@ -1,0 +1,154 @@
+// Symbolic shape and type facts over the IR: one analysis every pass can ask.
+//
+// For each value: its element type, its rank and dims as DimExprs (numbers, graph-input
+// dim_params, products and sums of them), and for small integer tensors their elements too
+// ("shape values", like onnx's data propagation): Shape -> Gather -> Unsqueeze -> Concat chains
+// carry B, S, 14, 64, so Reshape targets built from them give their output exact dims, and a
+// -1 resolves to the input's element count over the rest. A dim the analysis cannot tell gets a
+// fresh symbol: unknown, but equal to itself wherever it flows (same_dim sees it).
+//
+// Facts are computed in one forward sweep over the main graph on first use and memoized; a
+// graph edit (anything that bumps Model::edit_generation) makes the next query recompute.
+// Nodes the analysis has no rule for are listed (unknown_ops); their outputs keep only what
+// their declared types say. Subgraph (If/Loop/Scan) and function bodies are not analysed.
+//
+// Assumptions, the same ones onnx and ORT's symbolic inference make: symbolic dims are sizes
+// (>= 0), and a model is valid (broadcast dims agree, Reshape element counts match).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "analysis/dim_expr.h"
+#include "ir/graph.h"
+
+namespace fastopt::analysis {
+
+struct Facts {
+  int32_t dtype = 0;    // TensorProto element type; 0 unknown
+  bool ranked = false;  // rank (dims.size()) known
+  std::vector<DimExpr> dims;
+  // Elements of an integer tensor of rank <= 1 with at most kMaxShapeValue elements, when known
+  // (each maybe symbolic).
+  bool has_value = false;
+  std::vector<DimExpr> value;
+};
+
+constexpr size_t kMaxShapeValue = 64;
+
+enum class SymbolKind : uint8_t { kNamed, kFreshDim, kFreshData };
+
+class SymbolTable {
+ public:
+  int32_t named(const std::string& name);  // the same name -> the same symbol
+  int32_t fresh(SymbolKind kind);
+  // A named symbol's name; fresh ones are spelled "?<id>".
+  std::string name(int32_t id) const {
+    return kind(id) == SymbolKind::kNamed ? names_[static_cast<size_t>(id)]
+                                          : "?" + std::to_string(id);
+  }
+  SymbolKind kind(int32_t id) const { return kinds_[static_cast<size_t>(id)]; }
+  // Every symbol is named (no fresh ones): the expression can be written as a dim_param.
+  bool all_named(const DimExpr& e) const;
+  // Every symbol is a size (named or a fresh dim) and the coefficients are >= 0.
+  bool nonneg(const DimExpr& e) const;
+  std::string str(const DimExpr& e) const {
+    return e.str([this](int32_t s) { return name(s); });
+  }
+
+ private:
+  std::vector<std::string> names_;
+  std::vector<SymbolKind> kinds_;
+  std::unordered_map<std::string, int32_t> by_name_;
+};
+
+// What the per-op rules see: the facts of a node's inputs, symbols, the opset.
+class RuleContext {
+ public:
+  RuleContext(SymbolTable& symbols, int64_t opset) : symbols_(symbols), opset_(opset) {}
+  SymbolTable& symbols() { return symbols_; }
+  int64_t opset() const { return opset_; }
+  DimExpr fresh_dim() { return DimExpr::symbol(symbols_.fresh(SymbolKind::kFreshDim)); }
+  DimExpr fresh_data() { return DimExpr::symbol(symbols_.fresh(SymbolKind::kFreshData)); }
+  // Facts of input i; an empty Facts for an omitted or unknown input.
+  const Facts& in(size_t i) const {
+    return i < inputs_.size() && inputs_[i] ? *inputs_[i] : empty_;
+  }
+  size_t num_inputs() const { return inputs_.size(); }
+  bool present(size_t i) const { return i < present_.size() && present_[i]; }
+  // Known constant integer elements of input i (shape value with numbers only).
+  std::optional<std::vector<int64_t>> ints(size_t i) const;
+  void set_inputs(std::vector<const Facts*> in, std::vector<bool> present) {
+    inputs_ = std::move(in);
+    present_ = std::move(present);
+  }
+
+ private:
+  SymbolTable& symbols_;
+  int64_t opset_;
+  std::vector<const Facts*> inputs_;
+  std::vector<bool> present_;
+  Facts empty_;
+};
+
+// A rule fills the facts of the node's outputs (one per output, pre-sized) and returns true, or
+// returns false when it cannot say anything (the node counts as unknown).
+using OpRule = bool (*)(const Node&, RuleContext&, std::vector<Facts>&);
+// The rule for (domain, op_type), or null. Domain "" and "ai.onnx" are the same.
+OpRule find_rule(const std::string& domain, const std::string& op_type);
+
+class ShapeFacts {
+ public:
+  explicit ShapeFacts(const Model& model) : model_(model) {}
+
+  // nullptr when the value is not in the analysed graph (or is null).
+  const Facts* facts(const Value* v);
+  int32_t dtype(const Value* v);
+  int rank(const Value* v);  // -1 unknown
+  // Dim `axis` (negative from the end) of v; nullopt when the rank is unknown or out of range.
+  std::optional<DimExpr> dim(const Value* v, int axis);
+  std::optional<int64_t> known_dim(const Value* v, int axis);
+  // Dims proven equal (the same expression, fresh symbols included).
+  bool same_dim(const Value* a, int axis_a, const Value* b, int axis_b);
+  // The elements of a small integer tensor, or null.
+  const std::vector<DimExpr>* shape_value(const Value* v);
+  std::optional<std::vector<int64_t>> constant_shape_value(const Value* v);
+
+  // Op types (domain::op) of nodes without a rule, with counts.
+  const std::map<std::string, int64_t>& unknown_ops();
+  const SymbolTable& symbols() { return symbols_; }
+  // How many times the facts were computed (1 after the first query; +1 per query after an
+  // edit).
+  int64_t computations() const { return computations_; }
+  // Spells e as a dim: a number, a dim_param naming an expression of named symbols, or unknown.
+  Dim to_dim(const DimExpr& e) const;
+
+  // Writes what the facts know into the value types of the main graph's node outputs
+  // (refine_type: never loses what a type already says); a changed value gets a value_info
+  // entry. Returns the number of values whose type changed.
+  int64_t apply_to_types(Model& model);
+
+ private:
+  void ensure();
+  void compute();
+  Facts from_type(const TypeInfo& t);
+  const Model& model_;
+  uint64_t generation_ = UINT64_MAX;
+  int64_t computations_ = 0;
+  SymbolTable symbols_;
+  std::unordered_map<const Value*, Facts> facts_;
+  std::map<std::string, int64_t> unknown_;
+};
+
+// Types for the outputs of one node from its inputs' types alone (no memo, no graph walk):
+// for nodes made by rewrites (Rewriter::op). Sets a type only where the output has none.
+void type_new_node(const Model& model, Node& node);
+
+// Merges the facts a rule found with what an existing type says (where the rule knows less).
+void merge_facts(SymbolTable& symbols, Facts& inferred, const Facts& declared);
+
+}  // namespace fastopt::analysis
