@@ -218,6 +218,7 @@ def test_reshape_target_from_a_shape_chain() -> None:
         ([-2], [1000], [1], [2], ["S", 896]),  # negative start, end clamped to the length
         ([0], [-1], [1], [2], ["B", "S"]),
         ([-1], [-1000], [-1], [3], [896, "S", "B"]),  # reversed, end clamped to before 0
+        ([-10], [-1000], [-1], [1], ["B"]),  # reversed, start clamped to 0 (the spec)
         ([5], [9], [1], [0], []),  # past the end: empty
         ([0], [3], [2], [2], ["B", 896]),
     ],
@@ -323,3 +324,27 @@ def test_infer_shapes_reports_the_engine() -> None:
     counters = report.passes[0].counters
     assert counters["engine:onnx"] == 1 and counters["native_unknown:NonZero"] == 1
     assert report.model is not None and report.model.graph.value("y").shape == (2, None)
+
+
+def test_rewriter_types_the_outputs_it_creates() -> None:
+    """Intermediate values a rewrite builds (not only the replacement) get types."""
+    seen: dict[str, Any] = {}
+
+    def rewrite(match: fastopt.Match, rw: fastopt.Rewriter):  # type: ignore[no-untyped-def]
+        x = match["x"]
+        t = rw.op("Transpose", [x], {"perm": [1, 0]})[0]
+        shape = rw.op("Shape", [t])[0]
+        seen.update(t=(t.dtype, t.shape), shape=(shape.dtype, shape.shape))
+        back = rw.op("Transpose", [t], {"perm": [1, 0]})[0]
+        return [rw.op("Relu", [back])[0]]
+
+    p = fastopt.Pattern("relu_twice")
+    p.root(p.op("Relu", [p.op("Relu", [p.var("x")])]))
+    m = _graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Relu", ["r"], ["y"])],
+        [_x(["B", 5])],
+    )
+    model = fastopt.from_onnx(m)
+    assert fastopt.apply_rules(model, [fastopt.Rule("relu_twice", p, rewrite=rewrite)])[0] == 1
+    assert seen["t"] == (F, (5, "B"))
+    assert seen["shape"] == (I64, (2,))

@@ -234,18 +234,20 @@ std::optional<DimExpr> slice_length(const DimExpr& n, const DimExpr& start, cons
   if (cn && cs && ce) {
     const int64_t len = *cn;
     int64_t s = *cs < 0 ? *cs + len : *cs, e = *ce < 0 ? *ce + len : *ce;
+    if (step == INT64_MIN) return std::nullopt;
     int64_t count = 0;
     if (step > 0) {
       s = std::clamp(s, int64_t{0}, len);
       e = std::clamp(e, int64_t{0}, len);
-      for (int64_t i = s; i < e; i += step, ++count) {
-        if (picked && elems) picked->push_back((*elems)[static_cast<size_t>(i)]);
-      }
-    } else {
-      s = std::clamp(s, int64_t{-1}, len - 1);
+      count = e > s ? (e - s - 1) / step + 1 : 0;
+    } else if (len > 0) {  // the spec clamps start into [0, len-1], end into [-1, len-1]
+      s = std::clamp(s, int64_t{0}, len - 1);
       e = std::clamp(e, int64_t{-1}, len - 1);
-      for (int64_t i = s; i > e; i += step, ++count) {
-        if (picked && elems) picked->push_back((*elems)[static_cast<size_t>(i)]);
+      count = s > e ? (s - e - 1) / -step + 1 : 0;
+    }
+    if (picked && elems && elems->size() == static_cast<size_t>(len)) {
+      for (int64_t k = 0, i = s; k < count; ++k, i += step) {
+        picked->push_back((*elems)[static_cast<size_t>(i)]);
       }
     }
     return DimExpr::constant(count);
