@@ -303,6 +303,11 @@ int64_t ShapeFacts::apply_to_types(Model& model) {
   return changed;
 }
 
+ShapeFacts& facts_of(Model& model) {
+  if (!model.shape_facts) model.shape_facts = std::make_shared<ShapeFacts>(model);
+  return *model.shape_facts;
+}
+
 void type_new_node(const Model& model, Node& node) {
   bool needed = false;
   for (Value* o : node.outputs()) needed = needed || (o && !o->type.known);

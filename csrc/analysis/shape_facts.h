@@ -144,6 +144,10 @@ class ShapeFacts {
   std::map<std::string, int64_t> unknown_;
 };
 
+// The model's shared analysis (Model::shape_facts), made on first use: infer_shapes and the
+// passes after it reuse one sweep as long as nothing edits the graph.
+ShapeFacts& facts_of(Model& model);
+
 // Types for the outputs of one node from its inputs' types alone (no memo, no graph walk):
 // for nodes made by rewrites (Rewriter::op). Sets a type only where the output has none.
 void type_new_node(const Model& model, Node& node);

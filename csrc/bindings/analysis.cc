@@ -60,7 +60,7 @@ void bind_analysis(py::module_& m) {
       "analyze_shapes",
       [](const ModelPtr& model, bool apply) {
         py::gil_scoped_release release;
-        analysis::ShapeFacts facts(*model);
+        analysis::ShapeFacts& facts = analysis::facts_of(*model);
         const int64_t changed = apply ? facts.apply_to_types(*model) : 0;
         return std::make_pair(changed, facts.unknown_ops());
       },

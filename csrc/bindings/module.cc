@@ -465,6 +465,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("base_dir", [](const Model& mm) { return mm.base_dir; })
       .def("op_counts", &Model::op_counts, py::call_guard<py::gil_scoped_release>(),
            "Operator histogram over all graphs: 'Op' for ai.onnx, 'domain::Op' otherwise")
+      .def("note_edit", &Model::note_edit,
+           "Marks the model edited: memoized analyses (the shape facts) recompute")
       .def("verify", &Model::verify, py::call_guard<py::gil_scoped_release>(),
            "Checks the IR's invariants; raises ModelError naming the first broken one")
       .def(
@@ -765,6 +767,9 @@ several files. side_files ({name: bytes}) are written beside the model and commi
           py::gil_scoped_release release;
           rewrites = info->run(model, ctx);
         }
+        // A pass may rewrite attributes in place (no structural edit): memoized analyses
+        // must not outlive a pass that changed anything.
+        if (rewrites) model.note_edit();
         return std::make_pair(rewrites, std::move(ctx));
       },
       py::arg("model"), py::arg("name"), py::arg("target") = "ort", py::arg("max_iterations") = 10,

@@ -23,6 +23,9 @@
 
 namespace fastopt {
 
+namespace analysis {
+class ShapeFacts;
+}
 class Graph;
 class Node;
 struct Model;
@@ -300,6 +303,9 @@ struct Model {
   // Editing attributes in place does not bump it; such a pass calls note_edit().
   uint64_t edit_generation = 0;
   void note_edit() { ++edit_generation; }
+  // The shape analysis shared by the passes of a run (analysis::facts_of); it recomputes itself
+  // when edit_generation moved.
+  std::shared_ptr<analysis::ShapeFacts> shape_facts;
 
   // Tensors that skeletons (serialize_skeleton) stand in for with placeholders, by placeholder
   // index. Append-only, so every skeleton made from this model stays valid while it lives.

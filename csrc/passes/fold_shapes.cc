@@ -263,7 +263,7 @@ struct FactFolder {
   int64_t run() {
     if (!model.graph) return 0;
     Graph& g = *model.graph;
-    analysis::ShapeFacts facts(model);
+    analysis::ShapeFacts& facts = analysis::facts_of(model);  // infer_shapes' sweep, if fresh
     for (Node* n = g.first(); n; n = n->next()) {
       if (!standard(n) || pattern::mistyped_attribute(*n) || n->has_subgraphs()) continue;
       decide(*n, facts);
@@ -338,6 +338,16 @@ struct FactFolder {
     return false;
   }
 
+  // The names the type-based folds use for the same folds, "shape_value(op)" for the rest.
+  static std::string counter_name(const Node& n) {
+    if (n.op_type == "Shape" || n.op_type == "Size") return n.op_type;
+    const Node* p = n.inputs().empty() || !n.inputs()[0] ? nullptr : n.inputs()[0]->producer();
+    if ((n.op_type == "Gather" || n.op_type == "Slice") && p && p->op_type == "Shape") {
+      return n.op_type + "(Shape)";
+    }
+    return "shape_value(" + n.op_type + ")";
+  }
+
   int64_t apply(Graph& g) {
     int64_t rewrites = 0;
     std::vector<Node*> dead;
@@ -361,7 +371,7 @@ struct FactFolder {
       note_inputs(c.node);
       replace_with_constant(g, out, c.value);
       if (out->uses().empty() && !out->is_graph_output()) g.remove_node(c.node);
-      ++ctx.counters["shape_value(" + c.node->op_type + ")"];
+      ++ctx.counters[counter_name(*c.node)];
       ++rewrites;
     }
     for (auto& t : targets) {
@@ -410,8 +420,10 @@ struct FactFolder {
 };
 
 int64_t fold_shapes(Model& model, PassContext& ctx) {
-  int64_t rewrites = ShapeFolder{model, ctx}.run();
-  rewrites += FactFolder{model, ctx, {}, {}, {}}.run();
+  // The analysis first, on the graph infer_shapes just typed (its facts are still fresh); then
+  // the type-based folds for what it does not cover (subgraphs, functions).
+  int64_t rewrites = FactFolder{model, ctx, {}, {}, {}}.run();
+  rewrites += ShapeFolder{model, ctx}.run();
   return rewrites;
 }
 

@@ -237,6 +237,10 @@ class Model:
         """
         Every graph: the main graph, function bodies and nested subgraphs
         """
+    def note_edit(self) -> None:
+        """
+        Marks the model edited: memoized analyses (the shape facts) recompute
+        """
     def num_parameters(self) -> int:
         """
         Elements in all initializers (subgraphs included)

@@ -81,6 +81,7 @@ class PassSpec:
         rewrites = self._run(ctx)
         if rewrites and "analysis" not in self.tags:
             ctx.shapes_inferred = False
+            ctx.model.note_edit()  # memoized C++ analyses recompute (attribute edits too)
         return rewrites
 
     def _run(self, ctx: PassContext) -> int:

@@ -75,8 +75,9 @@ def run_inference(
 
 
 def _has_bodies(model: _C.Model) -> bool:
-    """Functions or subgraphs: the native analysis covers the main graph only."""
-    return bool(model.functions) or any(n.subgraphs for n in model.graph.nodes)
+    """Functions: the native analysis covers the main graph only (a node with subgraphs is
+    among its unknown ops)."""
+    return bool(model.functions)
 
 
 def apply_inferred_types(model: _C.Model, *, strict: bool = False, data_prop: bool = True) -> int:
