@@ -348,3 +348,9 @@ def test_rewriter_types_the_outputs_it_creates() -> None:
     assert fastopt.apply_rules(model, [fastopt.Rule("relu_twice", p, rewrite=rewrite)])[0] == 1
     assert seen["t"] == (F, (5, "B"))
     assert seen["shape"] == (I64, (2,))
+
+
+def test_a_node_missing_a_required_input_is_left_to_onnx() -> None:
+    m = _graph([helper.make_node("MatMul", ["x"], ["y"])], [_x([2, 3])])
+    _, unknown = _C.analyze_shapes(fastopt.from_onnx(m), apply=False)
+    assert dict(unknown) == {"MatMul": 1}

@@ -83,7 +83,8 @@ bool gqa(const Node& n, RuleContext& ctx, std::vector<Facts>& out) {
 }
 
 bool mha(const Node& n, RuleContext& ctx, std::vector<Facts>& out) {
-  const Facts &q = ctx.in(0), &v = ctx.in(2);
+  static const Facts none;
+  const Facts &q = ctx.in(0), &v = ctx.present(2) ? ctx.in(2) : none;
   auto heads = attr_i(n, "num_heads");
   if (!heads || *heads <= 0) return false;
   out[0].dtype = q.dtype;

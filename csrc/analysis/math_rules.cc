@@ -35,6 +35,7 @@ bool broadcast_out(RuleContext& ctx, std::vector<Facts>& out, int32_t dtype) {
 
 template <std::optional<DimExpr> (*Fn)(const DimExpr&, const DimExpr&)>
 bool arith(const Node&, RuleContext& ctx, std::vector<Facts>& out) {
+  if (ctx.num_inputs() != 2) return false;
   broadcast_out(ctx, out, 0);
   const int32_t t = out[0].dtype;
   if ((t == kInt64 || t == kInt32) && ctx.num_inputs() == 2 && out[0].ranked &&
@@ -70,6 +71,7 @@ std::optional<DimExpr> equal_fn(const DimExpr& a, const DimExpr& b) {
 }
 
 bool comparison(const Node& n, RuleContext& ctx, std::vector<Facts>& out) {
+  if (ctx.num_inputs() != 2) return false;
   broadcast_out(ctx, out, kBool);
   if (n.op_type != "Equal" || ctx.num_inputs() != 2 || !out[0].ranked || out[0].dims.size() > 1) {
     return true;
@@ -127,6 +129,7 @@ bool where(const Node&, RuleContext& ctx, std::vector<Facts>& out) {
 }
 
 bool variadic(const Node&, RuleContext& ctx, std::vector<Facts>& out) {
+  if (ctx.num_inputs() == 0) return false;
   return broadcast_out(ctx, out, 0);
 }
 

@@ -177,7 +177,7 @@ void ShapeFacts::compute() {
     bool ok = false;
     if (rule) {
       try {
-        ok = rule(*n, ctx, outs);
+        ok = rule(*n, ctx, outs) && !ctx.missing_input();
       } catch (const std::exception&) {  // a malformed attribute: no facts, not a failure
         ok = false;
       }
@@ -331,7 +331,7 @@ void type_new_node(const Model& model, Node& node) {
   ctx.set_inputs(ins, present);
   std::vector<Facts> outs(node.outputs().size());
   try {
-    if (!rule(node, ctx, outs)) return;
+    if (!rule(node, ctx, outs) || ctx.missing_input()) return;
   } catch (const std::exception&) {
     return;
   }

@@ -74,10 +74,15 @@ class RuleContext {
   int64_t opset() const { return opset_; }
   DimExpr fresh_dim() { return DimExpr::symbol(symbols_.fresh(SymbolKind::kFreshDim)); }
   DimExpr fresh_data() { return DimExpr::symbol(symbols_.fresh(SymbolKind::kFreshData)); }
-  // Facts of input i; an empty Facts for an omitted or unknown input.
+  // Facts of input i; an empty Facts for an unknown input. Reading an input the node does not
+  // have (absent or omitted) marks the node malformed: rules read optional inputs only after
+  // present(i), so a missing required input leaves the node to onnx's checks.
   const Facts& in(size_t i) const {
-    return i < inputs_.size() && inputs_[i] ? *inputs_[i] : empty_;
+    if (i < inputs_.size() && inputs_[i]) return *inputs_[i];
+    if (!present(i)) missing_ = true;
+    return empty_;
   }
+  bool missing_input() const { return missing_; }
   size_t num_inputs() const { return inputs_.size(); }
   bool present(size_t i) const { return i < present_.size() && present_[i]; }
   // Known constant integer elements of input i (shape value with numbers only).
@@ -85,6 +90,7 @@ class RuleContext {
   void set_inputs(std::vector<const Facts*> in, std::vector<bool> present) {
     inputs_ = std::move(in);
     present_ = std::move(present);
+    missing_ = false;
   }
 
  private:
@@ -92,6 +98,7 @@ class RuleContext {
   int64_t opset_;
   std::vector<const Facts*> inputs_;
   std::vector<bool> present_;
+  mutable bool missing_ = false;
   Facts empty_;
 };
 
