@@ -249,3 +249,49 @@ def test_corpus_default_preset(tmp_path: Path) -> None:
     onnx.checker.check_model(str(out_path))
     for e, a in zip(run_ort(path, feeds), run_ort(out_path, feeds)):
         np.testing.assert_allclose(a, e, rtol=0, atol=1e-5)
+
+
+def test_symbolic_shape_chains_fold_with_the_shape_analysis(tmp_path: Path) -> None:
+    """TorchScript's head split and Expand target over symbolic dims: the Reshape target
+    becomes [0, 0, 2, 4], Where(Equal(s, -1), ones, s) becomes s (and the Expand of a value to
+    its own dims disappears)."""
+    nodes = [
+        n("Shape", ["X"], "s"),
+        n("Gather", ["s", "i0"], "d0"),
+        n("Gather", ["s", "i1"], "d1"),
+        n("Unsqueeze", ["d0", "zero"], "u0"),
+        n("Unsqueeze", ["d1", "zero"], "u1"),
+        n("Concat", ["u0", "u1", "heads", "dims"], "target", axis=0),
+        n("Reshape", ["X", "target"], "Y"),
+        n("Equal", ["s", "minus_one"], "eq"),
+        n("Where", ["eq", "ones", "s"], "w"),
+        n("Expand", ["X", "w"], "Z"),
+        n("Neg", ["Z"], "W"),
+    ]
+    inits = {
+        "i0": np.array(0, np.int64),
+        "i1": np.array(1, np.int64),
+        "zero": np.array([0], np.int64),
+        "heads": np.array([2], np.int64),
+        "dims": np.array([-1], np.int64),
+        "minus_one": np.array(-1, np.int64),
+        "ones": np.ones(3, np.int64),
+    }
+    model = make_model(
+        nodes,
+        [out("X", F, ["batch", "seq", 8])],
+        [out("Y", F, None), out("W", F, None)],
+        inits,
+    )
+    report, path = optimize(model, FOLDING, tmp_path)
+    counters = report.passes[1].counters
+    assert counters["Reshape(target)"] == 1 and counters["Where(input 2)"] == 1
+    assert counters["Expand(identity)"] == 1
+    assert op_counts(path) == {"Reshape": 1, "Neg": 1}
+    proto = onnx.load(str(path))
+    init = {t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer}
+    reshape = next(x for x in proto.graph.node if x.op_type == "Reshape")
+    assert init[reshape.input[1]].tolist() == [0, 0, 2, 4]
+    for batch, seq in ((1, 3), (2, 5)):
+        feeds = {"X": np.random.default_rng(batch).standard_normal((batch, seq, 8), np.float32)}
+        assert_parity(model, path, tmp_path, feeds=feeds)

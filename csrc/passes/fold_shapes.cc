@@ -21,7 +21,9 @@
 //     with 0 where an output dim equals x's dim at the same position (allowzero=0), numbers,
 //     and -1 only when every other entry is a nonzero number; when the output dims are x's
 //     dims the Reshape is x;
-//   - Expand(x, s) whose output dims are x's dims is x.
+//   - Expand(x, s) whose output dims are x's dims is x;
+//   - a shape computation with the same elements as one of its inputs is that input
+//     (TorchScript's Where(Equal(s, -1), ones, s) before an Expand).
 //
 //   x[B,S,896] ─ Shape ─ Gather(0) ─ Unsqueeze ─┐
 //              └ Shape ─ Gather(1) ─ Unsqueeze ─┴ Concat(·,·,[14],[64]) ─ Reshape(x, ·)
@@ -254,7 +256,8 @@ struct FactFolder {
     std::vector<int64_t> shape;
   };
   struct Forward {
-    Node* node;  // its output is its input 0
+    Node* node;  // its output is its input `input`
+    size_t input = 0;
   };
   std::vector<Constant> constants;
   std::vector<Target> targets;
@@ -283,6 +286,16 @@ struct FactFolder {
         if (!f->dims.empty()) dims.push_back(static_cast<int64_t>(v->size()));
         constants.push_back({&n, ints_tensor(f->dtype, *v, dims)});
         return;
+      }
+      // Where(Equal(s, -1), ones, s) and the like: the same elements as an input, which
+      // stands for it.
+      for (size_t i = 0; i < n.inputs().size(); ++i) {
+        const analysis::Facts* fi = facts.facts(n.inputs()[i]);
+        if (fi && fi->has_value && fi->value == f->value && fi->ranked && fi->dims == f->dims &&
+            fi->dtype == f->dtype) {
+          forwards.push_back({&n, i});
+          return;
+        }
       }
     }
     if ((n.op_type == "Reshape" || n.op_type == "Expand") && n.inputs().size() >= 2 &&
@@ -395,12 +408,13 @@ struct FactFolder {
     for (auto& f : forwards) {
       Node* n = f.node;
       if (!n->alive()) continue;
-      Value *out = n->outputs()[0], *x = n->inputs()[0];
+      Value *out = n->outputs()[0], *x = n->inputs()[f.input];
       if (!pattern::can_replace(g, out, x)) continue;
       note_inputs(n);
       pattern::replace_value(g, out, x);
       if (out->uses().empty() && !out->is_graph_output()) g.remove_node(n);
-      ++ctx.counters[n->op_type + "(identity)"];
+      ++ctx.counters[n->op_type +
+                     (f.input ? "(input " + std::to_string(f.input) + ")" : "(identity)")];
       ++rewrites;
     }
     // Producers left without readers (the Shape -> Gather -> Concat chains), transitively.
