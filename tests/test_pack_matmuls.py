@@ -45,6 +45,22 @@ def test_fixtures_default_mode_waits_for_gqa(fx):
     assert report.passes[-1].rewrites == 0
 
 
+SEPARATE_QKV = fixtures(["llama", "qwen2", "mistral"], dtype="float32")
+
+
+@pytest.mark.parametrize("fx", SEPARATE_QKV, ids=ids(SEPARATE_QKV))
+def test_llm_preset_packs_qkv_into_gqa(fx):
+    # In the preset, the attention subgraph the lowering replaced still reads Q/K/V until dead
+    # nodes are removed; packing must see GroupQueryAttention as their only reader.
+    report, out = optimize(fx, preset="llm", kv_cache="inplace")
+    gqas = [n for n in out.graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(gqas) == fx.layers
+    assert all(list(n.input[1:3]) == ["", ""] for n in gqas)  # packed QKV, no Split
+    assert op_count(out, "Split") == 0
+    pack = [p for p in report.passes if p.name == "pack_matmuls"]
+    assert pack[-1].counters.get("matmuls_packed") == 3 * fx.layers
+
+
 # ---- GroupQueryAttention (hand-built; ORT CPU runs GQA fp32) ----
 
 H, HKV, D, HID, S = 4, 2, 8, 32, 5

@@ -232,6 +232,9 @@ _LLM = [
     "fold_transposes",  # head split/merge pairs around the lowered attention
     "fold_reshapes",
     "eliminate_noop",
+    # The attention subgraphs the lowering replaced still read Q/K/V until they are removed,
+    # and pack_matmuls packs only projections that GroupQueryAttention alone reads.
+    "eliminate_dead_nodes",
     "pack_matmuls",
     "eliminate_common_subexpressions",
     "eliminate_dead_nodes",
