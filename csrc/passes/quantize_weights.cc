@@ -12,15 +12,33 @@
 // packed QKV / gate-up after pack_matmuls too). Kept in float, with the reason in the report:
 // weights that are not constant 2-D float/float16/bfloat16 initializers, names matching
 // quant_exclude, the lm_head (the MatMul whose output is a graph output) per quant_lm_head, and
-// embeddings (Gather tables) unless quant_embeddings says otherwise (not yet supported).
+// embeddings (Gather tables) unless quant_embeddings says otherwise.
+//
+// Embeddings (quant_embeddings int4|int8): the table T [vocab, hidden] is quantized per row in
+// blocks along hidden, which is MatMulNBits' layout for T's transpose (K = hidden, N = vocab):
+//   target ort:   Gather(T, ids)  ==>  GatherBlockQuantized(Tq uint8 [vocab, k_blocks * blob],
+//                 ids, scales [vocab, k_blocks], zp?) gather_axis 0, quantize_axis 1
+//                 (com.microsoft) (── Slice(0, hidden) when hidden is not a block multiple: padded
+//                 rows)
+//   target onnx:  Gather(DequantizeLinear(Tq [vocab, hidden], scales [vocab, k_blocks], zp?,
+//                 axis 1, block_size), ids)
+// A tied lm_head, MatMul(x, Transpose(T)) or MatMul(x, W) with W a copy of T's transpose (what
+// the TorchScript exporter writes), shares one quantized tensor with the embedding as the model
+// builder does: GatherBlockQuantized reads MatMulNBits' B through a Reshape to 2-D. The copy is
+// shared only when its quantized bytes are identical to the table's (compared after quantizing).
 // Quantized bytes go to an unlinked temporary file (quant/temp_file.h), not to memory.
+#include <unistd.h>
+
+#include <cstring>
 #include <map>
 #include <memory>
+#include <tuple>
 
 #include "ir/constant.h"
 #include "ir/error.h"
 #include "passes/fusion_util.h"
 #include "passes/registry.h"
+#include "pattern/attr_schema.h"
 #include "quant/options.h"
 #include "quant/quantize_job.h"
 
@@ -32,10 +50,21 @@ struct Candidate {
   Graph* graph;
   Node* matmul;
   Node* add = nullptr;  // bias Add folded into MatMulNBits (target ort)
-  Value* weight;
+  Value* weight;        // the MatMul's input B
   std::shared_ptr<const Tensor> tensor;
   int bits;
   size_t job = 0;
+  Value* initializer = nullptr;  // B, or T when B is Transpose(T)
+  bool lm_head = false;
+};
+
+struct Embedding {
+  Graph* graph;
+  Node* gather;
+  Value* table;
+  std::shared_ptr<const Tensor> tensor;
+  size_t job = 0;
+  std::string shared_with;  // the lm_head weight whose quantized tensors it reads, if any
 };
 
 bool is_float(int32_t t) {
@@ -69,6 +98,36 @@ bool is_lm_head(const Node* mm) {
   return false;
 }
 
+// The 2-D initializer T when `w` is Transpose(T) (perm [1, 0] or none), else null.
+Value* transposed_initializer(const Value* w) {
+  const Node* t = w->producer();
+  if (!t || t->op_type != "Transpose" || !t->domain.value.empty() || t->inputs().size() != 1 ||
+      !t->inputs()[0] || pattern::mistyped_attribute(*t)) {
+    return nullptr;
+  }
+  Value* src = t->inputs()[0];
+  const Tensor* tensor = constant_tensor_view(src);
+  if (!tensor || !src->initializer() || tensor->dims.size() != 2) return nullptr;
+  const Attribute* perm = t->attribute("perm");
+  if (perm && perm->ints != std::vector<int64_t>{1, 0}) return nullptr;
+  return src;
+}
+
+// Whether two reserved ranges of the temporary file hold the same bytes (read in chunks).
+bool same_bytes(const quant::TempFile& f, uint64_t a, uint64_t b, uint64_t n) {
+  std::vector<uint8_t> x(1 << 20), y(1 << 20);
+  for (uint64_t done = 0; done < n;) {
+    const uint64_t k = std::min<uint64_t>(x.size(), n - done);
+    if (::pread(f.fd(), x.data(), k, static_cast<off_t>(a + done)) != static_cast<ssize_t>(k) ||
+        ::pread(f.fd(), y.data(), k, static_cast<off_t>(b + done)) != static_cast<ssize_t>(k) ||
+        std::memcmp(x.data(), y.data(), k) != 0) {
+      return false;
+    }
+    done += k;
+  }
+  return true;
+}
+
 std::string quantized_type(int bits, bool symmetric) {
   return std::string(symmetric ? "int" : "uint") + std::to_string(bits);
 }
@@ -90,10 +149,6 @@ class Quantizer {
   Quantizer(Model& m, PassContext& ctx) : model_(m), ctx_(ctx), opt_(quant::read_options(ctx)) {}
 
   int64_t run() {
-    if (opt_.embeddings != "keep") {
-      throw ModelError("embeddings " + opt_.embeddings +
-                       " (GatherBlockQuantized) is not yet supported; use embeddings keep");
-    }
     if (opt_.per_channel) {
       throw ModelError(
           "per_channel applies to int8-dynamic, not to weight-only int4/int8 "
@@ -110,7 +165,10 @@ class Quantizer {
     quant::run_jobs(jobs_, *file, opt_.threads, ctx_.progress);
     int64_t rewrites = 0;
     for (Candidate& c : cands_) rewrites += rewrite(c, file);
-    for (size_t j = 0; j < jobs_.size(); ++j) finish_record(j);
+    for (Embedding& e : embeds_) rewrites += rewrite_embedding(e, *file, file);
+    for (size_t j = 0; j < jobs_.size(); ++j) {
+      if (first_user_[j] != kEmbeddingJob) finish_record(j);
+    }
     return rewrites;
   }
 
@@ -126,7 +184,11 @@ class Quantizer {
       if (n->op_type == "Gather" && !n->inputs().empty() && n->inputs()[0]) {
         const Tensor* t = constant_tensor_view(n->inputs()[0]);
         if (t && t->dims.size() == 2 && is_float(t->dtype())) {
-          keep(n->inputs()[0], n, "embedding table (embeddings=keep)", t);
+          if (opt_.embeddings == "keep") {
+            keep(n->inputs()[0], n, "embedding table (embeddings=keep)", t);
+          } else {
+            consider_embedding(g, n);
+          }
         }
         continue;
       }
@@ -143,7 +205,18 @@ class Quantizer {
   void consider(Graph& g, Node* mm) {
     Value* w = mm->inputs()[1];
     auto t = constant_tensor(w);
-    if (!t) return keep(w, mm, "weight is not a constant initializer", nullptr);
+    // MatMul(x, Transpose(T)): a tied lm_head reading the embedding table (target ort).
+    Value* tied = t ? nullptr : transposed_initializer(w);
+    if (tied && !qdq_) {
+      w = tied;
+      t = constant_tensor(w);
+    }
+    if (!t) {
+      return keep(w, mm,
+                  tied ? "weight is a Transpose (target onnx quantizes initializers only)"
+                       : "weight is not a constant initializer",
+                  nullptr);
+    }
     if (!w->initializer())
       return keep(w, mm, "weight is a Constant node, not an initializer", t.get());
     if (t->dims.size() != 2) {
@@ -164,6 +237,7 @@ class Quantizer {
           t.get());
     }
     if (t->dims[0] == 0 || t->dims[1] == 0) return keep(w, mm, "weight is empty", t.get());
+    const bool transposed = tied != nullptr;
     for (const std::string& name : {mm->name.value, w->name()}) {
       std::string glob = opt_.excluded(name);
       if (!glob.empty()) return keep(w, mm, "excluded by '" + glob + "'", t.get());
@@ -173,25 +247,94 @@ class Quantizer {
       if (opt_.lm_head == "keep") return keep(w, mm, "lm_head (lm_head=keep)", t.get());
       bits = opt_.lm_head == "int8" ? 8 : 4;
     }
-    Candidate c{&g, mm, nullptr, w, t, bits};
-    if (!qdq_) c.add = bias_add(mm, t->dims[1], t->dtype());
-    auto key = std::make_pair(t.get(), bits);
-    auto it = job_of_.find(key);
-    if (it == job_of_.end()) {
-      quant::WeightJob job;
-      job.name = w->name();
-      job.src = quant::WeightSource{t->bytes(), t->dtype(), t->dims[0], t->dims[1]};
-      job.spec.bits = bits;
-      job.spec.block_size = opt_.block_size;
-      job.spec.symmetric = opt_.symmetric;
-      job.spec.scale_dtype = t->dtype();
-      job.layout = qdq_ ? quant::Layout::kQdq : quant::Layout::kNBits;
-      it = job_of_.emplace(key, jobs_.size()).first;
-      jobs_.push_back(std::move(job));
-      first_user_.push_back(cands_.size());
-    }
-    c.job = it->second;
+    Candidate c{&g, mm, nullptr, mm->inputs()[1], t, bits, 0, w, is_lm_head(mm)};
+    if (!qdq_) c.add = bias_add(mm, transposed ? t->dims[0] : t->dims[1], t->dtype());
+    c.job = job_for(w->name(), t, bits, transposed,
+                    qdq_ ? quant::Layout::kQdq : quant::Layout::kNBits, cands_.size());
     cands_.push_back(std::move(c));
+  }
+
+  // The job quantizing tensor t (read as its transpose when `transposed`), made on first use.
+  size_t job_for(const std::string& name, const std::shared_ptr<const Tensor>& t, int bits,
+                 bool transposed, quant::Layout layout, size_t first_user) {
+    auto key = std::make_tuple(t.get(), bits, transposed, static_cast<int>(layout));
+    auto it = job_of_.find(key);
+    if (it != job_of_.end()) {
+      if (first_user_[it->second] == kEmbeddingJob) first_user_[it->second] = first_user;
+      return it->second;
+    }
+    quant::WeightJob job;
+    job.name = name;
+    const int64_t rows = t->dims[0], cols = t->dims[1];
+    job.src = quant::WeightSource{t->bytes(), t->dtype(), transposed ? cols : rows,
+                                  transposed ? rows : cols, transposed};
+    job.spec.bits = bits;
+    job.spec.block_size = opt_.block_size;
+    job.spec.symmetric = opt_.symmetric;
+    job.spec.scale_dtype = t->dtype();
+    job.layout = layout;
+    job_of_.emplace(key, jobs_.size());
+    jobs_.push_back(std::move(job));
+    first_user_.push_back(first_user);
+    return jobs_.size() - 1;
+  }
+
+  // Gather(T, ids) with T a constant 2-D float table: quantized per row (see the top).
+  void consider_embedding(Graph& g, Node* gather) {
+    Value* table = gather->inputs()[0];
+    auto t = constant_tensor(table);
+    const std::string what = "embedding table";
+    if (!table->initializer()) return keep(table, gather, what + " is a Constant node", t.get());
+    if (gather->inputs().size() != 2 || !gather->inputs()[1] ||
+        pattern::mistyped_attribute(*gather)) {
+      return keep(table, gather, what + ": Gather without indices or with mistyped attributes",
+                  t.get());
+    }
+    const int64_t axis = int_attr_or(gather, "axis", 0);
+    if (axis != 0) {
+      return keep(table, gather, what + " gathered on axis " + std::to_string(axis) + ", not 0",
+                  t.get());
+    }
+    if (t->dims[0] == 0 || t->dims[1] == 0) return keep(table, gather, what + " is empty", t.get());
+    for (const std::string& name : {gather->name.value, table->name()}) {
+      std::string glob = opt_.excluded(name);
+      if (!glob.empty()) return keep(table, gather, "excluded by '" + glob + "'", t.get());
+    }
+    const int bits = opt_.embeddings == "int8" ? 8 : 4;
+    const int64_t hidden = t->dims[1];
+    const int64_t kb = (hidden + opt_.block_size - 1) / opt_.block_size;
+    if (qdq_ && (hidden * bits % 8 != 0 || (!opt_.symmetric && kb * bits % 8 != 0))) {
+      return keep(table, gather,
+                  what + ": target onnx needs whole bytes per row (hidden " +
+                      std::to_string(hidden) + ", " + std::to_string(kb) + " blocks, int" +
+                      std::to_string(bits) + ")",
+                  t.get());
+    }
+    Embedding e{&g, gather, table, t, 0, ""};
+    e.job = job_for(table->name(), t, bits, true,
+                    qdq_ ? quant::Layout::kQdqRows : quant::Layout::kNBits, kEmbeddingJob);
+    embeds_.push_back(std::move(e));
+  }
+
+  // (After the MatMul rewrites: candidates' nodes may be gone.) A MatMulNBits candidate in
+  // the embedding's graph, the lm_head, whose job has the same settings as the embedding's and
+  // identical quantized bytes (a TorchScript-style copy of the table's transpose), or null.
+  const Candidate* tied_copy(const Embedding& e, const quant::TempFile& file) const {
+    const quant::WeightJob& ej = jobs_[e.job];
+    for (const Candidate& c : cands_) {
+      const quant::WeightJob& cj = jobs_[c.job];
+      if (c.graph != e.graph || c.job == e.job || cj.layout != ej.layout ||
+          cj.spec.bits != ej.spec.bits || cj.src.K != ej.src.K || cj.src.N != ej.src.N ||
+          cj.src.dtype != ej.src.dtype || !cj.error.finite() || !c.lm_head) {
+        continue;
+      }
+      if (same_bytes(file, cj.data_offset, ej.data_offset, ej.data_bytes()) &&
+          same_bytes(file, cj.scale_offset, ej.scale_offset, ej.scale_bytes()) &&
+          same_bytes(file, cj.zp_offset, ej.zp_offset, ej.zp_bytes())) {
+        return &c;
+      }
+    }
+    return nullptr;
   }
 
   // The quantized initializers of job j in graph g (made once per graph).
@@ -278,13 +421,116 @@ class Quantizer {
       pattern::replace_value(g, old_out, q->outputs()[0]);
       std::vector<Node*> dead{c.matmul};
       if (c.add) dead.push_back(c.add);
+      if (c.weight != c.initializer) dead.push_back(c.weight->producer());  // the Transpose
       pattern::remove_dead(g, dead);
       if (c.add) ++ctx_.counters["bias_folded"];
     }
-    if (c.weight->uses().empty() && !c.weight->is_graph_input() && !c.weight->is_graph_output()) {
-      c.weight->graph()->remove_initializer(c.weight);
+    Value* init = c.initializer;
+    if (init->uses().empty() && !init->is_graph_input() && !init->is_graph_output()) {
+      init->graph()->remove_initializer(init);
     }
     ++ctx_.counters["matmuls_quantized"];
+    return 1;
+  }
+
+  int64_t rewrite_embedding(Embedding& e, const quant::TempFile& tf,
+                            const std::shared_ptr<quant::TempFile>& file) {
+    const quant::WeightJob& job = jobs_[e.job];
+    if (!job.error.finite()) {
+      keep(e.table, e.gather, "embedding table holds NaN or infinite values", e.tensor.get());
+      return 0;
+    }
+    Graph& g = *e.graph;
+    Node* gather = e.gather;
+    QuantRecord r = quant::quantized_record(job.name, gather, e.tensor->nbytes(), job.error);
+    const int64_t K = job.src.K, N = job.src.N, kb = job.k_blocks();
+    const std::string base = e.table->name();
+    if (qdq_) {
+      const int32_t qtype = job.spec.bits == 8 ? (job.spec.symmetric ? kInt8 : kUint8)
+                                               : (job.spec.symmetric ? kInt4 : kUint4);
+      std::vector<Value*> in{
+          g.add_initializer(base + "_DQ_Q" + std::to_string(job.spec.bits),
+                            view_tensor(qtype, {N, K}, file, job.data_offset, job.data_bytes())),
+          g.add_initializer(base + "_DQ_scales", view_tensor(job.src.dtype, {N, kb}, file,
+                                                             job.scale_offset, job.scale_bytes()))};
+      if (!job.spec.symmetric) {
+        in.push_back(
+            g.add_initializer(base + "_DQ_zero_points",
+                              view_tensor(qtype, {N, kb}, file, job.zp_offset, job.zp_bytes())));
+      }
+      Node* dq = g.create_node("DequantizeLinear", "", in, {g.unique_name(base + "_DQ")}, gather);
+      dq->attributes.push_back(pattern::attr_int("axis", 1));
+      dq->attributes.push_back(pattern::attr_int("block_size", job.spec.block_size));
+      if (!gather->name.value.empty()) dq->name.set(gather->name.value + "_DQ_Q");
+      gather->set_input(0, dq->outputs()[0]);
+    } else {
+      // B, scales and zero points: the lm_head's when it reads the same quantized tensor.
+      const Candidate* copy = nullptr;
+      auto made = made_.find(std::make_pair(&g, e.job));
+      if (made == made_.end() && (copy = tied_copy(e, tf))) {
+        made = made_.find(std::make_pair(&g, copy->job));
+      }
+      Value *data, *scales, *zp = nullptr;
+      if (made != made_.end()) {
+        e.shared_with = made->second.data->name();
+        Value* shape = g.add_initializer(g.unique_name(base + "_Q_shape"),
+                                         make_int64_tensor({N, kb * job.blob()}, {2}));
+        Node* reshape = g.create_node("Reshape", "", {made->second.data, shape},
+                                      {g.unique_name(base + "_Q_2d")}, gather);
+        data = reshape->outputs()[0];
+        scales = made->second.scales;
+        zp = made->second.zp;
+      } else {
+        data = g.add_initializer(
+            base + "_Q" + std::to_string(job.spec.bits),
+            view_tensor(kUint8, {N, kb * job.blob()}, file, job.data_offset, job.data_bytes()));
+        scales = g.add_initializer(
+            base + "_scales",
+            view_tensor(job.src.dtype, {N, kb}, file, job.scale_offset, job.scale_bytes()));
+        if (!job.spec.symmetric) {
+          zp = g.add_initializer(base + "_zero_points",
+                                 view_tensor(kUint8, {N, (kb * job.spec.bits + 7) / 8}, file,
+                                             job.zp_offset, job.zp_bytes()));
+        }
+      }
+      std::vector<Value*> in{data, gather->inputs()[1], scales};
+      if (zp) in.push_back(zp);
+      Value* old_out = gather->outputs()[0];
+      Node* q = g.create_node("GatherBlockQuantized", kMsDomain, in,
+                              {g.unique_name(old_out->name() + "_Q")}, gather);
+      q->attributes.push_back(pattern::attr_int("bits", job.spec.bits));
+      q->attributes.push_back(pattern::attr_int("block_size", job.spec.block_size));
+      q->attributes.push_back(pattern::attr_int("gather_axis", 0));
+      q->attributes.push_back(pattern::attr_int("quantize_axis", 1));
+      if (!gather->name.value.empty()) {
+        q->name.set(gather->name.value + "_Q" + std::to_string(job.spec.bits));
+      }
+      Value* out = q->outputs()[0];
+      if (kb * job.spec.block_size != K) {  // padded rows: slice the padding off
+        std::vector<Value*> sin{
+            out, g.add_initializer(g.unique_name(base + "_Q_start"), make_int64_tensor({0}, {1})),
+            g.add_initializer(g.unique_name(base + "_Q_end"), make_int64_tensor({K}, {1})),
+            g.add_initializer(g.unique_name(base + "_Q_axis"), make_int64_tensor({-1}, {1}))};
+        out =
+            g.create_node("Slice", "", sin, {g.unique_name(old_out->name() + "_Q_sliced")}, gather)
+                ->outputs()[0];
+      }
+      import_domain(g, kMsDomain);
+      pattern::replace_value(g, old_out, out);
+      pattern::remove_dead(g, {gather});
+    }
+    if (e.table->uses().empty() && !e.table->is_graph_input() && !e.table->is_graph_output()) {
+      e.table->graph()->remove_initializer(e.table);
+    }
+    r.op = qdq_ ? "DequantizeLinear+Gather" : "GatherBlockQuantized";
+    if (!e.shared_with.empty()) r.op += " (shares the lm_head's " + e.shared_with + ")";
+    r.dtype_before = dtype_name(job.src.dtype);
+    r.dtype_after = quantized_type(job.spec.bits, job.spec.symmetric);
+    r.bytes_after =
+        e.shared_with.empty() ? job.data_bytes() + job.scale_bytes() + job.zp_bytes() : 0;
+    ctx_.quant_records.push_back(std::move(r));
+    ++ctx_.counters["weights_quantized"];
+    ++ctx_.counters[e.shared_with.empty() ? "embeddings_quantized" : "embeddings_shared"];
     return 1;
   }
 
@@ -310,8 +556,10 @@ class Quantizer {
   bool qdq_ = false;
   std::vector<Candidate> cands_;
   std::vector<quant::WeightJob> jobs_;
-  std::vector<size_t> first_user_;  // per job: its first candidate
-  std::map<std::pair<const Tensor*, int>, size_t> job_of_;
+  std::vector<Embedding> embeds_;
+  static constexpr size_t kEmbeddingJob = SIZE_MAX;  // first_user_ of a job made for an embedding
+  std::vector<size_t> first_user_;                   // per job: its first candidate
+  std::map<std::tuple<const Tensor*, int, bool, int>, size_t> job_of_;
   std::map<std::pair<Graph*, size_t>, Made> made_;
 };
 

@@ -24,6 +24,28 @@ const float* half_table() {
   return table.data();
 }
 
+// n elements of `dtype` at p as floats.
+void to_float(int32_t dtype, const uint8_t* p, size_t n, float* dst) {
+  if (dtype == 1) {
+    std::memcpy(dst, p, n * 4);
+  } else {
+    if (dtype == 10) {
+      const float* table = half_table();
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * i, 2);
+        dst[i] = table[h];
+      }
+    } else {
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t b;
+        std::memcpy(&b, p + 2 * i, 2);
+        dst[i] = bfloat16_to_float(b);
+      }
+    }
+  }
+}
+
 void read_bytes(const ByteRef& ref, uint64_t offset, uint64_t n, uint8_t* dst) {
   const int fd = ref.buffer->fd();
   if (fd < 0) {
@@ -55,7 +77,23 @@ struct Scratch {
   std::vector<float> block;
   std::vector<uint8_t> raw, data, scales, zps;
   std::vector<uint8_t> last_codes;  // per column: code of the previous block's last row
+  std::vector<float> columns;       // transposed sources: the tile's columns, whole
 };
+
+// kQdqRows: the first K * bits / 8 bytes of each column's MatMulNBits blocks (no padding), as
+// signed codes when symmetric (q - mid: the top bit of each code flipped).
+void write_rows_layout(const WeightJob& job, int64_t c0, int64_t cols, TempFile& out, Scratch& s) {
+  const int64_t col_bytes = job.k_blocks() * job.blob();
+  const int64_t row_bytes = job.src.K * job.spec.bits / 8;
+  const uint8_t flip = !job.spec.symmetric ? 0 : job.spec.bits == 8 ? 0x80 : 0x88;
+  for (int64_t c = 0; c < cols; ++c) {
+    const uint8_t* from = s.data.data() + c * col_bytes;
+    uint8_t* to = s.data.data() + c * row_bytes;  // row_bytes <= col_bytes: in place
+    for (int64_t i = 0; i < row_bytes; ++i) to[i] = static_cast<uint8_t>(from[i] ^ flip);
+  }
+  out.write(job.data_offset + static_cast<uint64_t>(c0 * row_bytes), s.data.data(),
+            static_cast<size_t>(cols * row_bytes));
+}
 
 // MatMulNBits tile: columns [c0, c1), all of K. Its output is contiguous in each part.
 void nbits_tile(WeightJob& job, int64_t c0, int64_t c1, TempFile& out, Scratch& s) {
@@ -69,11 +107,22 @@ void nbits_tile(WeightJob& job, int64_t c0, int64_t c1, TempFile& out, Scratch& 
   if (!spec.symmetric) s.zps.assign(static_cast<size_t>(cols * zp_cols), 0);
   s.block.resize(static_cast<size_t>(bs * cols));
   s.last_codes.assign(static_cast<size_t>(cols), 0);
+  if (job.src.transposed) {
+    s.columns.resize(static_cast<size_t>(cols * K));
+    job.src.read_columns(c0, cols, s.columns.data(), s.raw);
+  }
   BlockQuantizer bq(spec);
   ErrorSums err;
   for (int64_t kb = 0; kb < kb_count; ++kb) {
     const int64_t r0 = kb * bs, rows = std::min(bs, K - r0);
-    job.src.read(r0, rows, c0, cols, s.block.data(), s.raw);
+    if (job.src.transposed) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const float* from = s.columns.data() + c * K + r0;
+        for (int64_t r = 0; r < rows; ++r) s.block[static_cast<size_t>(r * cols + c)] = from[r];
+      }
+    } else {
+      job.src.read(r0, rows, c0, cols, s.block.data(), s.raw);
+    }
     bq.run(s.block.data(), cols, rows, cols, err);
     const uint8_t* q = bq.codes();
     for (int64_t c = 0; c < cols; ++c) {
@@ -111,8 +160,12 @@ void nbits_tile(WeightJob& job, int64_t c0, int64_t c1, TempFile& out, Scratch& 
       }
     }
   }
-  out.write(job.data_offset + static_cast<uint64_t>(c0 * kb_count * blob), s.data.data(),
-            s.data.size());
+  if (job.layout == Layout::kQdqRows) {
+    write_rows_layout(job, c0, cols, out, s);
+  } else {
+    out.write(job.data_offset + static_cast<uint64_t>(c0 * kb_count * blob), s.data.data(),
+              s.data.size());
+  }
   out.write(job.scale_offset + static_cast<uint64_t>(c0 * kb_count * sb), s.scales.data(),
             s.scales.size());
   if (!spec.symmetric) {
@@ -187,30 +240,20 @@ void WeightSource::read(int64_t r0, int64_t rows, int64_t c0, int64_t cols, floa
                  raw.data() + static_cast<uint64_t>(r) * row_bytes);
     }
   }
-  const size_t n = static_cast<size_t>(rows * cols);
-  if (dtype == 1) {
-    std::memcpy(dst, raw.data(), n * 4);
-  } else {
-    const uint8_t* p = raw.data();
-    if (dtype == 10) {
-      const float* table = half_table();
-      for (size_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, p + 2 * i, 2);
-        dst[i] = table[h];
-      }
-    } else {
-      for (size_t i = 0; i < n; ++i) {
-        uint16_t b;
-        std::memcpy(&b, p + 2 * i, 2);
-        dst[i] = bfloat16_to_float(b);
-      }
-    }
-  }
+  to_float(dtype, raw.data(), static_cast<size_t>(rows * cols), dst);
+}
+
+void WeightSource::read_columns(int64_t c0, int64_t cols, float* dst,
+                                std::vector<uint8_t>& raw) const {
+  const uint64_t es = dtype == 1 ? 4 : 2;
+  raw.resize(static_cast<size_t>(cols * K) * es);
+  read_bytes(bytes, static_cast<uint64_t>(c0 * K) * es, raw.size(), raw.data());
+  to_float(dtype, raw.data(), static_cast<size_t>(cols * K), dst);
 }
 
 uint64_t WeightJob::data_bytes() const {
   if (layout == Layout::kNBits) return static_cast<uint64_t>(src.N * k_blocks() * blob());
+  if (layout == Layout::kQdqRows) return static_cast<uint64_t>(src.N * src.K * spec.bits / 8);
   const uint64_t e = static_cast<uint64_t>(src.K * src.N);
   return spec.bits == 8 ? e : (e + 1) / 2;
 }
@@ -221,7 +264,7 @@ uint64_t WeightJob::scale_bytes() const {
 
 uint64_t WeightJob::zp_bytes() const {
   if (spec.symmetric) return 0;
-  if (layout == Layout::kNBits) {
+  if (layout != Layout::kQdq) {  // kQdqRows: k_blocks * bits is whole bytes
     return static_cast<uint64_t>(src.N * ((k_blocks() * spec.bits + 7) / 8));
   }
   const uint64_t e = static_cast<uint64_t>(src.N * k_blocks());
@@ -239,12 +282,15 @@ void run_jobs(std::vector<WeightJob>& jobs, TempFile& out, int threads,
     job.zp_offset = out.reserve(job.zp_bytes());
     const int64_t K = job.src.K, N = job.src.N, bs = job.spec.block_size;
     const uint64_t es = job.src.dtype == 1 ? 4 : 2;
-    if (job.layout == Layout::kNBits) {
+    if (job.layout != Layout::kQdq) {
       const uint64_t per_col = job.data_bytes() / static_cast<uint64_t>(N) +
                                job.scale_bytes() / static_cast<uint64_t>(N) +
                                job.zp_bytes() / static_cast<uint64_t>(N) + 1;
       int64_t width = static_cast<int64_t>(kTileBytes / per_col);
       width = std::min<int64_t>(width, static_cast<int64_t>(kTileBytes / 4) / bs);
+      // A transposed tile stages its columns whole.
+      if (job.src.transposed)
+        width = std::min<int64_t>(width, static_cast<int64_t>(kTileBytes / 4) / K);
       width = std::max<int64_t>(16, std::min(width, N));
       for (int64_t c = 0; c < N; c += width) {
         const int64_t e = std::min(N, c + width);
@@ -276,7 +322,7 @@ void run_jobs(std::vector<WeightJob>& jobs, TempFile& out, int threads,
         const Tile& t = tiles[i];
         WeightJob& job = jobs[t.job];
         Scratch& s = scratch[static_cast<size_t>(w)];
-        if (job.layout == Layout::kNBits) {
+        if (job.layout != Layout::kQdq) {
           nbits_tile(job, t.begin, t.end, out, s);
         } else {
           qdq_tile(job, t.begin, t.end, out, s);

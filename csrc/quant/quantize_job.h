@@ -19,22 +19,31 @@
 
 namespace fastopt::quant {
 
-// A row-major [K, N] float weight (float32, float16 or bfloat16 elements).
+// A row-major [K, N] float weight (float32, float16 or bfloat16 elements), or with `transposed`
+// one stored as [N, K] (an embedding table [vocab, hidden], quantized along hidden like the
+// lm_head that reads its transpose).
 struct WeightSource {
   ByteRef bytes;
   int32_t dtype = 1;
   int64_t K = 0, N = 0;
+  bool transposed = false;
   // Rows [r0, r0 + rows) x columns [c0, c0 + cols) as floats into dst (row stride cols);
   // `raw` is staging for the file's bytes.
+  // Not for transposed sources.
   void read(int64_t r0, int64_t rows, int64_t c0, int64_t cols, float* dst,
             std::vector<uint8_t>& raw) const;
+  // Transposed sources: columns [c0, c0 + cols), all of K, as floats into dst ([cols, K]).
+  void read_columns(int64_t c0, int64_t cols, float* dst, std::vector<uint8_t>& raw) const;
 };
 
 enum class Layout {
-  kNBits,  // com.microsoft MatMulNBits: B uint8 [N, k_blocks, blob], scales [N, k_blocks],
-           // zero points uint8 [N, ceil(k_blocks * bits / 8)] (asymmetric only)
-  kQdq,    // DequantizeLinear(axis 0, block_size): data [K, N] int4/uint4/int8/uint8,
-           // scales [k_blocks, N], zero points [k_blocks, N] (asymmetric only)
+  kNBits,    // com.microsoft MatMulNBits: B uint8 [N, k_blocks, blob], scales [N, k_blocks],
+             // zero points uint8 [N, ceil(k_blocks * bits / 8)] (asymmetric only)
+  kQdq,      // DequantizeLinear(axis 0, block_size): data [K, N] int4/uint4/int8/uint8,
+             // scales [k_blocks, N], zero points [k_blocks, N] (asymmetric only)
+  kQdqRows,  // DequantizeLinear(axis 1, block_size) of the transpose: data [N, K], scales and
+             // zero points [N, k_blocks]; MatMulNBits' bytes unpadded, signed when symmetric
+             // (needs K * bits and, asymmetric, k_blocks * bits to be whole bytes)
 };
 
 struct WeightJob {
