@@ -277,7 +277,7 @@ def test_kept_weights_and_bad_values(tmp_path: Path) -> None:
         ({"block_size": 512}, "block size must be a power of two in 16..256"),
         ({"accuracy_level": 7}, "accuracy level must be 0"),
         ({"lm_head": "int2"}, "lm_head must be keep, int4 or int8"),
-        ({"embeddings": "int4"}, "not yet supported"),
+        ({"embeddings": "int2"}, "embeddings must be keep, int4 or int8"),
         ({"per_channel": True}, "per_channel applies to int8-dynamic"),
         ({"mode": "int3"}, "unknown quantization mode"),
     ],

@@ -302,12 +302,10 @@ class Quantizer {
     }
     const int bits = opt_.embeddings == "int8" ? 8 : 4;
     const int64_t hidden = t->dims[1];
-    const int64_t kb = (hidden + opt_.block_size - 1) / opt_.block_size;
-    if (qdq_ && (hidden * bits % 8 != 0 || (!opt_.symmetric && kb * bits % 8 != 0))) {
+    if (qdq_ && hidden * bits % 8 != 0) {
       return keep(table, gather,
                   what + ": target onnx needs whole bytes per row (hidden " +
-                      std::to_string(hidden) + ", " + std::to_string(kb) + " blocks, int" +
-                      std::to_string(bits) + ")",
+                      std::to_string(hidden) + ", int" + std::to_string(bits) + ")",
                   t.get());
     }
     Embedding e{&g, gather, table, t, 0, ""};

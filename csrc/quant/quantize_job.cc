@@ -145,7 +145,9 @@ void nbits_tile(WeightJob& job, int64_t c0, int64_t c1, TempFile& out, Scratch& 
         s.last_codes[c] = q[(rows - 1) * cols + c];
       }
       bq.store_scale(c, s.scales.data() + (c * kb_count + kb) * sb);
-      if (!spec.symmetric) {
+      if (!spec.symmetric && job.layout == Layout::kQdqRows) {  // packed flat at the end
+        job.qdq_zero_points[static_cast<size_t>((c0 + c) * kb_count + kb)] = bq.zero_point(c);
+      } else if (!spec.symmetric) {
         uint8_t* z = s.zps.data() + c * zp_cols;
         if (spec.bits == 8) {
           z[kb] = bq.zero_point(c);
@@ -168,7 +170,7 @@ void nbits_tile(WeightJob& job, int64_t c0, int64_t c1, TempFile& out, Scratch& 
   }
   out.write(job.scale_offset + static_cast<uint64_t>(c0 * kb_count * sb), s.scales.data(),
             s.scales.size());
-  if (!spec.symmetric) {
+  if (!spec.symmetric && job.layout == Layout::kNBits) {
     out.write(job.zp_offset + static_cast<uint64_t>(c0 * zp_cols), s.zps.data(), s.zps.size());
   }
   std::lock_guard<std::mutex> lock(*job.mu);
@@ -264,7 +266,7 @@ uint64_t WeightJob::scale_bytes() const {
 
 uint64_t WeightJob::zp_bytes() const {
   if (spec.symmetric) return 0;
-  if (layout != Layout::kQdq) {  // kQdqRows: k_blocks * bits is whole bytes
+  if (layout == Layout::kNBits) {
     return static_cast<uint64_t>(src.N * ((k_blocks() * spec.bits + 7) / 8));
   }
   const uint64_t e = static_cast<uint64_t>(src.N * k_blocks());
@@ -282,6 +284,8 @@ void run_jobs(std::vector<WeightJob>& jobs, TempFile& out, int threads,
     job.zp_offset = out.reserve(job.zp_bytes());
     const int64_t K = job.src.K, N = job.src.N, bs = job.spec.block_size;
     const uint64_t es = job.src.dtype == 1 ? 4 : 2;
+    if (job.layout == Layout::kQdqRows && !job.spec.symmetric)
+      job.qdq_zero_points.assign(static_cast<size_t>(N * job.k_blocks()), 0);
     if (job.layout != Layout::kQdq) {
       const uint64_t per_col = job.data_bytes() / static_cast<uint64_t>(N) +
                                job.scale_bytes() / static_cast<uint64_t>(N) +
@@ -330,9 +334,9 @@ void run_jobs(std::vector<WeightJob>& jobs, TempFile& out, int threads,
       },
       progress, [&](size_t i) { return jobs[tiles[i].job].name; });
 
-  // QDQ zero points: packed once all rows are done (4-bit neighbours share bytes).
+  // QDQ zero points: packed once all tiles are done (4-bit neighbours share bytes).
   for (WeightJob& job : jobs) {
-    if (job.layout != Layout::kQdq || job.spec.symmetric) continue;
+    if (job.layout == Layout::kNBits || job.spec.symmetric) continue;
     std::vector<uint8_t> packed(static_cast<size_t>(job.zp_bytes()), 0);
     for (size_t e = 0; e < job.qdq_zero_points.size(); ++e) {
       if (job.spec.bits == 8) {

@@ -43,7 +43,7 @@ enum class Layout {
              // scales [k_blocks, N], zero points [k_blocks, N] (asymmetric only)
   kQdqRows,  // DequantizeLinear(axis 1, block_size) of the transpose: data [N, K], scales and
              // zero points [N, k_blocks]; MatMulNBits' bytes unpadded, signed when symmetric
-             // (needs K * bits and, asymmetric, k_blocks * bits to be whole bytes)
+             // (needs K * bits to be whole bytes)
 };
 
 struct WeightJob {
@@ -64,7 +64,7 @@ struct WeightJob {
 
   // Internal to run_jobs.
   std::unique_ptr<std::mutex> mu = std::make_unique<std::mutex>();
-  std::vector<uint8_t> qdq_zero_points;  // unpacked, [k_blocks, N] (QDQ, asymmetric)
+  std::vector<uint8_t> qdq_zero_points;  // unpacked (QDQ layouts, asymmetric)
 };
 
 // Quantizes every job into `out` with `threads` threads (0 = all cores). Calls `progress` from

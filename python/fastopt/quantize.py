@@ -99,7 +99,9 @@ def quantize(
     ``accuracy_level`` (default 4 for fp32, 0 for fp16/bf16 or option cuda=1); target onnx:
     opset-21 blocked DequantizeLinear + MatMul) | int8-dynamic | fp16 | bf16.
     ``exclude``: globs on node or weight names kept in float. ``lm_head``: keep | int4 | int8
-    (default: as the rest). ``embeddings``: keep (int4/int8 not yet supported).
+    (default: as the rest). ``embeddings``: keep | int4 | int8 (Gather tables, per row along
+    hidden: com.microsoft GatherBlockQuantized, sharing a tied lm_head's MatMulNBits weight;
+    target onnx: DequantizeLinear(axis 1) + Gather).
     ``threads``: 0 = all cores. ``verify`` compares the output with the original (needs a
     path and ``output``; fastopt.quant_verify). ``progress(done, total, what)``: bytes
     quantized so far.
