@@ -233,23 +233,34 @@ void WeightSource::read(int64_t r0, int64_t rows, int64_t c0, int64_t cols, floa
                         std::vector<uint8_t>& raw) const {
   const uint64_t es = dtype == 1 ? 4 : 2;
   const uint64_t row_bytes = static_cast<uint64_t>(cols) * es;
-  raw.resize(static_cast<size_t>(rows) * row_bytes);
+  // float32 lands in dst directly: no staging copy.
+  uint8_t* to = dtype == 1 ? reinterpret_cast<uint8_t*>(dst) : nullptr;
+  if (!to) {
+    raw.resize(static_cast<size_t>(rows) * row_bytes);
+    to = raw.data();
+  }
   if (cols == N) {
-    read_bytes(bytes, static_cast<uint64_t>(r0 * N) * es, raw.size(), raw.data());
+    read_bytes(bytes, static_cast<uint64_t>(r0 * N) * es, static_cast<uint64_t>(rows) * row_bytes,
+               to);
   } else {
     for (int64_t r = 0; r < rows; ++r) {
       read_bytes(bytes, static_cast<uint64_t>((r0 + r) * N + c0) * es, row_bytes,
-                 raw.data() + static_cast<uint64_t>(r) * row_bytes);
+                 to + static_cast<uint64_t>(r) * row_bytes);
     }
   }
-  to_float(dtype, raw.data(), static_cast<size_t>(rows * cols), dst);
+  if (dtype != 1) to_float(dtype, raw.data(), static_cast<size_t>(rows * cols), dst);
 }
 
 void WeightSource::read_columns(int64_t c0, int64_t cols, float* dst,
                                 std::vector<uint8_t>& raw) const {
   const uint64_t es = dtype == 1 ? 4 : 2;
-  raw.resize(static_cast<size_t>(cols * K) * es);
-  read_bytes(bytes, static_cast<uint64_t>(c0 * K) * es, raw.size(), raw.data());
+  const uint64_t n = static_cast<uint64_t>(cols * K) * es;
+  if (dtype == 1) {
+    read_bytes(bytes, static_cast<uint64_t>(c0 * K) * es, n, reinterpret_cast<uint8_t*>(dst));
+    return;
+  }
+  raw.resize(static_cast<size_t>(n));
+  read_bytes(bytes, static_cast<uint64_t>(c0 * K) * es, n, raw.data());
   to_float(dtype, raw.data(), static_cast<size_t>(cols * K), dst);
 }
 

@@ -1,0 +1,159 @@
+"""int4 of a 7B-shaped fp16 decoder (hidden 4096, 32 layers, intermediate 11008, vocab 32000;
+13.5 GB, made by make_llm_model.py): fastopt.quantize against onnxruntime's
+MatMulNBitsQuantizer, and int8-dynamic: fastopt against quantize_dynamic. One tool at a time,
+each in a fresh process, the model's files read into the page cache before each. The peers load
+the whole model, so they run under an address-space cap (``prlimit --as``, default 14 GB: on a
+shared 24 GB machine they must fail with MemoryError rather than take everyone's memory) and a
+watchdog that kills a process whose RSS passes the cap; what happened is reported.
+
+    python bench/bench_quantize_7b.py [--dir /tmp/fastopt-bench/llm_7b_fp16] [--delete]
+                                      [--out bench/results/quantize_7b.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _benchlib as bl
+
+HERE = Path(__file__).resolve().parent
+SHAPE = ["--hidden", "4096", "--layers", "32", "--intermediate", "11008", "--vocab", "32000",
+         "--dtype", "float16"]  # fmt: skip
+
+
+def _child_fastopt(mode: str, src: str, dst: str) -> dict[str, Any]:
+    import fastopt
+
+    r = fastopt.quantize(src, dst, mode=mode)
+    return {
+        "quantized": r.summary.quantized,
+        "kept": r.summary.kept,
+        "call_seconds": r.seconds,
+        "pass_seconds": sum(p.seconds for p in r.passes),
+    }
+
+
+def _folder_bytes(path: str) -> int:
+    folder = Path(path).parent
+    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+
+
+def _warm(path: str) -> None:
+    folder = Path(path).parent
+    for p in folder.iterdir():
+        if p.is_file():
+            with open(p, "rb") as f:
+                while f.read(1 << 24):
+                    pass
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--dir", default="/tmp/fastopt-bench/llm_7b_fp16")
+    ap.add_argument("--cap-gb", type=float, default=14.0, help="peers' address-space cap")
+    ap.add_argument("--delete", action="store_true", help="remove the model and outputs after")
+    ap.add_argument("--skip-peers", action="store_true")
+    ap.add_argument("--out", default=str(HERE / "results" / "quantize_7b.md"))
+    ap.add_argument("--child", nargs=3, metavar=("MODE", "SRC", "DST"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(bl.RESULT_TAG + json.dumps(_child_fastopt(*args.child)), flush=True)
+        return
+    src = os.path.join(args.dir, "model.onnx")
+    env = bl.environment(["onnx", "onnxruntime", "numpy"])
+    env["load_average"] = os.getloadavg()
+    made: dict[str, Any] = {}
+    if not os.path.exists(src):
+        cmd = [sys.executable, str(HERE / "make_llm_model.py"), args.dir, *SHAPE, "--no-check"]
+        rc, wall, rss, _, err = bl.spawn(cmd, timeout=3600)
+        made = {"rc": rc, "seconds": wall, "peak_rss": rss}
+        if rc != 0:
+            raise SystemExit(f"make_llm_model failed: {bl.error_text(rc, err)}")
+    size = _folder_bytes(src)
+    cap = int(args.cap_gb * 1e9)
+    py = sys.executable
+    prl = ["prlimit", f"--as={cap}"]
+    int4_peer = [*prl, py, str(HERE / "bench_quantize.py"), "--child", "ort"]
+    int8_peer = [*prl, py, str(HERE / "bench_quantize_dynamic.py"), "--child", "ort"]
+    tools = [
+        ("fastopt int4", [py, __file__, "--child", "int4"], False),
+        ("MatMulNBitsQuantizer int4", int4_peer, True),
+        ("fastopt int8-dynamic", [py, __file__, "--child", "int8-dynamic"], False),
+        ("quantize_dynamic int8", int8_peer, True),
+    ]
+    rows: list[dict[str, Any]] = []
+    work = os.path.join(os.path.dirname(args.dir), "q7b-out")
+    for name, cmd, peer in tools:
+        if peer and args.skip_peers:
+            continue
+        shutil.rmtree(work, ignore_errors=True)
+        dst = os.path.join(work, "model.onnx")
+        os.makedirs(work)
+        _warm(src)
+        print(f"{name} ...", flush=True)
+        rc, wall, rss, out, err = bl.spawn([*cmd, src, dst], timeout=1800, max_rss=cap)
+        row: dict[str, Any] = {"tool": name, "rc": rc, "seconds": wall, "peak_rss": rss}
+        if rc == 0:
+            row["output_bytes"] = _folder_bytes(dst)
+            with contextlib.suppress(ValueError):
+                row.update(bl.result_line(out))
+        else:
+            text = (err + out).strip().splitlines()
+            memory = [ln for ln in text if "MemoryError" in ln or "bad_alloc" in ln]
+            if rc == -9:
+                row["error"] = f"killed by the watchdog at {bl.fmt_mb(cap)} RSS"
+            elif memory:
+                row["error"] = f"out of memory at the {args.cap_gb:g} GB cap: {memory[-1][:160]}"
+            else:
+                row["error"] = bl.error_text(rc, err)
+        print(f"  {row}", flush=True)
+        rows.append(row)
+    shutil.rmtree(work, ignore_errors=True)
+    if args.delete:
+        shutil.rmtree(args.dir, ignore_errors=True)
+    md = [
+        "# 7B-shaped fp16 decoder: int4 and int8-dynamic quantization",
+        "",
+        f"{env['date']}; {env['cpu']}, {env['cores']} cores, "
+        f"{env['ram_bytes'] / bl.MB / 1024:.0f} GiB; onnxruntime {env['versions']['onnxruntime']}; "
+        f"fastopt {env['fastopt_commit']}; load average at the start {env['load_average'][0]:.1f}",
+        "",
+        f"Model: make_llm_model.py {' '.join(SHAPE)} ({size / 1e9:.1f} GB, fp16 weights as "
+        "external data). Defaults of each tool (int4: block 32, symmetric; int8: per tensor, "
+        f"symmetric). Peers under `prlimit --as={cap}` (and killed past {bl.fmt_mb(cap)} RSS). "
+        "Time: the process's wall time, Python start included; RSS: its peak (wait4).",
+        "",
+        "| tool | result | time | peak RSS | output | notes |",
+        "| --- | --- | ---: | ---: | ---: | --- |",
+    ]
+    for r in rows:
+        note = r.get("error", "")
+        if "quantized" in r:
+            note = (
+                f"{r['quantized']} weights quantized, {r['kept']} kept; quantize() "
+                f"{bl.fmt_s(r['call_seconds'])} (the pass {bl.fmt_s(r['pass_seconds'])})"
+            )
+        md.append(
+            f"| {r['tool']} | {'ok' if r['rc'] == 0 else 'failed'} | {bl.fmt_s(r['seconds'])} | "
+            f"{bl.fmt_mb(r['peak_rss'])} | {bl.fmt_mb(r.get('output_bytes'))} | {note} |"
+        )
+    md += [
+        "",
+        "Command: `python bench/bench_quantize_7b.py"
+        + (" --delete" if args.delete else "")
+        + "` (the machine is shared: 2 cores, other sessions' jobs running).",
+        "",
+    ]
+    bl.write_results("\n".join(md), {"env": env, "made": made, "rows": rows}, args.out)
+
+
+if __name__ == "__main__":
+    main()
