@@ -128,6 +128,17 @@ def _verify(pair: str) -> dict[str, Any]:
     return {"ok": r.ok, "thresholds": r.thresholds, "outputs": [o.to_dict() for o in r.outputs]}
 
 
+def _weights(model: str) -> dict[str, Any]:
+    """Initializer bytes by element type (uint8: the quantized weights)."""
+    import fastopt
+
+    by_type: dict[str, int] = {}
+    for t in fastopt.load(model).graph.initializers:
+        a = t.numpy()
+        by_type[str(a.dtype)] = by_type.get(str(a.dtype), 0) + a.nbytes
+    return by_type
+
+
 def _size(folder: str) -> int:
     return sum(p.stat().st_size for p in Path(folder).iterdir() if p.suffix in (".onnx", ".data"))
 
@@ -150,7 +161,9 @@ def main() -> None:
     ap.add_argument("--child", nargs=2, metavar=("WHAT", "PATH"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        fn = {"make-hf": _make_hf, "genai": _genai, "verify": _verify}[args.child[0]]
+        fn = {"make-hf": _make_hf, "genai": _genai, "verify": _verify, "weights": _weights}[
+            args.child[0]
+        ]
         print(bl.RESULT_TAG + json.dumps(fn(args.child[1])), flush=True)
         return
     d = args.models_dir
@@ -201,6 +214,9 @@ def main() -> None:
     for name, folder in outs.items():
         if rows[name]["rc"] == 0:
             rows[name]["bytes"] = _size(folder)
+            w = _run([py, me, "--child", "weights", os.path.join(folder, "model.onnx")], 600,
+                     f"weights {name}")  # fmt: skip
+            rows[name]["by_type"] = bl.result_line(w["stdout"]) if w["rc"] == 0 else {}
     bench: dict[str, Any] = {}
     ok = [n for n in outs if rows[n]["rc"] == 0]
     if len(ok) == 3:
@@ -252,8 +268,9 @@ def _write(
         "embeddings in float. Time and peak RSS of each tool's process (wait4); size of the "
         "output's .onnx and .data files.",
         "",
-        "| output | tool time | peak RSS | size | size / builder | notes |",
-        "| --- | ---: | ---: | ---: | ---: | --- |",
+        "| output | tool time | peak RSS | size | size / builder | uint8 weights | float "
+        "initializers | notes |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     base = rows["builder"].get("bytes")
     for name in outs:
@@ -261,10 +278,20 @@ def _write(
         size = r.get("bytes")
         ratio = f"{size / base:.4f}" if size and base else "-"
         note = r.get("error", "")
+        types = r.get("by_type", {})
         md.append(
             f"| {label[name]} | {bl.fmt_s(r['seconds'])} | {bl.fmt_mb(r['peak_rss'])} | "
-            f"{bl.fmt_mb(size)} | {ratio} | {note.replace('|', '/')} |"
+            f"{bl.fmt_mb(size)} | {ratio} | {bl.fmt_mb(types.get('uint8'))} | "
+            f"{bl.fmt_mb(types.get('float32'))} | {note.replace('|', '/')} |"
         )
+    uint8 = {rows[n].get("by_type", {}).get("uint8") for n in outs}
+    if len(uint8) == 1 and None not in uint8:
+        md += [
+            "",
+            "The quantized (uint8) weights have the same size in all three; the difference is "
+            "in float initializers (the builder stores cos/sin caches for all 32768 positions "
+            "of max_position_embeddings, 8.4 MB).",
+        ]
     md += [
         "",
         "## --verify (fastopt.quant_verify) against the float export",

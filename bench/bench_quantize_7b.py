@@ -30,10 +30,14 @@ SHAPE = ["--hidden", "4096", "--layers", "32", "--intermediate", "11008", "--voc
 
 
 def _child_fastopt(mode: str, src: str, dst: str) -> dict[str, Any]:
+    import resource
+
     import fastopt
 
     r = fastopt.quantize(src, dst, mode=mode)
+    ru = resource.getrusage(resource.RUSAGE_SELF)
     return {
+        "cpu_seconds": ru.ru_utime + ru.ru_stime,
         "quantized": r.summary.quantized,
         "kept": r.summary.kept,
         "call_seconds": r.seconds,
@@ -131,8 +135,8 @@ def main() -> None:
         f"symmetric). Peers under `prlimit --as={cap}` (and killed past {bl.fmt_mb(cap)} RSS). "
         "Time: the process's wall time, Python start included; RSS: its peak (wait4).",
         "",
-        "| tool | result | time | peak RSS | output | notes |",
-        "| --- | --- | ---: | ---: | ---: | --- |",
+        "| tool | result | time | CPU (user+sys) | peak RSS | output | notes |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in rows:
         note = r.get("error", "")
@@ -143,7 +147,8 @@ def main() -> None:
             )
         md.append(
             f"| {r['tool']} | {'ok' if r['rc'] == 0 else 'failed'} | {bl.fmt_s(r['seconds'])} | "
-            f"{bl.fmt_mb(r['peak_rss'])} | {bl.fmt_mb(r.get('output_bytes'))} | {note} |"
+            f"{bl.fmt_s(r.get('cpu_seconds'))} | {bl.fmt_mb(r['peak_rss'])} | "
+            f"{bl.fmt_mb(r.get('output_bytes'))} | {note} |"
         )
     md += [
         "",

@@ -165,7 +165,7 @@ class Quantizer {
     quant::run_jobs(jobs_, *file, opt_.threads, ctx_.progress);
     int64_t rewrites = 0;
     for (Candidate& c : cands_) rewrites += rewrite(c, file);
-    for (Embedding& e : embeds_) rewrites += rewrite_embedding(e, *file, file);
+    for (Embedding& e : embeds_) rewrites += rewrite_embedding(e, file);
     for (size_t j = 0; j < jobs_.size(); ++j) {
       if (first_user_[j] != kEmbeddingJob) finish_record(j);
     }
@@ -431,8 +431,7 @@ class Quantizer {
     return 1;
   }
 
-  int64_t rewrite_embedding(Embedding& e, const quant::TempFile& tf,
-                            const std::shared_ptr<quant::TempFile>& file) {
+  int64_t rewrite_embedding(Embedding& e, const std::shared_ptr<quant::TempFile>& file) {
     const quant::WeightJob& job = jobs_[e.job];
     if (!job.error.finite()) {
       keep(e.table, e.gather, "embedding table holds NaN or infinite values", e.tensor.get());
@@ -447,13 +446,14 @@ class Quantizer {
       const int32_t qtype = job.spec.bits == 8 ? (job.spec.symmetric ? kInt8 : kUint8)
                                                : (job.spec.symmetric ? kInt4 : kUint4);
       std::vector<Value*> in{
-          g.add_initializer(base + "_DQ_Q" + std::to_string(job.spec.bits),
+          g.add_initializer(g.unique_name(base + "_DQ_Q" + std::to_string(job.spec.bits)),
                             view_tensor(qtype, {N, K}, file, job.data_offset, job.data_bytes())),
-          g.add_initializer(base + "_DQ_scales", view_tensor(job.src.dtype, {N, kb}, file,
-                                                             job.scale_offset, job.scale_bytes()))};
+          g.add_initializer(
+              g.unique_name(base + "_DQ_scales"),
+              view_tensor(job.src.dtype, {N, kb}, file, job.scale_offset, job.scale_bytes()))};
       if (!job.spec.symmetric) {
         in.push_back(
-            g.add_initializer(base + "_DQ_zero_points",
+            g.add_initializer(g.unique_name(base + "_DQ_zero_points"),
                               view_tensor(qtype, {N, kb}, file, job.zp_offset, job.zp_bytes())));
       }
       Node* dq = g.create_node("DequantizeLinear", "", in, {g.unique_name(base + "_DQ")}, gather);
@@ -465,7 +465,7 @@ class Quantizer {
       // B, scales and zero points: the lm_head's when it reads the same quantized tensor.
       const Candidate* copy = nullptr;
       auto made = made_.find(std::make_pair(&g, e.job));
-      if (made == made_.end() && (copy = tied_copy(e, tf))) {
+      if (made == made_.end() && (copy = tied_copy(e, *file))) {
         made = made_.find(std::make_pair(&g, copy->job));
       }
       Value *data, *scales, *zp = nullptr;
@@ -480,13 +480,13 @@ class Quantizer {
         zp = made->second.zp;
       } else {
         data = g.add_initializer(
-            base + "_Q" + std::to_string(job.spec.bits),
+            g.unique_name(base + "_Q" + std::to_string(job.spec.bits)),
             view_tensor(kUint8, {N, kb * job.blob()}, file, job.data_offset, job.data_bytes()));
         scales = g.add_initializer(
-            base + "_scales",
+            g.unique_name(base + "_scales"),
             view_tensor(job.src.dtype, {N, kb}, file, job.scale_offset, job.scale_bytes()));
         if (!job.spec.symmetric) {
-          zp = g.add_initializer(base + "_zero_points",
+          zp = g.add_initializer(g.unique_name(base + "_zero_points"),
                                  view_tensor(kUint8, {N, (kb * job.spec.bits + 7) / 8}, file,
                                              job.zp_offset, job.zp_bytes()));
         }
