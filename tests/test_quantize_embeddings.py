@@ -243,6 +243,14 @@ def test_kept_tables(tmp_path: Path) -> None:
         assert r.model is not None and r.model.op_counts() == {"Gather": 1}
 
 
+@pytest.mark.parametrize("mode", ["int8-dynamic", "fp16"])
+def test_embeddings_refused_for_other_modes(tmp_path: Path, mode: str) -> None:
+    with pytest.raises(fastopt.ModelError, match=f"applies to weight-only int4/int8.*{mode}"):
+        fastopt.quantize(FIXTURES / "llama_ts_float32" / "model.onnx", tmp_path / "q.onnx",
+                         mode=mode, embeddings="int4")  # fmt: skip
+    assert not (tmp_path / "q.onnx").exists()
+
+
 @pytest.mark.parametrize(
     "fixture, shared",
     [

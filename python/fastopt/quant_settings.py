@@ -78,6 +78,11 @@ class QuantSettings:
             raise _C.ModelError(f"lm_head must be keep, int4 or int8, not {self.lm_head!r}")
         if self.embeddings not in WEIGHT_POLICIES:
             raise _C.ModelError(f"embeddings must be keep, int4 or int8, not {self.embeddings!r}")
+        if self.embeddings != "keep" and self.mode not in ("int4", "int8"):
+            raise _C.ModelError(
+                f"embeddings {self.embeddings} applies to weight-only int4/int8 "
+                f"(GatherBlockQuantized), not to {self.mode}"
+            )
         if self.per_channel and self.mode != "int8-dynamic":
             raise _C.ModelError(
                 "per_channel applies to int8-dynamic; int4/int8 weights are blockwise (choose "
