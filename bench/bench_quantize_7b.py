@@ -36,7 +36,11 @@ def _child_fastopt(mode: str, src: str, dst: str) -> dict[str, Any]:
 
     r = fastopt.quantize(src, dst, mode=mode)
     ru = resource.getrusage(resource.RUSAGE_SELF)
+    reasons: dict[str, int] = {}
+    for w in r.kept:
+        reasons[w.reason] = reasons.get(w.reason, 0) + 1
     return {
+        "kept_reasons": reasons,
         "cpu_seconds": ru.ru_utime + ru.ru_stime,
         "quantized": r.summary.quantized,
         "kept": r.summary.kept,
@@ -141,9 +145,12 @@ def main() -> None:
     for r in rows:
         note = r.get("error", "")
         if "quantized" in r:
+            top = max(r.get("kept_reasons", {}).items(), key=lambda kv: kv[1], default=None)
             note = (
-                f"{r['quantized']} weights quantized, {r['kept']} kept; quantize() "
-                f"{bl.fmt_s(r['call_seconds'])} (the pass {bl.fmt_s(r['pass_seconds'])})"
+                f"{r['quantized']} weights quantized, {r['kept']} kept"
+                + (f" ({top[1]}: {top[0]})" if top else "")
+                + f"; quantize() {bl.fmt_s(r['call_seconds'])} (the pass "
+                f"{bl.fmt_s(r['pass_seconds'])})"
             )
         md.append(
             f"| {r['tool']} | {'ok' if r['rc'] == 0 else 'failed'} | {bl.fmt_s(r['seconds'])} | "
@@ -153,8 +160,10 @@ def main() -> None:
     md += [
         "",
         "Command: `python bench/bench_quantize_7b.py"
+        + (f" --dir {args.dir}" if args.dir != ap.get_default("dir") else "")
         + (" --delete" if args.delete else "")
-        + "` (the machine is shared: 2 cores, other sessions' jobs running).",
+        + "` (the machine is shared: 2 cores, other sessions' jobs running, so wall times "
+        "depend on them; CPU time is what the tool itself used).",
         "",
     ]
     bl.write_results("\n".join(md), {"env": env, "made": made, "rows": rows}, args.out)
