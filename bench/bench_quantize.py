@@ -240,6 +240,7 @@ def main() -> None:
         md += [
             "",
             f"Ratios (MatMulNBitsQuantizer / fastopt): time {o['seconds'] / f['seconds']:.1f}x, "
+            f"CPU {o['cpu_seconds'] / f['cpu_seconds']:.1f}x, "
             f"peak RSS {o['peak_rss'] / f['peak_rss']:.1f}x.",
         ]
     if identity:

@@ -243,6 +243,17 @@ def test_kept_tables(tmp_path: Path) -> None:
         assert r.model is not None and r.model.op_counts() == {"Gather": 1}
 
 
+def test_overridable_table_kept(tmp_path: Path) -> None:
+    """A table that is also a graph input (IR >= 4: the caller may feed another) is no constant."""
+    model = _gather_model(_table(50, 64))
+    model.graph.input.append(helper.make_tensor_value_info("table", TensorProto.FLOAT, [50, 64]))
+    src = tmp_path / "m.onnx"
+    onnx.save(model, src)
+    r = fastopt.quantize(src, mode="int4", embeddings="int4")
+    assert not r.quantized
+    assert r.model is not None and r.model.op_counts() == {"Gather": 1}
+
+
 @pytest.mark.parametrize("mode", ["int8-dynamic", "fp16"])
 def test_embeddings_refused_for_other_modes(tmp_path: Path, mode: str) -> None:
     with pytest.raises(fastopt.ModelError, match=f"applies to weight-only int4/int8.*{mode}"):

@@ -213,8 +213,8 @@ class Quantizer {
     }
     if (!t) {
       return keep(w, mm,
-                  tied ? "weight is a Transpose (target onnx quantizes initializers only)"
-                       : "weight is not a constant initializer",
+                  tied && qdq_ ? "weight is a Transpose (target onnx quantizes initializers only)"
+                               : "weight is not a constant initializer",
                   nullptr);
     }
     if (!w->initializer())
@@ -284,6 +284,7 @@ class Quantizer {
     Value* table = gather->inputs()[0];
     auto t = constant_tensor(table);
     const std::string what = "embedding table";
+    if (!t) return keep(table, gather, what + " is not a constant initializer", nullptr);
     if (!table->initializer()) return keep(table, gather, what + " is a Constant node", t.get());
     if (gather->inputs().size() != 2 || !gather->inputs()[1] ||
         pattern::mistyped_attribute(*gather)) {
