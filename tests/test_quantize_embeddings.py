@@ -243,6 +243,28 @@ def test_kept_tables(tmp_path: Path) -> None:
         assert r.model is not None and r.model.op_counts() == {"Gather": 1}
 
 
+def test_bfloat16_table_kept_on_cpu(tmp_path: Path) -> None:
+    """onnxruntime's CPU provider cannot dequantize bfloat16 rows: kept unless cuda=1."""
+    bits = (_table(50, 64).view(np.uint32) >> 16).astype(np.uint16)  # bfloat16, truncated
+    init = helper.make_tensor("table", TensorProto.BFLOAT16, [50, 64], bits.tobytes(), raw=True)
+    g = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["h"], name="embed")],
+        "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["b", "s"])],
+        [helper.make_tensor_value_info("h", TensorProto.BFLOAT16, ["b", "s", 64])],
+        [init],
+    )
+    src = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]), src)
+    r = fastopt.quantize(src, mode="int4", embeddings="int4")
+    assert [w.reason for w in r.weights] == [
+        "embedding table is bfloat16: no CPU kernel dequantizes it (cuda=1 quantizes it)"
+    ]
+    r = fastopt.quantize(src, mode="int4", embeddings="int4", options={"cuda": 1})
+    assert [w.op for w in r.quantized] == ["GatherBlockQuantized"]
+    assert r.quantized[0].dtype_before == "bfloat16"
+
+
 def test_overridable_table_kept(tmp_path: Path) -> None:
     """A table that is also a graph input (IR >= 4: the caller may feed another) is no constant."""
     model = _gather_model(_table(50, 64))

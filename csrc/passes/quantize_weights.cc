@@ -301,6 +301,13 @@ class Quantizer {
       std::string glob = opt_.excluded(name);
       if (!glob.empty()) return keep(table, gather, "excluded by '" + glob + "'", t.get());
     }
+    if (t->dtype() == kBFloat16 && !opt_.cuda) {
+      // onnxruntime 1.32's CPU provider has neither GatherBlockQuantized nor DequantizeLinear
+      // for bfloat16 (checked: NOT_IMPLEMENTED at session creation).
+      return keep(table, gather,
+                  what + " is bfloat16: no CPU kernel dequantizes it (cuda=1 quantizes it)",
+                  t.get());
+    }
     const int bits = opt_.embeddings == "int8" ? 8 : 4;
     const int64_t hidden = t->dims[1];
     if (qdq_ && hidden * bits % 8 != 0) {
