@@ -171,29 +171,32 @@ def _lm_head_model(table: np.ndarray, head: str, w: np.ndarray | None = None) ->
 
 
 @pytest.mark.parametrize("head", ["transpose", "copy"])
-@pytest.mark.parametrize("hidden", [64, 48])  # 48: rows padded to 64 (block 32)
-def test_tied_lm_head_shares_one_tensor(tmp_path: Path, head: str, hidden: int) -> None:
+@pytest.mark.parametrize(
+    "hidden, sym", [(64, True), (48, True), (64, False)]
+)  # 48: rows padded to 64 (block 32)
+def test_tied_lm_head_shares_one_tensor(tmp_path: Path, head: str, hidden: int, sym: bool) -> None:
     table = _table(40, hidden)
     src, out = tmp_path / "m.onnx", tmp_path / "q.onnx"
     onnx.save(_lm_head_model(table, head), src)
     # accuracy level 0: float compute, so the logits are exactly the dequantized product
-    r = fastopt.quantize(src, out, mode="int4", embeddings="int4", accuracy_level=0)
+    r = fastopt.quantize(src, out, mode="int4", embeddings="int4", accuracy_level=0, symmetric=sym)
     m = onnx.load(out)
     inits = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
-    # one B and one scales; the float table and the copy are gone
-    assert len([a for a in inits.values() if a.dtype == np.uint8]) == 1
+    # one B (and zero points) and one scales; the float table and the copy are gone
+    assert len([a for a in inits.values() if a.dtype == np.uint8]) == (1 if sym else 2)
     assert len([a for a in inits.values() if a.dtype == np.float32]) == 1
     nodes = {n.op_type: n for n in m.graph.node}
     gbq, mm, reshape = nodes["GatherBlockQuantized"], nodes["MatMulNBits"], nodes["Reshape"]
     assert reshape.input[0] == mm.input[1] and gbq.input[0] == reshape.output[0]
     assert gbq.input[2] == mm.input[2]  # the scales too
+    assert list(gbq.input[3:]) == ([] if sym else [mm.input[3]])  # and the zero points
     emb = next(w for w in r.quantized if w.node == "embed")
     assert emb.op.startswith("GatherBlockQuantized (shares the lm_head's") and emb.bytes_after == 0
-    ref_b, _, _ = ort_quantize(np.ascontiguousarray(table.T), 4, 32, True)
+    ref_b, _, _ = ort_quantize(np.ascontiguousarray(table.T), 4, 32, sym)
     assert np.array_equal(inits[mm.input[1]], ref_b)
     ids = np.array([[0, 3, 39]], np.int64)
     got = ort.InferenceSession(str(out)).run(None, {"ids": ids})[0]
-    deq = _dequantized(table, 4, 32, True)
+    deq = _dequantized(table, 4, 32, sym)
     np.testing.assert_allclose(got, deq[ids] @ deq.T, rtol=1e-5, atol=1e-6)
     base = ort.InferenceSession(str(src)).run(None, {"ids": ids})[0]
     assert np.abs(got - base).max() < 0.05 * np.abs(base).max()
