@@ -287,7 +287,7 @@ def attention_model(
 
 
 def internal_attention(inputs: list[str]) -> onnx.NodeProto:
-    """The internal op (attention.h) with 4 query heads over 2 kv heads -> y."""
+    """The internal op (internal_op.h) with 4 query heads over 2 kv heads -> y."""
     return H.make_node(
         "Attention",
         inputs,

@@ -159,7 +159,7 @@ def test_every_option_a_pass_reads_is_declared() -> None:
         root / "csrc" / "quant",
         root / "python" / "fastopt" / "passes",
     ):
-        for f in folder.iterdir():
+        for f in folder.rglob("*"):
             if f.suffix in (".cc", ".h", ".py"):
                 text = f.read_text()
                 for pat in patterns:

@@ -1,4 +1,4 @@
-"""lower_attention on THE CACHED INTERNAL FORM (csrc/passes/attention.h; issue 5): K/V =
+"""lower_attention on THE CACHED INTERNAL FORM (csrc/passes/attention/internal_op.h; issue 5): K/V =
 Concat(past graph input, new rows) feeding a graph output `present`, a bool (B,1,S,T) mask built
 from attention_mask. The lowerings hand past/present to the fused op (Attention-23 for onnx,
 GroupQueryAttention / MultiHeadAttention for ort; GQA on one shared buffer with kv_cache=2).

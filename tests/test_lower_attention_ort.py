@@ -1,4 +1,4 @@
-"""lower_attention for target ort: the internal Attention op (csrc/passes/attention.h) becomes
+"""lower_attention for target ort: the internal Attention op (csrc/passes/attention/internal_op.h) becomes
 com.microsoft MultiHeadAttention or GroupQueryAttention. Test graphs hold the internal op
 directly; the reference is the same graph with ONNX Attention-23 (the internal op's semantics),
 run by ORT CPU. Rows of pad queries (every key masked) are don't-care and not compared."""
@@ -131,7 +131,7 @@ def feeds(c: Case, seed: int = 0) -> tuple[dict[str, np.ndarray], np.ndarray]:
 
 
 def reference(c: Case, x: dict[str, np.ndarray]) -> np.ndarray:
-    """attention.h in numpy (fp64): causal bottom-right, bool or additive mask."""
+    """internal_op.h in numpy (fp64): causal bottom-right, bool or additive mask."""
 
     def split(a: np.ndarray, heads: int) -> np.ndarray:
         return a.astype(np.float64).reshape(c.b, -1, heads, c.d).transpose(0, 2, 1, 3)

@@ -37,7 +37,7 @@
 #include "ir/constant.h"
 #include "passes/fusion_util.h"
 #include "passes/registry.h"
-#include "passes/rotary_cache.h"
+#include "passes/attention/rotary_cache.h"
 
 namespace fastopt::passes {
 namespace {

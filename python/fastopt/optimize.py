@@ -246,7 +246,7 @@ def _quantize(
     return reports
 
 
-# Ops that exist only between two passes (see csrc/passes/attention.h).
+# Ops that exist only between two passes (see csrc/passes/attention/internal_op.h).
 _INTERNAL_DOMAIN = "ai.fastopt.internal"
 
 

@@ -34,7 +34,7 @@
 //   layer's mask also has t > P + s - w, and the node the attribute sliding_window = w (int:
 //   the keys a query sees, its own included), for lowerings that read no mask (in-place GQA:
 //   local_window_size). Each mask is proven to be what the export computed before it replaces
-//   it (attention_mask_proof.h). The node keeps the
+//   it (mask_proof.h). The node keeps the
 //   semantics above; the lowerings recognise the form (cached_kv) and hand past/present to ops that
 //   take a cache natively. Option kv_cache == 2 (in place) asks target ort for GroupQueryAttention
 //   on one max-length buffer per layer.

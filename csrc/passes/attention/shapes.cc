@@ -1,5 +1,5 @@
-// Sizes of attention tensors worked out through their producers (see attention_shapes.h).
-#include "passes/attention_shapes.h"
+// Sizes of attention tensors worked out through their producers (see shapes.h).
+#include "passes/attention/shapes.h"
 
 #include <algorithm>
 #include <climits>

@@ -1,5 +1,5 @@
 // Stage 1 of the attention fusion: scaled dot-product attention as exporters write it becomes one
-// internal Attention node (attention.h); lower_attention turns it into what the target runs.
+// internal Attention node (internal_op.h); lower_attention turns it into what the target runs.
 //
 //   q (B,Hq,S,D)       k (B,Hkv,T,D)                 v (B,Hkv,T,Dv)
 //     |                  |                             |
@@ -28,8 +28,8 @@
 #include <set>
 
 #include "ir/constant.h"
-#include "passes/attention.h"
-#include "passes/attention_shapes.h"
+#include "passes/attention/internal_op.h"
+#include "passes/attention/shapes.h"
 #include "passes/fusion_util.h"
 #include "passes/norm_util.h"
 #include "pattern/attr_schema.h"

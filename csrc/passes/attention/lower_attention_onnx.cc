@@ -1,9 +1,9 @@
 // Lowering of the internal Attention op for target "onnx": ONNX Attention-23, whose semantics the
-// internal op copies (attention.h), so the node is renamed rather than rebuilt:
+// internal op copies (internal_op.h), so the node is renamed rather than rebuilt:
 //
 //   ai.fastopt.internal::Attention(Q, K, V, mask?)  ==>  Attention-23(Q, K, V, attn_mask?)
 //
-// The cached form (attention.h: K = Concat(past_k, k_new) -> graph output present, same for V)
+// The cached form (internal_op.h: K = Concat(past_k, k_new) -> graph output present, same for V)
 // takes Attention-23's own cache instead, the Concats going away:
 //
 //   past_k  k_new                   Q  k_new  v_new  mask  past_k  past_v
@@ -19,7 +19,7 @@
 // 4-D BNSH inputs; q_num_heads/kv_num_heads are carried (Attention-23 needs them only for 3-D
 // inputs, but they cost nothing and document GQA), scale, is_causal and softmax_precision as set.
 // ORT runs it on CPU since 1.23 (float, fp16; bool or float masks).
-#include "passes/attention.h"
+#include "passes/attention/internal_op.h"
 #include "passes/fusion_util.h"
 
 namespace fastopt::passes {

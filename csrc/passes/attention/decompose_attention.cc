@@ -1,4 +1,4 @@
-// The internal Attention op (see attention.h) written back as standard ops: the fallback of
+// The internal Attention op (see internal_op.h) written back as standard ops: the fallback of
 // lower_attention when the target's lowering does not apply. Exactly the op's semantics:
 //
 //   k, v (B,Hkv,T,D) -> [Unsqueeze(2) -> Expand(1,1,G,1,1) -> Reshape(Shape(k) * (1,G,1,1))]?
@@ -7,7 +7,7 @@
 //        MatMul -> Mul(scale) -> [Cast(softmax_precision)]? -> [Add(mask | Where(bool, 0, -inf))]?
 //        -> [Add(causal)]? -> Softmax(-1) -> Where(IsNaN(p), 0, p) -> [Cast back]? -> MatMul(v)
 //
-// The cached form (attention.h) needs nothing special: K/V are the Concat'd (B,Hkv,P+S,D), the
+// The cached form (internal_op.h) needs nothing special: K/V are the Concat'd (B,Hkv,P+S,D), the
 // causal Range starts at T - S = P, and repeat_kv's Reshape takes Shape(k) (T, not S).
 //
 // Needs opset >= 13 (Softmax over the last axis only, Unsqueeze with an axes input).
@@ -16,8 +16,8 @@
 #include <limits>
 
 #include "ir/constant.h"
-#include "passes/attention.h"
-#include "passes/attention_shapes.h"
+#include "passes/attention/internal_op.h"
+#include "passes/attention/shapes.h"
 #include "passes/fusion_util.h"
 
 namespace fastopt::passes {

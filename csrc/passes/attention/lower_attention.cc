@@ -1,8 +1,8 @@
-// Stage 2 of the attention fusion: every internal Attention node (see attention.h) becomes what
+// Stage 2 of the attention fusion: every internal Attention node (see internal_op.h) becomes what
 // the target runs. The target's lowering is tried first; when its preconditions do not hold the
 // node goes back to standard ops, so the internal op never survives the pass. Why a lowering did
 // not apply is kept as an explanation (`--explain lower_attention`) and a counter.
-#include "passes/attention.h"
+#include "passes/attention/internal_op.h"
 #include "passes/fusion_util.h"
 
 namespace fastopt::passes {

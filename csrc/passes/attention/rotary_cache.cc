@@ -1,4 +1,4 @@
-#include "passes/rotary_cache.h"
+#include "passes/attention/rotary_cache.h"
 
 #include <cmath>
 #include <cstring>

@@ -1,6 +1,6 @@
 // What mask an attention computes, proven by evaluating it: the check that lets add_kv_cache
-// replace an export's mask subgraph by its own (attention.h, the cached form) only when the two
-// agree. See attention_mask_proof.cc for the probes and why they suffice.
+// replace an export's mask subgraph by its own (internal_op.h, the cached form) only when the two
+// agree. See mask_proof.cc for the probes and why they suffice.
 #pragma once
 
 #include <cstdint>

@@ -41,7 +41,7 @@
 // reason.
 // Pad queries' rows are not compared: a pad position's output reaches no kept position (no kept
 // query may see a pad key, which the comparison checks), and its own output is don't-care.
-#include "passes/attention_mask_proof.h"
+#include "passes/attention/mask_proof.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,5 +1,5 @@
 // add_kv_cache: turns a decoder exported WITHOUT a KV cache into one WITH a cache, by editing the
-// internal Attention ops (attention.h) between fuse_attention and lower_attention.
+// internal Attention ops (internal_op.h) between fuse_attention and lower_attention.
 //
 // Before (per layer i; exporters: TorchScript and dynamo exports with use_cache=False, which
 // recompute every key and value of the whole sequence at each step):
@@ -35,7 +35,7 @@
 // and in place (kv_cache 2) every Shape read of a past that includes its length gets P instead
 // of the buffer's max length.
 //
-// Masks: every attention's mask is replaced, so each is first proven (attention_mask_proof.h,
+// Masks: every attention's mask is replaced, so each is first proven (mask_proof.h,
 // by evaluating it on probes) to be causal with padding, or that with a sliding window of w
 // keys; the sliding layers then get `allowed` AND t > P + s - w and the attribute
 // sliding_window = w. A mask proven to be neither is refused.
@@ -59,9 +59,9 @@
 #include "ir/constant.h"
 #include "ir/dtype.h"
 #include "ir/error.h"
-#include "passes/attention.h"
-#include "passes/attention_mask_proof.h"
-#include "passes/attention_shapes.h"
+#include "passes/attention/internal_op.h"
+#include "passes/attention/mask_proof.h"
+#include "passes/attention/shapes.h"
 #include "passes/fusion_util.h"
 
 namespace fastopt::passes {
@@ -238,7 +238,7 @@ SharedMask build_shared_mask(Graph& g, KvCacheBuilder& b, Value* input_ids, Valu
           k_pos,    head};
 }
 
-// The window of each attention's mask (0: none), proven by attention_mask_proof: the cached
+// The window of each attention's mask (0: none), proven by mask_proof.h: the cached
 // form replaces the masks, so one it cannot reproduce is refused, never dropped.
 std::vector<int64_t> proven_windows(const Graph& g, const std::vector<Node*>& attentions,
                                     bool with_past) {
@@ -335,7 +335,7 @@ void refuse_baked_lengths(const Graph& g) {
 }
 
 // A model exported WITH a cache: after fuse_attention its attentions already are in the cached
-// form (attention.h: K = Concat(past input, new) = present output). Adopting it means checking
+// form (internal_op.h: K = Concat(past input, new) = present output). Adopting it means checking
 // that form everywhere and giving every attention the shared mask (the contract the in-place
 // lowering relies on: its causal flag and seqlens_k replace the mask). In place, the past input
 // is a max-length buffer: reads of its shape elsewhere (exports derive the past length and the

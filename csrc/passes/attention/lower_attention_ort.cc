@@ -1,4 +1,4 @@
-// Lowering of the internal Attention op (attention.h) for target "ort": com.microsoft
+// Lowering of the internal Attention op (internal_op.h) for target "ort": com.microsoft
 // MultiHeadAttention or GroupQueryAttention, exact to the internal op's semantics or not at all.
 //
 //   q3 (B,S,Hq*D) -Reshape-Transpose(0,2,1,3)- Q -+
@@ -64,7 +64,7 @@
 // a rank <= 1 constant, Slice/Split/Concat of the last axis). Cross-attention (K from another
 // input) or a Slice of the sequence axis stops the proof.
 //
-// The cached form (attention.h; add_kv_cache): K = Concat(past_k input, k_new, axis 2) whose
+// The cached form (internal_op.h; add_kv_cache): K = Concat(past_k input, k_new, axis 2) whose
 // output is the graph output present_k, same for V. The op takes the cache itself and the
 // Concats go (its present outputs take over the graph outputs' names):
 //
@@ -103,7 +103,7 @@
 
 #include "ir/constant.h"
 #include "ir/dtype.h"
-#include "passes/attention.h"
+#include "passes/attention/internal_op.h"
 #include "passes/fusion_util.h"
 
 namespace fastopt::passes {
@@ -1033,7 +1033,7 @@ Replacement lower_attention_ort(Node* node, Rewriter& rw, PassContext& ctx) {
     a.push_back(attr_int("num_heads", hq));
     a.push_back(attr_int("kv_num_heads", hkv));
     a.push_back(attr_float("scale", scale));
-    // With a cache the mask is causal by contract (attention.h), so GQA's causal flag (which
+    // With a cache the mask is causal by contract (internal_op.h), so GQA's causal flag (which
     // query_seqlens requires) masks nothing more.
     if (!causal && !cache) a.push_back(attr_int("causal", 0));
     // In place, GQA reads no mask: a sliding window (add_kv_cache's sliding_window, the keys a
