@@ -364,4 +364,89 @@ std::optional<int64_t> shape_length(const Value* shape) {
   return length_rec(shape, 0);
 }
 
+const Dim* dim_at(const Value* v, size_t rank, size_t axis) {
+  if (!v || !v->type.known || !v->type.is_tensor || !v->type.has_shape) return nullptr;
+  return v->type.dims.size() == rank ? &v->type.dims[axis] : nullptr;
+}
+
+bool same_dim(const Dim* a, const Dim* b) {
+  return a && b && passes::same_dim(*a, *b);
+}
+
+bool is_standard(const Node* n) {
+  return n->domain.value.empty() || n->domain.value == "ai.onnx";
+}
+
+const Value* shape_dim_source(const Value* v, int64_t* index) {
+  const Node* n = v ? v->producer() : nullptr;
+  if (!n || !is_standard(n) || n->inputs().empty() || !n->inputs()[0]) return nullptr;
+  if (n->op_type == "Shape" && n->attribute("start") && n->attribute("end")) {
+    // Shape-15 reading one dim (dynamo exports): Shape(z, start=i, end=i+1).
+    const int64_t start = int_attr_or(n, "start", -1), end = int_attr_or(n, "end", -1);
+    if (start < 0 || end != start + 1) return nullptr;
+    *index = start;
+    return n->inputs()[0];
+  }
+  bool scalar = false;  // the Gather index must then be a scalar
+  if (n->op_type == "Unsqueeze") {
+    const Attribute* a = n->attribute("axes");  // opset < 13: an attribute
+    auto axes = n->inputs().size() > 1
+                    ? constant_ints(n->inputs()[1])
+                    : std::optional<std::vector<int64_t>>(a ? a->ints : std::vector<int64_t>{});
+    if (!axes || axes->size() != 1 || ((*axes)[0] != 0 && (*axes)[0] != -1)) return nullptr;
+    n = n->inputs()[0]->producer();
+    scalar = true;
+    if (!n || !is_standard(n) || n->op_type != "Gather" || n->inputs().size() != 2) return nullptr;
+  }
+  std::optional<std::vector<int64_t>> at;
+  if (n->op_type == "Gather" && n->inputs().size() == 2 && int_attr_or(n, "axis", 0) == 0) {
+    auto t = constant_tensor(n->inputs()[1]);
+    if (!t || t->dims.size() != (scalar ? 0u : 1u)) return nullptr;
+    at = constant_ints(n->inputs()[1]);
+  } else if (n->op_type == "Slice" && n->inputs().size() >= 3) {
+    auto starts = constant_ints(n->inputs()[1]), ends = constant_ints(n->inputs()[2]);
+    for (size_t i = 3; i < n->inputs().size(); ++i) {  // axes [0], steps [1]
+      if (!n->inputs()[i]) continue;
+      auto c = constant_ints(n->inputs()[i]);
+      if (!c || *c != std::vector<int64_t>{i == 3 ? 0 : 1}) return nullptr;
+    }
+    if (starts && ends && starts->size() == 1 && ends->size() == 1 && (*starts)[0] >= 0 &&
+        (*ends)[0] == (*starts)[0] + 1) {
+      at = starts;
+    }
+  }
+  if (!at || at->size() != 1 || (*at)[0] < 0) return nullptr;
+  const Node* shape = n->inputs()[0] ? n->inputs()[0]->producer() : nullptr;
+  if (!shape || !is_standard(shape) || shape->op_type != "Shape" || shape->attribute("start") ||
+      shape->attribute("end") || !shape->inputs()[0]) {
+    return nullptr;
+  }
+  *index = (*at)[0];
+  return shape->inputs()[0];
+}
+
+// Element 1 of a Reshape target: the copy of the input's dim 1 (a constant 0; allowzero 0) or
+
+namespace {
+bool read_only_for_shape_rec(const Value* v, const Node* replaced, int depth) {
+  if (depth > 4 || v->is_graph_output()) return false;
+  for (const Use& u : v->uses()) {
+    const Node* n = u.node;
+    if (n == replaced) continue;
+    if (!is_standard(n)) return false;
+    if (n->op_type == "Shape") continue;
+    if ((n->op_type == "Reshape" && u.input_index == 0) || n->op_type == "Transpose") {
+      if (n->outputs()[0] && read_only_for_shape_rec(n->outputs()[0], replaced, depth + 1))
+        continue;
+    }
+    return false;
+  }
+  return true;
+}
+}  // namespace
+
+bool read_only_for_shape(const Value* v, const Node* replaced) {
+  return read_only_for_shape_rec(v, replaced, 0);
+}
+
 }  // namespace fastopt::passes

@@ -1,3 +1,5 @@
+// The attention family's shape helpers (one set for fusion, lowering and the KV cache).
+//
 // Reasoning about the sizes of attention tensors when shape inference left them symbolic or
 // unknown (it fails on TorchScript head splits, whose Reshape targets are computed from Shape
 // ops). Sizes are read from value types first, then worked out through the ops that produced
@@ -5,6 +7,7 @@
 // elementwise broadcasts.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 
@@ -26,5 +29,27 @@ std::optional<int64_t> shape_length(const Value* shape);
 // fusions, e.g. a fused RotaryEmbedding's output, carry no type). 0 / -1 when unknown.
 int32_t dtype_of(const Value* v);
 int rank_of(const Value* v);
+
+// ---- from value types alone (symbolic dims included) ----
+
+// Dim `axis` of the type recorded on `v` when that type has `rank` dims, else null.
+const Dim* dim_at(const Value* v, size_t rank, size_t axis);
+// Both dims present and the same (a value, or one symbol); false when either is null.
+bool same_dim(const Dim* a, const Dim* b);
+
+// ---- through producers ----
+
+// A node of the default domain ("" or "ai.onnx").
+bool is_standard(const Node* n);
+
+// Which dim a 1-element int64 value copies: the z of Shape(z) with *index set, when `v` is
+// Unsqueeze(Gather(Shape(z), i scalar)), Gather(Shape(z), [i]), Slice(Shape(z), [i], [i+1]) or
+// Shape(z, start=i, end=i+1); else null. (shape_element above gives the value, this the source.)
+const Value* shape_dim_source(const Value* v, int64_t* index);
+
+// Whether only shapes are read from `v`, apart from `replaced` (a node being rewritten): every
+// use is a Shape, or a Reshape (data input) or Transpose whose output is in turn read only for
+// its shape.
+bool read_only_for_shape(const Value* v, const Node* replaced);
 
 }  // namespace fastopt::passes

@@ -1,0 +1,117 @@
+// The steps of add_kv_cache shared by its files: add_kv_cache.cc (the pass, a model without a
+// cache), kv_cache_adopt.cc (a model exported with one), kv_cache_mask.cc (the shared mask).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ir/constant.h"
+#include "ir/error.h"
+#include "passes/attention/internal_op.h"
+#include "passes/fusion_util.h"
+
+namespace fastopt::passes::kv_cache {
+
+inline bool is_internal_attention(const Node* n) {
+  return n->op_type == kInternalAttention && n->domain.value == kInternalDomain;
+}
+
+// Refuses the model (ModelError); nothing has been changed when a check calls it.
+[[noreturn]] inline void refuse(const std::string& why) {
+  throw ModelError("add_kv_cache: cannot add a KV cache: " + why);
+}
+
+inline const Dim* dim_of(const Value* v, size_t axis) {
+  if (!v || !v->type.known || !v->type.is_tensor || !v->type.has_shape) return nullptr;
+  return axis < v->type.dims.size() ? &v->type.dims[axis] : nullptr;
+}
+
+inline Value* graph_input(const Graph& g, const std::string& name) {
+  for (Value* v : g.inputs()) {
+    if (v && v->name() == name) return v;
+  }
+  return nullptr;
+}
+
+inline TypeInfo tensor_type(int32_t dtype, std::vector<Dim> dims) {
+  TypeInfo t;
+  t.known = true;
+  t.is_tensor = true;
+  t.elem_type = dtype;
+  t.has_shape = true;
+  t.dims = std::move(dims);
+  return t;
+}
+
+inline Dim param_dim(const std::string& p) {
+  Dim d;
+  d.param = p;
+  return d;
+}
+
+inline Dim value_dim(int64_t n) {
+  Dim d;
+  d.value = n;
+  return d;
+}
+
+// Builds the rewrite's nodes and initializers (names made unique from a base).
+class KvCacheBuilder {
+ public:
+  explicit KvCacheBuilder(Graph& g) : g_(g) {}
+
+  Value* constant(const std::string& base, const std::vector<int64_t>& values,
+                  std::vector<int64_t> dims) {
+    return g_.add_initializer(g_.unique_name(base), make_int64_tensor(values, std::move(dims)));
+  }
+  Node* node(const std::string& op, const std::vector<Value*>& inputs, const std::string& out,
+             Node* before, std::vector<Attribute> attrs = {}) {
+    Node* n = g_.create_node(op, "", inputs, {out}, before);
+    n->attributes = std::move(attrs);
+    return n;
+  }
+  Value* op(const std::string& op, const std::vector<Value*>& inputs, const std::string& out,
+            Node* before, std::vector<Attribute> attrs = {}) {
+    return node(op, inputs, g_.unique_name(out), before, std::move(attrs))->outputs()[0];
+  }
+
+ private:
+  Graph& g_;
+};
+
+// The lengths and the mask every cached attention shares, built before every other node (they
+// read graph inputs only). T is the attention mask's width and P = T - S, not the past's length:
+// an in-place cache binds a max-length buffer as the past, whose length says nothing of the
+// tokens it holds.
+struct SharedMask {
+  Value* past_len;  // P, int64 scalar
+  Value* allowed;   // bool (B, 1, S, T)
+  const Node* mask_bool;
+  const Node* mask_shape;
+  Value* query_column;                                    // (S, 1): P + s
+  Value* key_positions;                                   // (T): t
+  Node* head;                                             // the masks go before it
+  std::vector<std::pair<int64_t, Value*>> windowed = {};  // window -> its mask
+};
+
+// Builds the shared mask (and P) before the graph's first node.
+SharedMask build_shared_mask(Graph& g, KvCacheBuilder& b, Value* input_ids, Value* attention_mask,
+                             const Dim& batch_dim);
+
+// The window of each attention's mask (0: none), proven by mask_proof.h: the cached form
+// replaces the masks, so one it cannot reproduce is refused, never dropped.
+std::vector<int64_t> proven_windows(const Graph& g, const std::vector<Node*>& attentions,
+                                    bool with_past);
+
+// Each attention gets the shared mask, or its window's; sliding_window tells the lowerings that
+// read no mask (in-place GroupQueryAttention) the window.
+void use_masks(KvCacheBuilder& b, SharedMask& m, const std::vector<Node*>& attentions,
+               const std::vector<int64_t>& windows, const Dim& batch_dim, PassContext& ctx);
+
+// Adopts a model exported WITH a cache (kv_cache_adopt.cc); returns the layers adopted.
+int64_t adopt_cache(Graph& g, const std::vector<Node*>& attentions, Value* input_ids,
+                    Value* attention_mask, const Dim& batch_dim, int64_t mode, PassContext& ctx);
+
+}  // namespace fastopt::passes::kv_cache

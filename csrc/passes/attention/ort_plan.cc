@@ -1,0 +1,211 @@
+// The ort lowering's choice, computed before anything is built (see ort_plan.h; the reasons for
+// each choice are in lower_attention_ort.cc's header).
+#include "passes/attention/ort_plan.h"
+
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ir/constant.h"
+#include "ir/dtype.h"
+#include "passes/attention/head_split.h"
+#include "passes/attention/sequence_proof.h"
+#include "passes/attention/shapes.h"
+#include "passes/fusion_util.h"
+
+namespace fastopt::passes {
+namespace {
+
+// The RotaryEmbedding (com.microsoft, 3-D) that made `x3`, when GroupQueryAttention can apply
+// it instead (do_rotary): full rotary without options; else null. (Other readers keep the node.)
+const Node* foldable_rotary(const Value* x3) {
+  const Node* r = x3 ? x3->producer() : nullptr;
+  if (!r || r->op_type != "RotaryEmbedding" || r->domain.value != kMsDomain ||
+      r->inputs().size() != 4 || int_attr_or(r, "rotary_embedding_dim", 0) != 0 ||
+      int_attr_or(r, "is_packed_batching", 0) || r->attribute("scale") || !r->inputs()[0] ||
+      !r->inputs()[2] || !r->inputs()[3]) {
+    return nullptr;
+  }
+  return r;
+}
+
+// The attention_mask graph input (B, T) of the cached form (kv_cache contract), or null.
+Value* attention_mask_input(const Graph& g) {
+  for (Value* v : g.inputs()) {
+    if (v->name() == "attention_mask" && (value_rank(v) == 2 || value_rank(v) == -1)) return v;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+OrtLoweringPlan plan_ort_lowering(const Node* node, const Graph& g, const PassContext& ctx) {
+  OrtLoweringPlan plan;
+  auto refused = [&plan](std::string why) {
+    plan.refusal = std::move(why);
+    return plan;
+  };
+  const std::vector<Value*>& in = node->inputs();
+  if (in.size() < 3 || !in[0] || !in[1] || !in[2]) return refused("Q, K or V is missing");
+  if (in.size() > 4) return refused("inputs after the mask (past key/value) are not supported");
+  if (node->outputs().size() != 1) return refused("outputs after Y are not supported");
+  Value *q = in[0], *k = in[1], *v = in[2];
+  Value* mask = in.size() > 3 ? in[3] : nullptr;
+  // The cached form: the ops take past/present themselves and read only the new rows.
+  const std::optional<CachedKV> cache = cached_kv(node);
+  const auto kv_option = ctx.options.find("kv_cache");
+  const bool inplace = cache && kv_option != ctx.options.end() && kv_option->second == 2;
+  Value* kn = cache ? cache->k_new : k;
+  Value* vn = cache ? cache->v_new : v;
+
+  const Attribute* scale_attr = node->attribute("scale");
+  if (!scale_attr || !scale_attr->f) return refused("no scale attribute");
+  const float scale = *scale_attr->f;
+  // Both ops read scale 0 as "1/sqrt(D)".
+  if (!std::isfinite(scale) || scale == 0.0f) return refused("scale is 0 or not finite");
+  const bool causal = int_attr_or(node, "is_causal", 0) != 0;
+  const int64_t hq = int_attr_or(node, "q_num_heads", 0);
+  const int64_t hkv = int_attr_or(node, "kv_num_heads", 0);
+  if (hq <= 0 || hkv <= 0 || hq % hkv != 0) return refused("bad q_num_heads / kv_num_heads");
+
+  const int32_t dtype = dtype_of(q);
+  if (dtype != kFloat && dtype != kFloat16 && dtype != kBFloat16) {
+    return refused("dtype " + dtype_name(dtype) + " (MHA/GQA: float, float16, bfloat16)");
+  }
+  if (dtype_of(k) != dtype || dtype_of(v) != dtype) return refused("Q, K, V dtypes differ");
+  if (cache && (dtype_of(kn) != dtype || dtype_of(vn) != dtype ||
+                value_dtype(cache->past_k) != dtype || value_dtype(cache->past_v) != dtype)) {
+    return refused("the cache's dtype is not Q's");
+  }
+  for (const Value* x : {q, k, v, kn, vn}) {
+    if (value_rank(x) != -1 && value_rank(x) != 4) return refused("Q, K, V must be 4-D");
+  }
+  // The kernels accumulate the softmax in fp32 (fp16 too): a wider request is met, others not.
+  const int64_t precision = int_attr_or(node, "softmax_precision", dtype);
+  if (precision != dtype && precision != kFloat) {
+    return refused("softmax_precision " + dtype_name(static_cast<int32_t>(precision)));
+  }
+  const int32_t mask_dtype = mask ? value_dtype(mask) : 0;
+  if (mask && mask_dtype != kBool && mask_dtype != dtype) {
+    return refused("mask dtype " + dtype_name(mask_dtype) + " (bool or the dtype of Q)");
+  }
+  if (mask && value_rank(mask) > 4) return refused("mask of rank > 4");
+  if (default_opset(*g.model()) < 13) return refused("default opset < 13");
+
+  const Dim* s_dim = dim_at(q, 4, 2);
+  const Dim* t_dim = dim_at(k, 4, 2);
+  const Dim* head_dim = dim_at(kn, 4, 3);
+  if (cache && !(head_dim && head_dim->value)) head_dim = dim_at(cache->past_k, 4, 3);
+  const Dim* v_head_dim = dim_at(vn, 4, 3);
+  if (cache && !(v_head_dim && v_head_dim->value)) v_head_dim = dim_at(cache->past_v, 4, 3);
+  const bool static_head = head_dim && head_dim->value;
+  // From the types, else from the graph (TorchScript exports lose the dims). With a cache: the
+  // new rows have the query's length (T = P + S is the ops' business).
+  const bool same_len = same_dim(s_dim, dim_at(kn, 4, 2)) || same_sequence(q, kn);
+  // One query row sees every key under bottom-right alignment: no causal mask at all.
+  const bool one_row = s_dim && s_dim->value && *s_dim->value == 1;
+  const bool mha_causal = causal && !one_row;
+  // GQA takes K/V of the query's length, one head size for K and V, a multiple of 8.
+  const bool gqa_fits =
+      same_len && static_head && *head_dim->value % 8 == 0 && same_dim(head_dim, v_head_dim);
+  const bool cuda = ctx.options.count("cuda") && ctx.options.at("cuda") != 0;
+  // Packed QKV (com.microsoft Attention): option packed_attention 0 = off, 1 = non-causal
+  // self-attention (encoders; the default), 2 = causal too (unidirectional; S == T holds since
+  // Q and K are projections of one input). Decoders keep MHA/GQA by default.
+  const auto packed_option = ctx.options.find("packed_attention");
+  const int64_t packed_mode =
+      packed_option != ctx.options.end() ? packed_option->second : (cuda ? 0 : 1);
+  std::optional<std::vector<Projection>> qkv;
+  if (!cache && hq == hkv && packed_mode > 0 && (!causal || packed_mode >= 2)) {
+    qkv = packed_qkv(g, node, hq, dtype, &plan.not_packed);
+  }
+  bool use_gqa = qkv             ? false
+                 : inplace       ? true
+                 : cuda && cache ? false  // CUDA GQA rejects the cache's bias
+                 : cuda          ? dtype != kFloat && causal && !mask
+                                 : dtype != kFloat || hkv != hq;
+  // fp32 has MHA over repeated kv heads to fall back on (not with a cache: present has Hkv).
+  if (use_gqa && !inplace && dtype == kFloat && !gqa_fits && static_head && !cache) {
+    use_gqa = false;
+  }
+  const bool repeat_kv = !use_gqa && hkv != hq;
+
+  if (inplace && cuda && dtype == kFloat) {
+    return refused("in-place cache: GroupQueryAttention has no fp32 CUDA kernel");
+  }
+  if (use_gqa && !same_len) {
+    return refused("GroupQueryAttention (" + dtype_name(dtype) +
+                   (dtype == kFloat ? ", Hkv < Hq" : "") +
+                   (cache ? ") needs the new K/V rows of the query's length"
+                          : ") needs S == T, not shown by the shapes of Q and K nor by the graph"));
+  }
+  if (use_gqa && !gqa_fits) {
+    return refused(
+        "GroupQueryAttention needs a static head size, a multiple of 8, the same for K and V");
+  }
+  if (cache && !use_gqa && mha_causal) {
+    return refused("causal MultiHeadAttention with a cache: its causal mask is top-left aligned");
+  }
+  if (!use_gqa && mha_causal && !same_len) {
+    return refused(
+        "causal MultiHeadAttention needs S == T (its causal mask is top-left "
+        "aligned), not shown by the shapes of Q and K nor by the graph");
+  }
+  if (cache && repeat_kv) {
+    return refused("a grouped cache (Hkv < Hq) needs GroupQueryAttention, which does not fit");
+  }
+  if (repeat_kv && !static_head) {
+    return refused("repeating kv heads for MultiHeadAttention needs a static head size");
+  }
+  Value* mask_input = inplace ? attention_mask_input(g) : nullptr;
+  if (inplace && !mask_input) {
+    return refused("in-place cache: no attention_mask graph input (B, total_sequence_length)");
+  }
+  if (inplace && !causal && !mask) return refused("in-place cache: neither causal nor a mask");
+  if (int_attr_or(node, "sliding_window", 0) > 0 && !cache) {
+    return refused("a sliding_window attribute outside the cached form");
+  }
+
+  // In place: RoPE goes into GQA (do_rotary) when both rotaries can fold there.
+  const Node* rot_q = inplace ? foldable_rotary(bsd_source(g, q, dtype)) : nullptr;
+  const Node* rot_k = inplace ? foldable_rotary(bsd_source(g, kn, dtype)) : nullptr;
+  if (rot_q && rot_k && *head_dim->value % 16 == 0 && rot_q->inputs()[2] == rot_k->inputs()[2] &&
+      rot_q->inputs()[3] == rot_k->inputs()[3] &&
+      int_attr_or(rot_q, "interleaved", 0) == int_attr_or(rot_k, "interleaved", 0)) {
+    plan.rotary_q = rot_q;
+    plan.rotary_k = rot_k;
+  }
+
+  plan.op = qkv       ? OrtAttentionOp::kPackedAttention
+            : use_gqa ? OrtAttentionOp::kGroupQueryAttention
+                      : OrtAttentionOp::kMultiHeadAttention;
+  plan.q = q;
+  plan.k = k;
+  plan.v = v;
+  plan.mask = mask;
+  plan.cache = cache;
+  plan.k_new = kn;
+  plan.v_new = vn;
+  plan.inplace = inplace;
+  plan.cuda = cuda;
+  plan.scale = scale;
+  plan.causal = causal;
+  plan.mha_causal = mha_causal;
+  plan.hq = hq;
+  plan.hkv = hkv;
+  plan.dtype = dtype;
+  plan.mask_dtype = mask_dtype;
+  plan.s_dim = s_dim;
+  plan.t_dim = t_dim;
+  plan.head_dim = head_dim;
+  plan.repeat_kv = repeat_kv;
+  if (qkv) plan.qkv = std::move(*qkv);
+  plan.mask_input = mask_input;
+  plan.window = int_attr_or(node, "sliding_window", 0);
+  return plan;
+}
+
+}  // namespace fastopt::passes

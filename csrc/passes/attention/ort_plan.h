@@ -1,0 +1,56 @@
+// The choice of lowering for target "ort", made before anything is built: which op
+// (com.microsoft Attention with packed QKV, GroupQueryAttention or MultiHeadAttention), with
+// which flags and inputs, or the reason no exact lowering exists. lower_attention_ort.cc builds
+// the ops from the plan (its header says why each choice is what it is).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "passes/attention/internal_op.h"
+#include "passes/attention/packed_qkv.h"
+#include "passes/registry.h"
+
+namespace fastopt::passes {
+
+enum class OrtAttentionOp { kPackedAttention, kGroupQueryAttention, kMultiHeadAttention };
+
+struct OrtLoweringPlan {
+  // Why no exact lowering exists (empty when the plan holds).
+  std::string refusal;
+  // Why Q/K/V were not packed into com.microsoft Attention when packing was asked (explained).
+  std::string not_packed;
+  bool ok() const { return refusal.empty(); }
+
+  OrtAttentionOp op = OrtAttentionOp::kMultiHeadAttention;
+  Value *q = nullptr, *k = nullptr, *v = nullptr, *mask = nullptr;
+  std::optional<CachedKV> cache;             // the cached form (internal_op.h)
+  Value *k_new = nullptr, *v_new = nullptr;  // K/V without the past (K/V when no cache)
+  bool inplace = false;                      // kv_cache == 2: GQA on one max-length buffer
+  bool cuda = false;                         // option cuda=1
+  float scale = 0;
+  bool causal = false;
+  bool mha_causal = false;  // MHA's unidirectional: causal with more than one query row
+  int64_t hq = 0, hkv = 0;
+  int32_t dtype = 0, mask_dtype = 0;
+  const Dim* s_dim = nullptr;     // Q's dim 2 as recorded, or null
+  const Dim* t_dim = nullptr;     // K's dim 2
+  const Dim* head_dim = nullptr;  // the new K rows' dim 3 (the past's when that is static)
+  bool repeat_kv = false;         // MHA over kv heads repeated Hq / Hkv times
+  std::vector<Projection> qkv;    // kPackedAttention: the Q, K, V projections
+  Value* mask_input = nullptr;    // in place: the attention_mask graph input (B, T)
+  int64_t window = 0;             // sliding_window (the keys a query sees), 0 for none
+  // In place: the com.microsoft RotaryEmbeddings on the 3-D Q and K that GQA applies instead
+  // (do_rotary), or null.
+  const Node* rotary_q = nullptr;
+  const Node* rotary_k = nullptr;
+};
+
+// Checks every precondition of the internal Attention `node` (in graph `g`) for target ort and
+// chooses the op; changes nothing.
+OrtLoweringPlan plan_ort_lowering(const Node* node, const Graph& g, const PassContext& ctx);
+
+}  // namespace fastopt::passes
