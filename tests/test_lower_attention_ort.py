@@ -1,5 +1,6 @@
-"""lower_attention for target ort: the internal Attention op (csrc/passes/attention/internal_op.h) becomes
-com.microsoft MultiHeadAttention or GroupQueryAttention. Test graphs hold the internal op
+"""lower_attention for target ort: the internal Attention op
+(csrc/passes/attention/internal_op.h) becomes com.microsoft MultiHeadAttention or
+GroupQueryAttention. Test graphs hold the internal op
 directly; the reference is the same graph with ONNX Attention-23 (the internal op's semantics),
 run by ORT CPU. Rows of pad queries (every key masked) are don't-care and not compared."""
 

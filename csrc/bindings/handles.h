@@ -54,5 +54,6 @@ inline OptNode wrap_node(const ModelPtr& m, Node* n) {
 
 void bind_patterns(py::module_& m);
 void bind_analysis(py::module_& m);
+void bind_passes(py::module_& m);  // passes.cc
 
 }  // namespace fastopt::bindings

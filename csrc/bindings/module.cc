@@ -16,7 +16,6 @@
 #include "ir/graph.h"
 #include "ir/types.h"
 #include "passes/fold_constants.h"
-#include "passes/registry.h"
 #include "proto/onnx_reader.h"
 #include "proto/onnx_writer.h"
 #include "proto/output_files.h"
@@ -706,76 +705,7 @@ several files. side_files ({name: bytes}) are written beside the model and commi
       "computed by earlier nodes of the list); its graph outputs are `outputs` (default: every "
       "output of the nodes)");
 
-  py::class_<passes::PassInfo>(m, "PassInfo", "A pass implemented in C++")
-      .def_readonly("name", &passes::PassInfo::name)
-      .def_readonly("description", &passes::PassInfo::description)
-      .def_readonly("tags", &passes::PassInfo::tags)
-      .def_readonly("min_opset", &passes::PassInfo::min_opset)
-      .def_readonly("max_opset", &passes::PassInfo::max_opset)
-      .def_readonly("idempotent", &passes::PassInfo::idempotent);
-
-  py::class_<quant::QuantRecord>(m, "QuantRecord", "What a quantization pass did to one weight")
-      .def_readonly("weight", &quant::QuantRecord::weight)
-      .def_readonly("node", &quant::QuantRecord::node)
-      .def_readonly("op", &quant::QuantRecord::op)
-      .def_readonly("quantized", &quant::QuantRecord::quantized)
-      .def_readonly("reason", &quant::QuantRecord::reason)
-      .def_readonly("dtype_before", &quant::QuantRecord::dtype_before)
-      .def_readonly("dtype_after", &quant::QuantRecord::dtype_after)
-      .def_readonly("bytes_before", &quant::QuantRecord::bytes_before)
-      .def_readonly("bytes_after", &quant::QuantRecord::bytes_after)
-      .def_readonly("max_rel_error", &quant::QuantRecord::max_rel_error)
-      .def_readonly("mean_rel_error", &quant::QuantRecord::mean_rel_error);
-
-  py::class_<passes::PassContext>(m, "PassResult", "What one run of a C++ pass did")
-      .def_readonly("counters", &passes::PassContext::counters)
-      .def_readonly("explain_lines", &passes::PassContext::explain_lines)
-      .def_readonly("quant_records", &passes::PassContext::quant_records);
-
+  bind_passes(m);
   bind_patterns(m);
   bind_analysis(m);
-
-  m.def(
-      "cpp_passes",
-      [] {
-        py::typing::List<passes::PassInfo> l;
-        for (const auto& p : passes::all_passes()) l.append(p);
-        return l;
-      },
-      "The passes implemented in C++, in registration order");
-  m.def(
-      "run_pass",
-      [](Model& model, const std::string& name, const std::string& target, int max_iterations,
-         const std::string& explain_rule, const std::map<std::string, int64_t>& options,
-         const std::map<std::string, std::string>& text_options, py::object progress) {
-        const passes::PassInfo* info = passes::find_pass(name);
-        if (!info) throw ModelError("no C++ pass named '" + name + "'");
-        passes::PassContext ctx;
-        ctx.target = target;
-        ctx.max_iterations = max_iterations;
-        ctx.explain_rule = explain_rule;
-        ctx.options = options;
-        ctx.text_options = text_options;
-        if (!progress.is_none()) {
-          ctx.progress = [progress](int64_t done, int64_t total, const std::string& what) {
-            py::gil_scoped_acquire gil;
-            progress(done, total, what);
-          };
-        }
-        int64_t rewrites;
-        {
-          py::gil_scoped_release release;
-          rewrites = info->run(model, ctx);
-        }
-        // A pass may rewrite attributes in place (no structural edit): memoized analyses
-        // must not outlive a pass that changed anything.
-        if (rewrites) model.note_edit();
-        return std::make_pair(rewrites, std::move(ctx));
-      },
-      py::arg("model"), py::arg("name"), py::arg("target") = "ort", py::arg("max_iterations") = 10,
-      py::arg("explain_rule") = "", py::arg("options") = std::map<std::string, int64_t>{},
-      py::arg("text_options") = std::map<std::string, std::string>{},
-      py::arg("progress") = py::none(),
-      "Runs a C++ pass; returns (rewrites, result). `progress(done, total, what)` is called "
-      "during long passes (quantization)");
 }

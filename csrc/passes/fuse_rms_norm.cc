@@ -133,7 +133,7 @@ Replacement fuse(const Core& c, const Tail& t, const Match& m, Rewriter& rw, Pas
 
   std::string op;
   if (ctx.target == "onnx") {
-    if (default_opset(*rw.graph().model()) < 23) {
+    if (default_opset(*rw.graph().model()) < kFusedOpsOpset) {
       return rw.fail("RMSNormalization needs opset >= 23 (run convert_version first)");
     }
     op = "RMSNormalization";

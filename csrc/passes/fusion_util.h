@@ -17,6 +17,9 @@ namespace fastopt::passes {
 inline constexpr const char* kMsDomain = "com.microsoft";
 // Internal ops that exist only between two stages of one pass run (never written to a file).
 inline constexpr const char* kInternalDomain = "ai.fastopt.internal";
+// The opset of the standard fused ops target "onnx" emits (RMSNormalization, RotaryEmbedding,
+// Attention).
+inline constexpr int64_t kFusedOpsOpset = 23;
 
 // Makes sure `domain` is imported (at least `version`) by the model and by the function whose
 // body holds `g`, so that nodes of that domain created in `g` are valid.

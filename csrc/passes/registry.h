@@ -7,7 +7,9 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ir/graph.h"
@@ -30,6 +32,20 @@ struct PassContext {
   std::function<void(int64_t, int64_t, const std::string&)> progress;
 };
 
+// An option a pass reads from PassContext::options, declared with the pass (python/fastopt/
+// options.py exposes the declarations; optimize() checks keys and values against them before any
+// pass runs). A declaration without help only says the pass reads an option another pass
+// declares.
+struct OptionInfo {
+  std::string name;
+  std::string kind = "int";  // "int" or "bool"
+  std::string help = {};
+  std::optional<int64_t> default_value = {};                  // unset: the pass's own behaviour
+  std::vector<std::pair<int64_t, std::string>> choices = {};  // allowed values, with meanings
+  std::optional<int64_t> minimum = {}, maximum = {};
+  bool internal = false;  // set by optimize() itself (e.g. kv_cache), not by callers
+};
+
 struct PassInfo {
   std::string name;
   std::string description;  // one line
@@ -39,7 +55,19 @@ struct PassInfo {
   bool idempotent = true;
   // Returns the number of rewrites made.
   std::function<int64_t(Model&, PassContext&)> run;
+  // Contracts, read by the pass manager (python/fastopt/optimize.py) when it places a pass the
+  // caller asked for by an option rather than in the list (add_kv_cache for kv_cache, the
+  // lowering of internal ops a list leaves): facts the pass needs an earlier pass of the list to
+  // have established, facts it establishes, and passes it must run before when both are listed.
+  std::vector<std::string> requires_facts = {};
+  std::vector<std::string> ensures_facts = {};
+  std::vector<std::string> runs_before = {};
+  std::vector<OptionInfo> options = {};
 };
+
+// Facts of the pass contracts.
+inline constexpr const char* kAttentionFused = "attention fused";  // internal Attention ops
+inline constexpr const char* kNoInternalOps = "no internal ops";   // none left in the model
 
 const std::vector<PassInfo>& all_passes();
 const PassInfo* find_pass(const std::string& name);

@@ -169,6 +169,7 @@ struct MatchFailure {
   const char* reason = "";
   const std::string* detail = nullptr;  // a constraint's description, when one failed
   int depth = 0;
+  std::string text;  // a code rule's reason (rewrite.h: CodeRule), used as is
   std::string format(const Pattern& p) const;
 };
 

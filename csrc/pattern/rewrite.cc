@@ -153,19 +153,18 @@ void remove_dead(Graph& g, const std::vector<Node*>& candidates) {
 
 namespace {
 
-bool explaining(const ApplyOptions& o, const Rule& r) {
-  return o.explain_lines && (o.explain_rule == "*" || o.explain_rule == r.name);
+bool explaining(const ApplyOptions& o, const std::string& rule) {
+  return o.explain_lines && (o.explain_rule == "*" || o.explain_rule == rule);
 }
 
 std::string where(const Node* n) {
   return "node '" + n->name.value + "' (" + n->op_type + ")";
 }
 
-// Commits a successful rewrite; false (and nothing changed) if an output without replacement
-// is still used.
-bool commit(Graph& g, const Match& m, const std::vector<Value*>& replacement,
-            std::vector<Node*>* readers) {
-  Node* root = m.root();
+// Commits a successful rewrite of `root` (matched with `matched`, root first); false (and nothing
+// changed) if an output without replacement is still used.
+bool commit(Graph& g, Node* root, const std::vector<Node*>& matched,
+            const std::vector<Value*>& replacement, std::vector<Node*>* readers) {
   const auto& outs = root->outputs();
   for (size_t i = 0; i < outs.size(); ++i) {
     Value* r = i < replacement.size() ? replacement[i] : nullptr;
@@ -178,25 +177,45 @@ bool commit(Graph& g, const Match& m, const std::vector<Value*>& replacement,
       for (const Use& u : r->uses()) readers->push_back(u.node);
     }
   }
-  remove_dead(g, m.matched_nodes());
+  remove_dead(g, matched);
   return true;
 }
+
+// A rule of either kind, as the driver dispatches it.
+struct AnyRule {
+  const Rule* pattern_rule = nullptr;
+  const CodeRule* code_rule = nullptr;
+  const std::string& name() const { return pattern_rule ? pattern_rule->name : code_rule->name; }
+  int benefit() const {
+    return pattern_rule ? pattern_rule->pattern->benefit() : code_rule->benefit;
+  }
+  const void* key() const {
+    return pattern_rule ? static_cast<const void*>(pattern_rule) : code_rule;
+  }
+};
 
 }  // namespace
 
 ApplyStats apply_rules(Model& model, const std::vector<Rule>& rules, const ApplyOptions& options) {
+  return apply_rules(model, rules, {}, options);
+}
+
+ApplyStats apply_rules(Model& model, const std::vector<Rule>& rules,
+                       const std::vector<CodeRule>& code_rules, const ApplyOptions& options) {
   ApplyStats stats;
   // Dispatch table: root op type -> rules, larger patterns first (stable among equals).
-  std::unordered_map<std::string, std::vector<const Rule*>> by_op;
+  std::unordered_map<std::string, std::vector<AnyRule>> by_op;
   for (const Rule& r : rules) {
-    for (const auto& op : r.pattern->root_op_types()) by_op[op].push_back(&r);
+    for (const auto& op : r.pattern->root_op_types()) by_op[op].push_back({&r, nullptr});
+  }
+  for (const CodeRule& r : code_rules) {
+    for (const auto& op : r.root_op_types) by_op[op].push_back({nullptr, &r});
   }
   for (auto& kv : by_op) {
-    std::stable_sort(kv.second.begin(), kv.second.end(), [](const Rule* a, const Rule* b) {
-      return a->pattern->benefit() > b->pattern->benefit();
-    });
+    std::stable_sort(kv.second.begin(), kv.second.end(),
+                     [](const AnyRule& a, const AnyRule& b) { return a.benefit() > b.benefit(); });
   }
-  std::set<std::pair<const Rule*, const Node*>> explained;  // one line per (rule, node)
+  std::set<std::pair<const void*, const Node*>> explained;  // one line per (rule, node)
   struct RuleState {  // reused across candidates: no allocation per candidate
     Matcher matcher;
     Match match;
@@ -213,6 +232,7 @@ ApplyStats apply_rules(Model& model, const std::vector<Rule>& rules, const Apply
     }
   });
   std::vector<Node*> readers;  // reused: readers of replaced values
+  std::vector<Node*> matched;  // reused: a code rule's matched nodes, root first
   work.reserve(work.size() * 2);
   for (int iteration = 0; iteration < options.max_iterations && !work.empty(); ++iteration) {
     ++stats.iterations;
@@ -224,35 +244,55 @@ ApplyStats apply_rules(Model& model, const std::vector<Rule>& rules, const Apply
       auto it = by_op.find(node->op_type);
       if (it == by_op.end()) continue;
       Graph* g = node->graph();
-      for (const Rule* rule : it->second) {
+      for (const AnyRule& rule : it->second) {
         ++stats.candidates;
-        Match& m = state.at(rule).match;
         MatchFailure why;
-        const bool explain = explaining(options, *rule) && explained.insert({rule, node}).second;
-        if (!state.at(rule).matcher.match(node, &m, explain ? &why : nullptr)) {
+        const std::string& name = rule.name();
+        const bool wants = explaining(options, name) && !explained.count({rule.key(), node});
+        Match* m = nullptr;
+        CodeMatch cm;
+        bool ok = false;
+        if (rule.pattern_rule) {
+          m = &state.at(rule.pattern_rule).match;
+          ok = state.at(rule.pattern_rule).matcher.match(node, m, wants ? &why : nullptr);
+        } else {
+          cm.root = node;
+          ok = rule.code_rule->match(node, cm, why);
+        }
+        // Pattern rules explain every candidate root; code rules those they give a reason for.
+        const bool explain = wants && (rule.pattern_rule || ok || !why.text.empty()) &&
+                             explained.insert({rule.key(), node}).second;
+        if (!ok) {
           if (explain) {
-            options.explain_lines->push_back(rule->name + " @ " + where(node) + ": " +
-                                             why.format(*rule->pattern));
+            options.explain_lines->push_back(
+                name + " @ " + where(node) + ": " +
+                (rule.pattern_rule ? why.format(*rule.pattern_rule->pattern) : why.text));
           }
           continue;
         }
         Rewriter rw(*g, node);
-        Replacement r = rule->rewrite(m, rw);
+        Replacement r = rule.pattern_rule ? rule.pattern_rule->rewrite(*m, rw)
+                                          : rule.code_rule->rewrite(cm, rw);
         readers.clear();
-        if (!r || !commit(*g, m, *r, &readers)) {
+        if (rule.code_rule) {
+          matched.assign(1, node);
+          matched.insert(matched.end(), cm.nodes.begin(), cm.nodes.end());
+        }
+        if (!r ||
+            !commit(*g, node, rule.pattern_rule ? m->matched_nodes() : matched, *r, &readers)) {
           rw.rollback();
           if (explain) {
             options.explain_lines->push_back(
-                rule->name + " @ " + where(node) + ": matched, but the rewrite declined: " +
+                name + " @ " + where(node) + ": matched, but the rewrite declined: " +
                 (rw.failure().empty() ? "an output is still used" : rw.failure()));
           }
           continue;
         }
         if (explain) {
-          options.explain_lines->push_back(rule->name + " @ " + where(node) + ": rewritten");
+          options.explain_lines->push_back(name + " @ " + where(node) + ": rewritten");
         }
         ++changed;
-        ++stats.per_rule[rule->name];
+        ++stats.per_rule[name];
         for (Node* n : rw.created()) next.push_back(n);
         if (node->alive()) next.push_back(node);  // edited in place: may match again
         for (Node* n : readers) next.push_back(n);

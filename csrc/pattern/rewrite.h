@@ -1,10 +1,12 @@
-// Rules (a pattern plus a rewrite) and the driver that applies a set of them to a fixed point.
+// Rules (a pattern plus a rewrite, or a code rule: a match function plus a rewrite) and the
+// driver that applies a set of them to a fixed point.
 //
 // A rewrite builds replacement nodes through a Rewriter, which inserts them before the matched
 // root. It returns the values that replace the root's outputs, or fails (the Rewriter then
 // removes whatever it made: a failed check leaves the graph untouched).
 #pragma once
 
+#include <any>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -69,6 +71,27 @@ struct Rule {
   RewriteFn rewrite;
 };
 
+// A code rule: for subgraphs a pattern cannot say (exporter variants found by walking the
+// producers), the match is a function. It gets the same driver as pattern rules: dispatch on the
+// root's op type, rollback of a declined rewrite, counters and --explain lines.
+struct CodeMatch {
+  Node* root = nullptr;
+  std::vector<Node*> nodes;  // matched nodes besides the root: removed when dead after the rewrite
+  std::any found;            // what the match worked out, for the rewrite
+};
+// True when the rule matches at `root` (filling `m`); else false with why.text the reason (left
+// empty for a node that is no candidate at all: nothing is explained then).
+using CodeMatchFn = std::function<bool(Node* root, CodeMatch& m, MatchFailure& why)>;
+using CodeRewriteFn = std::function<Replacement(const CodeMatch&, Rewriter&)>;
+
+struct CodeRule {
+  std::string name;
+  std::vector<std::string> root_op_types;
+  int benefit = 1;  // ordering among rules rooted at one op type, as Pattern::benefit
+  CodeMatchFn match;
+  CodeRewriteFn rewrite;
+};
+
 struct ApplyOptions {
   int max_iterations = 10;
   // Explanations: for rules named here ("*" = all), one line per candidate root that failed.
@@ -86,6 +109,9 @@ struct ApplyStats {
 // Applies `rules` over every graph of the model (subgraphs and functions included), dispatching
 // on the root's op type, larger patterns first, until nothing changes or the cap is reached.
 ApplyStats apply_rules(Model& model, const std::vector<Rule>& rules, const ApplyOptions& options);
+// The same with code rules among them.
+ApplyStats apply_rules(Model& model, const std::vector<Rule>& rules,
+                       const std::vector<CodeRule>& code_rules, const ApplyOptions& options);
 
 // Swaps `from` for `to` everywhere; when `from` is a graph output, `to` takes over its name so
 // the model's interface does not change.

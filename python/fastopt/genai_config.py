@@ -18,14 +18,14 @@ from fastopt import _C
 from fastopt.errors import UnsupportedModelError
 
 GENAI_CONFIG = "genai_config.json"
-PAST_KEY = "past_key_values.%d.key"
-PAST_VALUE = "past_key_values.%d.value"
-PRESENT_KEY = "present.%d.key"
-PRESENT_VALUE = "present.%d.value"
+PAST_KEY = _C.KV_PAST_PREFIX + "%d.key"
+PAST_VALUE = _C.KV_PAST_PREFIX + "%d.value"
+PRESENT_KEY = _C.KV_PRESENT_PREFIX + "%d.key"
+PRESENT_VALUE = _C.KV_PRESENT_PREFIX + "%d.value"
 # Used when the graph has no rotary cos/sin table or position embedding that bounds it.
 DEFAULT_CONTEXT_LENGTH = 2048
 
-_PRESENT_KEY_RE = re.compile(r"^present\.(\d+)\.key$")
+_PRESENT_KEY_RE = re.compile("^" + re.escape(_C.KV_PRESENT_PREFIX) + r"(\d+)\.key$")
 # Attention ops and the attribute holding their number of query heads.
 _HEADS_ATTR = {
     "GroupQueryAttention": "num_heads",

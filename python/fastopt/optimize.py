@@ -11,11 +11,21 @@ from typing import Any, Literal, Union
 from fastopt import _C
 from fastopt._io import check_output_path, load
 from fastopt.errors import OptionError, UnsupportedModelError, entry_point
-from fastopt.genai_config import GENAI_CONFIG, genai_config, genai_config_bytes
+from fastopt.genai_config import GENAI_CONFIG, PRESENT_KEY, genai_config, genai_config_bytes
 from fastopt.options import check_options
 from fastopt.quant_checks import extra_options
 from fastopt.quant_settings import QDQ_OPSET, QuantSettings, WeightQuantization
-from fastopt.registry import PassContext, Target, all_passes, default_opset, get_pass, preset
+from fastopt.registry import (
+    NO_INTERNAL_OPS,
+    PassContext,
+    Target,
+    all_passes,
+    default_opset,
+    finishing_pass,
+    get_pass,
+    place,
+    preset,
+)
 
 ModelOrPath = Union[_C.Model, str, "os.PathLike[str]"]
 # Called before each pass with (index, count, pass name); for progress displays.
@@ -157,7 +167,7 @@ def optimize(
         reports.append(_run_pass(name, ctx))
     if any(op.startswith(_INTERNAL_DOMAIN + "::") for op in ctx.model.op_counts()):
         # A pass list that fused attention without lowering it: internal ops never leave.
-        reports.append(_run_pass("lower_attention", ctx))
+        reports.append(_run_pass(finishing_pass(NO_INTERNAL_OPS), ctx))
     if quantize is not None:
         if progress is not None:
             progress(len(names), len(names) + 1, quantize.pass_name)
@@ -167,7 +177,7 @@ def optimize(
     model = ctx.model
     model.verify()
     if kv_cache is not None and not any(
-        v is not None and v.name == "present.0.key" for v in model.graph.outputs
+        v is not None and v.name == PRESENT_KEY % 0 for v in model.graph.outputs
     ):
         # A safety net: add_kv_cache should refuse with its own reason; never hand back (or
         # write) a "cached" model without a cache.
@@ -247,12 +257,12 @@ def _quantize(
 
 
 # Ops that exist only between two passes (see csrc/passes/attention/internal_op.h).
-_INTERNAL_DOMAIN = "ai.fastopt.internal"
+_INTERNAL_DOMAIN = _C.INTERNAL_DOMAIN
 
 
 def _with_kv_cache(names: list[str], kv_cache: str, target: str) -> list[str]:
-    """The pass list with add_kv_cache inserted right after fuse_attention: the rewrite edits
-    the internal Attention ops, before lower_attention turns them into target ops."""
+    """The pass list with add_kv_cache placed by its contract (registry.place): after the pass
+    that fuses attention, whose internal Attention ops it edits, before lower_attention."""
     if kv_cache not in _KV_CACHE_MODES:
         raise OptionError(f"kv_cache must be 'standard', 'inplace' or None, not {kv_cache!r}")
     if kv_cache == "inplace" and target != "ort":
@@ -260,21 +270,17 @@ def _with_kv_cache(names: list[str], kv_cache: str, target: str) -> list[str]:
             "kv_cache='inplace' needs target 'ort' (GroupQueryAttention shares one buffer as "
             "past and present; no standard op does)"
         )
-    if "fuse_attention" not in names:
-        raise OptionError(
-            "kv_cache needs the pass fuse_attention in the pass list (use preset 'llm'): the "
-            "cache is added to the fused attention ops"
-        )
-    out = [n for n in names if n != KV_CACHE_PASS]
-    i = out.index("fuse_attention")
-    return [*out[: i + 1], KV_CACHE_PASS, *out[i + 1 :]]
+    try:
+        return place(names, KV_CACHE_PASS)
+    except OptionError as e:
+        raise OptionError(f"kv_cache: {e}; the cache is added to the fused attention ops") from None
 
 
 def _check_inplace(model: _C.Model) -> None:
     """In place, each present must be written by an op that updates the past buffer it is bound
     to (GroupQueryAttention); a Concat allocates a new tensor that cannot alias its input."""
     for v in model.graph.outputs:
-        if v is None or not v.name.startswith("present."):
+        if v is None or not v.name.startswith(_C.KV_PRESENT_PREFIX):
             continue
         producer = v.producer
         op = producer.op_type if producer is not None else "a graph input"

@@ -6,7 +6,9 @@ is an :class:`fastopt.OptionError` (CLI: exit 2) that lists what is known, never
 passes silently ignore. C++ passes see the integer values (``PassContext::options``); Python
 passes see the checked values.
 
-A pass that reads a new option declares it with one call, next to the pass::
+A C++ pass declares the options it reads with itself (``PassInfo::options`` in
+csrc/passes/registry.h; exported through ``_C``, registered here at import). A Python pass that
+reads a new option declares it with one call, next to the pass::
 
     fastopt.register_option(
         "quant_block_size", "int", "rows per quantization block", passes=("quantize",),
@@ -21,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Union
 
+from fastopt import _C
 from fastopt.errors import OptionError, UnknownNameError
 
 Kind = Literal["int", "bool"]
@@ -190,7 +193,7 @@ register_option(
     "int",
     "largest constant (bytes) constant folding writes",
     passes=("fold_constants", "fold_constants_ort"),
-    default=1 << 20,
+    default=_C.FOLD_MAX_BYTES,
     minimum=0,
 )
 register_option(
@@ -198,7 +201,7 @@ register_option(
     "int",
     "largest constant (bytes) a fold may write that is bigger than its inputs (Expand, Tile, ...)",
     passes=("fold_constants", "fold_constants_ort"),
-    default=64 << 10,
+    default=_C.FOLD_MAX_EXPAND_BYTES,
     minimum=0,
 )
 register_option(
@@ -209,46 +212,33 @@ register_option(
     default=4096,
     minimum=1,
 )
-register_option(
-    "attention_lowering",
-    "int",
-    "lower fused attention to the target's attention ops, or keep standard ops",
-    passes=("lower_attention",),
-    default=1,
-    choices=((0, "keep standard ops"), (1, "lower")),
-)
-register_option(
-    "cuda",
-    "int",
-    "emit attention ops the CUDA provider runs (no fp32 GroupQueryAttention, no bias on GQA)",
-    passes=("lower_attention",),
-    default=0,
-    choices=((0, "any provider"), (1, "CUDA")),
-)
-register_option(
-    "packed_attention",
-    "int",
-    "target ort: self-attention whose Q/K/V project one input becomes com.microsoft Attention "
-    "with packed weights (default 1, 0 with cuda=1)",
-    passes=("lower_attention",),
-    choices=((0, "off"), (1, "non-causal only"), (2, "also causal")),
-)
-register_option(
-    "pack_matmuls",
-    "int",
-    "pack projections sharing an input into one MatMul",
-    passes=("pack_matmuls",),
-    default=0,
-    choices=((-1, "never"), (0, "Q/K/V of a GroupQueryAttention"), (1, "every group")),
-)
-register_option(
-    "kv_cache",
-    "int",
-    "the KV cache form add_kv_cache writes; set by optimize(kv_cache=...)",
-    passes=("add_kv_cache", "lower_attention"),
-    choices=((1, "standard"), (2, "inplace")),
-    internal=True,
-)
+
+
+def _declare_cpp_options() -> None:
+    """The options C++ passes declare with themselves (PassInfo::options, csrc/passes/registry.h),
+    one spec per name: the declaration with help text, read by every pass that lists it."""
+    readers: dict[str, list[str]] = {}
+    declared: dict[str, _C.OptionInfo] = {}
+    for p in _C.cpp_passes():
+        for o in p.options:
+            readers.setdefault(o.name, []).append(p.name)
+            if o.help:
+                declared[o.name] = o
+    for name, o in declared.items():
+        register_option(
+            name,
+            "bool" if o.kind == "bool" else "int",
+            o.help,
+            passes=readers[name],
+            default=o.default,
+            choices=[(int(v), meaning) for v, meaning in o.choices],
+            minimum=o.minimum,
+            maximum=o.maximum,
+            internal=o.internal,
+        )
+
+
+_declare_cpp_options()
 
 # Quantization: set by optimize(quantize=QuantSettings(...)) / fastopt.quantize, read by the
 # quant passes through quant::read_options (csrc/quant/options.h), which checks them again. The

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from fastopt import _C
+from fastopt.errors import OptionError
 from fastopt.options import unknown_name
 
 Target = Literal["ort", "onnx"]
@@ -68,6 +69,11 @@ class PassSpec:
     idempotent: bool = True
     language: Literal["c++", "python"] = "python"
     function: PassFunction | None = None
+    # Contracts (PassInfo in csrc/passes/registry.h): facts an earlier pass of the list must
+    # establish, facts this pass establishes, passes it runs before when both are listed.
+    requires_facts: tuple[str, ...] = ()
+    ensures_facts: tuple[str, ...] = ()
+    runs_before: tuple[str, ...] = ()
 
     def applies_to(self, opset: int) -> bool:
         return opset >= self.min_opset and (self.max_opset is None or opset <= self.max_opset)
@@ -172,10 +178,51 @@ def all_passes() -> list[PassSpec]:
             p.idempotent,
             "c++",
             None,
+            tuple(p.requires_facts),
+            tuple(p.ensures_facts),
+            tuple(p.runs_before),
         )
         for p in _C.cpp_passes()
     ]
     return cpp + list(_PYTHON_PASSES.values())
+
+
+def place(names: list[str], name: str) -> list[str]:
+    """`names` with the pass `name` inserted where its contract puts it: after the last listed
+    pass that ensures a fact it requires, before the listed passes it runs before. (A copy of it
+    already listed moves there.) :class:`fastopt.OptionError` when no listed pass ensures what it
+    requires or the two constraints contradict."""
+    spec = get_pass(name)
+    out = [n for n in names if n != name]
+    ensurers = [
+        i for i, n in enumerate(out) if set(get_pass(n).ensures_facts) & set(spec.requires_facts)
+    ]
+    if spec.requires_facts and not ensurers:
+        needed = " or ".join(
+            p.name for p in all_passes() if set(p.ensures_facts) & set(spec.requires_facts)
+        )
+        raise OptionError(
+            f"{name} needs the pass {needed} in the pass list (use preset 'llm'): "
+            f"it requires {', '.join(spec.requires_facts)}"
+        )
+    at = ensurers[-1] + 1 if ensurers else 0
+    later = [i for i, n in enumerate(out) if n in spec.runs_before]
+    if later and later[0] < at:
+        raise OptionError(f"{name} must run after {out[at - 1]} and before {out[later[0]]}")
+    return [*out[:at], name, *out[at:]]
+
+
+# The fact a pass list must leave established (csrc/passes/registry.h, kNoInternalOps).
+NO_INTERNAL_OPS = _C.FACT_NO_INTERNAL_OPS
+
+
+def finishing_pass(fact: str) -> str:
+    """The pass that establishes `fact` (e.g. no internal ops left), for the pass manager to run
+    when a list leaves it unestablished."""
+    for p in all_passes():
+        if fact in p.ensures_facts:
+            return p.name
+    raise KeyError(f"no pass ensures {fact!r}")
 
 
 def get_pass(name: str) -> PassSpec:

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from fastopt import _C
 from fastopt.bench.cache_dims import cache_geometry
 from fastopt.check import onnxruntime
 from fastopt.errors import UnsupportedModelError, entry_point, foreign_errors
@@ -88,7 +89,7 @@ def verify_generation(
     report = GenerationReport(str(original), str(cached), prompt)
     ref_sess = _session(original, "original")
     sess = _session(cached, "cached")
-    pasts = [i for i in sess.get_inputs() if i.name.startswith("past_key_values.")]
+    pasts = [i for i in sess.get_inputs() if i.name.startswith(_C.KV_PAST_PREFIX)]
     if not pasts:
         raise UnsupportedModelError(f"{cached} has no past_key_values.* inputs")
     outputs = [o.name for o in sess.get_outputs()]
@@ -137,7 +138,7 @@ def verify_generation(
 
 
 def _present(past: str) -> str:
-    return "present" + past[len("past_key_values") :]
+    return _C.KV_PRESENT_PREFIX + past[len(_C.KV_PAST_PREFIX) :]
 
 
 def _presents(sess: Any, pasts: list[Any]) -> list[Any]:

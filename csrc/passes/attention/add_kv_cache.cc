@@ -199,9 +199,8 @@ struct Layer {
 // input and output names are free.
 std::vector<Layer> check_layers(const Graph& g, const std::vector<Node*>& attentions) {
   for (size_t i = 0; i < attentions.size(); ++i) {
-    for (const char* kind : {"key", "value"}) {
-      for (const std::string& n : {"past_key_values." + std::to_string(i) + "." + kind,
-                                   "present." + std::to_string(i) + "." + kind}) {
+    for (bool value : {false, true}) {
+      for (const std::string& n : {past_name(i, value), present_name(i, value)}) {
         if (Value* v = g.lookup(n); v && v->defined()) refuse("a value named '" + n + "' exists");
       }
     }
@@ -268,7 +267,7 @@ std::vector<std::pair<Value*, Value*>> add_past_inputs(Graph& g, const std::vect
     const Layer& l = layers[i];
     Value* kv[2];
     for (int k = 0; k < 2; ++k) {
-      Value* p = g.create_value("past_key_values." + std::to_string(i) + (k ? ".value" : ".key"));
+      Value* p = g.create_value(past_name(i, k == 1));
       p->type =
           tensor_type(l.dtype, {batch_dim, value_dim(l.hkv), param_dim("past_sequence_length"),
                                 value_dim(k ? l.dv : l.dk)});
@@ -333,8 +332,7 @@ void add_presents(Graph& g, KvCacheBuilder& b, const std::vector<Layer>& layers,
     for (int kv = 0; kv < 2; ++kv) {
       Value* cur = att->inputs()[1 + kv];
       Node* cat = b.node("Concat", {kv ? pasts[i].second : pasts[i].first, cur},
-                         "present." + std::to_string(i) + (kv ? ".value" : ".key"), att,
-                         one_attr(attr_int("axis", 2)));
+                         present_name(i, kv == 1), att, one_attr(attr_int("axis", 2)));
       Value* present = cat->outputs()[0];
       present->type =
           tensor_type(l.dtype, {batch_dim, value_dim(l.hkv), param_dim("total_sequence_length"),
@@ -387,6 +385,17 @@ const PassRegistrar kRegister{{
     INT64_MAX,
     false,
     add_kv_cache,
+    {kAttentionFused},  // it edits the internal Attention ops ...
+    {},
+    {"lower_attention"},  // ... before they are lowered
+    {{"kv_cache",
+      "int",
+      "the KV cache form add_kv_cache writes; set by optimize(kv_cache=...)",
+      std::nullopt,
+      {{1, "standard"}, {2, "inplace"}},
+      std::nullopt,
+      std::nullopt,
+      true}},
 }};
 
 }  // namespace

@@ -24,8 +24,12 @@
 // rows whose keys are all masked. Older exports scale the scores instead; all placements
 // multiply into one scale. The mask HF adds is Where(bool_mask, 0, -inf | finfo.min): the
 // boolean (true = attend) becomes the internal op's mask; any other additive mask is kept as is.
+#include <any>
 #include <cmath>
 #include <set>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "ir/constant.h"
 #include "passes/attention/internal_op.h"
@@ -62,9 +66,11 @@ struct Found {
   std::vector<Value*> intermediates;  // values that must not be used outside the match
 };
 
-class Matcher {
+// Walks back from the second MatMul through the exporter variants above (a code rule's match:
+// the variants are optional ops in any order, which a pattern cannot say).
+class AttentionWalk {
  public:
-  explicit Matcher(Found& f) : f_(f) {}
+  explicit AttentionWalk(Found& f) : f_(f) {}
   std::string error;
 
   bool fail(std::string why) {
@@ -351,106 +357,117 @@ class Matcher {
   Found& f_;
 };
 
-int64_t fuse_attention(Model& model, PassContext& ctx) {
-  const bool explain = ctx.explain_rule == "*" || ctx.explain_rule == "fuse_attention";
-  int64_t fused = 0;
-  std::vector<Graph*> graphs;
-  model.for_each_graph([&](Graph& g) { graphs.push_back(&g); });
-  for (Graph* gp : graphs) {
-    Graph& g = *gp;
-    std::vector<Node*> candidates;
-    for (Node* n = g.first(); n; n = n->next()) {
-      if (n->op_type != "MatMul" || !n->domain.value.empty() || n->inputs().size() != 2) continue;
-      // Cheap filter: attention's second MatMul reads a softmax (through Cast / Where).
-      const Node* p = n->inputs()[0]->producer();
-      for (int i = 0; i < 2 && p && p->op_type != "Softmax"; ++i) {
-        if (p->op_type == "Cast" || p->op_type == "Where") {
-          p = p->inputs().back()->producer();
-        } else {
-          p = nullptr;
-        }
-      }
-      if (p && p->op_type == "Softmax") candidates.push_back(n);
-    }
-    for (Node* root : candidates) {
-      if (!root->alive()) continue;
-      Found f;
-      Matcher m(f);
-      auto why = [&](const std::string& reason) {
-        if (explain) {
-          ctx.explain_lines.push_back("fuse_attention @ node '" + root->name.value +
-                                      "' (MatMul): " + reason);
-        }
-        ctx.counters["not fused"] += 1;
-      };
-      if (!m.match(root)) {
-        why(m.error);
-        continue;
-      }
-      // A node ORT refuses (an attribute of the wrong type: Softmax's axis as a string) is
-      // never fused into one it runs; its attribute was read as the default above.
-      const Node* mistyped = nullptr;
-      for (const Node* n : f.nodes) {
-        if (pattern::mistyped_attribute(*n)) mistyped = n;
-      }
-      if (mistyped) {
-        why(pattern::describe_mistyped(*mistyped, *pattern::mistyped_attribute(*mistyped)));
-        continue;
-      }
-      Rewriter rw(g, root);
-      const int32_t t = dtype_of(f.q);
-      Value* k = f.k;
-      if (f.k_bshd) k = rw.op1("Transpose", {k}, one_attr(attr_ints("perm", {0, 2, 1, 3})));
-      std::vector<Value*> inputs = {f.q, k, f.v};
-      if (f.mask) {
-        Value* mask = f.mask;
-        if (!f.mask_bool && dtype_of(mask) != t) {
-          mask = rw.op1("Cast", {mask}, one_attr(attr_int("to", t)));
-        }
-        inputs.push_back(mask);
-      }
-      std::vector<Attribute> attrs;
-      attrs.push_back(attr_float("scale", static_cast<float>(f.scale)));
-      attrs.push_back(attr_int("is_causal", 0));
-      attrs.push_back(attr_int("q_num_heads", f.hq));
-      attrs.push_back(attr_int("kv_num_heads", f.hkv));
-      if (f.softmax_precision) attrs.push_back(attr_int("softmax_precision", f.softmax_precision));
-      Value* y = rw.op1(kInternalAttention, inputs, std::move(attrs), kInternalDomain);
-      const int32_t out_dtype = dtype_of(root->outputs()[0]);
-      if (out_dtype != t) y = rw.op1("Cast", {y}, one_attr(attr_int("to", out_dtype)));
-      if (!can_replace(g, root->outputs()[0], y)) {
-        rw.rollback();
-        why("the output cannot be replaced");
-        continue;
-      }
-      import_domain(g, kInternalDomain);
-      replace_value(g, root->outputs()[0], y);
-      std::vector<Node*> dead = f.nodes;
-      dead.insert(dead.begin(), root);
-      remove_dead(g, dead);
-      if (explain) {
-        ctx.explain_lines.push_back("fuse_attention @ node '" + root->name.value +
-                                    "' (MatMul): rewritten");
-      }
-      ctx.counters["attention"] += 1;
-      if (f.hkv != f.hq) ctx.counters["grouped kv heads"] += 1;
-      if (f.mask) ctx.counters[f.mask_bool ? "boolean mask" : "additive mask"] += 1;
-      ++fused;
-    }
-    if (fused) {
-      // What only fed the matched nodes' shapes (torchlib's K^T reshape targets, Shape reads of
-      // the repeated K) is dead now.
-      for (Node* n = g.last(); n;) {
-        Node* prev = n->prev();
-        bool dead = !n->has_subgraphs();
-        for (Value* o : n->outputs())
-          dead = dead && (!o || (o->uses().empty() && !o->is_graph_output()));
-        if (dead) g.remove_node(n);
-        n = prev;
-      }
+// Cheap filter: attention's second MatMul reads a softmax (through Cast / Where).
+bool reads_softmax(const Node* n) {
+  if (n->op_type != "MatMul" || !n->domain.value.empty() || n->inputs().size() != 2) return false;
+  const Node* p = n->inputs()[0]->producer();
+  for (int i = 0; i < 2 && p && p->op_type != "Softmax"; ++i) {
+    if (p->op_type == "Cast" || p->op_type == "Where") {
+      p = p->inputs().back()->producer();
+    } else {
+      p = nullptr;
     }
   }
-  return fused;
+  return p && p->op_type == "Softmax";
+}
+
+bool match_attention(Node* root, CodeMatch& m, MatchFailure& why, PassContext& ctx) {
+  if (!reads_softmax(root)) return false;  // no candidate: nothing to explain
+  auto refuse = [&](std::string reason) {
+    why.text = std::move(reason);
+    ctx.counters["not fused"] += 1;
+    return false;
+  };
+  Found f;
+  AttentionWalk walk(f);
+  if (!walk.match(root)) return refuse(walk.error);
+  // A node ORT refuses (an attribute of the wrong type: Softmax's axis as a string) is never
+  // fused into one it runs; its attribute was read as the default above.
+  const Node* mistyped = nullptr;
+  for (const Node* n : f.nodes) {
+    if (pattern::mistyped_attribute(*n)) mistyped = n;
+  }
+  if (mistyped) {
+    return refuse(pattern::describe_mistyped(*mistyped, *pattern::mistyped_attribute(*mistyped)));
+  }
+  m.nodes = f.nodes;
+  m.found = std::move(f);
+  return true;
+}
+
+Replacement rewrite_attention(const CodeMatch& m, Rewriter& rw, PassContext& ctx) {
+  const Found& f = std::any_cast<const Found&>(m.found);
+  Graph& g = rw.graph();
+  Node* root = m.root;
+  const int32_t t = dtype_of(f.q);
+  Value* k = f.k;
+  if (f.k_bshd) k = rw.op1("Transpose", {k}, one_attr(attr_ints("perm", {0, 2, 1, 3})));
+  std::vector<Value*> inputs = {f.q, k, f.v};
+  if (f.mask) {
+    Value* mask = f.mask;
+    if (!f.mask_bool && dtype_of(mask) != t) {
+      mask = rw.op1("Cast", {mask}, one_attr(attr_int("to", t)));
+    }
+    inputs.push_back(mask);
+  }
+  std::vector<Attribute> attrs;
+  attrs.push_back(attr_float("scale", static_cast<float>(f.scale)));
+  attrs.push_back(attr_int("is_causal", 0));
+  attrs.push_back(attr_int("q_num_heads", f.hq));
+  attrs.push_back(attr_int("kv_num_heads", f.hkv));
+  if (f.softmax_precision) attrs.push_back(attr_int("softmax_precision", f.softmax_precision));
+  Value* y = rw.op1(kInternalAttention, inputs, std::move(attrs), kInternalDomain);
+  const int32_t out_dtype = dtype_of(root->outputs()[0]);
+  if (out_dtype != t) y = rw.op1("Cast", {y}, one_attr(attr_int("to", out_dtype)));
+  if (!can_replace(g, root->outputs()[0], y)) {
+    ctx.counters["not fused"] += 1;
+    return rw.fail("the output cannot be replaced");
+  }
+  import_domain(g, kInternalDomain);
+  ctx.counters["attention"] += 1;
+  if (f.hkv != f.hq) ctx.counters["grouped kv heads"] += 1;
+  if (f.mask) ctx.counters[f.mask_bool ? "boolean mask" : "additive mask"] += 1;
+  return std::vector<Value*>{y};
+}
+
+// Removes every node of `g` whose outputs are unused (subgraph holders kept).
+void remove_unused(Graph& g) {
+  for (Node* n = g.last(); n;) {
+    Node* prev = n->prev();
+    bool dead = !n->has_subgraphs();
+    for (Value* o : n->outputs())
+      dead = dead && (!o || (o->uses().empty() && !o->is_graph_output()));
+    if (dead) g.remove_node(n);
+    n = prev;
+  }
+}
+
+int64_t fuse_attention(Model& model, PassContext& ctx) {
+  CodeRule rule;
+  rule.name = "fuse_attention";
+  rule.root_op_types = {"MatMul"};
+  rule.match = [&ctx](Node* root, CodeMatch& m, MatchFailure& why) {
+    return match_attention(root, m, why, ctx);
+  };
+  std::set<const Graph*> fused_in;
+  rule.rewrite = [&ctx, &fused_in](const CodeMatch& m, Rewriter& rw) {
+    Replacement r = rewrite_attention(m, rw, ctx);
+    if (r) fused_in.insert(&rw.graph());
+    return r;
+  };
+  ApplyOptions o;
+  o.max_iterations = ctx.max_iterations;
+  o.explain_rule = ctx.explain_rule;
+  o.explain_lines = ctx.explain_rule.empty() ? nullptr : &ctx.explain_lines;
+  const ApplyStats stats = apply_rules(model, {}, {rule}, o);
+  // What only fed the matched nodes' shapes (torchlib's K^T reshape targets, Shape reads of the
+  // repeated K) is dead now: swept in the graphs from the first one with a fusion on.
+  bool swept = false;
+  model.for_each_graph([&](Graph& g) {
+    swept = swept || fused_in.count(&g);
+    if (swept) remove_unused(g);
+  });
+  return stats.rewrites;
 }
 
 const PassRegistrar kRegister{{
@@ -462,6 +479,8 @@ const PassRegistrar kRegister{{
     INT64_MAX,
     true,
     fuse_attention,
+    {},
+    {kAttentionFused},
 }};
 
 }  // namespace

@@ -40,7 +40,9 @@
 //   on one max-length buffer per layer.
 #pragma once
 
+#include <cstddef>
 #include <optional>
+#include <string>
 
 #include "passes/registry.h"
 #include "pattern/rewrite.h"
@@ -48,6 +50,17 @@
 namespace fastopt::passes {
 
 inline constexpr const char* kInternalAttention = "Attention";
+
+// The cache's graph inputs and outputs: past_key_values.<layer>.key|value and
+// present.<layer>.key|value (the names onnxruntime-genai's default config reads).
+inline constexpr const char* kPastPrefix = "past_key_values.";
+inline constexpr const char* kPresentPrefix = "present.";
+inline std::string past_name(size_t layer, bool value) {
+  return kPastPrefix + std::to_string(layer) + (value ? ".value" : ".key");
+}
+inline std::string present_name(size_t layer, bool value) {
+  return kPresentPrefix + std::to_string(layer) + (value ? ".value" : ".key");
+}
 
 // K and V of the cached form: each the output (a graph output) of a Concat on axis 2 of a graph
 // input (past) and the new rows.

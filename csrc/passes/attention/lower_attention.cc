@@ -48,6 +48,27 @@ PassInfo lower_attention_pass() {
       "lower the internal Attention op for the target: MultiHeadAttention/GroupQueryAttention "
       "(ort), Attention-23 (onnx), else standard ops",
       {"fusion", "llm"}, rules);
+  info.requires_facts = {kAttentionFused};
+  info.ensures_facts = {kNoInternalOps};
+  info.options = {
+      {"attention_lowering",
+       "int",
+       "lower fused attention to the target's attention ops, or keep standard ops",
+       1,
+       {{0, "keep standard ops"}, {1, "lower"}}},
+      {"cuda",
+       "int",
+       "emit attention ops the CUDA provider runs (no fp32 GroupQueryAttention, no bias on GQA)",
+       0,
+       {{0, "any provider"}, {1, "CUDA"}}},
+      {"packed_attention",
+       "int",
+       "target ort: self-attention whose Q/K/V project one input becomes com.microsoft Attention "
+       "with packed weights (default 1, 0 with cuda=1)",
+       std::nullopt,
+       {{0, "off"}, {1, "non-causal only"}, {2, "also causal"}}},
+      {"kv_cache"},  // declared by add_kv_cache
+  };
   // The internal domain's import goes with its last node.
   info.run = [run = info.run](Model& m, PassContext& ctx) {
     const int64_t n = run(m, ctx);

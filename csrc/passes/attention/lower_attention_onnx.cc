@@ -26,7 +26,7 @@ namespace fastopt::passes {
 
 pattern::Replacement lower_attention_onnx(Node* node, pattern::Rewriter& rw, PassContext& ctx) {
   const int64_t opset = default_opset(*rw.graph().model());
-  if (opset < 23) {
+  if (opset < kFusedOpsOpset) {
     return rw.fail("the model's opset is " + std::to_string(opset) +
                    " (Attention needs 23: run convert_version with opset=23 first)");
   }

@@ -262,6 +262,14 @@ const PassRegistrar kRegister{{
     INT64_MAX,
     true,
     pack_matmuls,
+    {},
+    {},
+    {},
+    {{"pack_matmuls",
+      "int",
+      "pack projections sharing an input into one MatMul",
+      0,
+      {{-1, "never"}, {0, "Q/K/V of a GroupQueryAttention"}, {1, "every group"}}}},
 }};
 
 }  // namespace

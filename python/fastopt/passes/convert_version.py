@@ -45,7 +45,7 @@ def _convert(ctx: PassContext, target: int) -> int:
 
 # The opset of the standard fused ops target "onnx" emits: RMSNormalization, RotaryEmbedding,
 # Attention.
-FUSED_OPS_OPSET = 23
+FUSED_OPS_OPSET = _C.FUSED_OPS_OPSET
 
 
 @register_pass(

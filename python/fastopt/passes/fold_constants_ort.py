@@ -46,9 +46,9 @@ def _graphs(graph: _C.Graph) -> Iterator[_C.Graph]:
 
 class _Limits:
     def __init__(self, options: dict[str, object]) -> None:
-        self.max_bytes = int(options.get("fold_max_bytes", 1 << 20))  # type: ignore[call-overload]
+        self.max_bytes = int(options.get("fold_max_bytes", _C.FOLD_MAX_BYTES))  # type: ignore[call-overload]
         self.max_expand_bytes = int(
-            options.get("fold_max_expand_bytes", 64 << 10)  # type: ignore[call-overload]
+            options.get("fold_max_expand_bytes", _C.FOLD_MAX_EXPAND_BYTES)  # type: ignore[call-overload]
         )
 
     def allows(self, out_bytes: int, in_bytes: int) -> bool:

@@ -1,0 +1,118 @@
+// Bindings of the pass registry: PassInfo (with its options and contracts), running a C++
+// pass, what it reports, and the constants the Python side reads instead of restating them.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <pybind11/typing.h>
+
+#include <map>
+#include <string>
+#include <utility>
+
+#include "bindings/handles.h"
+#include "ir/error.h"
+#include "passes/attention/internal_op.h"
+#include "passes/fold_constants.h"
+#include "passes/fusion_util.h"
+#include "passes/registry.h"
+#include "quant/quant_record.h"
+
+namespace fastopt::bindings {
+
+void bind_passes(py::module_& m) {
+  // Constants the Python side would otherwise restate.
+  m.attr("FOLD_MAX_BYTES") = passes::FoldLimits{}.max_bytes;
+  m.attr("FOLD_MAX_EXPAND_BYTES") = passes::FoldLimits{}.max_expand_bytes;
+  m.attr("FUSED_OPS_OPSET") = passes::kFusedOpsOpset;
+  m.attr("INTERNAL_DOMAIN") = passes::kInternalDomain;
+  m.attr("KV_PAST_PREFIX") = passes::kPastPrefix;
+  m.attr("KV_PRESENT_PREFIX") = passes::kPresentPrefix;
+  m.attr("FACT_ATTENTION_FUSED") = passes::kAttentionFused;
+  m.attr("FACT_NO_INTERNAL_OPS") = passes::kNoInternalOps;
+  py::class_<passes::OptionInfo>(m, "OptionInfo",
+                                 "An option a C++ pass reads, declared with the pass")
+      .def_readonly("name", &passes::OptionInfo::name)
+      .def_readonly("kind", &passes::OptionInfo::kind)
+      .def_readonly("help", &passes::OptionInfo::help)
+      .def_readonly("default", &passes::OptionInfo::default_value)
+      .def_readonly("choices", &passes::OptionInfo::choices)
+      .def_readonly("minimum", &passes::OptionInfo::minimum)
+      .def_readonly("maximum", &passes::OptionInfo::maximum)
+      .def_readonly("internal", &passes::OptionInfo::internal);
+  py::class_<passes::PassInfo>(m, "PassInfo", "A pass implemented in C++")
+      .def_readonly("name", &passes::PassInfo::name)
+      .def_readonly("description", &passes::PassInfo::description)
+      .def_readonly("tags", &passes::PassInfo::tags)
+      .def_readonly("min_opset", &passes::PassInfo::min_opset)
+      .def_readonly("max_opset", &passes::PassInfo::max_opset)
+      .def_readonly("idempotent", &passes::PassInfo::idempotent)
+      .def_readonly("requires_facts", &passes::PassInfo::requires_facts,
+                    "facts an earlier pass of the list must establish (pass contracts)")
+      .def_readonly("ensures_facts", &passes::PassInfo::ensures_facts, "facts the pass establishes")
+      .def_readonly("runs_before", &passes::PassInfo::runs_before,
+                    "passes it runs before when both are in the list")
+      .def_readonly("options", &passes::PassInfo::options, "the options it reads");
+
+  py::class_<quant::QuantRecord>(m, "QuantRecord", "What a quantization pass did to one weight")
+      .def_readonly("weight", &quant::QuantRecord::weight)
+      .def_readonly("node", &quant::QuantRecord::node)
+      .def_readonly("op", &quant::QuantRecord::op)
+      .def_readonly("quantized", &quant::QuantRecord::quantized)
+      .def_readonly("reason", &quant::QuantRecord::reason)
+      .def_readonly("dtype_before", &quant::QuantRecord::dtype_before)
+      .def_readonly("dtype_after", &quant::QuantRecord::dtype_after)
+      .def_readonly("bytes_before", &quant::QuantRecord::bytes_before)
+      .def_readonly("bytes_after", &quant::QuantRecord::bytes_after)
+      .def_readonly("max_rel_error", &quant::QuantRecord::max_rel_error)
+      .def_readonly("mean_rel_error", &quant::QuantRecord::mean_rel_error);
+
+  py::class_<passes::PassContext>(m, "PassResult", "What one run of a C++ pass did")
+      .def_readonly("counters", &passes::PassContext::counters)
+      .def_readonly("explain_lines", &passes::PassContext::explain_lines)
+      .def_readonly("quant_records", &passes::PassContext::quant_records);
+
+  m.def(
+      "cpp_passes",
+      [] {
+        py::typing::List<passes::PassInfo> l;
+        for (const auto& p : passes::all_passes()) l.append(p);
+        return l;
+      },
+      "The passes implemented in C++, in registration order");
+  m.def(
+      "run_pass",
+      [](Model& model, const std::string& name, const std::string& target, int max_iterations,
+         const std::string& explain_rule, const std::map<std::string, int64_t>& options,
+         const std::map<std::string, std::string>& text_options, py::object progress) {
+        const passes::PassInfo* info = passes::find_pass(name);
+        if (!info) throw ModelError("no C++ pass named '" + name + "'");
+        passes::PassContext ctx;
+        ctx.target = target;
+        ctx.max_iterations = max_iterations;
+        ctx.explain_rule = explain_rule;
+        ctx.options = options;
+        ctx.text_options = text_options;
+        if (!progress.is_none()) {
+          ctx.progress = [progress](int64_t done, int64_t total, const std::string& what) {
+            py::gil_scoped_acquire gil;
+            progress(done, total, what);
+          };
+        }
+        int64_t rewrites;
+        {
+          py::gil_scoped_release release;
+          rewrites = info->run(model, ctx);
+        }
+        // A pass may rewrite attributes in place (no structural edit): memoized analyses
+        // must not outlive a pass that changed anything.
+        if (rewrites) model.note_edit();
+        return std::make_pair(rewrites, std::move(ctx));
+      },
+      py::arg("model"), py::arg("name"), py::arg("target") = "ort", py::arg("max_iterations") = 10,
+      py::arg("explain_rule") = "", py::arg("options") = std::map<std::string, int64_t>{},
+      py::arg("text_options") = std::map<std::string, std::string>{},
+      py::arg("progress") = py::none(),
+      "Runs a C++ pass; returns (rewrites, result). `progress(done, total, what)` is called "
+      "during long passes (quantization)");
+}
+
+}  // namespace fastopt::bindings
