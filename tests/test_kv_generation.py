@@ -367,10 +367,10 @@ def test_cached_model_runs_under_genai(fx, mode: str, tmp_path: Path) -> None:  
 # --- a model exported WITH a cache -> in-place (and standard) form ---------------------------
 
 ADOPT_FX = fixtures(decoder=True, dtype="float32")
-# Their q/k norms are SimplifiedLayerNormalization (ONNX Runtime's, in the default domain), which
-# onnx shape inference does not type: re-imported from a file, Q has no dtype and lower_attention
-# keeps standard ops (correct, but not GroupQueryAttention, so in place is refused).
-UNTYPED_ON_REIMPORT = {"gemma3"}
+# gemma3's q/k norms are SimplifiedLayerNormalization (ONNX Runtime's, in the default domain),
+# which onnx shape inference does not type: re-imported from a file, Q has no recorded dtype.
+# The lowering reads it through the norm (attention/shapes.h dtype_of), so it is lowered in place
+# like the others (it used to keep standard ops there, and in place was refused).
 
 
 def _plain_cached_export(fx, out: Path) -> None:  # type: ignore[no-untyped-def]
@@ -399,12 +399,8 @@ def test_cached_model_converts(fx, mode: str, tmp_path: Path) -> None:  # type: 
     as_cached = mode == "standard" and sliding(fx)
     ref = _reference(str(fx.path), tuple(map(tuple, prompts)), STEPS, as_cached)
     out = tmp_path / "model.onnx"
-    if fx.arch in UNTYPED_ON_REIMPORT and mode == "inplace":
-        with pytest.raises(ValueError, match="not lowered to the in-place form"):
-            fastopt.optimize(src, preset="llm", output=out, kv_cache=mode)  # type: ignore[arg-type]
-        return
     report = fastopt.optimize(src, preset="llm", output=out, kv_cache=mode)  # type: ignore[arg-type]
-    assert fx.arch in UNTYPED_ON_REIMPORT or (
+    assert (
         report.ops_after.get("com.microsoft::GroupQueryAttention", 0)
         + report.ops_after.get("com.microsoft::MultiHeadAttention", 0)
         == fx.layers
