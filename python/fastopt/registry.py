@@ -19,6 +19,7 @@ Presets are data: ordered lists of pass names.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -166,9 +167,10 @@ def unregister_pass(name: str) -> None:
     _PYTHON_PASSES.pop(name, None)
 
 
-def all_passes() -> list[PassSpec]:
-    """Every registered pass: C++ ones first, in registration order, then Python ones."""
-    cpp = [
+@functools.cache
+def _cpp_passes() -> tuple[PassSpec, ...]:
+    """The C++ passes (registered statically, so read from _C once)."""
+    return tuple(
         PassSpec(
             p.name,
             p.description,
@@ -183,8 +185,12 @@ def all_passes() -> list[PassSpec]:
             tuple(p.runs_before),
         )
         for p in _C.cpp_passes()
-    ]
-    return cpp + list(_PYTHON_PASSES.values())
+    )
+
+
+def all_passes() -> list[PassSpec]:
+    """Every registered pass: C++ ones first, in registration order, then Python ones."""
+    return [*_cpp_passes(), *_PYTHON_PASSES.values()]
 
 
 def place(names: list[str], name: str) -> list[str]:
