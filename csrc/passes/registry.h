@@ -30,6 +30,15 @@ struct PassContext {
   std::vector<quant::QuantRecord> quant_records;
   // Progress of long passes: (done, total, what); may be empty. Called from the pass's thread.
   std::function<void(int64_t, int64_t, const std::string&)> progress;
+
+  // Whether the caller asked to explain `rule` (--explain RULE or *).
+  bool explains(const std::string& rule) const {
+    return explain_rule == "*" || (!explain_rule.empty() && explain_rule == rule);
+  }
+  // Adds the line "rule: what" when the caller asked to explain `rule`.
+  void explain(const std::string& rule, const std::string& what) {
+    if (explains(rule)) explain_lines.push_back(rule + ": " + what);
+  }
 };
 
 // An option a pass reads from PassContext::options, declared with the pass (python/fastopt/

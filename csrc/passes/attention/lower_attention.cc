@@ -31,10 +31,8 @@ std::vector<Rule> rules(PassContext& ctx) {
     }
     const std::string why = rw.failure();
     rw.rollback();
-    if (!c->explain_rule.empty() &&
-        (c->explain_rule == "*" || c->explain_rule == "lower_attention")) {
-      c->explain_lines.push_back("lower_attention: " + node->name.value +
-                                 ": kept as standard ops: " + why);
+    if (c->explains("lower_attention")) {
+      c->explain("lower_attention", node->name.value + ": kept as standard ops: " + why);
     }
     c->counters["kept as standard ops"] += 1;
     return decompose_attention(node, rw, *c);

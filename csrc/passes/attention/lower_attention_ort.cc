@@ -449,10 +449,9 @@ Replacement hand_out(Rewriter& rw, const Node* node, const OrtLoweringPlan& p, V
 
 Replacement lower_attention_ort(Node* node, Rewriter& rw, PassContext& ctx) {
   const OrtLoweringPlan p = plan_ort_lowering(node, rw.graph(), ctx);
-  if (!p.not_packed.empty() && !ctx.explain_rule.empty() &&
-      (ctx.explain_rule == "*" || ctx.explain_rule == "lower_attention")) {
-    ctx.explain_lines.push_back("lower_attention: " + node->name.value +
-                                ": not packed into Attention: " + p.not_packed);
+  if (!p.not_packed.empty() && ctx.explains("lower_attention")) {
+    ctx.explain("lower_attention",
+                node->name.value + ": not packed into Attention: " + p.not_packed);
   }
   if (!p.ok()) return rw.fail(p.refusal);
 
