@@ -35,9 +35,9 @@
 #include <map>
 
 #include "ir/constant.h"
+#include "passes/attention/rotary_cache.h"
 #include "passes/fusion_util.h"
 #include "passes/registry.h"
-#include "passes/attention/rotary_cache.h"
 
 namespace fastopt::passes {
 namespace {
