@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import typing
 import typing_extensions
-__all__: list[str] = ['Bytes', 'Function', 'Graph', 'Match', 'Model', 'ModelError', 'Node', 'PassInfo', 'PassResult', 'Pattern', 'PatternNode', 'QuantRecord', 'Rewriter', 'Rule', 'ShapeFacts', 'Tensor', 'Value', 'analyze_shapes', 'apply_rules', 'constant_nodes_model', 'cpp_passes', 'dtype_name', 'load', 'load_bytes', 'load_skeleton', 'make_tensor', 'native_fold_ops', 'native_fold_unsupported', 'run_pass', 'shape_facts', 'write_file']
+__all__: list[str] = ['Bytes', 'FACT_ATTENTION_FUSED', 'FACT_NO_INTERNAL_OPS', 'FOLD_MAX_BYTES', 'FOLD_MAX_EXPAND_BYTES', 'FUSED_OPS_OPSET', 'Function', 'Graph', 'INTERNAL_DOMAIN', 'KV_PAST_PREFIX', 'KV_PRESENT_PREFIX', 'Match', 'Model', 'ModelError', 'Node', 'OptionInfo', 'PassInfo', 'PassResult', 'Pattern', 'PatternNode', 'QuantRecord', 'Rewriter', 'Rule', 'ShapeFacts', 'Tensor', 'Value', 'analyze_shapes', 'apply_rules', 'constant_nodes_model', 'cpp_passes', 'dtype_name', 'load', 'load_bytes', 'load_skeleton', 'make_tensor', 'native_fold_ops', 'native_fold_unsupported', 'run_pass', 'shape_facts', 'write_file']
 class ModelError(Exception):
     pass
 class Tensor:
@@ -337,6 +337,34 @@ class Bytes:
     """
     def __len__(self) -> int:
         ...
+class OptionInfo:
+    """
+    An option a C++ pass reads, declared with the pass
+    """
+    @property
+    def choices(self) -> list[tuple[int, str]]:
+        ...
+    @property
+    def default(self) -> int | None:
+        ...
+    @property
+    def help(self) -> str:
+        ...
+    @property
+    def internal(self) -> bool:
+        ...
+    @property
+    def kind(self) -> str:
+        ...
+    @property
+    def maximum(self) -> int | None:
+        ...
+    @property
+    def minimum(self) -> int | None:
+        ...
+    @property
+    def name(self) -> str:
+        ...
 class PassInfo:
     """
     A pass implemented in C++
@@ -344,6 +372,11 @@ class PassInfo:
     @property
     def description(self) -> str:
         ...
+    @property
+    def ensures_facts(self) -> list[str]:
+        """
+        facts the pass establishes
+        """
     @property
     def idempotent(self) -> bool:
         ...
@@ -356,6 +389,21 @@ class PassInfo:
     @property
     def name(self) -> str:
         ...
+    @property
+    def options(self) -> list[OptionInfo]:
+        """
+        the options it reads
+        """
+    @property
+    def requires_facts(self) -> list[str]:
+        """
+        facts an earlier pass of the list must establish (pass contracts)
+        """
+    @property
+    def runs_before(self) -> list[str]:
+        """
+        passes it runs before when both are in the list
+        """
     @property
     def tags(self) -> list[str]:
         ...
@@ -594,3 +642,11 @@ def write_file(path: typing.Any, data: bytes) -> None:
     """
     Writes a small output file (e.g. genai_config.json) as Model.save writes a model file
     """
+FACT_ATTENTION_FUSED: str = 'attention fused'
+FACT_NO_INTERNAL_OPS: str = 'no internal ops'
+FOLD_MAX_BYTES: int = 1048576
+FOLD_MAX_EXPAND_BYTES: int = 65536
+FUSED_OPS_OPSET: int = 23
+INTERNAL_DOMAIN: str = 'ai.fastopt.internal'
+KV_PAST_PREFIX: str = 'past_key_values.'
+KV_PRESENT_PREFIX: str = 'present.'
