@@ -16,7 +16,7 @@ import pytest
 from fastopt.registry import preset
 from llm_fixtures import PARITY_ATOL, Fixture, fixtures, ids, op_count
 
-DECODERS = fixtures(decoder=True)
+DECODERS = fixtures(decoder=True, kv_cache=True)
 PREFILL, TOTAL = 8, 12
 ORT_DTYPES = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16}
 

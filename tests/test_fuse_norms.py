@@ -15,9 +15,10 @@ from onnx import TensorProto, helper
 
 F, H = TensorProto.FLOAT, TensorProto.FLOAT16
 D = 8
-RMS_ARCHS = ("llama", "mistral", "qwen2", "phi3", "gemma", "gemma3")
-# Norms per layer: gemma3 has four around its blocks and q/k norms; the others two.
-NORMS_PER_LAYER = {"gemma3": 6}
+RMS_ARCHS = ("llama", "mistral", "qwen2", "phi3", "gemma", "gemma3", "glm", "glm4", "phi3_longrope")
+# Norms per layer: gemma3 has four around its blocks and q/k norms; gptj and cohere one (attention
+# and MLP in parallel); the others two.
+NORMS_PER_LAYER = {"gemma3": 6, "glm4": 4, "gptj": 1, "cohere": 1}
 DEFAULT = fastopt.registry.preset("classic")
 ORT_PASSES = [
     *DEFAULT,
@@ -46,10 +47,21 @@ def expected_ort(fx: Fixture) -> dict[str, int]:
             "SimplifiedLayerNormalization": 4 * n + 1,
             "SkipSimplifiedLayerNormalization": 2 * n,
         }
+    if fx.arch == "glm4":  # post-norms end each block: only the pre-norms take the residual
+        return {
+            "SimplifiedLayerNormalization": 2 * n + 1,
+            "SkipSimplifiedLayerNormalization": 2 * n,
+        }
     if fx.arch in RMS_ARCHS:  # first layer's norm reads the embedding Gather: no residual Add
         return {"SimplifiedLayerNormalization": 1, "SkipSimplifiedLayerNormalization": 2 * n}
     if fx.arch == "gpt_neox":  # parallel residual: two norms read one sum, one can take it
         return {"LayerNormalization": n + 1, "SkipLayerNormalization": n}
+    if fx.arch == "cohere" and fx.dtype == "float16":  # fp32 norms: a Cast after each residual
+        return {"LayerNormalization": n + 1, "SkipLayerNormalization": 0}
+    if fx.arch in ("gptj", "cohere"):  # one norm per layer, after the embedding Gather first
+        return {"LayerNormalization": 1, "SkipLayerNormalization": n}
+    if fx.arch == "opt":  # the MLP runs on (B*S, H) rows: its norm reads a Reshape of the sum
+        return {"LayerNormalization": 2 * n, "SkipLayerNormalization": 1}
     # gpt2 (token + position embedding Add), bert (embedding sum): every norm follows an Add
     return {"LayerNormalization": 0, "SkipLayerNormalization": 2 * n + 1}
 

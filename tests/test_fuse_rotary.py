@@ -11,7 +11,22 @@ from fusion_util import assert_close, info, ort_run, out_info, tensor
 from llm_fixtures import Fixture, assert_parity, fixtures, op_count, optimize
 from onnx import TensorProto, helper, numpy_helper
 
-ROPE_ARCHS = ("llama", "mistral", "qwen2", "phi3", "gemma", "gemma3", "gpt_neox")
+ROPE_ARCHS = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "phi3",
+    "gemma",
+    "gemma3",
+    "gpt_neox",
+    "gptj",
+    "cohere",
+    "glm",
+    "glm4",
+    "phi3_longrope",
+)
+INTERLEAVED_ARCHS = ("gptj", "cohere", "glm", "glm4")
+PARTIAL_DIM = {"gptj": 16, "glm": 8, "glm4": 8}
 PASSES = ["fuse_rotary", "eliminate_dead_nodes"]
 TO_OPSET_23 = ["convert_version"]
 
@@ -48,12 +63,18 @@ def test_fixture(fx: Fixture, target: str) -> None:
         assert op_count(out, op) == 0, op
     attrs = [{a.name: helper.get_attribute_value(a) for a in n.attribute} for n in rope]
     consumers = {i: n for n in out.graph.node for i in n.input}
+    # gptj, cohere, glm rotate pairs (x[2i], x[2i+1]): interleaved.
+    interleaved = int(fx.arch in INTERLEAVED_ARCHS)
+    assert all(a.get("interleaved", 0) == interleaved for a in attrs)
     if fx.arch == "gpt_neox":  # rotary_pct 0.5 of head 16, on a slice of the fused qkv: 4-D
         assert all(a["rotary_embedding_dim"] == 8 and a["num_heads"] == 4 for a in attrs)
-    elif fx.arch == "gemma3":  # after the q/k norms, on the heads (B, H, S, D): 4-D
+    elif fx.arch == "gemma3" or (fx.arch == "cohere" and fx.dtype == "float16"):
+        # gemma3: after the q/k norms; cohere fp16: in fp32 on a Cast of the heads: 4-D
         assert all("rotary_embedding_dim" not in a and "num_heads" not in a for a in attrs)
-    else:  # 3-D form on the projection, then the head split again
-        assert all(a["num_heads"] in (4, 2, 1) and "rotary_embedding_dim" not in a for a in attrs)
+    else:  # 3-D on the projection, then the head split (gptj: partial 16 of 32, glm 8 of 16)
+        partial = PARTIAL_DIM.get(fx.arch)
+        assert all(a["num_heads"] in (4, 2, 1) for a in attrs)
+        assert all(a.get("rotary_embedding_dim") == partial for a in attrs)
         for n in rope:
             reshape = consumers[n.output[0]]
             assert reshape.op_type == "Reshape"
@@ -64,8 +85,10 @@ def test_fixture(fx: Fixture, target: str) -> None:
     cos_inputs = {n.input[2 if target == "ort" else 1] for n in rope}
     assert len(cos_inputs) == counters(report)["caches"] <= (4 if fx.arch == "gemma3" else 2)
     inits = {t.name: t for t in out.graph.initializer}
-    for name in cos_inputs:
-        assert next(iter(inits[name].dims)) == 4096  # the default rotary_max_positions
+    for name in cos_inputs:  # the default rotary_max_positions; gptj: its table's rows;
+        # longrope: the short and the long table stacked
+        rows = {"gptj": 256, "phi3_longrope": 2 * 4096}.get(fx.arch, 4096)
+        assert next(iter(inits[name].dims)) == rows
     if target == "onnx":
         onnx.checker.check_model(out, full_check=True)
     else:

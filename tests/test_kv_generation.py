@@ -265,13 +265,13 @@ def test_genai_config_written_atomically(tmp_path: Path) -> None:
 
 # --- end to end: every decoder fixture through add_kv_cache (runs once the pass lands) ------
 
-DECODERS = fixtures(decoder=True)
+DECODERS = fixtures(decoder=True, kv_cache=True)
 E2E = [
     pytest.param(fx, target, mode, id=f"{fx.name}-{target}-{mode}")
     for fx in DECODERS
     for target, mode in (("ort", "standard"), ("onnx", "standard"), ("ort", "inplace"))
 ]
-CHUNKED = fixtures(decoder=True, dtype="float32")
+CHUNKED = fixtures(decoder=True, dtype="float32", kv_cache=True)
 # Architectures whose rotary covers the whole head (gpt_neox rotates a quarter of it: GQA's
 # do_rotary cannot take that, the RotaryEmbedding stays).
 FULL_ROTARY = {"llama", "mistral", "qwen2", "phi3", "gemma"}
@@ -342,7 +342,7 @@ def test_chunked_prefill(fx, target: str, tmp_path: Path) -> None:  # type: igno
     np.testing.assert_allclose(got.logits, ref.logits, atol=1e-4, rtol=0)
 
 
-GENAI_FX = fixtures(decoder=True, dtype="float32")
+GENAI_FX = fixtures(decoder=True, dtype="float32", kv_cache=True)
 
 
 @needs_genai
@@ -366,7 +366,7 @@ def test_cached_model_runs_under_genai(fx, mode: str, tmp_path: Path) -> None:  
 
 # --- a model exported WITH a cache -> in-place (and standard) form ---------------------------
 
-ADOPT_FX = fixtures(decoder=True, dtype="float32")
+ADOPT_FX = fixtures(decoder=True, dtype="float32", kv_cache=True)
 # gemma3's q/k norms are SimplifiedLayerNormalization (ONNX Runtime's, in the default domain),
 # which onnx shape inference does not type: re-imported from a file, Q has no recorded dtype.
 # The lowering reads it through the norm (attention/shapes.h dtype_of), so it is lowered in place

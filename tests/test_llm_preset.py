@@ -16,8 +16,21 @@ from conftest import CORPUS_DIR
 from llm_fixtures import Fixture, assert_parity, fixtures, ids, op_count, optimize
 
 ALL = fixtures()
-ROPE_ARCHS = {"llama", "mistral", "qwen2", "phi3", "gemma", "gemma3", "gpt_neox"}
-RMS_ARCHS = {"llama", "mistral", "qwen2", "phi3", "gemma", "gemma3"}
+ROPE_ARCHS = {
+    "llama",
+    "mistral",
+    "qwen2",
+    "phi3",
+    "gemma",
+    "gemma3",
+    "gpt_neox",
+    "gptj",
+    "cohere",
+    "glm",
+    "glm4",
+    "phi3_longrope",
+}
+RMS_ARCHS = {"llama", "mistral", "qwen2", "phi3", "gemma", "gemma3", "glm", "glm4", "phi3_longrope"}
 
 NORMS_ORT = (
     "SimplifiedLayerNormalization",
@@ -34,7 +47,10 @@ DECOMPOSED = ("ReduceMean", "Softmax", "Sin", "Cos", "Neg", "Sqrt", "Erf")
 def expected_norms(fx: Fixture) -> int:
     # Two per layer plus the final one; bert: the embeddings' norm instead of a final one.
     # gemma3: four around the blocks (pre/post attention, pre/post MLP) and the q/k norms.
-    return (6 if fx.arch == "gemma3" else 2) * fx.layers + 1
+    # glm4: pre and post norms around both blocks. gptj, cohere: attention and MLP in parallel
+    # after one norm.
+    per_layer = {"gemma3": 6, "glm4": 4, "gptj": 1, "cohere": 1}.get(fx.arch, 2)
+    return per_layer * fx.layers + 1
 
 
 def expected_attention_op(fx: Fixture) -> str:

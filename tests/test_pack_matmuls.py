@@ -23,11 +23,29 @@ def test_fixtures_pack_all(fx):
     _, plain = optimize(fx, passes=base)
     n = fx.layers
     # Q/K/V (3 MatMuls) and gate/up (2) per layer pack into 2; bert, clip pack Q/K/V (biases too);
-    # gpt2, gpt_neox and phi3 export packed projections already.
+    # gpt2, gpt_neox and phi3 export packed projections already. Parallel blocks read one norm
+    # for attention and MLP: gptj packs Q/K/V with fc_in (4 into 1), cohere Q/K/V with gate/up
+    # (5 into 1); opt, glm and glm4 (gate_up exported packed) pack Q/K/V with their biases.
     packed_per_layer = {"llama": 2, "mistral": 2, "qwen2": 2, "gemma": 2, "gemma3": 2}
-    packed_per_layer |= {"bert": 1, "clip": 1}
+    packed_per_layer |= {
+        "bert": 1,
+        "clip": 1,
+        "gptj": 1,
+        "cohere": 1,
+        "opt": 1,
+        "glm": 1,
+        "glm4": 1,
+    }
     removed_per_layer = {"llama": 3, "mistral": 3, "qwen2": 3, "gemma": 3, "gemma3": 3}
-    removed_per_layer |= {"bert": 2, "clip": 2}
+    removed_per_layer |= {
+        "bert": 2,
+        "clip": 2,
+        "gptj": 3,
+        "cohere": 4,
+        "opt": 2,
+        "glm": 2,
+        "glm4": 2,
+    }
     packed = packed_per_layer.get(fx.arch, 0) * n
     removed = removed_per_layer.get(fx.arch, 0) * n
     assert op_count(out, "MatMul") == op_count(plain, "MatMul") - removed

@@ -446,6 +446,23 @@ bool transpose(const Node& n, RuleContext& ctx, std::vector<Facts>& out) {
   return true;
 }
 
+// Tile: dim i times repeats[i] (gptj's repeat_interleave exports as Unsqueeze -> Tile ->
+// Reshape); the rank alone when the repeats are not known.
+bool tile(const Node&, RuleContext& ctx, std::vector<Facts>& out) {
+  const Facts& x = ctx.in(0);
+  const Facts& r = ctx.in(1);
+  Facts& o = out[0];
+  o.dtype = x.dtype;
+  if (!x.ranked) return true;
+  o = fresh_ranked(ctx, x.dtype, x.dims.size());
+  if (!r.has_value || r.value.size() != x.dims.size()) return true;
+  for (size_t i = 0; i < x.dims.size(); ++i) {
+    auto d = DimExpr::mul(x.dims[i], r.value[i]);
+    o.dims[i] = d && ctx.symbols().nonneg(*d) ? *d : ctx.fresh_dim();
+  }
+  return true;
+}
+
 bool expand(const Node&, RuleContext& ctx, std::vector<Facts>& out) {
   const Facts& x = ctx.in(0);
   const Facts& s = ctx.in(1);
@@ -600,6 +617,7 @@ void add_shape_rules(RuleTable& t) {
                      {"Flatten", flatten},
                      {"Transpose", transpose},
                      {"Expand", expand},
+                     {"Tile", tile},
                      {"ConstantOfShape", constant_of_shape},
                      {"Range", range},
                      {"Cast", cast},

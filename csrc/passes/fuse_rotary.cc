@@ -17,6 +17,13 @@
 // -> one RotaryEmbedding(x, rotary_embedding_dim=r); when r == D the pass-through slice is empty
 // (phi3's export with the full head) and the Concat goes.
 //
+// Interleaved pairs (gptj, cohere, glm: rotate_every_two, cos/sin repeat_interleave'd) become
+// RotaryEmbedding(interleaved = 1), see rotary_interleaved.h; gptj rotates (B,S,H,D) before the
+// Transpose: the 3-D form on the projection, or Transposes around the 4-D form.
+// LongRoPE (phi3): inv_freq = Where(max(positions) + 1 > t, long, short) for every position; the
+// caches stack the short table's R rows over the long table's and the positions get + R while
+// the switch is on (exact on both sides of t; add_kv_cache refuses such a model).
+//
 // Every Hugging Face RoPE model exports apply_rotary_pos_emb this way with both exporters
 // (TorchScript computes rotate_half's bounds from Shape -> Gather -> Div(2)). The cos/sin
 // subgraph becomes two (max_positions, D/2) constant caches shared by every layer's q and k;
@@ -38,6 +45,7 @@
 #include "passes/attention/rotary_cache.h"
 #include "passes/fusion_util.h"
 #include "passes/registry.h"
+#include "passes/rotary_interleaved.h"
 
 namespace fastopt::passes {
 namespace {
@@ -82,11 +90,10 @@ struct HeadSplit {
   int64_t head_dim = 0;
 };
 
-std::optional<HeadSplit> head_split(const Value* x) {
-  Node* tr = made_by(x, "Transpose");
-  const Attribute* perm = tr ? tr->attribute("perm") : nullptr;
-  if (!perm || perm->ints != std::vector<int64_t>{0, 2, 1, 3}) return std::nullopt;
-  Node* rs = made_by(tr->inputs()[0], "Reshape");
+// x (B,S,H,D) = Reshape(x3d (B,S,H*D), shape): the split before the Transpose (gptj rotates
+// there).
+std::optional<HeadSplit> reshape_split(const Value* x) {
+  Node* rs = made_by(x, "Reshape");
   if (!rs || value_rank(rs->inputs()[0]) != 3) return std::nullopt;
   HeadSplit h;
   h.reshape = rs;
@@ -97,7 +104,7 @@ std::optional<HeadSplit> head_split(const Value* x) {
   if (!d || *d <= 0) return std::nullopt;
   h.head_dim = *d;
   auto hidden = known_dim(h.x3d, 2);
-  auto heads = known_dim(x, 1);
+  auto heads = known_dim(x, 2);
   if (!heads || *heads <= 0) heads = shape_element(shape, 2);
   if ((!heads || *heads <= 0) && hidden && *hidden % h.head_dim == 0) {
     heads = *hidden / h.head_dim;
@@ -115,6 +122,14 @@ std::optional<HeadSplit> head_split(const Value* x) {
   }
   h.heads = *heads;
   return h;
+}
+
+// x (B,H,S,D) = Transpose(0,2,1,3)(Reshape(x3d (B,S,H*D), shape)).
+std::optional<HeadSplit> head_split(const Value* x) {
+  Node* tr = made_by(x, "Transpose");
+  const Attribute* perm = tr ? tr->attribute("perm") : nullptr;
+  if (!perm || perm->ints != std::vector<int64_t>{0, 2, 1, 3}) return std::nullopt;
+  return reshape_split(tr->inputs()[0]);
 }
 
 // Constant start/end of a Slice on the last axis of a rank-4 value with step 1, or nullopt.
@@ -145,6 +160,7 @@ std::optional<int64_t> single_int(const Value* v) {
 std::optional<int64_t> head_dim(const Value* x) {
   if (auto d = known_dim(x, 3)) return d;
   if (auto h = head_split(x)) return h->head_dim;
+  if (auto h = reshape_split(x)) return h->head_dim;
   if (Node* sl = made_by(x, "Slice")) {
     auto b = last_axis_slice(sl);
     auto inner = head_dim(sl->inputs()[0]);
@@ -156,14 +172,26 @@ std::optional<int64_t> head_dim(const Value* x) {
   return std::nullopt;
 }
 
-// H of a rank-4 (B,H,S,D) value: its type, or the head split under last-axis Slices.
-std::optional<int64_t> num_heads_4d(const Value* x) {
-  if (auto n = known_dim(x, 1)) return n;
-  if (auto h = head_split(x)) return h->heads;
+// H of a rank-4 value, (B,H,S,D) (seq_axis 2) or (B,S,H,D) (seq_axis 1): its type, or the head
+// split under last-axis Slices.
+std::optional<int64_t> num_heads_4d(const Value* x, int seq_axis = 2) {
+  if (auto n = known_dim(x, seq_axis == 2 ? 1 : 2)) return n;
+  if (auto h = seq_axis == 2 ? head_split(x) : reshape_split(x)) return h->heads;
   if (Node* sl = made_by(x, "Slice")) {
-    if (last_axis_slice(sl)) return num_heads_4d(sl->inputs()[0]);
+    if (last_axis_slice(sl)) return num_heads_4d(sl->inputs()[0], seq_axis);
   }
   return std::nullopt;
+}
+
+// Any last-axis Slice, for the interleaved form's x[..., :r] (step 1 or 2 checked elsewhere).
+bool is_rank4(const Value* x) {
+  for (int hops = 0; x && hops < 4; ++hops) {
+    if (value_rank(x) == 4 || head_split(x) || reshape_split(x)) return true;
+    Node* sl = made_by(x, "Slice");
+    if (!sl || !last_axis_slice(sl)) return false;
+    x = sl->inputs()[0];
+  }
+  return false;
 }
 
 // rotate_half's split point: the constant D/2, or Unsqueeze(Div(Gather(Shape(x), -1), 2)).
@@ -250,9 +278,28 @@ struct Emitter {
     return rw.op1("Expand", {pos, bs});
   }
 
-  // RotaryEmbedding over x (B,H,S,D): the 3-D form on x3d when x is a head split of it.
+  int64_t max_positions() const {
+    auto it = ctx->options.find("rotary_max_positions");
+    return it != ctx->options.end() ? it->second : kDefaultMaxPositions;
+  }
+
+  // LongRoPE: the rows of the switched table follow the first table's R rows in the caches, so
+  // positions + R * Cast(switch_cond) read the table the graph picks.
+  Value* switched_positions(Rewriter& rw, const rotary::CosSinSource& c, Value* pos) const {
+    if (!c.switch_cond) return pos;
+    const int64_t rows = rotary::switch_table_rows(c, max_positions());
+    std::vector<Attribute> to;
+    to.push_back(attr_int("to", kInt64));
+    Value* on = rw.op1("Cast", {c.switch_cond}, std::move(to));
+    Value* r = rw.initializer("rotary_switch_rows", make_int64_tensor({rows}, {}));
+    ++ctx->counters["switched_tables"];
+    return rw.op1("Add", {pos, rw.op1("Mul", {on, r})});
+  }
+
+  // RotaryEmbedding over x (B,H,S,D) (seq_axis 2) or (B,S,H,D) (seq_axis 1): the 3-D form on
+  // x3d when x is a head split of it; (B,S,H,D) otherwise goes through Transposes to the 4-D form.
   Value* emit(Rewriter& rw, Value* x, Value* pos, Value* cos, Value* sin, int64_t interleaved,
-              int64_t rotary_dim) const {
+              int64_t rotary_dim, int seq_axis = 2) const {
     auto rope = [&](Value* in, std::optional<int64_t> heads) {
       pos = positions(rw, pos, in, x, in != x ? 1 : 2);  // S: axis 1 of x3d, 2 of x
       std::vector<Attribute> attrs;
@@ -263,18 +310,38 @@ struct Emitter {
       import_domain(rw.graph(), kMsDomain);
       return rw.op1("RotaryEmbedding", {in, pos, cos, sin}, std::move(attrs), kMsDomain);
     };
-    if (auto h = head_split(x)) {
+    auto swap = [&](Value* v) {  // (B,S,H,D) <-> (B,H,S,D)
+      std::vector<Attribute> perm;
+      perm.push_back(attr_ints("perm", {0, 2, 1, 3}));
+      return rw.op1("Transpose", {v}, std::move(perm));
+    };
+    if (auto h = seq_axis == 2 ? head_split(x) : reshape_split(x)) {
       Node* rs = h->reshape;
       Value* y = rope(h->x3d, h->heads);
       std::vector<Attribute> rs_attrs;
       for (const Attribute& a : rs->attributes) rs_attrs.push_back(copy_attribute(a));
       y = rw.op1("Reshape", {y, rs->inputs()[1]}, std::move(rs_attrs));
       ++ctx->counters["rotary_3d"];
-      std::vector<Attribute> perm;
-      perm.push_back(attr_ints("perm", {0, 2, 1, 3}));
-      return rw.op1("Transpose", {y}, std::move(perm));
+      return seq_axis == 2 ? swap(y) : y;
     }
     ++ctx->counters["rotary_4d"];
+    if (seq_axis == 1) {
+      Value* bhsd = swap(x);
+      auto heads = rotary_dim > 0 ? num_heads_4d(x, 1) : std::nullopt;
+      pos = positions(rw, pos, bhsd, x, 2);
+      std::vector<Attribute> attrs;
+      attrs.push_back(attr_int("interleaved", interleaved));
+      if (heads) attrs.push_back(attr_int("num_heads", *heads));
+      if (rotary_dim > 0) attrs.push_back(attr_int("rotary_embedding_dim", rotary_dim));
+      Value* y;
+      if (onnx()) {
+        y = rw.op1("RotaryEmbedding", {bhsd, cos, sin, pos}, std::move(attrs));
+      } else {
+        import_domain(rw.graph(), kMsDomain);
+        y = rw.op1("RotaryEmbedding", {bhsd, pos, cos, sin}, std::move(attrs), kMsDomain);
+      }
+      return swap(y);
+    }
     // num_heads is needed (and checked by the caller) only with rotary_embedding_dim.
     return rope(x, rotary_dim > 0 ? num_heads_4d(x) : std::nullopt);
   }
@@ -291,12 +358,20 @@ struct Emitter {
     }
     if (c.kind == rotary::CosSinSource::Kind::kTable) {
       key += "table:" + std::to_string(reinterpret_cast<uintptr_t>(c.table.get())) + ":" +
-             std::to_string(reinterpret_cast<uintptr_t>(s.table.get()));
+             std::to_string(reinterpret_cast<uintptr_t>(s.table.get())) + ":" +
+             std::to_string(c.table_column) + ":" + std::to_string(s.table_column) + ":" +
+             std::to_string(c.half);
     } else {
       key += "freq:" + std::to_string(max_positions) + ":" +
              (c.scaling ? std::to_string(*c.scaling) : std::string("-")) + ":" +
              (c.via_half ? "half:" : "");
       key.append(reinterpret_cast<const char*>(c.inv_freq.data()), c.inv_freq.size() * 4);
+      if (c.switch_cond) {
+        key += ":switch:" + std::to_string(reinterpret_cast<uintptr_t>(c.switch_cond)) + ":" +
+               std::to_string(c.switch_rows) + ":";
+        key.append(reinterpret_cast<const char*>(c.switched_inv_freq.data()),
+                   c.switched_inv_freq.size() * 4);
+      }
     }
     auto it = memo->find(key);
     if (it != memo->end()) return it->second;
@@ -364,7 +439,8 @@ std::vector<Rule> rules(PassContext& ctx) {
       return rw.fail("cos and sin come from different sources");
     }
     if (c->kind == rotary::CosSinSource::Kind::kFrequencies &&
-        (c->inv_freq != s->inv_freq || c->scaling != s->scaling || c->via_half != s->via_half)) {
+        (c->inv_freq != s->inv_freq || c->scaling != s->scaling || c->via_half != s->via_half ||
+         c->switch_cond != s->switch_cond || c->switched_inv_freq != s->switched_inv_freq)) {
       return rw.fail("cos and sin use different frequencies or scaling");
     }
     if (c->dtype != t || s->dtype != t) return rw.fail("cos/sin dtype differs from x's");
@@ -383,7 +459,62 @@ std::vector<Rule> rules(PassContext& ctx) {
     // Last check: caches() adds its initializers only when both caches could be made.
     auto caches = em.caches(rw.graph(), *c, *s);
     if (!caches) return rw.fail("a cos/sin table's two halves differ (not rotate_half's layout)");
-    return std::vector<Value*>{em.emit(rw, vx, c->positions, caches->first, caches->second, 0, 0)};
+    Value* pos = em.switched_positions(rw, *c, c->positions);
+    return std::vector<Value*>{em.emit(rw, vx, pos, caches->first, caches->second, 0, 0)};
+  };
+
+  // --- interleaved: Add(Mul(x, cos), Mul(rotate_every_two(x), sin)) (rotary_interleaved.h) ---
+  auto ip = std::make_shared<Pattern>("fuse_rotary_interleaved");
+  P ix = ip->var("x");
+  P odd = ip->op("Slice", {ix, ip->var("odd_start"), ip->var("odd_end")}).extra_inputs();
+  P even = ip->op("Slice", {ix, ip->var("even_start"), ip->var("even_end")}).extra_inputs();
+  P pairs = ip->op("Concat", {ip->op("Unsqueeze", {ip->op("Neg", {odd})}).extra_inputs(),
+                              ip->op("Unsqueeze", {even}).extra_inputs()})
+                .shared();  // TorchScript reads its shape for the flatten
+  P irot = ip->op("Reshape", {pairs, ip->var("flat_shape")});
+  P icos = ip->var("cos"), isin = ip->var("sin");
+  ip->root(ip->op("Add", {ip->op("Mul", {ix, icos}).commutative(),
+                          ip->op("Mul", {irot, isin}).commutative()})
+               .commutative());
+
+  RewriteFn interleaved = [=, &ctx](const Match& m, Rewriter& rw) -> Replacement {
+    Value* vx = m.value(ix);
+    if (m.node(irot)->graph() != &rw.graph()) return rw.fail("the match spans graphs");
+    if (auto problem = em.target_problem(rw.graph())) return rw.fail(*problem);
+    if (!is_rank4(vx)) return rw.fail("x is not known to be rank 4");
+    const int32_t t = value_dtype(vx) ? value_dtype(vx) : value_dtype(m.value(irot));
+    if (t != kFloat && t != kFloat16) {
+      return rw.fail("dtype " + dtype_name(t) + " (RotaryEmbedding: float, float16)");
+    }
+    auto d = head_dim(vx);
+    if (!d || *d <= 0 || *d % 2 != 0) return rw.fail("the rotary width D is unknown or odd");
+    std::string why = rotary::check_rotate_every_two(m.value(irot), vx, *d);
+    if (!why.empty()) return rw.fail(why);
+    auto c = rotary::trace_interleaved(m.value(icos), "Cos", &why);
+    if (!c) return rw.fail(why);
+    auto s = rotary::trace_interleaved(m.value(isin), "Sin", &why);
+    if (!s) return rw.fail(why);
+    const rotary::CosSinSource &cs = c->source, &ss = s->source;
+    if (cs.kind != ss.kind || cs.positions != ss.positions || c->seq_axis != s->seq_axis) {
+      return rw.fail("cos and sin come from different sources");
+    }
+    if (cs.kind == rotary::CosSinSource::Kind::kFrequencies &&
+        (cs.inv_freq != ss.inv_freq || cs.scaling != ss.scaling || cs.via_half != ss.via_half ||
+         cs.switch_cond != ss.switch_cond || cs.switched_inv_freq != ss.switched_inv_freq)) {
+      return rw.fail("cos and sin use different frequencies or scaling");
+    }
+    if (cs.dtype != t || ss.dtype != t) return rw.fail("cos/sin dtype differs from x's");
+    if (2 * cs.half != *d || 2 * ss.half != *d) {
+      return rw.fail("the cos/sin width is not the rotary width D = " + std::to_string(*d));
+    }
+    if (value_rank(cs.positions) != 2 || value_dtype(cs.positions) != kInt64) {
+      return rw.fail("the positions are not int64 (B, S)");
+    }
+    auto caches = em.caches(rw.graph(), cs, ss);
+    if (!caches) return rw.fail("the cos/sin table has too few columns");
+    ++ctx.counters["interleaved"];
+    return std::vector<Value*>{em.emit(rw, vx, em.switched_positions(rw, cs, cs.positions),
+                                       caches->first, caches->second, 1, 0, c->seq_axis)};
   };
 
   // --- partial rotary: Concat(rope(x[..., :r]), x[..., r:]) ---
@@ -399,17 +530,22 @@ std::vector<Rule> rules(PassContext& ctx) {
     if (m.node(pass)->graph() != &rw.graph()) return rw.fail("the match spans graphs");
     auto axis = int_attr(m.node(cat), "axis");
     if (axis != -1 && axis != 3) return rw.fail("the Concat is not on the last axis");
-    // The rotated part: RotaryEmbedding (4-D form) or Transpose(Reshape(RotaryEmbedding)).
+    // The rotated part: RotaryEmbedding (4-D form) or Transpose(Reshape(RotaryEmbedding)), or
+    // on (B,S,H,D): Transpose(RotaryEmbedding(Transpose(.))) or Reshape(RotaryEmbedding).
     Node* re = vy->producer();
-    if (!is_rotary(re)) {
-      Node* tr = made_by(vy, "Transpose");
-      Node* rs = tr ? made_by(tr->inputs()[0], "Reshape") : nullptr;
+    int seq_axis = 2;
+    Node* tr = made_by(vy, "Transpose");
+    if (!is_rotary(re) && tr && is_rotary(tr->inputs()[0]->producer()) &&
+        made_by(tr->inputs()[0]->producer()->inputs()[0], "Transpose")) {
+      re = tr->inputs()[0]->producer();
+      seq_axis = 1;
+    } else if (!is_rotary(re)) {
+      Node* rs = made_by(tr ? tr->inputs()[0] : vy, "Reshape");
       re = rs ? rs->inputs()[0]->producer() : nullptr;
+      if (!tr) seq_axis = 1;
       if (!is_rotary(re)) return rw.fail("the first input is not a fused rotary embedding");
     }
-    if (value_rank(vx) != 4 && !head_split(vx)) {
-      return rw.fail("x is not known to be rank 4 (B, H, S, D)");
-    }
+    if (!is_rank4(vx)) return rw.fail("x is not known to be rank 4");
     auto d = head_dim(vx);
     if (!d) return rw.fail("the head size D is unknown");
     auto b = last_axis_slice(m.node(pass));
@@ -423,10 +559,15 @@ std::vector<Rule> rules(PassContext& ctx) {
       return std::vector<Value*>{vy};
     }
     // rotary_embedding_dim = r: the rotated part must be the 4-D form on x[..., :r].
-    Node* sl = made_by(re->inputs()[0], "Slice");
+    Node* in_tr = seq_axis == 1 ? made_by(re->inputs()[0], "Transpose") : nullptr;
+    Node* sl = made_by(in_tr ? in_tr->inputs()[0] : re->inputs()[0], "Slice");
     auto rb = sl ? last_axis_slice(sl) : std::nullopt;
-    if (re->outputs()[0] != vy || !sl || sl->inputs()[0] != vx || !rb ||
-        single_int(rb->start) != 0 || single_int(rb->end) != *r) {
+    const Value* re_out = seq_axis == 1 ? (tr ? tr->outputs()[0] : nullptr) : re->outputs()[0];
+    if (seq_axis == 1 && (!in_tr || !tr)) {
+      return rw.fail("the rotary embedding is not applied to Slice(x, 0, r) (B, S, H, D)");
+    }
+    if (re_out != vy || !sl || sl->inputs()[0] != vx || !rb || single_int(rb->start) != 0 ||
+        single_int(rb->end) != *r) {
       return rw.fail(
           "the rotary embedding is not applied to Slice(x, 0, r = " + std::to_string(*r) + ")");
     }
@@ -444,15 +585,17 @@ std::vector<Rule> rules(PassContext& ctx) {
     if (!cache || cache->dims.size() != 2 || 2 * cache->dims[1] != *r) {
       return rw.fail("the cos cache is not (max_positions, r/2)");
     }
-    if (!head_split(vx) && !num_heads_4d(vx)) {
+    if (!num_heads_4d(vx, seq_axis)) {
       return rw.fail("the number of heads is unknown (num_heads is needed with a partial dim)");
     }
     ++ctx.counters["partial"];
     return std::vector<Value*>{
-        em.emit(rw, vx, pos, cc, sc, int_attr(re, "interleaved").value_or(0), *r)};
+        em.emit(rw, vx, pos, cc, sc, int_attr(re, "interleaved").value_or(0), *r, seq_axis)};
   };
 
-  return {{"fuse_rotary", p, rewrite}, {"fuse_rotary_partial", pp, partial}};
+  return {{"fuse_rotary", p, rewrite},
+          {"fuse_rotary_interleaved", ip, interleaved},
+          {"fuse_rotary_partial", pp, partial}};
 }
 
 const PassRegistrar kRegister{rule_pass(

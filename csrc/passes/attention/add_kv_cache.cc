@@ -233,6 +233,32 @@ std::vector<Layer> check_layers(const Graph& g, const std::vector<Node*>& attent
   return layers;
 }
 
+// A reduction over the positions (LongRoPE's max(position_ids) + 1 > t that switches rotary
+// tables, fused or not) makes every token's rotation depend on the longest position: a cached
+// key keeps the rotation of its step, which the full recompute replaces once the switch flips.
+// The first such node that reads `positions` through shape-keeping ops, or null.
+const Node* position_reduction(const Graph& g, const Value* positions) {
+  if (!positions) return nullptr;
+  for (const Node* n = g.first(); n; n = n->next()) {
+    if (!n->domain.value.empty() ||
+        (n->op_type != "ReduceMax" && n->op_type != "ReduceMin" && n->op_type != "ArgMax")) {
+      continue;
+    }
+    const Value* v = n->inputs().empty() ? nullptr : n->inputs()[0];
+    for (int steps = 0; v && v != positions && steps < 4; ++steps) {
+      const Node* p = v->producer();
+      if (!p || !p->domain.value.empty() ||
+          (p->op_type != "Cast" && p->op_type != "Unsqueeze" && p->op_type != "Reshape")) {
+        v = nullptr;
+        break;
+      }
+      v = p->inputs()[0];
+    }
+    if (v == positions) return n;
+  }
+  return nullptr;
+}
+
 // Positions computed inside the graph: the Range(0, S) of each RotaryEmbedding's positions
 // (none when the model has a position_ids input).
 std::vector<Node*> position_ranges(Graph& g) {
@@ -361,6 +387,12 @@ int64_t add_kv_cache(Model& m, PassContext& ctx) {
   }
   const std::vector<Layer> layers = check_layers(g, attentions);
   const std::vector<Node*> ranges = position_ranges(g);
+  if (const Node* r = position_reduction(g, graph_input(g, "position_ids"))) {
+    refuse(r->op_type + " '" + r->name.value +
+           "' reduces over position_ids (a LongRoPE switch of rotary tables at the longest "
+           "position): a cached key keeps the rotation of its step, which the full recompute "
+           "changes once the switch flips");
+  }
   const std::vector<int64_t> windows = proven_windows(g, attentions, false);
 
   // ---- edits ----

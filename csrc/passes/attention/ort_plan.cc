@@ -20,14 +20,29 @@ namespace fastopt::passes {
 namespace {
 
 // The RotaryEmbedding (com.microsoft, 3-D) that made `x3`, when GroupQueryAttention can apply
-// it instead (do_rotary): full rotary without options; else null. (Other readers keep the node.)
+// it instead (do_rotary): no options but a partial dim r that GQA reads from a (M, r/2) cache
+// whose width is a multiple of 8 (its kernels' rule); else null. (Other readers keep the node.)
 const Node* foldable_rotary(const Value* x3) {
   const Node* r = x3 ? x3->producer() : nullptr;
   if (!r || r->op_type != "RotaryEmbedding" || r->domain.value != kMsDomain ||
-      r->inputs().size() != 4 || int_attr_or(r, "rotary_embedding_dim", 0) != 0 ||
-      int_attr_or(r, "is_packed_batching", 0) || r->attribute("scale") || !r->inputs()[0] ||
-      !r->inputs()[2] || !r->inputs()[3]) {
+      r->inputs().size() != 4 || int_attr_or(r, "is_packed_batching", 0) || r->attribute("scale") ||
+      !r->inputs()[0] || !r->inputs()[2] || !r->inputs()[3]) {
     return nullptr;
+  }
+  // GQA rotates at its own positions (past length + s): positions computed with an offset (a
+  // LongRoPE table switch) must stay with the node.
+  const Value* pos = r->inputs()[1];
+  for (int steps = 0; pos && pos->producer() && steps < 6; ++steps) {
+    const Node* p = pos->producer();
+    if (p->op_type == "Add" || p->op_type == "Mul" || p->op_type == "Sub") return nullptr;
+    if (p->inputs().empty()) break;
+    pos = p->inputs()[0];
+  }
+  if (const int64_t dim = int_attr_or(r, "rotary_embedding_dim", 0); dim != 0) {
+    auto cache = constant_tensor(r->inputs()[2]);
+    if (!cache || cache->dims.size() != 2 || 2 * cache->dims[1] != dim || cache->dims[1] % 8 != 0) {
+      return nullptr;
+    }
   }
   return r;
 }
@@ -138,7 +153,9 @@ OrtLoweringPlan plan_ort_lowering(const Node* node, const Graph& g, const PassCo
   }
   if (use_gqa && !same_len) {
     return refused("GroupQueryAttention (" + dtype_name(dtype) +
-                   (dtype == kFloat ? ", Hkv < Hq" : "") +
+                   (dtype == kFloat && hkv < hq ? ", Hkv < Hq"
+                    : inplace                   ? ", in place"
+                                                : "") +
                    (cache ? ") needs the new K/V rows of the query's length"
                           : ") needs S == T, not shown by the shapes of Q and K nor by the graph"));
   }

@@ -1,19 +1,20 @@
 #include "passes/attention/rotary_cache.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "ir/constant.h"
 
 namespace fastopt::passes::rotary {
-namespace {
 
-// Unsqueeze axes: input 1 from opset 13 on, the attribute before.
 std::optional<std::vector<int64_t>> unsqueeze_axes(const Node* n) {
   if (n->inputs().size() > 1 && n->inputs()[1]) return constant_ints(n->inputs()[1]);
   if (const Attribute* a = n->attribute("axes")) return a->ints;
   return std::nullopt;
 }
+
+namespace {
 
 bool unsqueezes_at(const Node* n, int64_t axis, int64_t alt_axis) {
   auto axes = unsqueeze_axes(n);
@@ -53,7 +54,7 @@ bool take_positions(const Node* cast, const Value* inv, int64_t axis, int64_t al
     return false;
   }
   auto values = float_values(inv, 1 << 16);
-  if (!values) {
+  if (!values || (s->switch_cond && s->switched_inv_freq.size() != values->size())) {
     *why = "the inverse frequencies are not a float constant";
     return false;
   }
@@ -62,11 +63,51 @@ bool take_positions(const Node* cast, const Value* inv, int64_t axis, int64_t al
   return true;
 }
 
+// LongRoPE's switch: Where(Greater(Add(ReduceMax(pos), c), t), long, short) with float vector
+// constants; fills the switch fields and returns `short`, or null (why set) when `v` is not one.
+Value* trace_switch(Value* v, CosSinSource* s, std::string* why) {
+  Node* where = made_by(v, "Where");
+  if (!where) return nullptr;
+  *why =
+      "the inverse frequencies switch tables (Where) other than on Greater(max(positions) + "
+      "c, t)";
+  Value* cond = where->inputs()[0];
+  Node* gt = made_by(cond, "Greater");
+  auto t = gt ? constant_scalar(gt->inputs()[1]) : std::nullopt;
+  Node* add = gt ? made_by(gt->inputs()[0], "Add") : nullptr;
+  if (!t || !add || value_rank(cond) > 0) return nullptr;
+  for (int i = 0; i < 2; ++i) {
+    Node* max = made_by(add->inputs()[i], "ReduceMax");
+    auto c = constant_scalar(add->inputs()[1 - i]);
+    if (!max || !c || int_attr(max, "keepdims").value_or(1) != 0) continue;
+    const bool all_axes = max->inputs().size() < 2 || !max->inputs()[1];
+    if (!all_axes || max->attribute("axes")) continue;  // the max over every position
+    auto hi = float_values(where->inputs()[1], 1 << 16);
+    auto lo = constant_tensor(where->inputs()[2]);
+    if (!hi || !lo) {
+      *why = "the switched inverse frequencies are not float constants";
+      return nullptr;
+    }
+    s->switch_cond = cond;
+    s->switched_inv_freq = std::move(*hi);
+    // Off while max + c <= t: every position p <= t - c reads the first table.
+    s->switch_rows = static_cast<int64_t>(std::floor(*t - *c)) + 1;
+    why->clear();
+    return where->inputs()[2];
+  }
+  return nullptr;
+}
+
 // Mul form: f = Cast(float)(Unsqueeze(pos, 2)) * inv_freq.
 bool trace_mul(const Node* mul, CosSinSource* s, std::string* why) {
   for (int i = 0; i < 2; ++i) {
     Value* inv = mul->inputs()[i];
     Node* cast = made_by(mul->inputs()[1 - i], "Cast");
+    if (cast && !s->switch_cond && made_by(inv, "Where")) {
+      Value* short_inv = trace_switch(inv, s, why);
+      if (!short_inv) return false;
+      inv = short_inv;
+    }
     auto t = constant_tensor(inv);
     if (!t || !cast) continue;
     if (t->dims.empty() || single_axis(*t) != static_cast<int>(t->dims.size()) - 1) {
@@ -202,28 +243,41 @@ std::optional<CosSinSource> trace_cos_sin(Value* v, const std::string& fn, std::
     return std::nullopt;
   }
   s.angles = cat->outputs()[0];
-  Value* f = cat->inputs()[0];
-  if (Node* mul = made_by(f, "Mul")) {
-    if (!trace_mul(mul, &s, why)) return std::nullopt;
-  } else if (Node* tr = made_by(f, "Transpose")) {
-    if (!trace_matmul(tr, &s, why)) return std::nullopt;
-  } else {
-    *why = "the frequencies f of Concat(f, f) are neither a Mul nor a Transpose(MatMul)";
-    return std::nullopt;
-  }
-  s.half = static_cast<int64_t>(s.inv_freq.size());
+  if (!trace_frequencies(cat->inputs()[0], &s, why)) return std::nullopt;
   return s;
 }
 
+bool trace_frequencies(Value* f, CosSinSource* s, std::string* why) {
+  if (Node* mul = made_by(f, "Mul")) {
+    if (!trace_mul(mul, s, why)) return false;
+  } else if (Node* tr = made_by(f, "Transpose")) {
+    if (!trace_matmul(tr, s, why)) return false;
+  } else {
+    *why = "the frequencies f are neither a Mul nor a Transpose(MatMul)";
+    return false;
+  }
+  s->half = static_cast<int64_t>(s->inv_freq.size());
+  return true;
+}
+
+int64_t switch_table_rows(const CosSinSource& s, int64_t max_positions) {
+  return std::max(max_positions, s.switch_rows);
+}
+
 std::shared_ptr<Tensor> frequency_cache(const CosSinSource& s, bool cos, int64_t max_positions) {
-  const size_t n = static_cast<size_t>(max_positions) * static_cast<size_t>(s.half);
+  const int64_t table = s.switch_cond ? switch_table_rows(s, max_positions) : max_positions;
+  const int64_t rows = s.switch_cond ? 2 * table : table;
+  const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(s.half);
   const bool half = s.dtype == kFloat16;
   std::string bytes(n * (half ? 2 : 4), '\0');
   size_t k = 0;
-  for (int64_t p = 0; p < max_positions; ++p) {
+  for (int64_t row = 0; row < rows; ++row) {
+    const bool on = row >= table;
+    const int64_t p = on ? row - table : row;
+    const std::vector<float>& inv = on ? s.switched_inv_freq : s.inv_freq;
     for (int64_t i = 0; i < s.half; ++i, ++k) {
       // The graph's order of fp32 operations: Cast(p) * inv_freq, Cos/Sin, * scaling.
-      const float angle = static_cast<float>(p) * s.inv_freq[static_cast<size_t>(i)];
+      const float angle = static_cast<float>(p) * inv[static_cast<size_t>(i)];
       float v = cos ? std::cos(angle) : std::sin(angle);
       if (s.scaling) v *= *s.scaling;
       if (s.via_half) v = half_to_float(float_to_half(v));  // a Cast to fp16 and back
@@ -235,7 +289,7 @@ std::shared_ptr<Tensor> frequency_cache(const CosSinSource& s, bool cos, int64_t
       }
     }
   }
-  return make_tensor(s.dtype, {max_positions, s.half}, std::move(bytes));
+  return make_tensor(s.dtype, {rows, s.half}, std::move(bytes));
 }
 
 std::shared_ptr<Tensor> table_cache(const CosSinSource& s) {
@@ -246,10 +300,16 @@ std::shared_ptr<Tensor> table_cache(const CosSinSource& s) {
   const ByteRef src = t.bytes();
   const size_t row_bytes = static_cast<size_t>(cols) * esize, half_bytes = row_bytes / 2;
   std::string bytes;
-  bytes.reserve(static_cast<size_t>(rows) * half_bytes);
+  bytes.reserve(static_cast<size_t>(rows) * static_cast<size_t>(s.half) * esize);
   for (int64_t r = 0; r < rows; ++r) {
     const char* row =
         reinterpret_cast<const char*>(src.data()) + static_cast<size_t>(r) * row_bytes;
+    if (s.table_column >= 0) {  // the source's own columns
+      if (s.table_column + s.half > cols) return nullptr;
+      bytes.append(row + static_cast<size_t>(s.table_column) * esize,
+                   static_cast<size_t>(s.half) * esize);
+      continue;
+    }
     // rotate_half needs cos[..., :D/2] == cos[..., D/2:] bit for bit.
     if (std::memcmp(row, row + half_bytes, half_bytes) != 0) return nullptr;
     bytes.append(row, half_bytes);

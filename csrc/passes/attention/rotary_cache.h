@@ -52,10 +52,26 @@ struct CosSinSource {
   // `angles` is the Concat(f, f) both Cos and Sin read.
   std::vector<float> inv_freq;
   std::optional<float> scaling;
+  // LongRoPE (phi3): inv_freq = Where(switch_cond, switched_inv_freq, inv_freq), switch_cond a
+  // scalar Greater(ReduceMax(positions) + c, t) read by every position; inv_freq holds while the
+  // positions stay below switch_rows (= t - c + 1). The caches then stack the two tables.
+  Value* switch_cond = nullptr;
+  std::vector<float> switched_inv_freq;
+  int64_t switch_rows = 0;
   const Value* angles = nullptr;
-  // kTable: the constant table (M, 2 * half) this one (cos or sin) gathers from.
+  // kTable: the constant table (M, 2 * half) this one (cos or sin) gathers from; interleaved
+  // sources read `half` columns of it from `table_column` (gptj's sin | cos table).
   std::shared_ptr<const Tensor> table;
+  int64_t table_column = -1;  // -1: rotate_half's layout (both halves equal)
 };
+
+// Unsqueeze axes: input 1 from opset 13 on, the attribute before.
+std::optional<std::vector<int64_t>> unsqueeze_axes(const Node* n);
+
+// The frequencies f (B, S, half) = positions * inv_freq, as Mul(Cast(Unsqueeze(pos, 2)), inv)
+// or Transpose(0,2,1)(MatMul(inv (1, half, 1), Cast(Unsqueeze(pos, 1)))): fills inv_freq,
+// positions and half of `s`, or returns false with the reason in `why`.
+bool trace_frequencies(Value* f, CosSinSource* s, std::string* why);
 
 // Traces `v` (the 4-D cos or sin a rotary multiplication reads) back to its source; `fn` is
 // "Cos" or "Sin". On failure returns nullopt with the reason in `why`.
@@ -63,9 +79,14 @@ std::optional<CosSinSource> trace_cos_sin(Value* v, const std::string& fn, std::
 
 // Element tensors for the caches, (max_positions, half), in `dtype` (float or float16).
 // Frequencies: cos/sin(float(p) * inv_freq[i]) [* scaling], computed in fp32 as the graph does.
+// With a switch: (2 R, half), rows [0, R) from inv_freq, [R, 2 R) from switched_inv_freq at
+// position row - R, R = switch_table_rows(s, max_positions); the positions are offset by R when
+// the switch is on.
 std::shared_ptr<Tensor> frequency_cache(const CosSinSource& s, bool cos, int64_t max_positions);
+int64_t switch_table_rows(const CosSinSource& s, int64_t max_positions);
 // Table: the first `half` columns of the (M, 2 * half) table, after checking that both halves are
-// equal (rotate_half's layout); null when they are not.
+// equal (rotate_half's layout); null when they are not. With a table_column: those `half`
+// columns.
 std::shared_ptr<Tensor> table_cache(const CosSinSource& s);
 
 }  // namespace fastopt::passes::rotary

@@ -44,13 +44,37 @@ const Value* arithmetic_operand(const Node* n) {
   return nullptr;
 }
 
-// dim 1 of Shape(z) (*z set). False when it is neither.
+bool same_length(const Value* a, int a_axis, int a_rank, const Value* b, int b_axis, int b_rank);
+
+// A head split Reshape(x (B, S, C), [Shape(z)[0], -1, H, D]) (opt's view(bsz, -1, heads, d)):
+// the -1 is S when z has x's batch and H * D == C.
+bool inferred_dim1(const Node* reshape, const Node* cat) {
+  const Value* x = reshape->inputs()[0];
+  if (cat->inputs().size() != 4 || rank_of(x) != 3) return false;
+  auto c = dims_of(x);
+  int64_t width = c && c->size() == 3 && (*c)[2].value ? *(*c)[2].value : -1;
+  auto minus_one = constant_ints(cat->inputs()[1]);
+  auto h = constant_ints(cat->inputs()[2]), d = constant_ints(cat->inputs()[3]);
+  if (width <= 0 || !minus_one || *minus_one != std::vector<int64_t>{-1} || !h || !d ||
+      h->size() != 1 || d->size() != 1 || (*h)[0] * (*d)[0] != width) {
+    return false;
+  }
+  int64_t index = -1;
+  const Value* z = shape_dim_source(cat->inputs()[0], &index);
+  const int z_rank = z ? rank_of(z) : -1;
+  return z && index == 0 && z_rank >= 1 && same_length(x, 0, 3, z, 0, z_rank);
+}
+
+// Element 1 of a Reshape target: the copy of the input's dim 1 (a constant 0; allowzero 0) or
+// dim 1 of Shape(z) (*z set), or inferred (-1) from a batch and a width that are the input's.
+// False when it is neither.
 bool target_dim1(const Node* reshape, const Value** z) {
   const Value* target = reshape->inputs()[1];
   const bool zero_copies = int_attr_or(reshape, "allowzero", 0) == 0;
   if (auto c = constant_ints(target)) return c->size() > 1 && (*c)[1] == 0 && zero_copies;
   const Node* cat = target ? target->producer() : nullptr;
   if (!cat || !is_standard(cat) || cat->op_type != "Concat") return false;
+  if (inferred_dim1(reshape, cat)) return true;
   int64_t pos = 0;  // of the current input's first element in the target
   for (const Value* in : cat->inputs()) {
     int64_t index = -1;

@@ -339,6 +339,12 @@ int rank_rec(const Value* v, int depth) {
   if (shape_preserving(p) || p->op_type == "Concat" || p->op_type == "Slice") {
     return rank_rec(p->inputs()[0], depth + 1);
   }
+  if (p->domain.value == kMsDomain &&
+      (p->op_type == "SkipLayerNormalization" ||
+       p->op_type == "SkipSimplifiedLayerNormalization") &&
+      (v == p->outputs()[0] || (p->outputs().size() > 3 && v == p->outputs()[3]))) {
+    return rank_rec(p->inputs()[0], depth + 1);  // the normalized sum and the sum: the input's
+  }
   return -1;
 }
 
