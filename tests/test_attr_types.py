@@ -5,16 +5,20 @@ node. The attribute types come from the op schemas (csrc/pattern/attr_schema_tab
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import fastopt
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from attr_sweep import sweep
 from llm_fixtures import fixtures
 from onnx import TensorProto, helper, numpy_helper
 from test_fuse_norms import rms_model, run
 
 F = TensorProto.FLOAT
+CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 
 
 def _retype(node: onnx.NodeProto, name: str, value: object) -> None:
@@ -113,3 +117,110 @@ def test_folding_skips_a_mistyped_node() -> None:
         passes=["fold_constants"],
     )
     assert "Transpose" not in well_typed.ops_after  # the same node, well typed, folds
+
+
+# ---- plain-walk passes: a test per family --------------------------------------------------
+
+
+def _gemm_model(alpha: object) -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), "w")
+    c = numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "c")
+    gemm = helper.make_node("Gemm", ["x", "w", "c"], ["y"], name="gemm")
+    _retype(gemm, "alpha", alpha)
+    return helper.make_model(
+        helper.make_graph(
+            [gemm],
+            "g",
+            [helper.make_tensor_value_info("x", F, [4, 16])],
+            [helper.make_tensor_value_info("y", F, [4, 16])],
+            [w, c],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+
+
+def test_int8_dynamic_keeps_a_gemm_whose_alpha_is_an_int() -> None:
+    """quantize_dynamic read Gemm's alpha with a float accessor: an INT alpha read as 1.0 and
+    the Gemm became DynamicQuantizeMatMul, a model ORT runs."""
+    good = fastopt.from_onnx(_gemm_model(1.0))
+    fastopt.quantize(good, mode="int8-dynamic")
+    assert "Gemm" not in good.op_counts(), good.op_counts()  # the well-typed one quantizes
+
+    bad_proto = _gemm_model(1)  # an INT where the schema says FLOAT
+    _ort_refuses(bad_proto)
+    bad = fastopt.from_onnx(bad_proto)
+    report = fastopt.quantize(bad, mode="int8-dynamic")
+    assert bad.op_counts() == {"Gemm": 1}, bad.op_counts()
+    kept = [w for w in report.weights if w.action == "kept" and w.node == "gemm"]
+    assert kept and "alpha" in kept[0].reason and "FLOAT" in kept[0].reason, report.weights
+    _ort_refuses(bad.to_onnx())
+
+
+def test_fp16_refuses_a_constant_whose_value_float_is_an_int() -> None:
+    """convert_precision rewrote Constant(value_float) into a value tensor: an INT value_float
+    became an empty float16 tensor, a model ORT loads."""
+    const = helper.make_node("Constant", [], ["k"])
+    _retype(const, "value_float", 3)
+    model = helper.make_model(
+        helper.make_graph(
+            [const, helper.make_node("Add", ["x", "k"], ["y"])],
+            "g",
+            [helper.make_tensor_value_info("x", F, [2])],
+            [helper.make_tensor_value_info("y", F, [2])],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    _ort_refuses(model)
+    with pytest.raises(fastopt.ModelError, match=r"value_float.*INT"):
+        fastopt.quantize(fastopt.from_onnx(model), mode="fp16")
+
+
+def test_cse_does_not_merge_mistyped_nodes() -> None:
+    """Two identical Transposes with perm as a string: left alone (CSE reads no attribute of a
+    node ORT refuses)."""
+    nodes = []
+    for name in ("a", "b"):
+        t = helper.make_node("Transpose", ["x"], [name])
+        _retype(t, "perm", "1,0")
+        nodes.append(t)
+    nodes.append(helper.make_node("Add", ["a", "b"], ["y"]))
+    model = helper.make_model(
+        helper.make_graph(
+            nodes,
+            "g",
+            [helper.make_tensor_value_info("x", F, [3, 3])],
+            [helper.make_tensor_value_info("y", F, [3, 3])],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    report = fastopt.optimize(fastopt.from_onnx(model), passes=["eliminate_common_subexpressions"])
+    assert report.ops_after == {"Transpose": 2, "Add": 1}
+
+
+# ---- the sweep: every (op, attribute) of real exports retyped, one at a time -----------------
+
+# Each found a hole before the plain-walk checks (fastopt then made ORT accept the model):
+# Reshape.allowzero (attention head splits), GatherND.batch_dims (the KV cache's mask proof),
+# Gather.axis (TorchScript head sizes), Shape.start (clip's encoder attention).
+SWEEP_FIXTURES = ["llama_dynamo_float32", "llama_ts_float32", "clip_dynamo_float32"]
+SWEEP_CONFIGS = [{"preset": "default"}, {"preset": "default", "kv_cache": "inplace"}]
+
+
+@pytest.mark.parametrize("name", SWEEP_FIXTURES)
+def test_no_mistyped_attribute_is_optimized_into_a_model_ort_runs(name: str) -> None:
+    fx = next(f for f in fixtures() if f.name == name)
+    for config in SWEEP_CONFIGS:
+        refused, accepted = sweep(fx.path, **config)
+        assert refused >= 5, (config, refused)  # the sweep has something to check
+        assert not accepted, (config, accepted)
+
+
+@pytest.mark.slow
+def test_the_sweep_over_every_export() -> None:
+    paths = [f.path for f in fixtures() if f.dtype == "float32"]
+    paths += sorted(CORPUS.glob("*/model.onnx")) if CORPUS.is_dir() else []
+    for path in paths:
+        for config in SWEEP_CONFIGS:
+            _, accepted = sweep(path, **config)
+            assert not accepted, (path, config, accepted)

@@ -248,13 +248,13 @@ def test_baseline_wire_built_model_loads(tmp_path: Path) -> None:
 
 
 def put_weights_bin(d: Path) -> None:
-    """The external data file the fuzz seeds point into (tests/fuzz/make_seeds.py)."""
+    """The external data files the fuzz seeds point into (tests/fuzz/make_seeds.py)."""
     sys.path.insert(0, str(FUZZ_DIR))
     try:
-        from make_seeds import WEIGHTS_NAME, weights_bin
+        from make_seeds import write_data_files
     finally:
         sys.path.remove(str(FUZZ_DIR))
-    (d / WEIGHTS_NAME).write_bytes(weights_bin())
+    write_data_files(d)
 
 
 @pytest.mark.parametrize("seed", sorted(p.name for p in CORPUS.glob("*.onnx")))

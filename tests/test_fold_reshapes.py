@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import fastopt
 import numpy as np
 import onnx
 import pytest
@@ -264,3 +265,13 @@ def test_in_function_body_new_axes_are_a_constant_node() -> None:
     assert [n.op_type for n in fn.node] == ["Constant", "Constant", "Unsqueeze"]
     merged = onnx.numpy_helper.to_array(fn.node[1].attribute[0].t).tolist()
     assert fn.node[2].input == ["fx", fn.node[1].output[0]] and merged == [0, 1]
+
+
+@pytest.mark.parametrize("op", ["Unsqueeze", "Squeeze"])
+def test_a_huge_axis_with_unknown_rank_does_not_hang(op: str) -> None:
+    """Found by fuzz_pipeline (tests/fuzz/regressions/pipeline-unsqueeze-axis-2e44.onnx): the
+    merge walked every position up to the largest axis, 2^44 of them. Now it merges in a few
+    steps (or not at all: such a model is invalid; no ORT check)."""
+    m = chain((op, [0], {}), (op, [2**44], {}), None, opset=13)
+    report = fastopt.optimize(fastopt.from_onnx(m), passes=[PASS])
+    assert report.ops_after.get("Neg") == 1

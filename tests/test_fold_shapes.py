@@ -295,3 +295,22 @@ def test_symbolic_shape_chains_fold_with_the_shape_analysis(tmp_path: Path) -> N
     for batch, seq in ((1, 3), (2, 5)):
         feeds = {"X": np.random.default_rng(batch).standard_normal((batch, seq, 8), np.float32)}
         assert_parity(model, path, tmp_path, feeds=feeds)
+
+
+@pytest.mark.parametrize("shape_inputs", [[], [""]])
+def test_a_shape_of_nothing_behind_a_gather_is_left_alone(shape_inputs: list[str]) -> None:
+    """Found by fuzz_pipeline (tests/fuzz/regressions/pipeline-shape-without-input.onnx): the
+    Gather(Shape) fold read input 0 of a Shape that has none (UBSan: a reference to null)."""
+    g = helper.make_graph(
+        [
+            helper.make_node("Shape", shape_inputs, ["s"]),
+            helper.make_node("Gather", ["s", "i"], ["y"], axis=0),
+        ],
+        "g",
+        [],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, [])],
+        [helper.make_tensor("i", TensorProto.INT64, [], [0])],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    report = fastopt.optimize(fastopt.from_onnx(m), passes=["fold_shapes"])
+    assert report.ops_after == {"Shape": 1, "Gather": 1}

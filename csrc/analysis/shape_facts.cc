@@ -5,6 +5,7 @@
 #include "ir/constant.h"
 #include "ir/dtype.h"
 #include "ir/types.h"
+#include "pattern/attr_schema.h"
 
 namespace fastopt::analysis {
 
@@ -173,7 +174,11 @@ void ShapeFacts::compute() {
     }
     ctx.set_inputs(ins, present);
     outs.assign(n->outputs().size(), Facts{});
-    OpRule rule = n->has_subgraphs() ? nullptr : find_rule(n->domain.value, n->op_type);
+    // A node ORT refuses (an attribute of the wrong type) has no facts: its attributes would
+    // read as the defaults, and folds would then replace it with what it never computes.
+    OpRule rule = n->has_subgraphs() || pattern::mistyped_attribute(*n)
+                      ? nullptr
+                      : find_rule(n->domain.value, n->op_type);
     bool ok = false;
     if (rule) {
       try {

@@ -174,10 +174,15 @@ std::optional<std::vector<int64_t>> tensor_ints(const Tensor& t, uint64_t max_el
   const int32_t dt = t.dtype();
   if (dt == kFloat || dt == kDouble || dt == kFloat16 || dt == kBFloat16) return std::nullopt;
   std::vector<int64_t> out;
+  bool fits = true;  // a uint64 past 2^63 has no int64 value (the cast would be undefined)
   bool ok = for_each_element(t, max_elements, [&](double d, int64_t exact = INT64_MIN) {
+    if (dt != kInt64 && !(d >= -9223372036854775808.0 && d < 9223372036854775808.0)) {
+      fits = false;
+      return;
+    }
     out.push_back(dt == kInt64 ? exact : static_cast<int64_t>(d));
   });
-  if (!ok) return std::nullopt;
+  if (!ok || !fits) return std::nullopt;
   return out;
 }
 

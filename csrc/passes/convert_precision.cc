@@ -116,6 +116,11 @@ class PrecisionConverter {
         throw ModelError("convert_precision: node '" + n->name.value + "' (" + n->op_type +
                          ") holds a subgraph; control flow is not converted");
       }
+      // Converting retypes attributes (Cast's to, Constant's value_float): never into ones
+      // ORT accepts where the original has the wrong type.
+      if (std::string bad = mistyped_reason(n); !bad.empty()) {
+        throw ModelError("convert_precision: node '" + n->name.value + "': " + bad);
+      }
     }
     g.topological_sort();
     infer_types(g);

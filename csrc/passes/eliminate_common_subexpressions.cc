@@ -15,6 +15,7 @@
 #include "ir/constant.h"
 #include "passes/cleanup_util.h"
 #include "passes/registry.h"
+#include "pattern/attr_schema.h"
 
 namespace fastopt::passes {
 namespace {
@@ -112,6 +113,8 @@ bool eligible(const Node* n) {
   const std::string& d = normalized_domain(n);
   if (!d.empty() && d != "ai.onnx.ml") return false;
   if (is_random(n->op_type) || training_dropout(n)) return false;
+  // A node ORT refuses stays as it is (Dropout's is_test as a string would read as absent).
+  if (pattern::mistyped_attribute(*n)) return false;
   for (const auto& a : n->attributes) {
     if (!comparable(a)) return false;
   }

@@ -1,7 +1,11 @@
 // Dead-code elimination: nodes none of whose outputs reach a graph output, and initializers
-// nothing reads. Subgraphs count as readers of the outer values they use.
+// nothing reads. Subgraphs count as readers of the outer values they use. A node with an
+// attribute of the wrong type stays: ORT refuses the model for it, and a rewrite that made it
+// dead (a Reshape target folded from the output's type, say) must not make the model one ORT
+// runs.
 #include "ir/constant.h"
 #include "passes/registry.h"
+#include "pattern/attr_schema.h"
 
 namespace fastopt::passes {
 namespace {
@@ -22,7 +26,7 @@ int64_t eliminate_dead_nodes(Model& model, PassContext& ctx) {
       Node* prev = n->prev();
       bool dead = true;
       for (Value* o : n->outputs()) dead = dead && unused(o);
-      if (dead) {
+      if (dead && !pattern::mistyped_attribute(*n)) {
         g.remove_node(n);
         ++removed_nodes;
       }

@@ -63,6 +63,7 @@ const char* reshape_noop(const Node* n) {
 const char* expand_noop(const Node* n) {
   auto dims = value_dims(n->inputs()[0]);
   if (!dims) return "the input's rank is unknown";
+  if (n->inputs().size() < 2) return "no shape input";  // invalid, but not ours to crash on
   auto shape = constant_ints(n->inputs()[1], 4096);
   if (!shape) return "the shape is not a constant";
   if (shape->size() > dims->size()) return "the rank grows";

@@ -52,6 +52,25 @@ Replacement reshape_of_reshape(const Match& m, Rewriter& rw) {
   return outer->outputs();
 }
 
+// The values of `v`, sorted, without repeats.
+std::vector<int64_t> distinct(std::vector<int64_t> v) {
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+  return v;
+}
+
+// The k-th (from 0) non-negative integer not in `taken` (sorted, distinct): the position of
+// dim k of the tensor without those dims. In O(|taken|), whatever the axes' values (a walk
+// up to the largest axis hung on an axis of 2^44 when the rank is unknown).
+int64_t kth_outside(const std::vector<int64_t>& taken, int64_t k) {
+  int64_t pos = k;
+  for (int64_t t : taken) {
+    if (t > pos) break;
+    ++pos;
+  }
+  return pos;
+}
+
 // Unsqueeze(Unsqueeze(x, a), b) -> Unsqueeze(x, c): c lists the new dims of the final output.
 Replacement unsqueeze_chain(const Match& m, Rewriter& rw) {
   Node* outer = m.root();
@@ -70,13 +89,7 @@ Replacement unsqueeze_chain(const Match& m, Rewriter& rw) {
   // The output's dims that are not in b are the intermediate's dims, in order: the k-th of
   // them is the intermediate's dim k, new if k is in a.
   std::vector<int64_t> c = *nb;
-  const int64_t max_a = *std::max_element(na->begin(), na->end());
-  int64_t k = 0;
-  for (int64_t pos = 0; k <= max_a; ++pos) {
-    if (std::find(nb->begin(), nb->end(), pos) != nb->end()) continue;
-    if (std::find(na->begin(), na->end(), k) != na->end()) c.push_back(pos);
-    ++k;
-  }
+  for (int64_t k : distinct(*na)) c.push_back(kth_outside(distinct(*nb), k));
   std::sort(c.begin(), c.end());
   outer->set_input(0, m.value("x"));
   set_axes(outer, rw, c);
@@ -100,13 +113,7 @@ Replacement squeeze_chain(const Match& m, Rewriter& rw) {
   if (!na || !nb) return rw.fail("axes are negative with an unknown rank, or invalid");
   // The intermediate's dim k is the k-th dim of x not in a.
   std::vector<int64_t> c = *na;
-  const int64_t max_b = *std::max_element(nb->begin(), nb->end());
-  int64_t k = 0;
-  for (int64_t pos = 0; k <= max_b; ++pos) {
-    if (std::find(na->begin(), na->end(), pos) != na->end()) continue;
-    if (std::find(nb->begin(), nb->end(), k) != nb->end()) c.push_back(pos);
-    ++k;
-  }
+  for (int64_t k : distinct(*nb)) c.push_back(kth_outside(distinct(*na), k));
   std::sort(c.begin(), c.end());
   outer->set_input(0, m.value("x"));
   set_axes(outer, rw, c);

@@ -63,6 +63,7 @@ std::optional<KnownDims> known_dims(const Value* v) {
 
 // The dims a Shape node returns (its start/end attributes applied), or nullopt.
 std::optional<KnownDims> shape_output(const Node& shape, int64_t opset) {
+  if (shape.inputs().empty() || !shape.inputs()[0]) return std::nullopt;  // a Shape of nothing
   auto dims = known_dims(shape.inputs()[0]);
   if (!dims) return std::nullopt;
   const int64_t r = static_cast<int64_t>(dims->size());
@@ -177,7 +178,8 @@ struct ShapeFolder {
         }
       } else if ((n->op_type == "Gather" || n->op_type == "Slice") && n->inputs()[0]->producer() &&
                  n->inputs()[0]->producer()->op_type == "Shape" &&
-                 standard(n->inputs()[0]->producer())) {
+                 standard(n->inputs()[0]->producer()) &&
+                 !pattern::mistyped_attribute(*n->inputs()[0]->producer())) {
         shape = n->inputs()[0]->producer();
         auto d = shape_output(*shape, opset);
         if (!d) continue;
@@ -421,7 +423,9 @@ struct FactFolder {
     while (!dead.empty()) {
       Node* n = dead.back();
       dead.pop_back();
-      if (!n->alive() || !standard(n) || n->has_subgraphs()) continue;
+      if (!n->alive() || !standard(n) || n->has_subgraphs() || pattern::mistyped_attribute(*n)) {
+        continue;  // ORT refuses a mistyped node: it stays, dead (eliminate_dead_nodes agrees)
+      }
       bool used = false;
       for (Value* v : n->outputs())
         used = used || (v && (!v->uses().empty() || v->is_graph_output()));

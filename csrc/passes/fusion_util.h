@@ -11,6 +11,7 @@
 
 #include "ir/constant.h"
 #include "ir/graph.h"
+#include "pattern/attr_schema.h"
 
 namespace fastopt::passes {
 
@@ -105,6 +106,13 @@ inline int64_t int_attr_or(const Node* n, const std::string& name, int64_t fallb
 inline float float_attr(const Node* n, const std::string& name, float fallback) {
   const Attribute* a = n->attribute(name);
   return a && a->f ? *a->f : fallback;
+}
+
+// Why a plain walk must leave `n` alone: an attribute of the wrong type (ORT refuses the node,
+// and the accessors above would read the default), or "" when `n` is well typed.
+inline std::string mistyped_reason(const Node* n) {
+  const Attribute* bad = n ? pattern::mistyped_attribute(*n) : nullptr;
+  return bad ? pattern::describe_mistyped(*n, *bad) : std::string();
 }
 
 }  // namespace fastopt::passes

@@ -132,6 +132,7 @@ class DynamicQuantizer {
     Value* w = n->inputs()[1];
     auto t = constant_tensor(w);
     if (!t) return keep(w, n, "weight is not a constant initializer", nullptr);
+    if (std::string bad = mistyped_reason(n); !bad.empty()) return keep(w, n, bad, t.get());
     if (!w->initializer()) {
       return keep(w, n, "weight is a Constant node, not an initializer", t.get());
     }

@@ -217,6 +217,7 @@ class Quantizer {
                                : "weight is not a constant initializer",
                   nullptr);
     }
+    if (std::string bad = mistyped_reason(mm); !bad.empty()) return keep(w, mm, bad, t.get());
     if (!w->initializer())
       return keep(w, mm, "weight is a Constant node, not an initializer", t.get());
     if (t->dims.size() != 2) {

@@ -10,6 +10,7 @@
 #include "ir/error.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
 #include <immintrin.h>
 #define FASTOPT_F16C 1
 #endif
@@ -52,7 +53,11 @@ __attribute__((target("avx,f16c"))) void halves_f16c(const uint8_t* p, size_t n,
 }
 
 bool has_f16c() {
-  static const bool yes = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  // F16C from CPUID leaf 1 (clang before 15 does not know "f16c" in __builtin_cpu_supports).
+  static const bool yes = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __builtin_cpu_supports("avx") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+  }();
   return yes;
 }
 #endif

@@ -8,9 +8,9 @@ exception is reported by atheris as a crash, and so is a segfault, an abort or a
     python tests/fuzz/fuzz_reader.py -runs=20000 CORPUS_DIR...   # libFuzzer flags, as usual
     python tests/fuzz/run_fuzz.py --runs 20000                    # the bounded runner
 
-External data resolves against a private folder holding weights.bin (make_seeds.weights_bin()),
-which the seeds in tests/fuzz/corpus/ point into. FASTOPT_FUZZ_ROUNDTRIP=1 also saves each
-model that verifies and loads it back.
+External data resolves against a private folder holding weights.bin and export.bin
+(make_seeds.write_data_files()), which the seeds in tests/fuzz/corpus/ point into.
+FASTOPT_FUZZ_ROUNDTRIP=1 also saves each model that verifies and loads it back.
 
 The C++ core is a prebuilt extension without coverage instrumentation, so atheris gets no
 coverage feedback from it: this harness mutates around the seeds mostly blind. The libFuzzer
@@ -32,10 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 with atheris.instrument_imports():
     import fastopt
     from exercise import exercise
-from make_seeds import WEIGHTS_NAME, weights_bin
+from make_seeds import write_data_files
 
 BASE_DIR = tempfile.mkdtemp(prefix="fastopt-atheris-")
-(Path(BASE_DIR) / WEIGHTS_NAME).write_bytes(weights_bin())
+write_data_files(Path(BASE_DIR))
 SCRATCH = tempfile.mkdtemp(prefix="fastopt-atheris-out-")
 ROUNDTRIP = os.environ.get("FASTOPT_FUZZ_ROUNDTRIP") == "1"
 

@@ -6,8 +6,15 @@ tensors in raw_data and in every typed field, attributes of every type, subgraph
 model-local functions and non-tensor types. External data refers to ``weights.bin``, which the
 harnesses create next to the model (``weights_bin()`` below: deterministic bytes).
 
+Real exports (tests/fixtures/models, /work/shared/corpus) become seeds too, as their graphs
+without their megabytes (``export_seed``): every weight of 256 bytes or more reads
+``export.bin`` (``export_bin()``, 1 MiB, which the harnesses also create) from offset 0, and doc
+strings and metadata go. The committed corpus holds the two smallest such seeds; ``--exports``
+writes all of them into a scratch corpus for a campaign.
+
     python tests/fuzz/make_seeds.py            # (re)write tests/fuzz/corpus/
     python tests/fuzz/make_seeds.py --check    # exit 1 if the committed seeds are stale
+    python tests/fuzz/make_seeds.py --exports /tmp/corpus   # + every real export found
 """
 
 from __future__ import annotations
@@ -21,15 +28,86 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-CORPUS_DIR = Path(__file__).resolve().parent / "corpus"
+HERE = Path(__file__).resolve().parent
+CORPUS_DIR = HERE / "corpus"
+FIXTURE_MODELS = HERE.parent / "fixtures" / "models"
+SHARED_CORPUS = HERE.parents[2] / "shared" / "corpus"
 WEIGHTS_NAME = "weights.bin"
 WEIGHTS_SIZE = 4096
+EXPORT_NAME = "export.bin"
+EXPORT_SIZE = 1 << 20  # the largest weight of the shared corpus (a 1 MiB embedding)
+EXPORT_MIN_BYTES = 256  # smaller weights stay inline (shape constants, norms of tiny models)
+# The committed export seeds: small (about 25 kB), a decoder (rotary, GQA) and an encoder.
+COMMITTED_EXPORTS = ("llama_dynamo_float32", "bert_dynamo_float32")
 OPSET = 21
 
 
 def weights_bin() -> bytes:
     """Content of the external data file the external-data seeds point into."""
     return bytes((i * 7 + 3) & 0xFF for i in range(WEIGHTS_SIZE))
+
+
+def export_bin() -> bytes:
+    """Content of the file every large weight of an export seed reads (finite floats in any
+    dtype: bytes 60..120, as tests/fuzz/fuzz_common.h export_byte())."""
+    i = np.arange(EXPORT_SIZE, dtype=np.int64)
+    return ((i * 13 + 5) % 61 + 60).astype(np.uint8).tobytes()
+
+
+def write_data_files(folder: Path) -> None:
+    """The external data files the seeds point into, as the harnesses create them."""
+    (folder / WEIGHTS_NAME).write_bytes(weights_bin())
+    (folder / EXPORT_NAME).write_bytes(export_bin())
+
+
+def _strip_docs(g: onnx.GraphProto) -> None:
+    g.doc_string = ""
+    for n in g.node:
+        n.doc_string = ""
+        del n.metadata_props[:]
+        for a in n.attribute:
+            if a.HasField("g"):
+                _strip_docs(a.g)
+            for sub in a.graphs:
+                _strip_docs(sub)
+    for v in [*g.input, *g.output, *g.value_info]:
+        v.doc_string = ""
+        del v.metadata_props[:]
+    del g.metadata_props[:]
+
+
+def export_seed(path: Path) -> bytes:
+    """A real export's graph, its large weights pointing into export.bin (see the docstring)."""
+    m = onnx.load(str(path))
+    m.doc_string = ""
+    del m.metadata_props[:]
+    _strip_docs(m.graph)
+    for f in m.functions:
+        f.doc_string = ""
+        del f.metadata_props[:]
+    for t in m.graph.initializer:
+        data = t.raw_data
+        if len(data) < EXPORT_MIN_BYTES or t.data_location == TensorProto.EXTERNAL:
+            continue
+        if len(data) > EXPORT_SIZE:
+            raise ValueError(f"{path}: {t.name} has {len(data)} bytes, over {EXPORT_SIZE}")
+        t.ClearField("raw_data")
+        t.data_location = TensorProto.EXTERNAL
+        for k, v in (("location", EXPORT_NAME), ("offset", "0"), ("length", str(len(data)))):
+            e = t.external_data.add()
+            e.key = k
+            e.value = v
+    return m.SerializeToString(deterministic=True)
+
+
+def export_models() -> dict[str, Path]:
+    """Every real export there is: the fixtures, and the shared corpus when present."""
+    found: dict[str, Path] = {}
+    for root, prefix in ((FIXTURE_MODELS, "fixture"), (SHARED_CORPUS, "corpus")):
+        if root.is_dir():
+            for p in sorted(root.glob("*/model.onnx")):
+                found[f"{prefix}_{p.parent.name}"] = p
+    return found
 
 
 def _model(graph: onnx.GraphProto, **kwargs: object) -> onnx.ModelProto:
@@ -401,6 +479,8 @@ def build_all() -> dict[str, bytes]:
             # The custom op has no schema; external data is checked by the harness.
             onnx.checker.check_model(m)
         out[f"seed_{name}.onnx"] = m.SerializeToString(deterministic=True)
+    for name in COMMITTED_EXPORTS:
+        out[f"export_{name}.onnx"] = export_seed(FIXTURE_MODELS / name / "model.onnx")
     return out
 
 
@@ -408,8 +488,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=CORPUS_DIR)
     ap.add_argument("--check", action="store_true", help="only compare with the files on disk")
+    ap.add_argument("--exports", action="store_true", help="also every real export found")
     args = ap.parse_args(argv)
     seeds = build_all()
+    if args.exports:
+        for name, path in export_models().items():
+            seeds[f"export_{name}.onnx"] = export_seed(path)
     if args.check:
         stale = [n for n, b in seeds.items() if (args.out / n).read_bytes() != b]
         for n in stale:

@@ -1,16 +1,20 @@
 #!/usr/bin/env python3
-"""Run a reader fuzzer for a bounded number of executions; report executions and findings.
+"""Run a fuzzer for a bounded number of executions; report executions and findings.
 
     python tests/fuzz/run_fuzz.py --runs 20000                     # atheris (fuzz_reader.py)
     python tests/fuzz/run_fuzz.py --runs 2000000 --seed 7
-    python tests/fuzz/run_fuzz.py --libfuzzer /tmp/fuzzbuild/fuzz_reader --max-time 600
+    python tests/fuzz/run_fuzz.py --libfuzzer build/fuzz-san/fuzz_reader --max-time 600
+    python tests/fuzz/run_fuzz.py --libfuzzer build/fuzz-san/fuzz_pipeline --runs 100000 \
+        --max-len 131072 --exports --corpus /tmp/fastopt-corpus-pipeline
 
 The fuzzer runs in a child process on a scratch copy of tests/fuzz/corpus/ (the committed seeds
-are never written). When the child stops on a finding (a crash, an exception other than
+are never written), or on --corpus DIR, kept between runs of a campaign (filled with the
+committed seeds when empty); --exports adds a seed per real export found (make_seeds.py).
+When the child stops on a finding (a crash, an exception other than
 ModelError, a timeout, an out-of-memory), the input is kept in --artifacts and fuzzing resumes
 with a new seed until the execution budget is spent, so one run can report several distinct
-findings. Prints `executions: N` and `findings: K` (then one line per distinct finding) and
-exits 1 when there was any finding.
+findings. Prints `executions: N`, libFuzzer's last `coverage: cov C ft F` counts, and
+`findings: K` (then one line per distinct finding), and exits 1 when there was any finding.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ DONE_RE = re.compile(r"^Done (\d+) runs", re.MULTILINE)
 STAT_RE = re.compile(r"^#(\d+)\s", re.MULTILINE)
 EXEC_STAT_RE = re.compile(r"^stat::number_of_executed_units:\s*(\d+)", re.MULTILINE)
 ARTIFACT_RE = re.compile(r"Test unit written to (\S+)")
+COV_RE = re.compile(r"\bcov: (\d+) ft: (\d+)")
 
 
 def signature(log: str) -> str:
@@ -87,17 +92,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=int, default=10, help="seconds per input")
     ap.add_argument("--roundtrip", action="store_true", help="atheris: also save and reload")
     ap.add_argument("--verbose", action="store_true", help="echo the fuzzer's output")
+    ap.add_argument("--corpus", type=Path, help="a corpus folder kept between runs")
+    ap.add_argument("--exports", action="store_true", help="seed with the real exports too")
     args = ap.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="fastopt-fuzz-"))
-    corpus = work / "corpus"
-    shutil.copytree(CORPUS, corpus)
+    corpus = args.corpus or (work / "corpus")
+    if not corpus.is_dir() or not any(corpus.iterdir()):
+        shutil.copytree(CORPUS, corpus, dirs_exist_ok=True)
+    if args.exports:
+        sys.path.insert(0, str(HERE))
+        from make_seeds import export_models, export_seed
+
+        for name, path in export_models().items():
+            seed = corpus / f"export_{name}.onnx"
+            if not seed.exists():
+                seed.write_bytes(export_seed(path))
     artifacts = args.artifacts or (work / "artifacts")
     artifacts.mkdir(parents=True, exist_ok=True)
     base = [str(args.libfuzzer)] if args.libfuzzer else [sys.executable, str(args.harness)]
     env = dict(os.environ, FASTOPT_FUZZ_ROUNDTRIP="1") if args.roundtrip else None
 
     total = 0
+    cov = ""
     findings: dict[str, str] = {}
     seed = args.seed
     started = time.monotonic()
@@ -130,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
             print(log)
         ran = executions(log)
         total += ran
+        if args.libfuzzer and COV_RE.findall(log):
+            c, f = COV_RE.findall(log)[-1]
+            cov = f"cov {c} ft {f}"
         if proc.returncode == 0:
             if ran == 0:
                 print(log[-3000:], file=sys.stderr)
@@ -151,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"engine: {'libFuzzer ' + str(args.libfuzzer) if args.libfuzzer else 'atheris'}")
     print(f"executions: {total}")
+    if cov:
+        print(f"coverage: {cov}")
     print(f"findings: {len(findings)}")
     for sig, artifact in findings.items():
         print(f"finding: {sig} -> {artifact}")

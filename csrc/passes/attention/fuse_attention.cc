@@ -119,11 +119,11 @@ class AttentionWalk {
   // HF repeat_kv: Reshape(Expand(Unsqueeze(kv, [2]), (B,Hkv,G,T,D)), (B,Hkv*G,T,D)).
   Value* through_repeat_kv(Value* x) {
     Node* reshape = producer_of(x, "Reshape");
-    if (!reshape) return x;
+    if (!reshape || reshape->inputs().size() != 2) return x;
     Node* expand = producer_of(reshape->inputs()[0], "Expand");
-    if (!expand) return x;
+    if (!expand || expand->inputs().size() != 2) return x;  // fuzz_pipeline: one-input Expand
     Node* unsq = producer_of(expand->inputs()[0], "Unsqueeze");
-    if (!unsq) return x;
+    if (!unsq || unsq->inputs().empty()) return x;
     std::vector<int64_t> axes;
     if (const Attribute* a = unsq->attribute("axes")) {
       axes = a->ints;
@@ -244,10 +244,11 @@ class AttentionWalk {
     }
     Node* softmax = nullptr;
     if (Node* w = producer_of(p, "Where")) {
+      if (w->inputs().size() != 3) return fail("a Where without three inputs");
       Node* isnan = producer_of(w->inputs()[0], "IsNaN");
       auto zero = constant_doubles(w->inputs()[1], 1);
-      if (!isnan || isnan->inputs()[0] != w->inputs()[2] || !zero || zero->size() != 1 ||
-          (*zero)[0] != 0.0) {
+      if (!isnan || isnan->inputs().empty() || isnan->inputs()[0] != w->inputs()[2] || !zero ||
+          zero->size() != 1 || (*zero)[0] != 0.0) {
         return fail("the probabilities are a Where that is not Where(IsNaN(p), 0, p)");
       }
       softmax = producer_of(w->inputs()[2], "Softmax");
@@ -276,6 +277,13 @@ class AttentionWalk {
     while (!mm) {
       Node* n = s->producer();
       if (!n) return fail("the scores have no producer");
+      // fuzz_pipeline: a one-input MatMul on the scores (read as two) overflowed.
+      const size_t arity = n->op_type == "Cast" ? 1 : 2;
+      if ((n->op_type == "MatMul" || n->op_type == "Cast" || n->op_type == "Add") &&
+          (n->inputs().size() != arity || !n->inputs()[0] || !n->inputs()[arity - 1])) {
+        return fail("a " + n->op_type + " on the scores with " +
+                    std::to_string(n->inputs().size()) + " inputs");
+      }
       if (n->op_type == "MatMul") {
         mm = n;
         take(n);
@@ -430,14 +438,15 @@ Replacement rewrite_attention(const CodeMatch& m, Rewriter& rw, PassContext& ctx
   return std::vector<Value*>{y};
 }
 
-// Removes every node of `g` whose outputs are unused (subgraph holders kept).
+// Removes every node of `g` whose outputs are unused (subgraph holders and nodes with mistyped
+// attributes kept).
 void remove_unused(Graph& g) {
   for (Node* n = g.last(); n;) {
     Node* prev = n->prev();
     bool dead = !n->has_subgraphs();
     for (Value* o : n->outputs())
       dead = dead && (!o || (o->uses().empty() && !o->is_graph_output()));
-    if (dead) g.remove_node(n);
+    if (dead && !pattern::mistyped_attribute(*n)) g.remove_node(n);  // ORT refuses those
     n = prev;
   }
 }

@@ -20,7 +20,8 @@ Value* bsd_source(const Graph& g, const Value* x4, int32_t dtype) {
   const Attribute* perm = t->attribute("perm");
   const Node* r = t->inputs()[0] ? t->inputs()[0]->producer() : nullptr;
   if (!perm || perm->ints != std::vector<int64_t>{0, 2, 1, 3} || !r || r->op_type != "Reshape" ||
-      !r->domain.value.empty() || r->inputs().size() != 2 || !r->inputs()[0]) {
+      !r->domain.value.empty() || r->inputs().size() != 2 || !r->inputs()[0] ||
+      !mistyped_reason(t).empty() || !mistyped_reason(r).empty()) {
     return nullptr;
   }
   Value* x3 = r->inputs()[0];
@@ -44,13 +45,13 @@ std::vector<Node*> head_merges(const Value* y, const Value* q) {
     const Attribute* perm = t->attribute("perm");
     if (t->op_type != "Transpose" || !t->domain.value.empty() || !perm ||
         perm->ints != std::vector<int64_t>{0, 2, 1, 3} || t->outputs()[0]->is_graph_output() ||
-        t->outputs()[0]->uses().empty()) {
+        t->outputs()[0]->uses().empty() || !mistyped_reason(t).empty()) {
       return {};
     }
     for (const Use& w : t->outputs()[0]->uses()) {
       Node* r = w.node;
       if (r->op_type != "Reshape" || !r->domain.value.empty() || w.input_index != 0 ||
-          r->graph() != y->graph()) {
+          r->graph() != y->graph() || !mistyped_reason(r).empty()) {
         return {};
       }
       const Value* out = r->outputs()[0];

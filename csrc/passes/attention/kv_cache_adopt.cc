@@ -75,6 +75,7 @@ std::vector<std::pair<Node*, int64_t>> past_shape_reads(const CachedForm& form, 
     for (const Use& u : past->uses()) {
       if (form.cache_concats.count(u.node)) continue;
       if (u.node->op_type == "Shape" && u.node->domain.value.empty()) {
+        if (std::string bad = mistyped_reason(u.node); !bad.empty()) refuse(bad);
         // Shape-15 start/end: negative counts from the end, out of range clamps.
         auto bound = [&](const char* name, int64_t fallback) {
           int64_t x = int_attr_or(u.node, name, fallback);

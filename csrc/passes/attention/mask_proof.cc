@@ -401,6 +401,10 @@ class MaskProof {
     limits.max_bytes = limits.max_expand_bytes = uint64_t{1} << 30;
     const int64_t opset = graph_opset(m_, g_);
     for (const Node* n : nodes_) {
+      if (std::string bad = mistyped_reason(n); !bad.empty()) {  // never read as the defaults
+        *err = bad;
+        return std::nullopt;
+      }
       if (shape_leaves_.count(n)) {
         std::vector<int64_t> dims;
         for (const Dim& d : n->inputs()[0]->type.dims) {

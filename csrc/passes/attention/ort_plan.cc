@@ -26,7 +26,7 @@ const Node* foldable_rotary(const Value* x3) {
   const Node* r = x3 ? x3->producer() : nullptr;
   if (!r || r->op_type != "RotaryEmbedding" || r->domain.value != kMsDomain ||
       r->inputs().size() != 4 || int_attr_or(r, "is_packed_batching", 0) || r->attribute("scale") ||
-      !r->inputs()[0] || !r->inputs()[2] || !r->inputs()[3]) {
+      !r->inputs()[0] || !r->inputs()[2] || !r->inputs()[3] || !mistyped_reason(r).empty()) {
     return nullptr;
   }
   // GQA rotates at its own positions (past length + s): positions computed with an offset (a

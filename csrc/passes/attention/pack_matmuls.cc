@@ -105,6 +105,7 @@ std::vector<Member> gqa_order(const std::vector<Member>& group) {
     seen[u.input_index] = true;
     out[u.input_index] = m;
   }
+  if (!mistyped_reason(gqa).empty()) return {};  // ORT refuses it: never rewired
   const int64_t h = int_attr_or(gqa, "num_heads", 0), hkv = int_attr_or(gqa, "kv_num_heads", 0);
   if (h <= 0 || hkv <= 0 || out[0].n() % h) return {};
   const int64_t d = out[0].n() / h;
@@ -122,6 +123,7 @@ class Packer {
     std::vector<std::tuple<Value*, int32_t, int64_t>> order;
     for (Node* n = g_.first(); n; n = n->next()) {
       if (n->op_type != "MatMul" || !n->domain.value.empty() || n->inputs().size() != 2) continue;
+      if (!mistyped_reason(n).empty()) continue;
       Value *a = n->inputs()[0], *b = n->inputs()[1];
       if (!a || !b || a == b) continue;
       auto w = constant_tensor(b);
@@ -161,13 +163,14 @@ class Packer {
   int64_t unsplit_gqa() {
     int64_t changed = 0;
     for (Node* n = g_.first(); n; n = n->next()) {
-      if (!is_gqa(n) || n->inputs().size() < 3) continue;
+      if (!is_gqa(n) || n->inputs().size() < 3 || !mistyped_reason(n).empty()) continue;
       Value *q = n->inputs()[0], *k = n->inputs()[1], *v = n->inputs()[2];
       if (!q || !k || !v) continue;
       Node* split = q->producer();
       if (!split || split->op_type != "Split" || !split->domain.value.empty() ||
           k->producer() != split || v->producer() != split || split->outputs().size() != 3 ||
-          q->producer_output() != 0 || k->producer_output() != 1 || v->producer_output() != 2) {
+          q->producer_output() != 0 || k->producer_output() != 1 || v->producer_output() != 2 ||
+          !mistyped_reason(split).empty()) {
         continue;
       }
       Value* qkv = split->inputs()[0];

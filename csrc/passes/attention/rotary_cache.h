@@ -21,17 +21,20 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "pattern/attr_schema.h"
 
 namespace fastopt::passes::rotary {
 
-// The producer of `v` when it is the standard op `op`, else null.
+// The producer of `v` when it is the standard op `op` with well-typed attributes, else null: a
+// node ORT refuses is never traced through (its attributes would read as the defaults), so the
+// caches never replace it.
 inline Node* made_by(const Value* v, const char* op) {
   if (!v) return nullptr;
   Node* n = v->producer();
   if (!n || n->op_type != op || !(n->domain.value.empty() || n->domain.value == "ai.onnx")) {
     return nullptr;
   }
-  return n;
+  return pattern::mistyped_attribute(*n) ? nullptr : n;
 }
 
 // An int attribute of `n`, nullopt when absent.

@@ -19,6 +19,13 @@ int rank_rec(const Value* v, int depth);
 std::optional<int64_t> element_rec(const Value* shape, int index, int depth);
 std::optional<int64_t> length_rec(const Value* shape, int depth);
 
+// The producer of `v`, unless an attribute of it has the wrong type: sizes are never read from
+// a node ORT refuses (its attributes would read as the defaults).
+const Node* typed_producer(const Value* v) {
+  const Node* p = v->producer();
+  return p && !pattern::mistyped_attribute(*p) ? p : nullptr;
+}
+
 const std::vector<int64_t>* ints_attr(const Node* n, const std::string& name) {
   const Attribute* a = n->attribute(name);
   return a ? &a->ints : nullptr;
@@ -31,7 +38,7 @@ std::optional<int64_t> scalar_rec(const Value* v, int depth) {
     if (c->size() == 1) return (*c)[0];
     return std::nullopt;
   }
-  const Node* p = v->producer();
+  const Node* p = typed_producer(v);
   if (!p) return std::nullopt;
   if (p->op_type == "Gather" && p->inputs().size() == 2 && p->inputs()[0]->producer() &&
       p->inputs()[0]->producer()->op_type == "Shape") {
@@ -60,7 +67,7 @@ std::optional<int64_t> length_rec(const Value* shape, int depth) {
   if (shape->type.has_shape && shape->type.dims.size() == 1 && shape->type.dims[0].value) {
     return *shape->type.dims[0].value;
   }
-  const Node* p = shape->producer();
+  const Node* p = typed_producer(shape);
   if (!p) return std::nullopt;
   if (p->op_type == "Unsqueeze" && rank_rec(p->inputs()[0], depth + 1) == 0) return 1;
   if (p->op_type == "Shape") {
@@ -94,7 +101,7 @@ std::optional<int64_t> element_rec(const Value* shape, int index, int depth) {
     if (index < 0 || index >= static_cast<int>(c->size())) return std::nullopt;
     return (*c)[index];
   }
-  const Node* p = shape->producer();
+  const Node* p = typed_producer(shape);
   if (!p) return std::nullopt;
   if (p->op_type == "Shape") {  // element i of Shape(x)[start:end]
     const Value* x = p->inputs()[0];
@@ -189,7 +196,7 @@ std::optional<int64_t> dim_rec(const Value* v, int axis, int depth) {
     return *v->type.dims[axis].value;
   }
   if (auto t = constant_tensor(v)) return t->dims[axis];
-  const Node* p = v->producer();
+  const Node* p = typed_producer(v);
   if (!p) return std::nullopt;
   const auto& in = p->inputs();
   if (p->op_type == "Transpose") {
@@ -294,7 +301,7 @@ std::optional<int64_t> dim_rec(const Value* v, int axis, int depth) {
 int32_t dtype_rec(const Value* v, int depth) {
   if (!v || depth > kMaxDepth) return 0;
   if (int32_t t = value_dtype(v)) return t;
-  const Node* p = v->producer();
+  const Node* p = typed_producer(v);
   if (!p || p->inputs().empty()) return 0;
   if (p->op_type == "Cast") return static_cast<int32_t>(int_attr_or(p, "to", 0));
   if (p->op_type == "Where" && p->inputs().size() == 3) return dtype_rec(p->inputs()[1], depth + 1);
@@ -312,7 +319,7 @@ int rank_rec(const Value* v, int depth) {
   if (!v || depth > kMaxDepth) return -1;
   const int r = value_rank(v);
   if (r >= 0) return r;
-  const Node* p = v->producer();
+  const Node* p = typed_producer(v);
   if (!p || p->inputs().empty()) return -1;
   if (p->op_type == "Transpose") {
     const auto* perm = ints_attr(p, "perm");
@@ -379,8 +386,9 @@ bool same_dim(const Dim* a, const Dim* b) {
   return a && b && passes::same_dim(*a, *b);
 }
 
+// A standard op with well-typed attributes: the proofs never read a node ORT refuses.
 bool is_standard(const Node* n) {
-  return n->domain.value.empty() || n->domain.value == "ai.onnx";
+  return (n->domain.value.empty() || n->domain.value == "ai.onnx") && mistyped_reason(n).empty();
 }
 
 const Value* shape_dim_source(const Value* v, int64_t* index) {
