@@ -366,19 +366,7 @@ std::optional<InterleavedSource> trace_interleaved(Value* v, const std::string& 
     s.half = width;
     return out;
   }
-  if (Node* mul = made_by(cur, "Mul")) {  // attention_scaling
-    for (int i = 0; i < 2 && !s.scaling; ++i) {
-      if (auto c = constant_scalar(mul->inputs()[i]);
-          c && made_by(mul->inputs()[1 - i], fn.c_str())) {
-        s.scaling = static_cast<float>(*c);
-        cur = mul->inputs()[1 - i];
-      }
-    }
-    if (!s.scaling) {
-      *why = "the " + fn + " is multiplied by something other than a scalar constant";
-      return std::nullopt;
-    }
-  }
+  if (!take_scaling(&cur, fn, &s, why)) return std::nullopt;
   Node* trig = made_by(cur, fn.c_str());
   if (!trig) {
     *why = "the " + fn + " operand comes neither from " + fn + "(angles) nor from a table";

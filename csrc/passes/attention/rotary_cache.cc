@@ -175,6 +175,23 @@ bool trace_table(const Node* gather, CosSinSource* s, std::string* why) {
 
 }  // namespace
 
+bool take_scaling(Value** cur, const std::string& fn, CosSinSource* s, std::string* why) {
+  Node* mul = made_by(*cur, "Mul");  // attention_scaling
+  if (!mul) return true;
+  for (int i = 0; i < 2 && !s->scaling; ++i) {
+    if (auto c = constant_scalar(mul->inputs()[i]);
+        c && made_by(mul->inputs()[1 - i], fn.c_str())) {
+      s->scaling = static_cast<float>(*c);
+      *cur = mul->inputs()[1 - i];
+    }
+  }
+  if (!s->scaling) {
+    *why = "the " + fn + " is multiplied by something other than a scalar constant";
+    return false;
+  }
+  return true;
+}
+
 std::optional<CosSinSource> trace_cos_sin(Value* v, const std::string& fn, std::string* why) {
   CosSinSource s;
   s.dtype = value_dtype(v);
@@ -214,19 +231,7 @@ std::optional<CosSinSource> trace_cos_sin(Value* v, const std::string& fn, std::
     }
     return s;
   }
-  if (Node* mul = made_by(cur, "Mul")) {  // attention_scaling
-    for (int i = 0; i < 2 && !s.scaling; ++i) {
-      if (auto c = constant_scalar(mul->inputs()[i]);
-          c && made_by(mul->inputs()[1 - i], fn.c_str())) {
-        s.scaling = static_cast<float>(*c);
-        cur = mul->inputs()[1 - i];
-      }
-    }
-    if (!s.scaling) {
-      *why = "the " + fn + " is multiplied by something other than a scalar constant";
-      return std::nullopt;
-    }
-  }
+  if (!take_scaling(&cur, fn, &s, why)) return std::nullopt;
   Node* trig = made_by(cur, fn.c_str());
   if (!trig) {
     *why = "the " + fn + " operand comes neither from " + fn + "(angles) nor from a table Gather";

@@ -76,6 +76,10 @@ std::optional<std::vector<int64_t>> unsqueeze_axes(const Node* n);
 // positions and half of `s`, or returns false with the reason in `why`.
 bool trace_frequencies(Value* f, CosSinSource* s, std::string* why);
 
+// A Mul(scalar constant, fn(...)) at *cur (attention_scaling): records the scalar in s->scaling
+// and steps *cur past it. True when there is none; false (why set) for another Mul.
+bool take_scaling(Value** cur, const std::string& fn, CosSinSource* s, std::string* why);
+
 // Traces `v` (the 4-D cos or sin a rotary multiplication reads) back to its source; `fn` is
 // "Cos" or "Sin". On failure returns nullopt with the reason in `why`.
 std::optional<CosSinSource> trace_cos_sin(Value* v, const std::string& fn, std::string* why);
