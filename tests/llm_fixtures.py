@@ -189,3 +189,20 @@ def assert_parity(
     for padding in paddings:
         diff = max_abs_diff(fx, optimized, feeds(fx, padding=padding))
         assert diff <= bound, f"{fx}: max abs diff {diff:.3g} > {bound} (padding={padding})"
+
+
+# Fixture architectures with rotary position embeddings.
+ROPE_ARCHS = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "phi3",
+    "gemma",
+    "gemma3",
+    "gpt_neox",
+    "gptj",
+    "cohere",
+    "glm",
+    "glm4",
+    "phi3_longrope",
+)

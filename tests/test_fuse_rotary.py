@@ -8,23 +8,9 @@ import numpy as np
 import onnx
 import pytest
 from fusion_util import assert_close, info, ort_run, out_info, tensor
-from llm_fixtures import Fixture, assert_parity, fixtures, op_count, optimize
+from llm_fixtures import ROPE_ARCHS, Fixture, assert_parity, fixtures, op_count, optimize
 from onnx import TensorProto, helper, numpy_helper
 
-ROPE_ARCHS = (
-    "llama",
-    "mistral",
-    "qwen2",
-    "phi3",
-    "gemma",
-    "gemma3",
-    "gpt_neox",
-    "gptj",
-    "cohere",
-    "glm",
-    "glm4",
-    "phi3_longrope",
-)
 INTERLEAVED_ARCHS = ("gptj", "cohere", "glm", "glm4")
 PARTIAL_DIM = {"gptj": 16, "glm": 8, "glm4": 8}
 PASSES = ["fuse_rotary", "eliminate_dead_nodes"]

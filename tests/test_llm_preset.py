@@ -13,23 +13,9 @@ import fastopt
 import onnx
 import pytest
 from conftest import CORPUS_DIR
-from llm_fixtures import Fixture, assert_parity, fixtures, ids, op_count, optimize
+from llm_fixtures import ROPE_ARCHS, Fixture, assert_parity, fixtures, ids, op_count, optimize
 
 ALL = fixtures()
-ROPE_ARCHS = {
-    "llama",
-    "mistral",
-    "qwen2",
-    "phi3",
-    "gemma",
-    "gemma3",
-    "gpt_neox",
-    "gptj",
-    "cohere",
-    "glm",
-    "glm4",
-    "phi3_longrope",
-}
 RMS_ARCHS = {"llama", "mistral", "qwen2", "phi3", "gemma", "gemma3", "glm", "glm4", "phi3_longrope"}
 
 NORMS_ORT = (
