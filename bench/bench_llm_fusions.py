@@ -119,7 +119,7 @@ LARGE_EXPORTERS = ("ts", "dynamo")
 # other type (qwen3, gpt_neox give the same fused ops on the fixtures, but default to
 # opt_level 0, so fewer nodes folded; "phi" expects the dynamo exporter's function-based
 # export of Phi-2 and crashes on these).
-ORT_MODEL_TYPE = {"gpt_neox": "gpt_neox", "bert": "bert"}
+ORT_MODEL_TYPE = {"gpt_neox": "gpt_neox", "bert": "bert", "clip": "clip"}
 ORT_MODEL_TYPE_DEFAULT = "gpt2"
 
 # Counted ops: (column, op_type, domain or None for any). ORT registers
@@ -158,6 +158,11 @@ SHORT = {
     "BiasGelu": "BiasGelu",
     "QuickGelu": "QuickGelu",
 }
+# Residue: the decomposed ops a fusion would have consumed (attention's Softmax, a norm's
+# ReduceMean/Pow/Sqrt, an activation's Erf/Tanh/Sigmoid, rotary's Sin/Cos/Neg). Not all are
+# defects (MoE routing has a Softmax, gemma2's final logit cap a Tanh): the table says what is
+# left, the fused-op table what it became.
+RESIDUE = ("Softmax", "ReduceMean", "Pow", "Sqrt", "Erf", "Tanh", "Sigmoid", "Sin", "Cos", "Neg")
 CHECK_SEQ = 16
 PARITY_TOL = {"float32": 1e-4, "float16": 2e-2}
 
@@ -347,7 +352,7 @@ def run_check(src: str, outputs_json: str) -> dict[str, Any]:
     original = onnx.load(src, load_external_data=False)
     hist = op_histogram(original)
     res: dict[str, Any] = {
-        "original": {"nodes": sum(hist.values()), "fused": _fused(hist)},
+        "original": {"nodes": sum(hist.values()), "fused": _fused(hist), "ops": hist},
         "tools": {},
     }
     ref = np.asarray(_run(_session(src, optimize=False), feeds), np.float64)
@@ -639,6 +644,17 @@ def _fused_cell(v: dict[str, Any] | None) -> str:
     return text
 
 
+def _residue_cell(v: dict[str, Any] | None) -> str:
+    if not v or "ops" not in v:
+        return "-"
+    left: dict[str, int] = {}
+    for key, count in v["ops"].items():
+        dom, _, name = key.rpartition("::")
+        if name in RESIDUE and dom in ("", "ai.onnx"):
+            left[name] = left.get(name, 0) + count
+    return ", ".join(f"{op} {left[op]}" for op in RESIDUE if op in left) or "none"
+
+
 def _ratio(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}x"
 
@@ -709,6 +725,26 @@ def render_markdown(report: dict[str, Any]) -> str:
                 cells.append(_fused_cell(chk.get("tools", {}).get(t)))
         orig = _fused_cell(chk.get("original")) if "original" in chk else "-"
         lines.append(f"| {name} | {m.get('layers') or '?'} | {orig} | " + " | ".join(cells) + " |")
+
+    lines.extend(
+        [
+            "",
+            "## Residue",
+            "",
+            "Decomposed ops left per output (standard domain): "
+            + ", ".join(RESIDUE)
+            + ". Not every one is a missed fusion: MoE routing keeps a Softmax, gemma2's final "
+            "logit soft-cap a Tanh, a rotary table computed from position ids its Sin/Cos.",
+            "",
+            "| model | original | " + " | ".join(TOOLS[t] for t in tools) + " |",
+            "|---|---|" + "---|" * len(tools),
+        ]
+    )
+    for name, m in models.items():
+        chk = m.get("check", {})
+        cells = [_residue_cell(chk.get("tools", {}).get(t)) for t in tools]
+        orig = _residue_cell(chk.get("original"))
+        lines.append(f"| {name} | {orig} | " + " | ".join(cells) + " |")
 
     lines.extend(
         [
