@@ -275,3 +275,38 @@ def test_a_huge_axis_with_unknown_rank_does_not_hang(op: str) -> None:
     m = chain((op, [0], {}), (op, [2**44], {}), None, opset=13)
     report = fastopt.optimize(fastopt.from_onnx(m), passes=[PASS])
     assert report.ops_after.get("Neg") == 1
+
+
+# --- a precision Cast between two reshapes ---
+
+
+def cast_between(second: Sequence[int], cast_users: int = 1) -> helper.ModelProto:
+    nodes = [
+        helper.make_node("Reshape", ["x", "c0"], ["a"]),
+        helper.make_node("Cast", ["a"], ["c"], to=T.FLOAT16),
+        helper.make_node("Reshape", ["c", "c1"], ["b"]),
+        helper.make_node("Neg", ["b"], ["y"]),
+    ]
+    outputs = [vi("y", T.FLOAT16, ["n"])]
+    if cast_users > 1:
+        nodes.append(helper.make_node("Abs", ["c"], ["z"]))
+        outputs.append(vi("z", T.FLOAT16, ["n"]))
+    inits = [ints("c0", [2, 3, 2, 2]), ints("c1", list(second))]
+    return model(nodes, [vi("x", T.FLOAT, [2, 3, 4])], outputs, inits)
+
+
+def test_cast_between_reshapes_moves_below_and_the_chain_folds() -> None:
+    out = check_pass(cast_between([6, 4]), PASS, rewrites=2)
+    assert ops(out) == ["Reshape", "Cast", "Neg"]
+    r = node(out, "Reshape")
+    assert r.input[0] == "x" and const_input(out, r, 1).tolist() == [6, 4]
+
+
+def test_cast_between_reshapes_keeps_the_outer_zero_rule() -> None:
+    # The Cast moves (exact), but [0, -1] still copies the intermediate's dim 0: no fold.
+    out = check_pass(cast_between([0, -1]), PASS, rewrites=1)
+    assert ops(out) == ["Reshape", "Reshape", "Cast", "Neg"]
+
+
+def test_cast_with_other_users_between_reshapes_stays() -> None:
+    check_pass(cast_between([6, 4], cast_users=2), PASS, rewrites=0)

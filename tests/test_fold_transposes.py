@@ -165,3 +165,38 @@ def test_perm_referring_to_a_function_attribute_is_left_alone() -> None:
     m.opset_import.append(helper.make_opsetid("local", 1))
     out = check_pass(m, PASS, rewrites=0)
     assert [n.op_type for n in out.functions[0].node] == ["Transpose", "Transpose"]
+
+
+@pytest.mark.parametrize(("p2", "left"), [([0, 2, 1, 3], ["Cast", "Neg"]), ([1, 0, 2, 3], None)])
+def test_pair_folds_through_a_precision_cast(p2: list[int], left: list[str] | None) -> None:
+    # fp16 exports that rotate in fp32: Transpose -> Cast -> Transpose around the rotary.
+    m = model(
+        [
+            helper.make_node("Transpose", ["x"], ["a"], perm=[0, 2, 1, 3]),
+            helper.make_node("Cast", ["a"], ["c"], to=T.FLOAT16),
+            helper.make_node("Transpose", ["c"], ["b"], perm=p2),
+            helper.make_node("Neg", ["b"], ["y"]),
+        ],
+        [vi("x", T.FLOAT, [2, 3, 4, 5])],
+        [vi("y", T.FLOAT16, ["n"])],
+    )
+    out = check_pass(m, PASS, rewrites=1)
+    assert ops(out) == (left or ["Transpose", "Cast", "Neg"])
+    if left is None:
+        t = node(out, "Transpose")
+        assert t.input == ["x"] and attr(t, "perm") == [[0, 2, 1, 3][j] for j in p2]
+
+
+def test_cast_with_other_users_stays() -> None:
+    m = model(
+        [
+            helper.make_node("Transpose", ["x"], ["a"], perm=[0, 2, 1, 3]),
+            helper.make_node("Cast", ["a"], ["c"], to=T.FLOAT16),
+            helper.make_node("Transpose", ["c"], ["b"], perm=[0, 2, 1, 3]),
+            helper.make_node("Neg", ["b"], ["y"]),
+            helper.make_node("Neg", ["c"], ["z"]),
+        ],
+        [vi("x", T.FLOAT, [2, 3, 4, 5])],
+        [vi("y", T.FLOAT16, ["n"]), vi("z", T.FLOAT16, ["n"])],
+    )
+    check_pass(m, PASS, rewrites=0)

@@ -6,6 +6,7 @@
 //   Squeeze(Unsqueeze(x, a), a)                        =>  x      (also Unsqueeze(Squeeze))
 //   Flatten(Reshape(x, s), k)                          =>  Reshape(x, [P, Q])
 //   Flatten(Flatten(x, k), 0|1)                        =>  Flatten(x, 0|k)
+//   Reshape(Cast(Reshape(x)), s2)                      =>  Cast(Reshape(Reshape(x), s2))
 //
 // TorchScript exports view/unsqueeze/flatten one call at a time, so head splitting and merging
 // in attention leaves such chains. Reshape's 0 copies a dim of its *input*: a target with 0
@@ -50,6 +51,29 @@ Replacement reshape_of_reshape(const Match& m, Rewriter& rw) {
   }
   outer->set_input(0, m.value("x"));
   return outer->outputs();
+}
+
+// Reshape(Cast(Reshape(x, s1)), s2) -> Cast(Reshape(Reshape(x, s1), s2)): a precision Cast
+// between two reshapes (fp16 exports that compute a head-split step in fp32) commutes with
+// them; moved below the pair, the reshapes meet and fold (or cancel) like any chain.
+Replacement sink_cast(const Match& m, Rewriter& rw) {
+  Node* outer = m.root();
+  Node* cast = m.value("mid")->producer();
+  if (has_attr_refs(outer) || has_attr_refs(cast)) return rw.fail("attribute refs");
+  if (cast->attributes.size() != 1 || !cast->attribute("to")) {
+    return rw.fail("the Cast has attributes other than 'to'");
+  }
+  const Node* src = cast->inputs()[0] ? cast->inputs()[0]->producer() : nullptr;
+  if (!src || src->op_type != "Reshape" || !src->domain.value.empty()) {
+    return rw.fail("the Cast does not read a Reshape");
+  }
+  if (cast->outputs()[0]->uses().size() != 1) return rw.fail("the Cast has other users");
+  std::vector<Attribute> attrs;
+  for (const Attribute& a : outer->attributes) attrs.push_back(copy_attribute(a));
+  Value* r = rw.op1("Reshape", {m.value("x"), outer->inputs()[1]}, std::move(attrs));
+  std::vector<Attribute> to;
+  to.push_back(copy_attribute(*cast->attribute("to")));
+  return std::vector<Value*>{rw.op1("Cast", {r}, std::move(to))};
 }
 
 // The values of `v`, sorted, without repeats.
@@ -231,6 +255,7 @@ std::vector<Rule> rules(const PassContext&) {
   return {
       chain_rule("fold_reshape_chain", {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}, "Reshape", 2,
                  reshape_of_reshape),
+      chain_rule("fold_reshape_cast_reshape", {"Cast"}, "Reshape", 2, sink_cast),
       chain_rule("fold_unsqueeze_chain", {"Unsqueeze"}, "Unsqueeze", 1, unsqueeze_chain),
       chain_rule("fold_squeeze_chain", {"Squeeze"}, "Squeeze", 1, squeeze_chain),
       chain_rule("cancel_unsqueeze_squeeze", {"Unsqueeze"}, "Squeeze", 1,

@@ -124,6 +124,17 @@ std::optional<HeadSplit> reshape_split(const Value* x) {
   return h;
 }
 
+// A Cast between float types with no attribute but `to` (a precision change that commutes
+// with layout ops).
+bool is_float_cast(const Node* n) {
+  const Attribute* to = n->attribute("to");
+  if (!to || !to->i || n->attributes.size() != 1) return false;
+  const int32_t t = static_cast<int32_t>(*to->i);
+  const int32_t from = value_dtype(n->inputs()[0]);
+  auto is_float = [](int32_t d) { return d == kFloat || d == kFloat16 || d == kBFloat16; };
+  return is_float(t) && is_float(from);
+}
+
 // x (B,H,S,D) = Transpose(0,2,1,3)(Reshape(x3d (B,S,H*D), shape)).
 std::optional<HeadSplit> head_split(const Value* x) {
   Node* tr = made_by(x, "Transpose");
@@ -315,9 +326,20 @@ struct Emitter {
       perm.push_back(attr_ints("perm", {0, 2, 1, 3}));
       return rw.op1("Transpose", {v}, std::move(perm));
     };
-    if (auto h = seq_axis == 2 ? head_split(x) : reshape_split(x)) {
+    // fp16 exports that rotate in fp32 (cohere) Cast between the head split and the rotary: the
+    // Cast commutes with the split, so it moves onto the 3-D projection.
+    const Node* up = made_by(x, "Cast");
+    if (up && !(is_float_cast(up) && up->inputs().size() == 1)) up = nullptr;
+    const Value* split = up ? up->inputs()[0] : x;
+    if (auto h = seq_axis == 2 ? head_split(split) : reshape_split(split)) {
       Node* rs = h->reshape;
-      Value* y = rope(h->x3d, h->heads);
+      Value* in = h->x3d;
+      if (up) {
+        std::vector<Attribute> to;
+        for (const Attribute& a : up->attributes) to.push_back(copy_attribute(a));
+        in = rw.op1("Cast", {in}, std::move(to));
+      }
+      Value* y = rope(in, h->heads);
       std::vector<Attribute> rs_attrs;
       for (const Attribute& a : rs->attributes) rs_attrs.push_back(copy_attribute(a));
       y = rw.op1("Reshape", {y, rs->inputs()[1]}, std::move(rs_attrs));

@@ -274,6 +274,7 @@ _LLM = [
     "target_opset",  # after cleanup: the version converter's time grows with the node count
     "fuse_layer_norm",
     "fuse_rms_norm",
+    "fuse_norm_casts",  # after the norm fusions, before fuse_skip_norm reads the residual Add
     "fuse_gelu",
     "fuse_bias_gelu",
     "fuse_silu",

@@ -53,6 +53,7 @@ const char* const kDefaultPasses[] = {
     "eliminate_dead_nodes",
     "fuse_layer_norm",
     "fuse_rms_norm",
+    "fuse_norm_casts",
     "fuse_gelu",
     "fuse_bias_gelu",
     "fuse_silu",
