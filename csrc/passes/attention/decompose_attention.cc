@@ -4,7 +4,8 @@
 //   k, v (B,Hkv,T,D) -> [Unsqueeze(2) -> Expand(1,1,G,1,1) -> Reshape(Shape(k) * (1,G,1,1))]?
 //   Q (B,Hq,S,D)  Kt = Transpose(k, 0,1,3,2)
 //        \        /
-//        MatMul -> Mul(scale) -> [Cast(softmax_precision)]? -> [Add(mask | Where(bool, 0, -inf))]?
+//        MatMul -> Mul(scale) -> [Div(c) -> Tanh -> Mul(c)]? -> [Cast(softmax_precision)]?
+//        -> [Add(mask | Where(bool, 0, -inf))]?
 //        -> [Add(causal)]? -> Softmax(-1) -> Where(IsNaN(p), 0, p) -> [Cast back]? -> MatMul(v)
 //
 // The cached form (internal_op.h) needs nothing special: K/V are the Concat'd (B,Hkv,P+S,D), the
@@ -96,6 +97,10 @@ pattern::Replacement decompose_attention(Node* node, pattern::Rewriter& rw, Pass
   Value* kt = rw.op1("Transpose", {k}, one_attr(attr_ints("perm", {0, 1, 3, 2})));
   Value* s = rw.op1("MatMul", {q, kt});
   s = rw.op1("Mul", {s, rw.initializer("attention_scale", scale_t)});
+  if (const float cap = float_attr(node, "softcap", 0.0f); cap > 0) {  // c * tanh(s / c)
+    Value* c = rw.initializer("attention_softcap", scalar(t, cap));
+    s = rw.op1("Mul", {rw.op1("Tanh", {rw.op1("Div", {s, c})}), c});
+  }
   if (ct != t) s = rw.op1("Cast", {s}, one_attr(attr_int("to", ct)));
   Value* zero = nullptr;
   Value* neg = nullptr;

@@ -10,7 +10,7 @@
 //     |                 | Transpose(k_BSHD, 0,2,3,1)   |
 //     |               [Mul|Div c]?                      |
 //      \               /                                |
-//        MatMul -> [Mul|Div c]? -> [Cast fp32]? -> [Add(mask)]? -> Softmax(-1)
+//        MatMul -> [Mul|Div c]? -> [softcap]? -> [Cast fp32]? -> [Add(mask)]? -> Softmax(-1)
 //                                                                    |
 //                                            [Where(IsNaN(p), 0, p)]? -> [Cast]? -> MatMul <-
 //                                            [Cast]?
@@ -24,6 +24,9 @@
 // rows whose keys are all masked. Older exports scale the scores instead; all placements
 // multiply into one scale. The mask HF adds is Where(bool_mask, 0, -inf | finfo.min): the
 // boolean (true = attend) becomes the internal op's mask; any other additive mask is kept as is.
+// gemma2's eager attention soft-caps the scaled scores before the mask, c * tanh(s / c)
+// (softcap.h): the internal op's `softcap` = c; a scale after the cap or a mask inside it is
+// refused (neither GQA nor Attention-23 can say that).
 #include <any>
 #include <cmath>
 #include <set>
@@ -34,6 +37,7 @@
 #include "ir/constant.h"
 #include "passes/attention/internal_op.h"
 #include "passes/attention/shapes.h"
+#include "passes/attention/softcap.h"
 #include "passes/fusion_util.h"
 #include "passes/norm_util.h"
 #include "pattern/attr_schema.h"
@@ -60,6 +64,7 @@ struct Found {
   Value* mask = nullptr;
   bool mask_bool = false;
   double scale = 1.0;
+  double softcap = 0;  // c of c * tanh(scale * QK^T / c), 0 for none
   int32_t softmax_precision = 0;
   int64_t hq = 0, hkv = 0;
   std::vector<Node*> nodes;           // matched nodes (removed when dead after the rewrite)
@@ -204,7 +209,8 @@ class AttentionWalk {
     const Node* p = x->producer();
     if (!p || depth > 6) return false;
     if (p->op_type == "MatMul") return true;
-    if (p->op_type == "Cast" || p->op_type == "Mul" || p->op_type == "Div") {
+    if (p->op_type == "Cast" || p->op_type == "Mul" || p->op_type == "Div" ||
+        p->op_type == "Tanh") {
       for (const Value* in : p->inputs()) {
         if (reaches_matmul(in, depth + 1)) return true;
       }
@@ -274,6 +280,7 @@ class AttentionWalk {
     // Scores side: [Add(mask)] / [Cast] / [Mul|Div c] in any order, down to MatMul(q', Kt').
     Node* mm = nullptr;
     bool casted = false;
+    bool scaled = false;  // a scale factor was peeled (the walk meets a later one first)
     while (!mm) {
       Node* n = s->producer();
       if (!n) return fail("the scores have no producer");
@@ -293,13 +300,21 @@ class AttentionWalk {
         take(n);
         s = n->inputs()[0];
       } else if (n->op_type == "Add" && !f_.mask) {
+        if (f_.softcap) return fail("the mask is added before the soft-cap");
         Value *a = n->inputs()[0], *b = n->inputs()[1];
         if (!reaches_matmul(a) && reaches_matmul(b)) std::swap(a, b);
         if (!reaches_matmul(a)) return fail("neither Add input comes from the scores MatMul");
         if (!match_mask(b, dtype_of(n->outputs()[0]))) return false;
         take(n);
         s = a;
+      } else if (auto cap = attention_softcap::match_softcap(s)) {
+        if (f_.softcap) return fail("two soft-caps on the scores");
+        if (scaled) return fail("a scale factor after the soft-cap");
+        f_.softcap = cap->cap;
+        for (Node* c : cap->nodes) take(c);
+        s = cap->capped;
       } else if (peel_scale(s)) {
+        scaled = true;
       } else {
         if (!error.empty()) return false;
         return fail("unexpected " + n->op_type + " between the scores MatMul and the Softmax");
@@ -424,6 +439,7 @@ Replacement rewrite_attention(const CodeMatch& m, Rewriter& rw, PassContext& ctx
   attrs.push_back(attr_int("q_num_heads", f.hq));
   attrs.push_back(attr_int("kv_num_heads", f.hkv));
   if (f.softmax_precision) attrs.push_back(attr_int("softmax_precision", f.softmax_precision));
+  if (f.softcap) attrs.push_back(attr_float("softcap", static_cast<float>(f.softcap)));
   Value* y = rw.op1(kInternalAttention, inputs, std::move(attrs), kInternalDomain);
   const int32_t out_dtype = dtype_of(root->outputs()[0]);
   if (out_dtype != t) y = rw.op1("Cast", {y}, one_attr(attr_int("to", out_dtype)));
@@ -435,6 +451,7 @@ Replacement rewrite_attention(const CodeMatch& m, Rewriter& rw, PassContext& ctx
   ctx.counters["attention"] += 1;
   if (f.hkv != f.hq) ctx.counters["grouped kv heads"] += 1;
   if (f.mask) ctx.counters[f.mask_bool ? "boolean mask" : "additive mask"] += 1;
+  if (f.softcap) ctx.counters["soft-capped"] += 1;
   return std::vector<Value*>{y};
 }
 

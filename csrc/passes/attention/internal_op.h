@@ -15,7 +15,7 @@
 //   kv head h / (Hq / Hkv) (what HF's repeat_kv computes).
 //   mask (optional): bool, true = attend, or additive, of Q's dtype; broadcastable to
 //   (B, Hq, S, T).
-//   Y (B, Hq, S, Dv) = softmax(scale * Q K^T + causal + mask) V, computed in Q's dtype unless
+//   Y (B, Hq, S, Dv) = softmax(cap(scale * Q K^T) + causal + mask) V, computed in Q's dtype unless
 //   softmax_precision says otherwise; rows whose every key is masked give 0 (as the exporters'
 //   Where(IsNaN(p), 0, p) and Attention-23 do).
 // Attributes (always written by stage 1, so lowerings need no defaults):
@@ -25,6 +25,9 @@
 //   q_num_heads, kv_num_heads (int): Hq, Hkv.
 //   softmax_precision (int, optional): an ONNX dtype when the model computed the softmax in a
 //     wider type (fp16 models casting scores to fp32).
+//   softcap (float, optional): c > 0 makes cap(x) = c * tanh(x / c) (gemma2's logit
+//     soft-capping: after the scale, before the masks, as Attention-23's and GQA's softcap in
+//     ORT 1.32; softcap.h); absent, cap(x) = x.
 //
 // The cached form (issue 5, written by add_kv_cache between the stages): K and V are
 //   Concat(past graph input (B, Hkv, P, D), k_new (B, Hkv, S, D), axis 2), whose output is the

@@ -17,7 +17,8 @@
 // op's (ORT 1.32 CPU, ops.md 1.3), so prefill (P = 0), decode and chunked steps stay exact.
 //
 // 4-D BNSH inputs; q_num_heads/kv_num_heads are carried (Attention-23 needs them only for 3-D
-// inputs, but they cost nothing and document GQA), scale, is_causal and softmax_precision as set.
+// inputs, but they cost nothing and document GQA), scale, is_causal, softmax_precision and softcap
+// as set (ORT 1.32 CPU runs softcap, after the scale and before the mask: bench/probe_softcap.py).
 // ORT runs it on CPU since 1.23 (float, fp16; bool or float masks).
 #include "passes/attention/internal_op.h"
 #include "passes/fusion_util.h"
@@ -32,7 +33,7 @@ pattern::Replacement lower_attention_onnx(Node* node, pattern::Rewriter& rw, Pas
   }
   std::vector<Attribute> attrs;
   for (const char* name :
-       {"scale", "is_causal", "q_num_heads", "kv_num_heads", "softmax_precision"}) {
+       {"scale", "is_causal", "q_num_heads", "kv_num_heads", "softmax_precision", "softcap"}) {
     if (const Attribute* a = node->attribute(name)) attrs.push_back(pattern::copy_attribute(*a));
   }
   const std::optional<CachedKV> cache = cached_kv(node);

@@ -24,6 +24,8 @@
 //   options cuda=1              -> GQA only for fp16/bf16, causal, without mask (CUDA rejects
 //                                  GQA's attention_bias); everything else MHA (repeated kv heads
 //                                  when Hkv < Hq)
+//   softcap (gemma2)            -> GroupQueryAttention's softcap, whatever the dtype (MHA and
+//                                  packed Attention cannot cap); standard ops when GQA does not fit
 // GQA fits when T == S is shown (it takes K/V of the query's length) and the head size is
 // static, a multiple of 8 (kernel check) and the same for K and V.
 //
@@ -339,6 +341,7 @@ BuiltOp build_gqa(Rewriter& rw, const OrtLoweringPlan& p, const Node* node, Valu
   a.push_back(attr_int("num_heads", p.hq));
   a.push_back(attr_int("kv_num_heads", p.hkv));
   a.push_back(attr_float("scale", p.scale));
+  if (p.softcap > 0) a.push_back(attr_float("softcap", p.softcap));
   // With a cache the mask is causal by contract (internal_op.h), so GQA's causal flag (which
   // query_seqlens requires) masks nothing more.
   if (!p.causal && !p.cache) a.push_back(attr_int("causal", 0));

@@ -81,6 +81,11 @@ OrtLoweringPlan plan_ort_lowering(const Node* node, const Graph& g, const PassCo
   const float scale = *scale_attr->f;
   // Both ops read scale 0 as "1/sqrt(D)".
   if (!std::isfinite(scale) || scale == 0.0f) return refused("scale is 0 or not finite");
+  // Soft-capping (internal_op.h): of the ort ops only GroupQueryAttention caps (after the scale,
+  // before the bias, as the internal op: bench/probe_softcap.py).
+  const float softcap = float_attr(node, "softcap", 0.0f);
+  if (!std::isfinite(softcap) || softcap < 0) return refused("softcap is negative or not finite");
+  const bool capped = softcap > 0;
   const bool causal = int_attr_or(node, "is_causal", 0) != 0;
   const int64_t hq = int_attr_or(node, "q_num_heads", 0);
   const int64_t hkv = int_attr_or(node, "kv_num_heads", 0);
@@ -134,22 +139,27 @@ OrtLoweringPlan plan_ort_lowering(const Node* node, const Graph& g, const PassCo
   const int64_t packed_mode =
       packed_option != ctx.options.end() ? packed_option->second : (cuda ? 0 : 1);
   std::optional<std::vector<Projection>> qkv;
-  if (!cache && hq == hkv && packed_mode > 0 && (!causal || packed_mode >= 2)) {
+  if (!cache && !capped && hq == hkv && packed_mode > 0 && (!causal || packed_mode >= 2)) {
     qkv = packed_qkv(g, node, hq, dtype, &plan.not_packed);
   }
   bool use_gqa = qkv             ? false
                  : inplace       ? true
+                 : capped        ? true
                  : cuda && cache ? false  // CUDA GQA rejects the cache's bias
                  : cuda          ? dtype != kFloat && causal && !mask
                                  : dtype != kFloat || hkv != hq;
   // fp32 has MHA over repeated kv heads to fall back on (not with a cache: present has Hkv).
-  if (use_gqa && !inplace && dtype == kFloat && !gqa_fits && static_head && !cache) {
+  if (use_gqa && !inplace && !capped && dtype == kFloat && !gqa_fits && static_head && !cache) {
     use_gqa = false;
   }
   const bool repeat_kv = !use_gqa && hkv != hq;
 
   if (inplace && cuda && dtype == kFloat) {
     return refused("in-place cache: GroupQueryAttention has no fp32 CUDA kernel");
+  }
+  if (capped && cuda && !inplace && (dtype == kFloat || mask || cache)) {
+    return refused(
+        "soft-capping needs GroupQueryAttention, which on CUDA takes neither fp32 nor a bias");
   }
   if (use_gqa && !same_len) {
     return refused("GroupQueryAttention (" + dtype_name(dtype) +
@@ -160,8 +170,9 @@ OrtLoweringPlan plan_ort_lowering(const Node* node, const Graph& g, const PassCo
                           : ") needs S == T, not shown by the shapes of Q and K nor by the graph"));
   }
   if (use_gqa && !gqa_fits) {
-    return refused(
-        "GroupQueryAttention needs a static head size, a multiple of 8, the same for K and V");
+    return refused(std::string(capped ? "soft-capping needs GroupQueryAttention: " : "") +
+                   "GroupQueryAttention needs a static head size, a multiple of 8, the same for "
+                   "K and V");
   }
   if (cache && !use_gqa && mha_causal) {
     return refused("causal MultiHeadAttention with a cache: its causal mask is top-left aligned");
@@ -209,6 +220,7 @@ OrtLoweringPlan plan_ort_lowering(const Node* node, const Graph& g, const PassCo
   plan.inplace = inplace;
   plan.cuda = cuda;
   plan.scale = scale;
+  plan.softcap = softcap;
   plan.causal = causal;
   plan.mha_causal = mha_causal;
   plan.hq = hq;

@@ -32,6 +32,7 @@ struct OrtLoweringPlan {
   bool inplace = false;                      // kv_cache == 2: GQA on one max-length buffer
   bool cuda = false;                         // option cuda=1
   float scale = 0;
+  float softcap = 0;  // the node's softcap (GroupQueryAttention only), 0 for none
   bool causal = false;
   bool mha_causal = false;  // MHA's unidirectional: causal with more than one query row
   int64_t hq = 0, hkv = 0;
