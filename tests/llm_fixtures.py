@@ -199,6 +199,7 @@ ROPE_ARCHS = (
     "phi3",
     "gemma",
     "gemma3",
+    "gemma2",
     "gpt_neox",
     "gptj",
     "cohere",

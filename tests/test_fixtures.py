@@ -23,6 +23,7 @@ def test_fixture_set_is_complete() -> None:
         "phi3",
         "gemma",
         "gemma3",
+        "gemma2",
         "gpt2",
         "gpt_neox",
         "bert",

@@ -16,9 +16,10 @@ from onnx import TensorProto, helper
 F, H = TensorProto.FLOAT, TensorProto.FLOAT16
 D = 8
 RMS_ARCHS = ("llama", "mistral", "qwen2", "phi3", "gemma", "gemma3", "glm", "glm4", "phi3_longrope")
+RMS_ARCHS += ("gemma2",)
 # Norms per layer: gemma3 has four around its blocks and q/k norms; gptj and cohere one (attention
-# and MLP in parallel); the others two.
-NORMS_PER_LAYER = {"gemma3": 6, "glm4": 4, "gptj": 1, "cohere": 1}
+# and MLP in parallel); gemma2 four around its blocks; the others two.
+NORMS_PER_LAYER = {"gemma3": 6, "glm4": 4, "gptj": 1, "cohere": 1, "gemma2": 4}
 DEFAULT = fastopt.registry.preset("classic")
 ORT_PASSES = [
     *DEFAULT,
@@ -47,7 +48,7 @@ def expected_ort(fx: Fixture) -> dict[str, int]:
             "SimplifiedLayerNormalization": 4 * n + 1,
             "SkipSimplifiedLayerNormalization": 2 * n,
         }
-    if fx.arch == "glm4":  # post-norms end each block: only the pre-norms take the residual
+    if fx.arch in ("glm4", "gemma2"):  # post-norms end each block: pre-norms take the residual
         return {
             "SimplifiedLayerNormalization": 2 * n + 1,
             "SkipSimplifiedLayerNormalization": 2 * n,

@@ -17,6 +17,7 @@ from llm_fixtures import ROPE_ARCHS, Fixture, assert_parity, fixtures, ids, op_c
 
 ALL = fixtures()
 RMS_ARCHS = {"llama", "mistral", "qwen2", "phi3", "gemma", "gemma3", "glm", "glm4", "phi3_longrope"}
+RMS_ARCHS |= {"gemma2"}
 
 NORMS_ORT = (
     "SimplifiedLayerNormalization",
@@ -34,8 +35,8 @@ def expected_norms(fx: Fixture) -> int:
     # Two per layer plus the final one; bert: the embeddings' norm instead of a final one.
     # gemma3: four around the blocks (pre/post attention, pre/post MLP) and the q/k norms.
     # glm4: pre and post norms around both blocks. gptj, cohere: attention and MLP in parallel
-    # after one norm.
-    per_layer = {"gemma3": 6, "glm4": 4, "gptj": 1, "cohere": 1}.get(fx.arch, 2)
+    # after one norm. gemma2: four around the blocks.
+    per_layer = {"gemma3": 6, "glm4": 4, "gptj": 1, "cohere": 1, "gemma2": 4}.get(fx.arch, 2)
     return per_layer * fx.layers + 1
 
 

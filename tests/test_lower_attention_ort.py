@@ -19,7 +19,9 @@ from onnx import TensorProto, helper
 INTERNAL = "ai.fastopt.internal"
 PASSES = ["lower_attention", "fold_transposes", "fold_reshapes", "eliminate_noop",
           "eliminate_dead_nodes"]  # fmt: skip
-DYNAMO = fixtures(exporter="dynamo")
+# gemma2 attends eagerly (soft-capped scores, no Where(IsNaN)), which the stand-in below does not
+# know; tests/test_softcap.py lowers it through stage 1.
+DYNAMO = [fx for fx in fixtures(exporter="dynamo") if fx.arch != "gemma2"]
 NP = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16}
 
 

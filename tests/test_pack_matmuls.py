@@ -27,6 +27,7 @@ def test_fixtures_pack_all(fx):
     # for attention and MLP: gptj packs Q/K/V with fc_in (4 into 1), cohere Q/K/V with gate/up
     # (5 into 1); opt, glm and glm4 (gate_up exported packed) pack Q/K/V with their biases.
     packed_per_layer = {"llama": 2, "mistral": 2, "qwen2": 2, "gemma": 2, "gemma3": 2}
+    packed_per_layer |= {"gemma2": 2}
     packed_per_layer |= {
         "bert": 1,
         "clip": 1,
@@ -37,6 +38,7 @@ def test_fixtures_pack_all(fx):
         "glm4": 1,
     }
     removed_per_layer = {"llama": 3, "mistral": 3, "qwen2": 3, "gemma": 3, "gemma3": 3}
+    removed_per_layer |= {"gemma2": 3}
     removed_per_layer |= {
         "bert": 2,
         "clip": 2,
