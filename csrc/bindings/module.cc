@@ -464,6 +464,14 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("base_dir", [](const Model& mm) { return mm.base_dir; })
       .def("op_counts", &Model::op_counts, py::call_guard<py::gil_scoped_release>(),
            "Operator histogram over all graphs: 'Op' for ai.onnx, 'domain::Op' otherwise")
+      .def(
+          "node_count",
+          [](const Model& mm) {
+            int64_t n = 0;
+            mm.for_each_graph([&](Graph& g) { n += static_cast<int64_t>(g.node_count()); });
+            return n;
+          },
+          "The number of nodes over all graphs (the sum of op_counts(), without building it)")
       .def("note_edit", &Model::note_edit,
            "Marks the model edited: memoized analyses (the shape facts) recompute")
       .def("verify", &Model::verify, py::call_guard<py::gil_scoped_release>(),

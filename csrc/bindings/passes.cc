@@ -1,11 +1,15 @@
 // Bindings of the pass registry: PassInfo (with its options and contracts), running a C++
 // pass, what it reports, and the constants the Python side reads instead of restating them.
+#include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <pybind11/typing.h>
 
+#include <functional>
 #include <map>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "bindings/handles.h"
@@ -113,6 +117,47 @@ void bind_passes(py::module_& m) {
       py::arg("progress") = py::none(),
       "Runs a C++ pass; returns (rewrites, result). `progress(done, total, what)` is called "
       "during long passes (quantization)");
+
+  // For the Python pass fold_constants_ort: its walks over every node, in C++.
+  m.def(
+      "nested_graphs",
+      [](const ModelPtr& model) {
+        py::typing::List<PyGraph> l;
+        std::function<void(Graph*)> visit = [&](Graph* g) {
+          l.append(PyGraph{model, g});
+          for (Node* n = g->first(); n; n = n->next()) {
+            for (Graph* sub : n->subgraphs()) visit(sub);
+          }
+        };
+        if (model->graph) visit(model->graph.get());
+        return l;
+      },
+      py::arg("model"),
+      "The main graph and the graphs nested in its nodes (If/Loop/Scan bodies), depth first in "
+      "node order; function bodies not included");
+  m.def(
+      "ort_fold_candidates",
+      [](const PyGraph& g, uint64_t max_bytes, uint64_t max_expand_bytes,
+         const std::unordered_set<std::string>& skip,
+         const std::function<bool(const PyNode&)>& safe_division) {
+        passes::FoldLimits limits;
+        limits.max_bytes = max_bytes;
+        limits.max_expand_bytes = max_expand_bytes;
+        std::unordered_map<Value*, uint64_t> origin;
+        auto nodes = passes::ort_fold_candidates(
+            *g.model, *g.graph, limits, skip,
+            [&](Node* n) { return safe_division(PyNode{g.model, n}); }, &origin);
+        py::typing::List<PyNode> found;
+        for (Node* n : nodes) found.append(PyNode{g.model, n});
+        py::typing::Dict<PyValue, uint64_t> bytes;
+        for (const auto& [v, b] : origin) bytes[py::cast(PyValue{g.model, v})] = b;
+        return std::make_pair(found, bytes);
+      },
+      py::arg("graph"), py::arg("max_bytes"), py::arg("max_expand_bytes"), py::arg("skip"),
+      py::arg("safe_division"),
+      "The nodes of `graph` fold_constants_ort evaluates through ONNX Runtime, in graph order, "
+      "and for each of their outputs the bytes of the constants it is computed from (see "
+      "passes/fold_constants.h); `safe_division(node)` decides Div and Mod");
 }
 
 }  // namespace fastopt::bindings

@@ -263,4 +263,56 @@ std::string constant_nodes_model(const Model& model, const std::vector<Node*>& n
   return serialize_model(m);
 }
 
+std::vector<Node*> ort_fold_candidates(const Model& model, Graph& g, const FoldLimits& limits,
+                                       const std::unordered_set<std::string>& skip,
+                                       const std::function<bool(Node*)>& safe_division,
+                                       std::unordered_map<Value*, uint64_t>* origin) {
+  static const std::unordered_set<std::string> native(native_fold_ops().begin(),
+                                                      native_fold_ops().end());
+  const int64_t opset = graph_opset(model, g);
+  std::vector<Node*> found;
+  std::vector<Value*> inputs;
+  for (Node* n = g.first(); n; n = n->next()) {
+    if (!standard_domain(*n) || skip.count(n->op_type) || n->has_subgraphs()) continue;
+    inputs.clear();
+    for (Value* v : n->inputs()) {
+      if (v) inputs.push_back(v);
+    }
+    if (inputs.empty()) continue;
+    bool all_known = true, downstream = false;
+    uint64_t from = 0;  // the bytes of the constants the inputs come from
+    for (Value* v : inputs) {
+      auto it = origin->find(v);
+      if (it != origin->end()) {
+        downstream = true;
+        from += it->second;
+        continue;
+      }
+      auto t = constant_tensor(v);
+      if (!t || t->nbytes() > limits.max_bytes) {
+        all_known = false;
+        break;
+      }
+      from += t->nbytes();
+    }
+    if (!all_known) continue;
+    // A native op on plain constants was declined by fold_constants: for its types (then ONNX
+    // Runtime may fold it), or for its limits or values (then no one should).
+    if (!downstream && native.count(n->op_type)) {
+      bool unsupported = false;
+      evaluate_node(*n, opset, limits, &unsupported);
+      if (!unsupported) continue;
+    }
+    if ((n->op_type == "Div" || n->op_type == "Mod") && n->inputs().size() >= 2 &&
+        !safe_division(n)) {
+      continue;
+    }
+    found.push_back(n);
+    for (Value* v : n->outputs()) {
+      if (v) (*origin)[v] = from;
+    }
+  }
+  return found;
+}
+
 }  // namespace fastopt::passes

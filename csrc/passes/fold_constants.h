@@ -4,9 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "eval/evaluator.h"
@@ -37,5 +40,17 @@ bool in_function(const Model& model, const Graph& g);
 // evaluating nodes in ONNX Runtime.
 std::string constant_nodes_model(const Model& model, const std::vector<Node*>& nodes,
                                  const std::vector<Value*>& outputs = {});
+
+// The nodes of `g` the ONNX Runtime fallback (fold_constants_ort) evaluates, in graph order:
+// standard-domain nodes without subgraphs, not in `skip`, with at least one input, every input a
+// constant of at most limits.max_bytes or an output of an earlier such node; a native op on
+// plain constants only when fold_constants declined it for its types (evaluate_node's
+// `unsupported`); Div and Mod only when `safe_division` accepts them. `origin` gets, for every
+// output of those nodes, the bytes of the constants it is computed from. The walk the Python pass
+// did node by node, without a call into Python per node.
+std::vector<Node*> ort_fold_candidates(const Model& model, Graph& g, const FoldLimits& limits,
+                                       const std::unordered_set<std::string>& skip,
+                                       const std::function<bool(Node*)>& safe_division,
+                                       std::unordered_map<Value*, uint64_t>* origin);
 
 }  // namespace fastopt::passes

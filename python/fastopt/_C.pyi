@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import typing
 import typing_extensions
-__all__: list[str] = ['Bytes', 'FACT_ATTENTION_FUSED', 'FACT_NO_INTERNAL_OPS', 'FOLD_MAX_BYTES', 'FOLD_MAX_EXPAND_BYTES', 'FUSED_OPS_OPSET', 'Function', 'Graph', 'INTERNAL_DOMAIN', 'KV_PAST_PREFIX', 'KV_PRESENT_PREFIX', 'Match', 'Model', 'ModelError', 'Node', 'OptionInfo', 'PassInfo', 'PassResult', 'Pattern', 'PatternNode', 'QuantRecord', 'Rewriter', 'Rule', 'ShapeFacts', 'Tensor', 'Value', 'analyze_shapes', 'apply_rules', 'constant_nodes_model', 'cpp_passes', 'dtype_name', 'load', 'load_bytes', 'load_skeleton', 'make_tensor', 'native_fold_ops', 'native_fold_unsupported', 'run_pass', 'shape_facts', 'write_file']
+__all__: list[str] = ['Bytes', 'FACT_ATTENTION_FUSED', 'FACT_NO_INTERNAL_OPS', 'FOLD_MAX_BYTES', 'FOLD_MAX_EXPAND_BYTES', 'FUSED_OPS_OPSET', 'Function', 'Graph', 'INTERNAL_DOMAIN', 'KV_PAST_PREFIX', 'KV_PRESENT_PREFIX', 'Match', 'Model', 'ModelError', 'Node', 'OptionInfo', 'PassInfo', 'PassResult', 'Pattern', 'PatternNode', 'QuantRecord', 'Rewriter', 'Rule', 'ShapeFacts', 'Tensor', 'Value', 'analyze_shapes', 'apply_rules', 'constant_nodes_model', 'cpp_passes', 'dtype_name', 'load', 'load_bytes', 'load_skeleton', 'make_tensor', 'native_fold_ops', 'native_fold_unsupported', 'nested_graphs', 'ort_fold_candidates', 'run_pass', 'shape_facts', 'write_file']
 class ModelError(Exception):
     pass
 class Tensor:
@@ -236,6 +236,10 @@ class Model:
     def graphs(self) -> list[Graph]:
         """
         Every graph: the main graph, function bodies and nested subgraphs
+        """
+    def node_count(self) -> int:
+        """
+        The number of nodes over all graphs (the sum of op_counts(), without building it)
         """
     def note_edit(self) -> None:
         """
@@ -627,6 +631,14 @@ def native_fold_ops() -> list[str]:
 def native_fold_unsupported(node: Node, max_bytes: typing.SupportsInt | typing.SupportsIndex, max_expand_bytes: typing.SupportsInt | typing.SupportsIndex) -> bool:
     """
     True when fold_constants declines this node (inputs constant, outputs within the limits) only for lack of a native implementation for its types: ONNX Runtime may fold it
+    """
+def nested_graphs(model: Model) -> list[Graph]:
+    """
+    The main graph and the graphs nested in its nodes (If/Loop/Scan bodies), depth first in node order; function bodies not included
+    """
+def ort_fold_candidates(graph: Graph, max_bytes: typing.SupportsInt | typing.SupportsIndex, max_expand_bytes: typing.SupportsInt | typing.SupportsIndex, skip: collections.abc.Set[str], safe_division: collections.abc.Callable[[Node], bool]) -> tuple[list[Node], dict[Value, int]]:
+    """
+    The nodes of `graph` fold_constants_ort evaluates through ONNX Runtime, in graph order, and for each of their outputs the bytes of the constants it is computed from (see passes/fold_constants.h); `safe_division(node)` decides Div and Mod
     """
 def run_pass(model: Model, name: str, target: str = 'ort', max_iterations: typing.SupportsInt | typing.SupportsIndex = 10, explain_rule: str = '', options: collections.abc.Mapping[str, typing.SupportsInt | typing.SupportsIndex] = {}, text_options: collections.abc.Mapping[str, str] = {}, progress: typing.Any = None) -> tuple[int, PassResult]:
     """

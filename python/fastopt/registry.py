@@ -188,6 +188,11 @@ def _cpp_passes() -> tuple[PassSpec, ...]:
     )
 
 
+@functools.cache
+def _cpp_by_name() -> dict[str, PassSpec]:
+    return {p.name: p for p in _cpp_passes()}
+
+
 def all_passes() -> list[PassSpec]:
     """Every registered pass: C++ ones first, in registration order, then Python ones."""
     return [*_cpp_passes(), *_PYTHON_PASSES.values()]
@@ -234,11 +239,12 @@ def finishing_pass(fact: str) -> str:
 def get_pass(name: str) -> PassSpec:
     """The pass named `name`; :class:`fastopt.UnknownNameError` (a KeyError) listing the known
     ones otherwise."""
-    passes = all_passes()
-    for p in passes:
-        if p.name == name:
-            return p
-    raise unknown_name("pass", name, [p.name for p in passes])
+    # A dict lookup: the pass manager asks for every pass it runs (names are unique: C++ ones
+    # cannot be re-registered from Python).
+    spec = _cpp_by_name().get(name) or _PYTHON_PASSES.get(name)
+    if spec is not None:
+        return spec
+    raise unknown_name("pass", name, [p.name for p in all_passes()])
 
 
 # Presets: ordered pass lists (data, not code). Every name must be a registered pass.

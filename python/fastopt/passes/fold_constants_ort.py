@@ -12,7 +12,6 @@ never folded; function bodies are left alone.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any, cast
 
 import numpy as np
@@ -37,13 +36,6 @@ _SKIP = frozenset(
 _ONNX_TYPES = {numpy_dtype(t): t for t in (1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13)}
 
 
-def _graphs(graph: _C.Graph) -> Iterator[_C.Graph]:
-    yield graph
-    for node in graph.nodes:
-        for sub in node.subgraphs:
-            yield from _graphs(sub)
-
-
 class _Limits:
     def __init__(self, options: dict[str, object]) -> None:
         self.max_bytes = int(options.get("fold_max_bytes", _C.FOLD_MAX_BYTES))  # type: ignore[call-overload]
@@ -59,31 +51,13 @@ class _Limits:
 
 def _candidates(graph: _C.Graph, limits: _Limits) -> tuple[list[_C.Node], dict[_C.Value, int]]:
     """The foldable nodes, and for each value they compute the bytes of the constants it comes
-    from (what "not expanding a small constant" compares against)."""
-    native = set(_C.native_fold_ops())
-    found: list[_C.Node] = []
-    computed: dict[_C.Value, int] = {}
-    for node in graph.nodes:
-        if node.domain not in ("", "ai.onnx") or node.op_type in _SKIP or node.subgraphs:
-            continue
-        inputs = [v for v in node.inputs if v is not None]
-        if not inputs:
-            continue
-        if not all(v in computed or _small_constant(v, limits) for v in inputs):
-            continue
-        downstream = any(v in computed for v in inputs)
-        # A native op on plain constants was declined by fold_constants: for its types (then
-        # ONNX Runtime may fold it), or for its limits or values (then no one should).
-        if (
-            node.op_type in native
-            and not downstream
-            and not _C.native_fold_unsupported(node, limits.max_bytes, limits.max_expand_bytes)
-        ):
-            continue
-        if _safe_division(node):
-            found.append(node)
-            origin = sum(_input_bytes(v, computed) for v in inputs)
-            computed.update((v, origin) for v in node.outputs if v is not None)
+    from (what "not expanding a small constant" compares against). A native op on plain
+    constants counts only when fold_constants declined it for its types (then ONNX Runtime may
+    fold it), not for its limits or values (then no one should). The walk runs in C++
+    (``_C.ort_fold_candidates``); only Div and Mod call back here."""
+    found, computed = _C.ort_fold_candidates(
+        graph, limits.max_bytes, limits.max_expand_bytes, _SKIP, _safe_division
+    )
     return found, computed
 
 
@@ -102,11 +76,6 @@ def _safe_division(node: _C.Node) -> bool:
         return False  # computed by another folded node: unknown until run
     arr = t.numpy()
     return bool(np.issubdtype(arr.dtype, np.floating) or np.all(arr != 0))
-
-
-def _small_constant(v: _C.Value, limits: _Limits) -> bool:
-    t = v.constant
-    return t is not None and t.nbytes <= limits.max_bytes
 
 
 def _run(nodes: list[_C.Node], outputs: list[_C.Value] | None = None) -> dict[str, Any]:
@@ -199,5 +168,5 @@ def _fold_graph(graph: _C.Graph, limits: _Limits, counters: dict[str, int]) -> i
 )
 def fold_constants_ort(ctx: PassContext) -> int:
     limits = _Limits(ctx.options)
-    graphs = list(_graphs(ctx.model.graph))
+    graphs = _C.nested_graphs(ctx.model)
     return sum(_fold_graph(g, limits, ctx.counters) for g in graphs)
