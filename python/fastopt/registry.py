@@ -40,6 +40,8 @@ class PassContext:
     max_iterations: int = 10
     explain_rule: str = ""  # rule name, "*" for all, "" for none
     explain_lines: list[str] = field(default_factory=list)
+    # What a pass counts (add to it). Under optimize() a pass sees only its own counters: the
+    # pass manager gives each pass a fresh dict and merges it into the run's totals afterwards.
     counters: dict[str, int] = field(default_factory=dict)
     # Settings for passes, by name, e.g. {"opset": 18} for convert_version.
     options: dict[str, object] = field(default_factory=dict)
