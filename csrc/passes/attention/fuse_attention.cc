@@ -34,7 +34,9 @@
 #include <utility>
 #include <vector>
 
+#include "analysis/shape_facts.h"
 #include "ir/constant.h"
+#include "passes/attention/alibi.h"
 #include "passes/attention/internal_op.h"
 #include "passes/attention/shapes.h"
 #include "passes/attention/softcap.h"
@@ -63,6 +65,15 @@ struct Found {
   bool k_bshd = false;
   Value* mask = nullptr;
   bool mask_bool = false;
+  Value* mask_additive = nullptr;  // the Where(c, 0, lowest) a boolean mask was read from
+  // alibi.h: a second additive term (ALiBi's bias), masked_fill's Where(c, value, scores), and
+  // flat (B*H, S, T) scores between the Reshapes `scores3` -> `scores4` and `probs4` -> 3-D.
+  Value* bias = nullptr;
+  alibi::FlatBias bias_flat = alibi::FlatBias::kNone;
+  Value* masked_value = nullptr;  // mask is then masked_fill's condition (true = masked)
+  bool flat = false;
+  Value* q3 = nullptr;  // flat Q (B*H, S, D): what Shape reads of the flat output are given
+  Value *scores3 = nullptr, *scores4 = nullptr, *probs4 = nullptr, *probs3 = nullptr;
   double scale = 1.0;
   double softcap = 0;  // c of c * tanh(scale * QK^T / c), 0 for none
   int32_t softmax_precision = 0;
@@ -158,6 +169,16 @@ class AttentionWalk {
     while (peel_scale(kt)) {
     }
     if (!error.empty()) return false;
+    if (f_.flat) {  // Transpose(Reshape(k, (B*H, T, D)), (0, 2, 1))
+      Node* t = producer_of(kt, "Transpose");
+      const Attribute* perm = t ? t->attribute("perm") : nullptr;
+      if (!perm || perm->ints != std::vector<int64_t>{0, 2, 1}) {
+        return fail("flat heads: K^T is not Transpose(K, (0, 2, 1))");
+      }
+      take(t);
+      f_.k = unflatten(t->inputs()[0], "K");
+      return f_.k != nullptr;
+    }
     if (Node* t = producer_of(kt, "Transpose")) {
       const Attribute* perm = t->attribute("perm");
       if (perm && perm->ints == std::vector<int64_t>{0, 1, 3, 2}) {
@@ -204,13 +225,81 @@ class AttentionWalk {
     return true;
   }
 
+  analysis::ShapeFacts& facts() { return analysis::facts_of(*model_); }
+
+  // Flat heads (alibi.h): x3 (B*H, L, D) as the 4-D x it was reshaped from.
+  Value* unflatten(Value* x3, const char* what) {
+    Node* r = nullptr;
+    Value* x4 = alibi::unflatten_heads(x3, facts(), &r);
+    if (!x4) {
+      fail(std::string("flat heads: ") + what + " is not Reshape((B, H, L, D)) to (B*H, L, D)");
+      return nullptr;
+    }
+    take(r);
+    return x4;
+  }
+
+  bool check_flat() {
+    analysis::ShapeFacts& sf = facts();
+    if (!f_.scores3 || !alibi::splits_heads(f_.scores3, f_.scores4, f_.q, sf) ||
+        !alibi::merges_heads(f_.probs4, f_.probs3, sf)) {
+      return fail("flat heads: the scores' Reshapes do not split and merge (B, H)");
+    }
+    if (f_.bias && f_.bias_flat != alibi::FlatBias::kNone) {
+      std::string why;
+      f_.bias_flat = alibi::flat_bias_form(f_.bias, f_.scores3, sf, &why);
+      if (f_.bias_flat == alibi::FlatBias::kNone) return fail(why);
+      if (default_opset(*model_) < 15) {
+        return fail("flat heads: the bias's reshape needs opset 15 (Shape's start)");
+      }
+    }
+    return true;
+  }
+
+  // A second additive term on the scores (ALiBi's bias, alibi.h).
+  bool take_bias(Node* add, Value*& s) {
+    // Walking back from the softmax, a term found after the cap was added inside it.
+    if (f_.softcap) return fail("a bias is added before the soft-cap");
+    Value *a = add->inputs()[0], *b = add->inputs()[1];
+    if (!reaches_matmul(a) && reaches_matmul(b)) std::swap(a, b);
+    if (!reaches_matmul(a)) return fail("neither Add input comes from the scores MatMul");
+    const int32_t t = dtype_of(add->outputs()[0]);
+    if (dtype_of(b) != t || !norm::is_float_type(t)) return fail("the bias's dtype differs");
+    if (rank_of(b) > (f_.scores3 ? 3 : 4))
+      return fail("the bias has a higher rank than the scores");
+    f_.bias = b;
+    // Decided in check_flat once the whole walk is known; kNone for 4-D scores.
+    f_.bias_flat = f_.scores3 ? alibi::FlatBias::kReshape : alibi::FlatBias::kNone;
+    take(add);
+    s = a;
+    return true;
+  }
+
+  // masked_fill: Where(masked (bool), value <= kMaskedBelow, scores) (mpt).
+  bool take_masked_fill(Node* w, Value*& s) {
+    if (f_.softcap) return fail("the scores are masked before the soft-cap");
+    Value* cond = w->inputs()[0];
+    auto neg = constant_doubles(w->inputs()[1], 1);
+    if (dtype_of(cond) != kBool || !neg || neg->size() != 1 || (*neg)[0] > kMaskedBelow) {
+      return fail("a Where on the scores that is not Where(masked, lowest, scores)");
+    }
+    if (rank_of(cond) > 4) return fail("the mask has rank > 4");
+    if (f_.scores3) return fail("masked_fill on flat (B*H, S, T) scores");
+    f_.mask = cond;
+    f_.masked_value = w->inputs()[1];
+    take(w);
+    s = w->inputs()[2];
+    return true;
+  }
+
   // Does `x` lead to the scores MatMul through scale/Cast ops?
   static bool reaches_matmul(const Value* x, int depth = 0) {
     const Node* p = x->producer();
     if (!p || depth > 6) return false;
     if (p->op_type == "MatMul") return true;
     if (p->op_type == "Cast" || p->op_type == "Mul" || p->op_type == "Div" ||
-        p->op_type == "Tanh") {
+        p->op_type == "Tanh" || p->op_type == "Reshape" ||
+        p->op_type == "Add") {  // Reshape, Add: flat heads' bias (alibi.h)
       for (const Value* in : p->inputs()) {
         if (reaches_matmul(in, depth + 1)) return true;
       }
@@ -229,6 +318,7 @@ class AttentionWalk {
         if (rank_of(cond) > 4) return fail("the mask has rank > 4");
         f_.mask = cond;
         f_.mask_bool = true;
+        f_.mask_additive = m;
         return true;
       }
     }
@@ -240,9 +330,16 @@ class AttentionWalk {
   }
 
   bool match(Node* root) {
+    model_ = root->graph()->model();
     Value* p = root->inputs()[0];
     Value* v = root->inputs()[1];
     const int32_t out_dtype = dtype_of(root->outputs()[0]);
+    if (Node* r = producer_of(p, "Reshape"); r && rank_of(p) == 3) {  // flat heads (alibi.h)
+      take(r);
+      f_.flat = true;
+      f_.probs3 = p;
+      p = f_.probs4 = r->inputs()[0];
+    }
     // Probabilities side: [Cast] <- [Where(IsNaN(s), 0, s)] <- Softmax.
     if (Node* c = producer_of(p, "Cast")) {
       take(c);
@@ -299,7 +396,7 @@ class AttentionWalk {
         casted = true;
         take(n);
         s = n->inputs()[0];
-      } else if (n->op_type == "Add" && !f_.mask) {
+      } else if (n->op_type == "Add" && !f_.mask && !f_.scores3) {
         if (f_.softcap) return fail("the mask is added before the soft-cap");
         Value *a = n->inputs()[0], *b = n->inputs()[1];
         if (!reaches_matmul(a) && reaches_matmul(b)) std::swap(a, b);
@@ -313,6 +410,14 @@ class AttentionWalk {
         f_.softcap = cap->cap;
         for (Node* c : cap->nodes) take(c);
         s = cap->capped;
+      } else if (n->op_type == "Add" && !f_.bias) {
+        if (!take_bias(n, s)) return false;
+      } else if (n->op_type == "Where" && !f_.mask && n->inputs().size() == 3) {
+        if (!take_masked_fill(n, s)) return false;
+      } else if (n->op_type == "Reshape" && f_.flat && !f_.scores3) {
+        take(n);
+        f_.scores4 = s;
+        s = f_.scores3 = n->inputs()[0];
       } else if (peel_scale(s)) {
         scaled = true;
       } else {
@@ -325,6 +430,10 @@ class AttentionWalk {
     while (peel_scale(q)) {
     }
     if (!error.empty()) return false;
+    if (f_.flat) {
+      f_.q3 = q;
+      if (!(q = unflatten(q, "Q"))) return false;
+    }
     f_.q = q;
     if (!match_kt(mm->inputs()[1])) return false;
     // V side: [Cast] <- [repeat_kv].
@@ -332,7 +441,9 @@ class AttentionWalk {
       take(c);
       v = c->inputs()[0];
     }
+    if (f_.flat && !(v = unflatten(v, "V"))) return false;
     f_.v = through_repeat_kv(v);
+    if (f_.flat && !check_flat()) return false;
     // Types.
     const int32_t t = dtype_of(f_.q);
     if (!norm::is_float_type(t)) return fail("Q is not a float tensor");
@@ -345,7 +456,8 @@ class AttentionWalk {
       f_.softmax_precision = kFloat;
     }
     if (out_dtype != t && out_dtype != score_dtype) return fail("unexpected output dtype");
-    if (f_.mask && !f_.mask_bool && dtype_of(f_.mask) != t && dtype_of(f_.mask) != kFloat) {
+    if (f_.mask && !f_.mask_bool && !f_.masked_value && dtype_of(f_.mask) != t &&
+        dtype_of(f_.mask) != kFloat) {
       return fail("the mask's dtype is neither Q's nor float");
     }
     // Heads: from Q (or from the repeated K it is multiplied with), kv heads from K and V.
@@ -378,6 +490,7 @@ class AttentionWalk {
 
  private:
   Found& f_;
+  Model* model_ = nullptr;
 };
 
 // Cheap filter: attention's second MatMul reads a softmax (through Cast / Where).
@@ -418,6 +531,57 @@ bool match_attention(Node* root, CodeMatch& m, MatchFailure& why, PassContext& c
   return true;
 }
 
+// Whether the flat output's Reshape (the flat rule's root) gives (B, H, S, Dv) of Q and V.
+bool flat_output_is_4d(const Value* out, const Found& f) {
+  analysis::ShapeFacts& sf = analysis::facts_of(*out->graph()->model());
+  return sf.rank(out) == 4 && sf.same_dim(out, 0, f.q, 0) && sf.same_dim(out, 1, f.q, 1) &&
+         sf.same_dim(out, 2, f.q, 2) && sf.same_dim(out, 3, f.v, 3);
+}
+
+// Flat heads (alibi.h, bloom): the root is Reshape(MatMul(Reshape(probs), v3), 4-D target).
+bool match_flat_attention(Node* root, CodeMatch& m, MatchFailure& why, PassContext& ctx) {
+  if (!is_standard(root) || root->inputs().size() != 2) return false;
+  Node* mm = producer_of(root->inputs()[0], "MatMul");
+  if (!mm || mm->inputs().size() != 2) return false;
+  Node* r = producer_of(mm->inputs()[0], "Reshape");
+  const Node* sm = r ? r->inputs()[0]->producer() : nullptr;
+  if (sm && sm->op_type == "Cast") sm = sm->inputs()[0]->producer();
+  if (!sm || sm->op_type != "Softmax") return false;  // no candidate
+  auto refuse = [&](std::string reason) {
+    why.text = std::move(reason);
+    ctx.counters["not fused"] += 1;
+    return false;
+  };
+  const Value* flat = mm->outputs()[0];
+  if (flat->is_graph_output()) return refuse("flat heads: the flat output is a graph output");
+  for (const Use& u : flat->uses()) {
+    if (u.node != root && u.node->op_type != "Shape") {
+      return refuse("flat heads: the attention's flat output has another use (" + u.node->op_type +
+                    ")");
+    }
+  }
+  Found f;
+  AttentionWalk walk(f);
+  if (!walk.match(mm)) return refuse(walk.error);
+  // TorchScript reads the flat output's shape for the head merge: the same as flat Q's when
+  // Dv == D, which the rewrite hands those Shape nodes instead.
+  analysis::ShapeFacts& sf = analysis::facts_of(*root->graph()->model());
+  if (flat->uses().size() > 1 &&
+      !(sf.rank(flat) == 3 && sf.rank(f.q3) == 3 && sf.same_dim(flat, 0, f.q3, 0) &&
+        sf.same_dim(flat, 1, f.q3, 1) && sf.same_dim(flat, 2, f.q3, 2))) {
+    return refuse("flat heads: the flat output's shape is read and is not flat Q's");
+  }
+  for (const Node* n : f.nodes) {
+    if (pattern::mistyped_attribute(*n)) {
+      return refuse(pattern::describe_mistyped(*n, *pattern::mistyped_attribute(*n)));
+    }
+  }
+  f.nodes.push_back(mm);
+  m.nodes = f.nodes;
+  m.found = std::move(f);
+  return true;
+}
+
 Replacement rewrite_attention(const CodeMatch& m, Rewriter& rw, PassContext& ctx) {
   const Found& f = std::any_cast<const Found&>(m.found);
   Graph& g = rw.graph();
@@ -426,7 +590,16 @@ Replacement rewrite_attention(const CodeMatch& m, Rewriter& rw, PassContext& ctx
   Value* k = f.k;
   if (f.k_bshd) k = rw.op1("Transpose", {k}, one_attr(attr_ints("perm", {0, 2, 1, 3})));
   std::vector<Value*> inputs = {f.q, k, f.v};
-  if (f.mask) {
+  if (f.bias) {  // alibi.h: one additive mask, bias + the export's mask
+    Value* bias = f.bias;
+    if (f.bias_flat != alibi::FlatBias::kNone) bias = alibi::bias_4d(rw, bias, f.bias_flat, f.hq);
+    Value* mask = alibi::combine(rw, bias, f.mask_bool ? f.mask_additive : f.mask,
+                                 f.masked_value ? f.mask : nullptr, f.masked_value);
+    if (dtype_of(mask) != t) mask = rw.op1("Cast", {mask}, one_attr(attr_int("to", t)));
+    inputs.push_back(mask);
+  } else if (f.masked_value) {  // masked_fill without a bias: the kept keys as a bool mask
+    inputs.push_back(rw.op1("Not", {f.mask}));
+  } else if (f.mask) {
     Value* mask = f.mask;
     if (!f.mask_bool && dtype_of(mask) != t) {
       mask = rw.op1("Cast", {mask}, one_attr(attr_int("to", t)));
@@ -443,15 +616,29 @@ Replacement rewrite_attention(const CodeMatch& m, Rewriter& rw, PassContext& ctx
   Value* y = rw.op1(kInternalAttention, inputs, std::move(attrs), kInternalDomain);
   const int32_t out_dtype = dtype_of(root->outputs()[0]);
   if (out_dtype != t) y = rw.op1("Cast", {y}, one_attr(attr_int("to", out_dtype)));
+  // Flat heads: the root is the Reshape of the flat output; a Reshape of y with its target is
+  // the same tensor (both row-major views of (B*H, S, Dv)), and y itself where types show it.
+  if (f.flat && !flat_output_is_4d(root->outputs()[0], f)) {
+    y = rw.op1("Reshape", {y, root->inputs()[1]});
+  }
   if (!can_replace(g, root->outputs()[0], y)) {
     ctx.counters["not fused"] += 1;
     return rw.fail("the output cannot be replaced");
+  }
+  if (f.flat) {  // Shape reads of the flat output read flat Q's (proven the same, above)
+    Value* flat = root->inputs()[0];
+    std::vector<Use> uses = flat->uses();
+    for (const Use& u : uses) {
+      if (u.node != root) u.node->set_input(u.input_index, f.q3);
+    }
   }
   import_domain(g, kInternalDomain);
   ctx.counters["attention"] += 1;
   if (f.hkv != f.hq) ctx.counters["grouped kv heads"] += 1;
   if (f.mask) ctx.counters[f.mask_bool ? "boolean mask" : "additive mask"] += 1;
   if (f.softcap) ctx.counters["soft-capped"] += 1;
+  if (f.bias) ctx.counters["attention bias (ALiBi)"] += 1;
+  if (f.flat) ctx.counters["flat heads"] += 1;
   return std::vector<Value*>{y};
 }
 
@@ -485,7 +672,12 @@ int64_t fuse_attention(Model& model, PassContext& ctx) {
   o.max_iterations = ctx.max_iterations;
   o.explain_rule = ctx.explain_rule;
   o.explain_lines = ctx.explain_rule.empty() ? nullptr : &ctx.explain_lines;
-  const ApplyStats stats = apply_rules(model, {}, {rule}, o);
+  CodeRule flat = rule;
+  flat.root_op_types = {"Reshape"};
+  flat.match = [&ctx](Node* root, CodeMatch& m, MatchFailure& why) {
+    return match_flat_attention(root, m, why, ctx);
+  };
+  const ApplyStats stats = apply_rules(model, {}, {rule, flat}, o);
   // What only fed the matched nodes' shapes (torchlib's K^T reshape targets, Shape reads of the
   // repeated K) is dead now: swept in the graphs from the first one with a fusion on.
   bool swept = false;
