@@ -37,7 +37,8 @@ def expected_norms(fx: Fixture) -> int:
     # glm4: pre and post norms around both blocks. gptj, cohere: attention and MLP in parallel
     # after one norm. gemma2: four around the blocks.
     per_layer = {"gemma3": 6, "glm4": 4, "gptj": 1, "cohere": 1, "gemma2": 4}.get(fx.arch, 2)
-    return per_layer * fx.layers + 1
+    embedding_norm = 1 if fx.arch == "bloom" else 0  # bloom: word_embeddings_layernorm too
+    return per_layer * fx.layers + 1 + embedding_norm
 
 
 def expected_attention_op(fx: Fixture) -> str:
@@ -46,7 +47,7 @@ def expected_attention_op(fx: Fixture) -> str:
     if not fx.is_decoder:
         return "Attention"
     config = fx.meta["config"]
-    heads = int(config.get("num_attention_heads") or config.get("n_head"))
+    heads = int(config.get("num_attention_heads") or config.get("n_head") or config["n_heads"])
     kv_heads = int(config.get("num_key_value_heads") or heads)
     grouped = fx.dtype == "float16" or kv_heads < heads
     return "GroupQueryAttention" if grouped else "MultiHeadAttention"

@@ -13,15 +13,16 @@ import numpy as np
 import onnx
 import pytest
 from fusion_util import ort_run
-from llm_fixtures import Fixture, assert_parity, fixtures, ids, op_count
+from llm_fixtures import ALIBI_ARCHS, Fixture, assert_parity, fixtures, ids, op_count
 from onnx import TensorProto, helper
 
 INTERNAL = "ai.fastopt.internal"
 PASSES = ["lower_attention", "fold_transposes", "fold_reshapes", "eliminate_noop",
           "eliminate_dead_nodes"]  # fmt: skip
 # gemma2 attends eagerly (soft-capped scores, no Where(IsNaN)), which the stand-in below does not
-# know; tests/test_softcap.py lowers it through stage 1.
-DYNAMO = [fx for fx in fixtures(exporter="dynamo") if fx.arch != "gemma2"]
+# know; tests/test_softcap.py lowers it through stage 1. Nor ALiBi's (test_alibi.py).
+EAGER = {"gemma2", *ALIBI_ARCHS}
+DYNAMO = [fx for fx in fixtures(exporter="dynamo") if fx.arch not in EAGER]
 NP = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16}
 
 

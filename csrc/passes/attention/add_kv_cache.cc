@@ -214,6 +214,11 @@ std::vector<Layer> check_layers(const Graph& g, const std::vector<Node*>& attent
     }
     const int64_t hkv = int_attr_or(att, "kv_num_heads", 0);
     if (hkv <= 0) refuse("attention '" + att->name.value + "' has no kv_num_heads");
+    if (int_attr_or(att, "score_bias", 0)) {
+      refuse("attention '" + att->name.value +
+             "' adds a score bias besides its mask (ALiBi: slopes x key positions, "
+             "internal_op.h score_bias), which the cached form does not carry yet");
+    }
     if (in.size() > 3 && in[3] && constant_tensor(in[3])) {
       refuse("the mask of attention '" + att->name.value +
              "' is a constant: the export fixed the sequence length");

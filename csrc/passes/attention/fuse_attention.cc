@@ -29,6 +29,7 @@
 // refused (neither GQA nor Attention-23 can say that).
 #include <any>
 #include <cmath>
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
@@ -72,7 +73,8 @@ struct Found {
   alibi::FlatBias bias_flat = alibi::FlatBias::kNone;
   Value* masked_value = nullptr;  // mask is then masked_fill's condition (true = masked)
   bool flat = false;
-  Value* q3 = nullptr;  // flat Q (B*H, S, D): what Shape reads of the flat output are given
+  bool flat_out_4d = false;  // the flat rule's root gives (B, H, S, Dv) (y replaces it as is)
+  Value* q3 = nullptr;       // flat Q (B*H, S, D): what Shape reads of the flat output are given
   Value *scores3 = nullptr, *scores4 = nullptr, *probs4 = nullptr, *probs3 = nullptr;
   double scale = 1.0;
   double softcap = 0;  // c of c * tanh(scale * QK^T / c), 0 for none
@@ -576,6 +578,7 @@ bool match_flat_attention(Node* root, CodeMatch& m, MatchFailure& why, PassConte
       return refuse(pattern::describe_mistyped(*n, *pattern::mistyped_attribute(*n)));
     }
   }
+  f.flat_out_4d = flat_output_is_4d(root->outputs()[0], f);
   f.nodes.push_back(mm);
   m.nodes = f.nodes;
   m.found = std::move(f);
@@ -613,12 +616,13 @@ Replacement rewrite_attention(const CodeMatch& m, Rewriter& rw, PassContext& ctx
   attrs.push_back(attr_int("kv_num_heads", f.hkv));
   if (f.softmax_precision) attrs.push_back(attr_int("softmax_precision", f.softmax_precision));
   if (f.softcap) attrs.push_back(attr_float("softcap", static_cast<float>(f.softcap)));
+  if (f.bias) attrs.push_back(attr_int("score_bias", 1));
   Value* y = rw.op1(kInternalAttention, inputs, std::move(attrs), kInternalDomain);
   const int32_t out_dtype = dtype_of(root->outputs()[0]);
   if (out_dtype != t) y = rw.op1("Cast", {y}, one_attr(attr_int("to", out_dtype)));
   // Flat heads: the root is the Reshape of the flat output; a Reshape of y with its target is
   // the same tensor (both row-major views of (B*H, S, Dv)), and y itself where types show it.
-  if (f.flat && !flat_output_is_4d(root->outputs()[0], f)) {
+  if (f.flat && !f.flat_out_4d) {
     y = rw.op1("Reshape", {y, root->inputs()[1]});
   }
   if (!can_replace(g, root->outputs()[0], y)) {
@@ -635,7 +639,7 @@ Replacement rewrite_attention(const CodeMatch& m, Rewriter& rw, PassContext& ctx
   import_domain(g, kInternalDomain);
   ctx.counters["attention"] += 1;
   if (f.hkv != f.hq) ctx.counters["grouped kv heads"] += 1;
-  if (f.mask) ctx.counters[f.mask_bool ? "boolean mask" : "additive mask"] += 1;
+  if (f.mask) ctx.counters[f.mask_bool || f.masked_value ? "boolean mask" : "additive mask"] += 1;
   if (f.softcap) ctx.counters["soft-capped"] += 1;
   if (f.bias) ctx.counters["attention bias (ALiBi)"] += 1;
   if (f.flat) ctx.counters["flat heads"] += 1;
@@ -672,10 +676,34 @@ int64_t fuse_attention(Model& model, PassContext& ctx) {
   o.max_iterations = ctx.max_iterations;
   o.explain_rule = ctx.explain_rule;
   o.explain_lines = ctx.explain_rule.empty() ? nullptr : &ctx.explain_lines;
+  // Flat heads' proofs read shape facts, which a fused layer's internal op (no shape rule) blurs
+  // for the layers after it: every flat candidate is matched on the unedited graph first. A
+  // match stays valid: rewrites remove only their own nodes.
+  struct Early {
+    bool ok;
+    CodeMatch m;
+    std::string why;
+  };
+  std::map<const Node*, Early> early;
+  model.for_each_graph([&](Graph& g) {
+    for (Node* n = g.first(); n; n = n->next()) {
+      if (n->op_type != "Reshape") continue;
+      Early e{false, {}, {}};
+      MatchFailure why;
+      e.ok = match_flat_attention(n, e.m, why, ctx);
+      e.why = why.text;
+      if (e.ok || !e.why.empty()) early.emplace(n, std::move(e));
+    }
+  });
   CodeRule flat = rule;
   flat.root_op_types = {"Reshape"};
-  flat.match = [&ctx](Node* root, CodeMatch& m, MatchFailure& why) {
-    return match_flat_attention(root, m, why, ctx);
+  flat.match = [&ctx, &early](Node* root, CodeMatch& m, MatchFailure& why) {
+    auto it = early.find(root);
+    if (it == early.end()) return match_flat_attention(root, m, why, ctx);
+    m.nodes = it->second.m.nodes;
+    m.found = it->second.m.found;
+    why.text = it->second.why;
+    return it->second.ok;
   };
   const ApplyStats stats = apply_rules(model, {}, {rule, flat}, o);
   // What only fed the matched nodes' shapes (torchlib's K^T reshape targets, Shape reads of the

@@ -28,6 +28,8 @@
 //   softcap (float, optional): c > 0 makes cap(x) = c * tanh(x / c) (gemma2's logit
 //     soft-capping: after the scale, before the masks, as Attention-23's and GQA's softcap in
 //     ORT 1.32; softcap.h); absent, cap(x) = x.
+//   score_bias (int, optional): 1 when the additive mask also carries a bias on the kept keys
+//     (ALiBi, alibi.h), not only 0 / a masking value; add_kv_cache refuses such a node.
 //
 // The cached form (issue 5, written by add_kv_cache between the stages): K and V are
 //   Concat(past graph input (B, Hkv, P, D), k_new (B, Hkv, S, D), axis 2), whose output is the
