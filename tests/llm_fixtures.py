@@ -24,7 +24,8 @@ FIXTURE_DIR = Path(__file__).parent / "fixtures" / "models"
 # a cache computed step by step cannot reproduce once the switch flips.
 # ALiBi: a score bias (slopes x key positions) beside the mask, eager attention (no sdpa form).
 ALIBI_ARCHS = ("bloom", "mpt")
-# bloom and mpt (ALiBi) add a score bias the cached form does not carry yet (test_alibi.py).
+# ALiBi (test_alibi.py): bloom's bias is carried by the standard cache but refused in place
+# (GroupQueryAttention in place reads no mask); mpt's bias reads the keys' length: refused.
 KV_REFUSED_ARCHS = {"phi3_longrope", *ALIBI_ARCHS}
 
 # Max abs error of the logits allowed after fusion (issue 4's acceptance bounds).

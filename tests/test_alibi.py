@@ -8,9 +8,11 @@ the causal/padding mask. Both export with transformers 5.24 through both torch.o
   attention_bias, Attention-23 attn_mask). test_llm_preset.py checks counts, residue and parity
   (unpadded, right- and left-padded) for every fixture, these among them.
 - Here: the bias counters, parity on masks with holes (where bloom's positions are not the key
-  index, so a bias folded to slopes * j would differ), and the KV-cache refusal: the cached form
-  does not carry a score bias yet, so --kv-cache standard and inplace refuse, naming ALiBi, and
-  write nothing.
+  index, so a bias folded to slopes * j would differ), and the KV cache: bloom's bias reads
+  attention_mask alone, so --kv-cache standard keeps it (32 greedy tokens equal to the
+  original's, chunked prefill too); in place is refused (GroupQueryAttention in place reads no
+  mask), and mpt (its bias slices a table by the keys' length) is refused in both forms, each
+  naming the reason and writing nothing.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import fastopt
+import kv_generation as kg
 import numpy as np
 import pytest
-from llm_fixtures import ALIBI_ARCHS, PARITY_ATOL, Fixture, feeds, fixtures, ids, op_count, optimize
+from llm_fixtures import ALIBI_ARCHS, PARITY_ATOL, Fixture, feeds, fixtures, op_count, optimize
 from llm_fixtures import run as ort_run
 
 ALIBI = fixtures(arch=ALIBI_ARCHS)
@@ -80,10 +83,65 @@ def test_holes_change_bloom_bias() -> None:
     assert np.max(np.abs(a[1, 6:-1] - b[1, 6:-1])) > 1e-3
 
 
-@pytest.mark.parametrize("kv", ["standard", "inplace"])
-@pytest.mark.parametrize("fx", FP32, ids=ids(FP32))
-def test_kv_cache_refused(fx: Fixture, kv: str, tmp_path: Path) -> None:
+STANDARD = [
+    pytest.param(fx, t, id=f"{fx}-{t}")
+    for fx in fixtures(arch="bloom")
+    for t in ("ort", "onnx")
+    if fx.dtype == "float32" or (t == "ort" and fx.exporter == "dynamo")
+]
+
+
+def _prompts() -> list[list[int]]:
+    rng = np.random.default_rng(0)
+    return [list(rng.integers(1, 512, 9)), list(rng.integers(1, 512, 4))]
+
+
+@pytest.mark.parametrize(("fx", "target"), STANDARD)
+def test_bloom_standard_cache_generation(fx: Fixture, target: str, tmp_path: Path) -> None:
+    """32 greedy tokens from a right-padded batch: the short row's cache holds a hole, which the
+    copied bias skips as the original's cumsum positions do."""
     out = tmp_path / "model.onnx"
-    with pytest.raises(fastopt.ModelError, match=r"score bias .*ALiBi"):
+    report = fastopt.optimize(fx.path, preset="llm", target=target, output=out, kv_cache="standard")
+    assert counters(report, "add_kv_cache").get("score bias (ALiBi) kept") == fx.layers
+    model = report.model.to_onnx() if report.model is not None else None
+    assert model is not None and op_count(model, "Softmax") == 0
+    prompts = _prompts()
+    ref = kg.greedy_no_cache(fx.path, *kg.right_pad(prompts), 32)
+    got = kg.greedy_cached(out, prompts, 32)
+    same, diff = kg.compare(ref, got)
+    if fx.dtype == "float32":
+        assert same == 32, f"first token mismatch at step {same}"
+    else:
+        assert same >= 1
+    assert diff <= {"float32": 1e-4, "float16": 2e-2}[fx.dtype], diff
+
+
+@pytest.mark.parametrize("fx", fixtures(arch="bloom", dtype="float32"), ids=str)
+def test_bloom_chunked_prefill(fx: Fixture, tmp_path: Path) -> None:
+    """Prompts prefilled 4 tokens at a time: S > 1 queries over a past, one bias row for all."""
+    out = tmp_path / "model.onnx"
+    fastopt.optimize(fx.path, preset="llm", output=out, kv_cache="standard")
+    prompts = _prompts()
+    ref = kg.greedy_no_cache(fx.path, *kg.right_pad(prompts), 8)
+    got = kg.greedy_cached(out, prompts, 8, prefill_chunk=4)
+    assert kg.compare(ref, got)[0] == 8
+    np.testing.assert_allclose(got.logits, ref.logits, atol=1e-4, rtol=0)
+
+
+# mpt's bias: TorchScript slices the table by Shape(K) (an activation); dynamo by lengths of
+# attention_mask, but whether one row results (the same for every query) is not proven.
+MPT_WHY = {"ts": "keys' length", "dynamo": "same for every query"}
+REFUSED = [pytest.param(fx, "inplace", "in-place", id=f"{fx}-inplace") for fx in FP32] + [
+    pytest.param(fx, "standard", MPT_WHY[fx.exporter], id=f"{fx}-standard")
+    for fx in FP32
+    if fx.arch == "mpt"
+]
+
+
+@pytest.mark.parametrize(("fx", "kv", "why"), REFUSED)
+def test_kv_cache_refused(fx: Fixture, kv: str, why: str, tmp_path: Path) -> None:
+    out = tmp_path / "model.onnx"
+    with pytest.raises(fastopt.ModelError, match=r"score bias \(ALiBi") as e:
         fastopt.optimize(fx.path, output=out, preset="llm", kv_cache=kv)  # type: ignore[arg-type]
+    assert why in str(e.value)
     assert not out.exists()

@@ -214,11 +214,6 @@ std::vector<Layer> check_layers(const Graph& g, const std::vector<Node*>& attent
     }
     const int64_t hkv = int_attr_or(att, "kv_num_heads", 0);
     if (hkv <= 0) refuse("attention '" + att->name.value + "' has no kv_num_heads");
-    if (int_attr_or(att, "score_bias", 0)) {
-      refuse("attention '" + att->name.value +
-             "' adds a score bias besides its mask (ALiBi: slopes x key positions, "
-             "internal_op.h score_bias), which the cached form does not carry yet");
-    }
     if (in.size() > 3 && in[3] && constant_tensor(in[3])) {
       refuse("the mask of attention '" + att->name.value +
              "' is a constant: the export fixed the sequence length");
@@ -313,11 +308,13 @@ std::vector<std::pair<Value*, Value*>> add_past_inputs(Graph& g, const std::vect
 // attention_mask becomes (B, T); every earlier use of it sees its last S columns, (B, S) as at
 // export.
 void widen_attention_mask(Graph& g, KvCacheBuilder& b, const SharedMask& mask, Node* head,
-                          const CacheInputs& in) {
+                          const CacheInputs& in, const std::vector<const Node*>& full_readers) {
   Value* attention_mask = in.attention_mask;
   std::vector<Use> old_uses;
   for (const Use& u : attention_mask->uses()) {
-    if (u.node != mask.mask_bool && u.node != mask.mask_shape) old_uses.push_back(u);
+    const bool full = std::find(full_readers.begin(), full_readers.end(), u.node) !=
+                      full_readers.end();  // score biases' copies (kv_cache_bias.cc)
+    if (u.node != mask.mask_bool && u.node != mask.mask_shape && !full) old_uses.push_back(u);
   }
   if (!old_uses.empty()) {
     Value* current = b.op("Slice",
@@ -387,6 +384,19 @@ int64_t add_kv_cache(Model& m, PassContext& ctx) {
   for (const Value* v : g.inputs()) has_past = has_past || (v && v->name().rfind("past_", 0) == 0);
   const std::vector<Node*> attentions = find_attentions(m);
   const CacheInputs in = check_inputs(m, g);
+  const bool biased = std::any_of(attentions.begin(), attentions.end(),
+                                  [](const Node* a) { return int_attr_or(a, "score_bias", 0); });
+  if (biased && has_past) {
+    refuse(
+        "an attention adds a score bias (ALiBi) and the model has a cache already: adopting "
+        "the cache does not carry the bias");
+  }
+  if (biased && mode == 2) {
+    refuse(
+        "an attention adds a score bias (ALiBi, slopes x key positions) beside its mask, and "
+        "in-place GroupQueryAttention reads no mask (causal flag and seqlens_k stand for it), "
+        "so it would drop the bias: use --kv-cache standard");
+  }
   if (has_past) {
     return adopt_cache(g, attentions, in.input_ids, in.attention_mask, in.batch_dim, mode, ctx);
   }
@@ -398,17 +408,29 @@ int64_t add_kv_cache(Model& m, PassContext& ctx) {
            "position): a cached key keeps the rotation of its step, which the full recompute "
            "changes once the switch flips");
   }
-  const std::vector<int64_t> windows = proven_windows(g, attentions, false);
+  std::vector<ScoreBias> biases = check_score_biases(g, attentions, in.attention_mask);
+  // A biased attention's mask part is proven like any mask: it reads it for the proof only.
+  for (const ScoreBias& s : biases) s.att->set_input(3, s.mask_part);
+  std::vector<int64_t> windows;
+  try {
+    windows = proven_windows(g, attentions, false);
+  } catch (...) {
+    for (const ScoreBias& s : biases) s.att->set_input(3, s.combined);
+    throw;
+  }
+  for (const ScoreBias& s : biases) s.att->set_input(3, s.combined);
 
   // ---- edits ----
   KvCacheBuilder b(g);
   const std::vector<std::pair<Value*, Value*>> pasts = add_past_inputs(g, layers, in.batch_dim);
   Node* head = g.first();  // the shared mask goes before it
   SharedMask mask = build_shared_mask(g, b, in.input_ids, in.attention_mask, in.batch_dim);
-  widen_attention_mask(g, b, mask, head, in);
+  const std::vector<const Node*> full_readers = copy_biases(g, biases, in.attention_mask);
+  widen_attention_mask(g, b, mask, head, in, full_readers);
   offset_positions(b, ranges, mask.past_len, ctx);
   add_presents(g, b, layers, pasts, in.batch_dim);
   use_masks(b, mask, attentions, windows, in.batch_dim, ctx);
+  use_biases(g, b, biases, ctx);
   ctx.counters["layers cached"] += static_cast<int64_t>(layers.size());
   return static_cast<int64_t>(layers.size());
 }

@@ -29,7 +29,8 @@
 //     soft-capping: after the scale, before the masks, as Attention-23's and GQA's softcap in
 //     ORT 1.32; softcap.h); absent, cap(x) = x.
 //   score_bias (int, optional): 1 when the additive mask also carries a bias on the kept keys
-//     (ALiBi, alibi.h), not only 0 / a masking value; add_kv_cache refuses such a node.
+//     (ALiBi, alibi.h), not only 0 / a masking value: Add(bias, m) or masked_fill's
+//     Where(c, value, bias), which add_kv_cache separates (kv_cache_bias.cc).
 //
 // The cached form (issue 5, written by add_kv_cache between the stages): K and V are
 //   Concat(past graph input (B, Hkv, P, D), k_new (B, Hkv, S, D), axis 2), whose output is the
@@ -38,8 +39,10 @@
 //   never lets a query see a later key and lowerings may add a causal flag. A sliding-window
 //   layer's mask also has t > P + s - w, and the node the attribute sliding_window = w (int:
 //   the keys a query sees, its own included), for lowerings that read no mask (in-place GQA:
-//   local_window_size). Each mask is proven to be what the export computed before it replaces
-//   it (mask_proof.h). The node keeps the
+//   local_window_size). A score_bias node's mask is additive instead, Where(allowed, bias,
+//   lowest) (B, H, S, T), the bias a copy of the export's computed from attention_mask alone
+//   (kv_cache_bias.cc; no in-place form). Each mask is proven to be what the export computed
+//   before it replaces it (mask_proof.h). The node keeps the
 //   semantics above; the lowerings recognise the form (cached_kv) and hand past/present to ops that
 //   take a cache natively. Option kv_cache == 2 (in place) asks target ort for GroupQueryAttention
 //   on one max-length buffer per layer.

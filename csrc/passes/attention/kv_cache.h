@@ -110,6 +110,26 @@ std::vector<int64_t> proven_windows(const Graph& g, const std::vector<Node*>& at
 void use_masks(KvCacheBuilder& b, SharedMask& m, const std::vector<Node*>& attentions,
                const std::vector<int64_t>& windows, const Dim& batch_dim, PassContext& ctx);
 
+// ALiBi's score bias through the cache (kv_cache_bias.cc): an attention with score_bias reads
+// Add(bias, m) (alibi.h); the bias is kept, m is proven and replaced like any mask.
+struct ScoreBias {
+  Node* att;
+  Value* combined;   // Add(bias, m), the attention's mask input
+  Value* bias;       // a copy reading the whole attention_mask once copy_biases ran
+  Value* mask_part;  // m
+};
+// The score_bias attentions' biases; refused unless each is a function of attention_mask alone,
+// the same for every query. No edits.
+std::vector<ScoreBias> check_score_biases(const Graph& g, const std::vector<Node*>& attentions,
+                                          const Value* attention_mask);
+// Copies the biases' subgraphs (they keep reading the whole (B, T) attention_mask); returns the
+// copies that read attention_mask, which widen_attention_mask leaves alone.
+std::vector<const Node*> copy_biases(Graph& g, std::vector<ScoreBias>& biases,
+                                     const Value* attention_mask);
+// After use_masks: each biased attention reads Where(its bool mask, bias, lowest).
+void use_biases(Graph& g, KvCacheBuilder& b, const std::vector<ScoreBias>& biases,
+                PassContext& ctx);
+
 // Adopts a model exported WITH a cache (kv_cache_adopt.cc); returns the layers adopted.
 int64_t adopt_cache(Graph& g, const std::vector<Node*>& attentions, Value* input_ids,
                     Value* attention_mask, const Dim& batch_dim, int64_t mode, PassContext& ctx);
