@@ -22,9 +22,11 @@ from pathlib import Path
 import fastopt
 import kv_generation as kg
 import numpy as np
+import onnx
 import pytest
 from llm_fixtures import ALIBI_ARCHS, PARITY_ATOL, Fixture, feeds, fixtures, op_count, optimize
 from llm_fixtures import run as ort_run
+from onnx import helper
 
 ALIBI = fixtures(arch=ALIBI_ARCHS)
 FP32 = fixtures(arch=ALIBI_ARCHS, dtype="float32")
@@ -145,3 +147,55 @@ def test_kv_cache_refused(fx: Fixture, kv: str, why: str, tmp_path: Path) -> Non
         fastopt.optimize(fx.path, output=out, preset="llm", kv_cache=kv)  # type: ignore[arg-type]
     assert why in str(e.value)
     assert not out.exists()
+
+
+def per_query_bias(fx: Fixture) -> onnx.ModelProto:
+    """The fixture with each layer's bias expanded over the queries before it is added: a bias
+    (B*H, S, T), computed from attention_mask alone, that differs per query as far as the
+    graph shows."""
+    model = onnx.load(fx.path)
+    g = model.graph
+    producer = {o: n for n in g.node for o in n.output}
+    nodes: list[onnx.NodeProto] = []
+    for n in g.node:
+        if n.op_type == "Add":
+            a, b = n.input
+            mul = producer.get(a)
+            if mul is not None and mul.op_type == "Mul":
+                src = producer.get(mul.input[0])
+                if src is not None and src.op_type == "MatMul":
+                    # (B*H, S, T) from the bias's and attention_mask's shapes only
+                    shapes = [
+                        helper.make_node("Shape", [b], [f"{a}_bh"], end=1),
+                        helper.make_node("Shape", ["attention_mask"], [f"{a}_s"], start=1),
+                        helper.make_node("Shape", [b], [f"{a}_t"], start=2),
+                    ]
+                    target = helper.make_node(
+                        "Concat", [o.output[0] for o in shapes], [f"{a}_bst"], axis=0
+                    )
+                    full = helper.make_node("Expand", [b, f"{a}_bst"], [f"{b}_per_query_{a}"])
+                    nodes += [*shapes, target, full]
+                    n.input[1] = full.output[0]
+        nodes.append(n)
+    del g.node[:]
+    g.node.extend(nodes)
+    return model
+
+
+def test_bias_per_query_fuses_but_is_not_cached(tmp_path: Path) -> None:
+    """A bias of full (B*H, S, T) shape still fuses exactly (reshaped to (B, H, S, T)), and the
+    KV rewrite refuses it: a cached step could not tell its rows for the new queries."""
+    (fx,) = fixtures(arch="bloom", exporter="ts", dtype="float32")
+    src = tmp_path / "src" / "model.onnx"
+    src.parent.mkdir()
+    onnx.save(per_query_bias(fx), src)
+    report = fastopt.optimize(src, preset="llm")
+    assert counters(report, "fuse_attention").get("attention bias (ALiBi)") == fx.layers
+    assert report.model is not None
+    out = report.model.to_onnx()
+    inputs = holed_feeds(fx)
+    keep = inputs["attention_mask"].astype(bool)
+    expected = np.asarray(ort_run(src, inputs)[0], dtype=np.float64)[keep]
+    assert np.max(np.abs(expected - np.asarray(ort_run(out, inputs)[0])[keep])) <= 1e-4
+    with pytest.raises(fastopt.ModelError, match="not proven the same for every query"):
+        fastopt.optimize(src, preset="llm", kv_cache="standard")
