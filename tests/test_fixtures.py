@@ -34,6 +34,8 @@ def test_fixture_set_is_complete() -> None:
         "glm4",
         "phi3_longrope",
         "opt",
+        "bloom",
+        "mpt",
     }
     exporters = {json.loads((p.parent / "meta.json").read_text())["exporter"] for p in FIXTURES}
     assert exporters == {"ts", "dynamo"}
