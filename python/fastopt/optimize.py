@@ -27,6 +27,9 @@ from fastopt.registry import (
     preset,
 )
 
+# An encoder-decoder's cached decoder (add_kv_cache's seq2seq form) has optimum's names.
+SEQ2SEQ_PRESENT_KEY = "present.%d.decoder.key"
+
 ModelOrPath = Union[_C.Model, str, "os.PathLike[str]"]
 # Called before each pass with (index, count, pass name); for progress displays.
 ProgressFn = Callable[[int, int, str], None]
@@ -176,9 +179,10 @@ def optimize(
         progress(len(names), len(names), "")
     model = ctx.model
     model.verify()
-    if kv_cache is not None and not any(
-        v is not None and v.name == PRESENT_KEY % 0 for v in model.graph.outputs
-    ):
+    output_names = {v.name for v in model.graph.outputs if v is not None}
+    # An encoder-decoder's decoder gets optimum's seq2seq names (present.0.decoder.key, ...).
+    seq2seq = SEQ2SEQ_PRESENT_KEY % 0 in output_names
+    if kv_cache is not None and PRESENT_KEY % 0 not in output_names and not seq2seq:
         # A safety net: add_kv_cache should refuse with its own reason; never hand back (or
         # write) a "cached" model without a cache.
         raise UnsupportedModelError(
@@ -191,7 +195,9 @@ def optimize(
     if output is not None:
         out_path = os.fspath(output)
         side_files: dict[str, bytes] = {}
-        if kv_cache is not None:
+        if kv_cache is not None and not seq2seq:
+            # (onnxruntime-genai runs encoder-decoders from its own export, whose encoder
+            # computes the cross cache: no config is derived for a seq2seq decoder.)
             # Before the model: a model without its config is of no use to onnxruntime-genai,
             # and a config that cannot be derived should leave nothing written. Committed with
             # the model, so an old config never sits beside the new model.

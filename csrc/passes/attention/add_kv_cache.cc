@@ -61,6 +61,7 @@
 #include "ir/error.h"
 #include "passes/attention/internal_op.h"
 #include "passes/attention/kv_cache.h"
+#include "passes/attention/kv_cache_cross.h"
 #include "passes/attention/shapes.h"
 #include "passes/fusion_util.h"
 
@@ -383,6 +384,10 @@ int64_t add_kv_cache(Model& m, PassContext& ctx) {
   bool has_past = false;
   for (const Value* v : g.inputs()) has_past = has_past || (v && v->name().rfind("past_", 0) == 0);
   const std::vector<Node*> attentions = find_attentions(m);
+  if (graph_input(g, kEncoderHiddenStates)) {  // an encoder-decoder's decoder
+    refuse_baked_lengths(g);
+    return add_cross_cache(m, attentions, mode, ctx);
+  }
   const CacheInputs in = check_inputs(m, g);
   const bool biased = std::any_of(attentions.begin(), attentions.end(),
                                   [](const Node* a) { return int_attr_or(a, "score_bias", 0); });

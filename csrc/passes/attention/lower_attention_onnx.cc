@@ -21,6 +21,8 @@
 // as set (ORT 1.32 CPU runs softcap, after the scale and before the mask: bench/probe_softcap.py).
 // ORT runs it on CPU since 1.23 (float, fp16; bool or float masks).
 #include "passes/attention/internal_op.h"
+#include "passes/attention/sequence_proof.h"
+#include "passes/attention/shapes.h"
 #include "passes/fusion_util.h"
 
 namespace fastopt::passes {
@@ -41,6 +43,14 @@ pattern::Replacement lower_attention_onnx(Node* node, pattern::Rewriter& rw, Pas
 
   const std::vector<Value*>& in = node->inputs();
   if (in.size() > 4) return rw.fail("inputs after the mask");
+  // New rows not shown to have the query's length (a cross-attention's cache, kv_cache_cross.cc:
+  // the encoder's rows on the first step, none after): ORT 1.32's Attention-23 refuses an empty
+  // K, so the op reads the Concats, which stay.
+  if (!same_dim(dim_at(in[0], 4, 2), dim_at(cache->k_new, 4, 2)) &&
+      !same_sequence(in[0], cache->k_new)) {
+    ctx.counters["Attention-23 reading a cross cache's Concat"] += 1;
+    return std::vector<Value*>{rw.op1("Attention", in, std::move(attrs))};
+  }
   Value* mask = in.size() > 3 ? in[3] : nullptr;
   std::vector<Value*> outs =
       rw.op("Attention", {in[0], cache->k_new, cache->v_new, mask, cache->past_k, cache->past_v},

@@ -257,9 +257,13 @@ Value* build_bias(Rewriter& rw, const OrtLoweringPlan& p, Value* q3, Value* k3) 
     if (!p.qkv.empty()) {  // S == T: one input; its shape keeps the projections dead
       s = rw.op1("Gather", {rw.op1("Shape", {p.qkv.front().x}), ints(rw, {1})});
       t = s;
-    } else if (p.cache) {  // T = P + S (K itself is the Concat that goes away)
+    } else if (p.cache) {  // T = P + the new rows (K itself is the Concat that goes away)
       s = rw.op1("Gather", {rw.op1("Shape", {q3}), ints(rw, {1})});
-      t = rw.op1("Add", {rw.op1("Gather", {rw.op1("Shape", {p.cache->past_k}), ints(rw, {2})}), s});
+      // A cross-attention's new rows are the encoder's, not the query's (kv_cache_cross.cc).
+      Value* fresh = k3 ? rw.op1("Gather", {rw.op1("Shape", {k3}), ints(rw, {1})})
+                        : rw.op1("Gather", {rw.op1("Shape", {p.k_new}), ints(rw, {2})});
+      t = rw.op1("Add",
+                 {rw.op1("Gather", {rw.op1("Shape", {p.cache->past_k}), ints(rw, {2})}), fresh});
     } else {
       s = rw.op1("Gather", {rw.op1("Shape", {q3}), ints(rw, {1})});
       t = k3 ? rw.op1("Gather", {rw.op1("Shape", {k3}), ints(rw, {1})})

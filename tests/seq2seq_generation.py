@@ -1,0 +1,158 @@
+"""Greedy generation for encoder-decoder fixtures (tests/fixtures/make_seq2seq_fixtures.py) in
+ONNX Runtime, with and without the decoder's KV cache: the proof harness of add_kv_cache's seq2seq
+form (csrc/passes/attention/kv_cache_cross.cc).
+
+- ``encode``: the encoder, run once.
+- ``greedy_no_cache``: the reference; every step runs the no-cache decoder on the whole decoder
+  sequence (decoder_start_token_id + tokens so far) and takes the argmax of the last position.
+- ``greedy_cached``: the first step feeds the whole encoder output and empty pasts (the cross
+  cache is computed there), every later step one token, encoder_hidden_states with 0 rows and the
+  presents as pasts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+from kv_generation import session
+
+FIXTURE_DIR = Path(__file__).parent / "fixtures" / "models"
+SEQ2SEQ_ARCHS = ("bart", "marian", "whisper", "t5")
+
+
+@dataclass(frozen=True)
+class Seq2SeqFixture:
+    folder: Path
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return dict(json.loads((self.folder / "meta.json").read_text()))
+
+    @property
+    def name(self) -> str:
+        return self.folder.name
+
+    @property
+    def arch(self) -> str:
+        return str(self.meta["arch"])
+
+    @property
+    def encoder(self) -> Path:
+        return self.folder / "encoder.onnx"
+
+    @property
+    def decoder(self) -> Path:
+        return self.folder / "decoder.onnx"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def seq2seq_fixtures(arch: str | None = None) -> list[Seq2SeqFixture]:
+    out = []
+    for meta in sorted(FIXTURE_DIR.glob("*/meta.json")):
+        if json.loads(meta.read_text()).get("kind") != "encoder-decoder":
+            continue
+        fx = Seq2SeqFixture(meta.parent)
+        if arch is None or fx.arch == arch:
+            out.append(fx)
+    return out
+
+
+def encoder_feeds(fx: Seq2SeqFixture, seed: int = 0) -> dict[str, np.ndarray]:
+    """A batch of two: rows of 9 and 6 tokens, right-padded (whisper: two random spectrograms)."""
+    rng = np.random.default_rng(seed)
+    meta = fx.meta
+    if fx.arch == "whisper":
+        mel = int(meta["config"]["num_mel_bins"])
+        return {
+            "input_features": rng.standard_normal((2, mel, int(meta["whisper_frames"]))).astype(
+                np.float32
+            )
+        }
+    vocab = int(meta["config"]["vocab_size"])
+    ids = rng.integers(3, vocab, (2, 9)).astype(np.int64)
+    mask = np.ones((2, 9), np.int64)
+    mask[1, 6:] = 0
+    ids[1, 6:] = int(meta["config"].get("pad_token_id") or 0)
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def encode(
+    fx: Seq2SeqFixture, feeds: dict[str, np.ndarray], model: str | os.PathLike[str] | None = None
+) -> np.ndarray:
+    sess = session(model or fx.encoder)
+    return np.asarray(sess.run(["last_hidden_state"], feeds)[0])
+
+
+@dataclass
+class Generation:
+    tokens: np.ndarray  # (B, steps)
+    logits: np.ndarray  # (steps, B, vocab)
+
+
+def _decoder_feeds(
+    sess: ort.InferenceSession, ids: np.ndarray, hidden: np.ndarray, mask: np.ndarray | None
+) -> dict[str, np.ndarray]:
+    feeds = {"input_ids": ids, "encoder_hidden_states": hidden}
+    if mask is not None and any(i.name == "encoder_attention_mask" for i in sess.get_inputs()):
+        feeds["encoder_attention_mask"] = mask
+    return feeds
+
+
+def greedy_no_cache(
+    decoder: str | os.PathLike[str] | ort.InferenceSession,
+    hidden: np.ndarray,
+    mask: np.ndarray | None,
+    start: int,
+    steps: int,
+) -> Generation:
+    sess = session(decoder)
+    ids = np.full((hidden.shape[0], 1), start, np.int64)
+    picked = []
+    for _ in range(steps):
+        logits = np.asarray(sess.run(["logits"], _decoder_feeds(sess, ids, hidden, mask))[0])
+        last = logits[:, -1].astype(np.float32)
+        picked.append(last)
+        ids = np.concatenate([ids, last.argmax(-1)[:, None].astype(np.int64)], axis=1)
+    return Generation(ids[:, 1:], np.stack(picked))
+
+
+def greedy_cached(
+    decoder: str | os.PathLike[str] | bytes | ort.InferenceSession,
+    hidden: np.ndarray,
+    mask: np.ndarray | None,
+    start: int,
+    steps: int,
+) -> Generation:
+    sess = session(decoder)
+    batch = hidden.shape[0]
+    pasts: dict[str, np.ndarray] = {}
+    for i in sess.get_inputs():
+        if i.name.startswith("past_key_values."):
+            heads, dim = int(i.shape[1]), int(i.shape[3])
+            pasts[i.name] = np.zeros((batch, heads, 0, dim), hidden.dtype)
+    outputs = [o.name for o in sess.get_outputs()]
+    ids = np.full((batch, 1), start, np.int64)
+    tokens, picked = [], []
+    states = hidden
+    for _ in range(steps):
+        outs = sess.run(outputs, {**_decoder_feeds(sess, ids, states, mask), **pasts})
+        got = dict(zip(outputs, outs))
+        last = np.asarray(got["logits"])[:, -1].astype(np.float32)
+        picked.append(last)
+        ids = last.argmax(-1)[:, None].astype(np.int64)
+        tokens.append(ids[:, 0])
+        pasts = {
+            n.replace("present.", "past_key_values.", 1): got[n]
+            for n in got
+            if n.startswith("present.")
+        }
+        states = hidden[:, :0]  # the cross cache holds the encoder's keys and values now
+    return Generation(np.stack(tokens, axis=1), np.stack(picked))
