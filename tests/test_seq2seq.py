@@ -156,3 +156,23 @@ def test_cross_mask_that_is_not_padding_is_refused(tmp_path: Path) -> None:
     onnx.save(m, str(src))
     with pytest.raises(fastopt.ModelError, match="not proven to be the encoder padding"):
         _optimize(src, tmp_path / "decoder.onnx", kv_cache="standard")
+
+
+def test_cli_verify_generation(tmp_path: Path) -> None:
+    """`--kv-cache standard --verify` on a seq2seq decoder compares greedy generation over random
+    encoder states (verify_generation), exit 0."""
+    from fastopt.cli import main
+
+    fx = sg.seq2seq_fixtures("whisper")[0]
+    out = tmp_path / "decoder.onnx"
+    args = ["optimize", str(fx.decoder), "-o", str(out), "--preset", "llm"]
+    assert main([*args, "--kv-cache", "standard", "--verify"]) == 0
+    assert not (tmp_path / "genai_config.json").exists()  # onnxruntime-genai: not for seq2seq
+
+
+def test_encoder_cache_refused(tmp_path: Path) -> None:
+    """An encoder (bidirectional self-attention over input_ids / attention_mask) is no decoder:
+    its mask is not causal, so no cache is added."""
+    fx = sg.seq2seq_fixtures("bart")[0]
+    with pytest.raises(fastopt.ModelError, match="not proven to be causal"):
+        _optimize(fx.encoder, tmp_path / "encoder.onnx", kv_cache="standard")

@@ -7,6 +7,10 @@ sequence each step; the cached model prefills the prompt on an empty cache (a ze
 max-length buffer for an in-place cache) and then takes one token per step, its presents fed
 back as the next pasts. The generated tokens must be equal and each step's logits within the
 dtype's tolerance (float32 1e-3, float16 2e-2: a cache changes the accumulation order).
+
+An encoder-decoder's decoder (an ``encoder_hidden_states`` input) decodes over random encoder
+states (batch 1, 8 rows, encoder_attention_mask all ones): the cached model gets them on the
+first step and 0 rows after, its cross cache holding them (add_kv_cache's seq2seq form).
 """
 
 from __future__ import annotations
@@ -65,6 +69,25 @@ def _session(path: str, role: str) -> Any:
         return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
 
 
+def _encoder_feeds(sess: Any, seed: int) -> dict[str, np.ndarray]:
+    """Random encoder states (1, 8, D) and an all-ones encoder_attention_mask for a seq2seq
+    decoder; {} for a decoder-only model."""
+    inputs = {i.name: i for i in sess.get_inputs()}
+    hidden = inputs.get("encoder_hidden_states")
+    if hidden is None:
+        return {}
+    width = hidden.shape[2] if len(hidden.shape) == 3 else None
+    if not isinstance(width, int) or hidden.type not in _NUMPY:
+        raise UnsupportedModelError(f"encoder_hidden_states {hidden.shape}: no static width")
+    rng = np.random.default_rng(seed)
+    feeds = {
+        "encoder_hidden_states": rng.standard_normal((1, 8, width)).astype(_NUMPY[hidden.type])
+    }
+    if "encoder_attention_mask" in inputs:
+        feeds["encoder_attention_mask"] = np.ones((1, 8), np.int64)
+    return feeds
+
+
 def _feed(sess: Any, ids: list[int], past_len: int) -> dict[str, np.ndarray]:
     names = {i.name for i in sess.get_inputs()}
     total = past_len + len(ids)
@@ -107,16 +130,18 @@ def verify_generation(
             raise UnsupportedModelError(f"{p.name} {p.shape}: the kv heads / head size are unknown")
         cache[p.name] = np.zeros((1, heads, total if inplace else 0, size), _NUMPY[p.type])
 
+    encoder = _encoder_feeds(ref_sess, seed)
+    cross = dict(encoder)  # what the cached model gets: the encoder states on the first step only
     seq = list(prompt)
     past_len = 0
     step_ids = list(prompt)
     for _ in range(steps):
         try:
-            (ref,) = ref_sess.run(["logits"], _feed(ref_sess, seq, 0))
+            (ref,) = ref_sess.run(["logits"], {**_feed(ref_sess, seq, 0), **encoder})
         except Exception as e:
             raise InputRejectedError(f"the original model does not run: {e}", report) from e  # type: ignore[arg-type]
         try:
-            outs = sess.run(outputs, {**_feed(sess, step_ids, past_len), **cache})
+            outs = sess.run(outputs, {**_feed(sess, step_ids, past_len), **cross, **cache})
         except Exception as e:
             raise OutputRejectedError(
                 f"the cached model does not run (the original does: a fastopt bug): {e}",
@@ -132,6 +157,8 @@ def verify_generation(
         past_len += len(step_ids)
         step_ids = [report.tokens_original[-1]]  # both continue from the reference token
         seq.append(step_ids[0])
+        if "encoder_hidden_states" in cross:  # the cross cache holds them now
+            cross["encoder_hidden_states"] = encoder["encoder_hidden_states"][:, :0]
     if not report.ok:
         raise VerifyError(str(report), report)  # type: ignore[arg-type]
     return report
