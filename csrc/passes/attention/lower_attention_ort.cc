@@ -110,6 +110,7 @@
 #include "passes/attention/internal_op.h"
 #include "passes/attention/ort_plan.h"
 #include "passes/attention/packed_qkv.h"
+#include "passes/attention/sequence_proof.h"
 #include "passes/attention/shapes.h"
 #include "passes/fusion_util.h"
 
@@ -260,8 +261,11 @@ Value* build_bias(Rewriter& rw, const OrtLoweringPlan& p, Value* q3, Value* k3) 
     } else if (p.cache) {  // T = P + the new rows (K itself is the Concat that goes away)
       s = rw.op1("Gather", {rw.op1("Shape", {q3}), ints(rw, {1})});
       // A cross-attention's new rows are the encoder's, not the query's (kv_cache_cross.cc).
-      Value* fresh = k3 ? rw.op1("Gather", {rw.op1("Shape", {k3}), ints(rw, {1})})
-                        : rw.op1("Gather", {rw.op1("Shape", {p.k_new}), ints(rw, {2})});
+      const bool query_length =
+          same_dim(p.s_dim, dim_at(p.k_new, 4, 2)) || same_sequence(p.q, p.k_new);
+      Value* fresh = query_length ? s
+                     : k3         ? rw.op1("Gather", {rw.op1("Shape", {k3}), ints(rw, {1})})
+                                  : rw.op1("Gather", {rw.op1("Shape", {p.k_new}), ints(rw, {2})});
       t = rw.op1("Add",
                  {rw.op1("Gather", {rw.op1("Shape", {p.cache->past_k}), ints(rw, {2})}), fresh});
     } else {
