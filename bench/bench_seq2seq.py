@@ -4,6 +4,7 @@ fastopt's cached decoder (--preset llm --kv-cache standard), on the seq2seq fixt
 (tests/fixtures/models/*/decoder.onnx, made by tests/fixtures/make_seq2seq_fixtures.py).
 
     python bench/bench_seq2seq.py [--steps 32] [--repeats 5] [--threads 2] [--out FILE.md]
+    python bench/bench_seq2seq.py --peers  # fused ops and residue vs ORT's optimizer
 
 Each row: the median of `repeats` generations (batch 2, the encoder run once outside the
 timing), per generated token, and the tokens' agreement with the exported decoder's. ORT's own
@@ -44,13 +45,73 @@ def _time(gen, sess, args, repeats: int) -> tuple[float, np.ndarray]:  # type: i
     return statistics.median(times), np.asarray(tokens)
 
 
+RESIDUE = ("Softmax", "ReduceMean", "Pow", "Sqrt", "Erf", "Tanh")
+ATTENTION = ("Attention", "MultiHeadAttention", "GroupQueryAttention")
+NORMS = (
+    "LayerNormalization",
+    "SkipLayerNormalization",
+    "SimplifiedLayerNormalization",
+    "SkipSimplifiedLayerNormalization",
+)
+
+
+def _summary(ops: dict[str, int]) -> str:
+    def count(names: tuple[str, ...]) -> int:
+        return sum(ops.get(n, 0) for n in names)
+
+    return f"{count(ATTENTION)} | {count(NORMS)} | {count(RESIDUE)}"
+
+
+def peers() -> str:
+    """Fused attention / norm ops and residue, fastopt vs onnxruntime.transformers.optimizer."""
+    import collections
+    import logging
+
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    logging.disable(logging.WARNING)
+    model_type = {"bart": "bart", "marian": "bart", "whisper": "bart", "t5": "t5"}
+    lines = [
+        f"ORT {ort.__version__} transformers optimizer: optimize_model(path, model_type=bart|t5 "
+        "(whisper and marian as bart), num_heads=4, hidden_size=64, opt_level=0); fastopt: "
+        "optimize(path, preset='llm').",
+        "",
+        "| graph | fastopt attention ops | fastopt norms | fastopt residue | ORT attention ops | "
+        "ORT norms | ORT residue |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for fx in sg.seq2seq_fixtures():
+        for part, src in (("encoder", fx.encoder), ("decoder", fx.decoder)):
+            try:
+                m = optimize_model(
+                    str(src),
+                    model_type=model_type[fx.arch],
+                    num_heads=4,
+                    hidden_size=64,
+                    opt_level=0,
+                )
+                theirs = _summary(collections.Counter(n.op_type for n in m.model.graph.node))
+            except Exception as e:  # a peer failing on an export is a result too
+                theirs = f"failed: {type(e).__name__} | | "
+            ours = {
+                k.split("::")[-1]: v
+                for k, v in fastopt.optimize(str(src), preset="llm").ops_after.items()
+            }
+            lines.append(f"| {fx.name} {part} | {_summary(ours)} | {theirs} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--peers", action="store_true", help="the fused-op table vs ORT's optimizer")
     args = ap.parse_args()
+    if args.peers:
+        print(peers())
+        return 0
     lines = [
         f"ORT {ort.__version__}, {platform.machine()}, {args.threads} threads, batch 2, "
         f"{args.steps} greedy tokens, median of {args.repeats}",
