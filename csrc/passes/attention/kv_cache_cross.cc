@@ -204,7 +204,8 @@ std::vector<Node*> position_ranges(const Model& m, Graph& g, const Value* input_
   const std::optional<analysis::DimExpr> seq = facts.dim(input_ids, 1);
   for (Node* n = g.first(); n; n = n->next()) {
     if (!is_standard(n)) continue;
-    if (n->op_type == "Slice" && n->inputs().size() >= 3 && constant_tensor(n->inputs()[0]) &&
+    if (n->op_type == "Slice" && !masks.count(n) && n->inputs().size() >= 3 &&
+        constant_tensor(n->inputs()[0]) &&
         (!constant_tensor(n->inputs()[1]) || !constant_tensor(n->inputs()[2]))) {
       refuse("Slice '" + n->name.value + "' reads a constant table over computed bounds " +
              "(positions sliced from a table): the rewrite does not offset those");
