@@ -4,9 +4,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <set>
 
 #include "ir/error.h"
 #include "proto/onnx_fields.h"
@@ -28,16 +31,48 @@ void write_pieces(OutputFile& out, const wire::Writer& w) {
   }
 }
 
-// External data files being written: tensors are appended as the model is serialized.
+// The file of bytes written before the save (quantized weights: AdoptableFile) to take as the
+// first data file, or null: the one holding the most bytes of tensors bound for the data files,
+// when this save can take it and nearly all of it is such bytes (bytes no tensor reads would stay
+// in the output, dead). The tensors in it are then not copied: they stay where they are.
+const AdoptableFile* file_to_adopt(const Model& model, const std::string& folder,
+                                   const SaveOptions& opt) {
+  std::map<const AdoptableFile*, std::set<std::pair<uint64_t, uint64_t>>> ranges;
+  model.for_each_graph([&](Graph& g) {
+    for (Value* v : g.initializer_order) {
+      const Tensor& t = *v->initializer();
+      if (t.storage != Tensor::Storage::kRaw || t.raw.size < opt.size_threshold) continue;
+      if (const auto* f = dynamic_cast<const AdoptableFile*>(t.raw.buffer.get())) {
+        ranges[f].insert({t.raw.offset, t.raw.size});
+      }
+    }
+  });
+  const AdoptableFile* best = nullptr;
+  uint64_t best_live = 0;
+  for (const auto& [file, used] : ranges) {
+    uint64_t live = 0;
+    for (const auto& r : used) live += r.second;  // distinct tensors never overlap
+    if (live > best_live) best = file, best_live = live;
+  }
+  if (!best || !best->adoptable_in(folder)) return nullptr;
+  const uint64_t size = best->size();
+  if (size - std::min(size, best_live) > size / 100) return nullptr;  // over 1 % dead
+  if (opt.max_file_bytes > 0 && size > opt.max_file_bytes) return nullptr;
+  return best;
+}
+
+// External data files being written: tensors are appended as the model is serialized; those
+// already in the adopted file (file_to_adopt) are placed where they are.
 class DataFiles {
  public:
   DataFiles(std::string folder, std::string location, const SaveOptions& opt,
-            const InputFiles& inputs, std::string model_name)
+            const InputFiles& inputs, std::string model_name, const AdoptableFile* adopt)
       : folder_(std::move(folder)),
         location_(std::move(location)),
         opt_(opt),
         inputs_(inputs),
-        model_name_(std::move(model_name)) {}
+        model_name_(std::move(model_name)),
+        adopt_(adopt) {}
 
   struct Placement {
     std::string location;
@@ -45,16 +80,14 @@ class DataFiles {
   };
 
   Placement add(const ByteRef& bytes) {
-    if (files_.empty() || (opt_.max_file_bytes > 0 && files_.back().file->size() > 0 &&
-                           padded(files_.back().file->size()) + bytes.size > opt_.max_file_bytes)) {
-      std::string name =
-          files_.empty() ? location_ : location_ + "." + std::to_string(files_.size());
-      if (name == model_name_) {
-        throw ModelError("external data file '" + name + "' would be the model file itself");
-      }
-      const std::string path = folder_ + "/" + name;
-      inputs_.check_output(path, "external data file");
-      files_.push_back({name, std::make_unique<OutputFile>(path)});
+    if (files_.empty()) open_file();
+    if (adopt_ && bytes.buffer.get() == adopt_ &&
+        (opt_.align <= 1 || bytes.offset % opt_.align == 0)) {
+      return {files_.front().name, bytes.offset};
+    }
+    if (opt_.max_file_bytes > 0 && files_.back().file->size() > 0 &&
+        padded(files_.back().file->size()) + bytes.size > opt_.max_file_bytes) {
+      open_file();
     }
     OutputFile& f = *files_.back().file;
     f.zeros(padded(f.size()) - f.size());
@@ -70,6 +103,16 @@ class DataFiles {
   }
 
  private:
+  void open_file() {
+    std::string name = files_.empty() ? location_ : location_ + "." + std::to_string(files_.size());
+    if (name == model_name_) {
+      throw ModelError("external data file '" + name + "' would be the model file itself");
+    }
+    const std::string path = folder_ + "/" + name;
+    inputs_.check_output(path, "external data file");
+    files_.push_back({name, files_.empty() && adopt_ ? std::make_unique<OutputFile>(path, *adopt_)
+                                                     : std::make_unique<OutputFile>(path)});
+  }
   uint64_t padded(uint64_t n) const {
     return opt_.align > 1 ? (n + opt_.align - 1) / opt_.align * opt_.align : n;
   }
@@ -81,6 +124,7 @@ class DataFiles {
   const SaveOptions& opt_;
   const InputFiles& inputs_;
   std::string model_name_;
+  const AdoptableFile* adopt_;
   std::vector<Entry> files_;
 };
 
@@ -403,7 +447,8 @@ void write_model_file(const Model& model, const std::string& path, const SaveOpt
     if (options.external == SaveOptions::External::kNever) throw ModelError(too_big(w.size()));
   }
 
-  DataFiles data(folder, location, options, inputs, basename_of(path));
+  DataFiles data(folder, location, options, inputs, basename_of(path),
+                 file_to_adopt(model, folder, options));
   wire::Writer w = ModelWriter(model, &data, options.size_threshold).model();
   if (w.size() > kProtobufLimit) {
     throw ModelError("the model's graph alone is " + std::to_string(w.size()) +

@@ -108,6 +108,26 @@ CreatedFolders::~CreatedFolders() {
   for (auto it = created_.rbegin(); it != created_.rend(); ++it) ::rmdir(it->c_str());
 }
 
+// ---- files written before the save ----
+
+bool AdoptableFile::open_unnamed(const std::string& folder, int* fd) {
+  static const bool named_only = std::getenv("FASTOPT_TEST_NAMED_TEMPS") != nullptr;
+  if (named_only) return false;
+  FileId id;
+  if (!file_id(folder, &id)) return false;
+  const int f = ::open(folder.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0666);
+  if (f < 0) return false;
+  *fd = f;
+  folder_ = id;
+  linkable_ = true;
+  return true;
+}
+
+bool AdoptableFile::adoptable_in(const std::string& folder) const {
+  FileId id;
+  return linkable_ && !taken_ && fd() >= 0 && file_id(folder, &id) && id == folder_;
+}
+
 // ---- output files ----
 
 OutputFile::OutputFile(std::string final_path, bool unnamed) : final_(std::move(final_path)) {
@@ -132,7 +152,30 @@ OutputFile::OutputFile(std::string final_path, bool unnamed) : final_(std::move(
   ::fchmod(fd_, 0666 & ~mask);  // mkstemp makes 0600; outputs get the usual permissions
 }
 
+OutputFile::OutputFile(std::string final_path, const AdoptableFile& file)
+    : final_(std::move(final_path)), adopted_(&file), adopted_size_(file.size()) {
+  fd_ = ::fcntl(file.fd(), F_DUPFD_CLOEXEC, 0);
+  if (fd_ < 0) throw ModelError("cannot write '" + final_ + "': " + errno_text());
+  // Reserved tails that were never written read as zeros; appends start after them. The file
+  // offset is shared with the taker's descriptor, which only uses pread/pwrite.
+  struct stat st{};
+  if (::fstat(fd_, &st) != 0 ||
+      (static_cast<uint64_t>(st.st_size) < adopted_size_ &&
+       ::ftruncate(fd_, static_cast<off_t>(adopted_size_)) != 0) ||
+      ::lseek(fd_, static_cast<off_t>(adopted_size_), SEEK_SET) < 0) {
+    const std::string err = errno_text();
+    ::close(fd_);
+    throw ModelError("cannot write '" + final_ + "': " + err);
+  }
+  size_ = adopted_size_;
+  file.taken_ = true;
+}
+
 OutputFile::~OutputFile() {
+  if (adopted_ && !committed_) {
+    // Not saved: what this save appended goes, the file's own bytes stay for another save.
+    if (::ftruncate(fd_, static_cast<off_t>(adopted_size_)) == 0) adopted_->taken_ = false;
+  }
   if (fd_ >= 0) ::close(fd_);
   if (!committed_ && !temp_.empty()) ::unlink(temp_.c_str());
 }

@@ -50,12 +50,39 @@ class CreatedFolders {
   std::vector<std::string> created_;  // outermost first
 };
 
+// Bytes written for a save before the save, in an unnamed file (O_TMPFILE) in the folder the
+// output will be written to: the quantization passes put their quantized weights there. A save
+// with external data into that folder can take the file as its first data file (write_model_file:
+// tensors already in it stay where they are, the others are appended after them, then it is
+// linked under the data file's name) instead of copying its bytes into a new file. Taken at most
+// once: after that save the file is that output's data file, which no other save may change.
+class AdoptableFile : public Buffer {
+ public:
+  // Whether a save writing into `folder` can take this file: it is unnamed (linkable) in that
+  // folder, compared by identity, and no save has taken it.
+  bool adoptable_in(const std::string& folder) const;
+
+ protected:
+  // Opens an unnamed file in `folder` for reading and writing; false (nothing opened) where the
+  // filesystem has none. `fd` receives the descriptor.
+  bool open_unnamed(const std::string& folder, int* fd);
+
+ private:
+  friend class OutputFile;
+  FileId folder_{};
+  bool linkable_ = false;
+  mutable bool taken_ = false;
+};
+
 // A file being written for `final_path`: an unnamed file in its folder (O_TMPFILE) until
 // commit_outputs names it, or, where the filesystem has no unnamed files, a hidden temporary
 // in the folder. Destroyed uncommitted, it leaves nothing.
 class OutputFile {
  public:
   explicit OutputFile(std::string final_path, bool unnamed = true);
+  // Takes `file` (adoptable_in this folder) as the file for `final_path`: its bytes stay, writes
+  // append after its size(). Uncommitted, the file is cut back to that size and can be taken again.
+  OutputFile(std::string final_path, const AdoptableFile& file);
   ~OutputFile();
   OutputFile(const OutputFile&) = delete;
   OutputFile& operator=(const OutputFile&) = delete;
@@ -80,6 +107,8 @@ class OutputFile {
   uint64_t size_ = 0;
   bool committed_ = false;
   bool can_copy_range_ = true;
+  const AdoptableFile* adopted_ = nullptr;  // the file taken, if any
+  uint64_t adopted_size_ = 0;               // its own bytes
 };
 
 // Gives `data` files and then the `model` file their names, in the order described in

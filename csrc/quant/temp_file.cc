@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -19,15 +20,21 @@ std::shared_ptr<TempFile> TempFile::create(const std::string& dir) {
     const char* env = std::getenv("TMPDIR");
     base = env && *env ? env : "/tmp";
   }
+  std::shared_ptr<TempFile> f(new TempFile());
+  int fd = -1;
+  if (f->open_unnamed(base, &fd)) {
+    f->path_ = base + "/(unnamed quantized weights)";
+    f->fd_ = fd;
+    return f;
+  }
   std::string pattern = base + "/fastopt-quant-XXXXXX";
   std::vector<char> name(pattern.begin(), pattern.end());
   name.push_back('\0');
-  int fd = ::mkostemp(name.data(), O_CLOEXEC);
+  fd = ::mkostemp(name.data(), O_CLOEXEC);
   if (fd < 0) {
     throw ModelError("cannot create a temporary file in '" + base + "': " + std::strerror(errno));
   }
   ::unlink(name.data());  // gone when the last view of it goes
-  std::shared_ptr<TempFile> f(new TempFile());
   f->path_ = name.data();
   f->fd_ = fd;
   return f;
@@ -66,8 +73,11 @@ const uint8_t* TempFile::data() const {
       map_ = &kEmpty;
       return;
     }
-    // Reserved tails past the last write read as zeros: make the file that long.
-    if (::ftruncate(fd_, static_cast<off_t>(mapped_size_)) != 0) {
+    // Reserved tails past the last write read as zeros: make the file that long (never
+    // shorter: a save that took the file may have appended to it).
+    struct stat st{};
+    if (::fstat(fd_, &st) != 0 || (static_cast<uint64_t>(st.st_size) < mapped_size_ &&
+                                   ::ftruncate(fd_, static_cast<off_t>(mapped_size_)) != 0)) {
       throw ModelError("cannot size a temporary file: " + std::string(std::strerror(errno)));
     }
     void* p = ::mmap(nullptr, mapped_size_, PROT_READ, MAP_SHARED, fd_, 0);

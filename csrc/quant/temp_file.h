@@ -1,5 +1,8 @@
-// Where quantized weights live between the pass and the save: an unlinked temporary file,
-// written with pwrite by the quantizing threads. The IR's new tensors are views into it (a
+// Where quantized weights live between the pass and the save: an unnamed file in the output's
+// folder (O_TMPFILE; an unlinked temporary where the filesystem has none), written with pwrite
+// by the quantizing threads. A save with external data into that folder takes the file as its
+// data file (proto/output_files.h AdoptableFile), so the quantized bytes are written once, where
+// they end up; any other save copies them. The IR's new tensors are views into it (a
 // Buffer with a file descriptor), so the writer copies them into the output in the kernel
 // (copy_file_range) and the quantized bytes never sit in the process's anonymous memory: a
 // 7B model's 3.5 GB of int4 weights cost page cache, not RSS. Chosen over tensors produced
@@ -14,12 +17,13 @@
 #include <string>
 
 #include "ir/buffer.h"
+#include "proto/output_files.h"
 
 namespace fastopt::quant {
 
-class TempFile final : public Buffer {
+class TempFile final : public AdoptableFile {
  public:
-  // Creates an unlinked file in `dir` ("" = $TMPDIR or /tmp); ModelError when it cannot.
+  // Creates an unnamed file in `dir` ("" = $TMPDIR or /tmp); ModelError when it cannot.
   static std::shared_ptr<TempFile> create(const std::string& dir);
   ~TempFile() override;
   TempFile(const TempFile&) = delete;
@@ -30,7 +34,8 @@ class TempFile final : public Buffer {
   // Writes bytes at an offset reserved before; thread-safe; ModelError on a failed write.
   void write(uint64_t offset, const void* data, uint64_t n) const;
 
-  // Maps the file on first use; no writes may follow.
+  // Maps the file on first use; no writes may follow (a save that took the file may append
+  // after size(): the mapping covers this file's own bytes only).
   const uint8_t* data() const override;
   uint64_t size() const override { return size_.load(); }
   int fd() const override { return fd_; }
