@@ -58,7 +58,6 @@ class BlockQuantizer {
   std::vector<float> col_err_, col_abs_, col_max_err_, col_max_abs_;
   std::vector<uint32_t> stored_;  // bits of the stored scale
   std::vector<uint8_t> zp_, codes_;
-  std::vector<int32_t> codes_wide_;  // one row's codes before narrowing
 };
 
 // bfloat16 <-> float (round to nearest even, as ml_dtypes / numpy casts do).

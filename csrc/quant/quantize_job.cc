@@ -8,6 +8,7 @@
 
 #include "ir/constant.h"
 #include "ir/error.h"
+#include "quant/pack.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
@@ -18,8 +19,12 @@
 namespace fastopt::quant {
 namespace {
 
-// Budget of one tile's output and of its staging, per thread.
+// Budget of one tile's staging, per thread, and of a MatMulNBits tile's output: wide enough that
+// most tiles span the weight's whole width, so that each block of rows is one read.
 constexpr uint64_t kTileBytes = 4u << 20;
+constexpr uint64_t kTileOutputBytes = 16u << 20;
+// Columns quantized together within a block: its rows stay in L1 between the two passes.
+constexpr int64_t kChunk = 256;
 
 const float* half_table() {
   static const std::vector<float> table = [] {
@@ -114,6 +119,7 @@ struct Scratch {
   std::vector<uint8_t> raw, data, scales, zps;
   std::vector<uint8_t> last_codes;  // per column: code of the previous block's last row
   std::vector<float> columns;       // transposed sources: the tile's columns, whole
+  std::vector<uint8_t> pairs;       // pack_columns' staging
 };
 
 // kQdqRows: the first K * bits / 8 bytes of each column's MatMulNBits blocks (no padding), as
@@ -131,6 +137,36 @@ void write_rows_layout(const WeightJob& job, int64_t c0, int64_t cols, TempFile&
             static_cast<size_t>(cols * row_bytes));
 }
 
+// The last block when K is not a block multiple (`rows` < block size), columns [cc, cc + w) of
+// the tile: codes q[r * w + j] into each column's blob.
+void pack_last_block(const uint8_t* q, int64_t rows, int64_t w, int64_t cc, int64_t kb,
+                     const WeightJob& job, Scratch& s) {
+  const int64_t K = job.src.K, bs = job.spec.block_size, kb_count = job.k_blocks();
+  const int64_t blob = job.blob();
+  for (int64_t j = 0; j < w; ++j) {
+    const int64_t c = cc + j;
+    uint8_t* dst = s.data.data() + (c * kb_count + kb) * blob;
+    std::memset(dst, 0, static_cast<size_t>(blob));  // padding rows hold code 0
+    if (job.spec.bits == 8) {
+      for (int64_t r = 0; r < rows; ++r) dst[r] = q[r * w + j];
+      continue;
+    }
+    const int64_t pairs = rows / 2;
+    for (int64_t i = 0; i < pairs; ++i) {
+      dst[i] = static_cast<uint8_t>(q[(2 * i) * w + j] | (q[(2 * i + 1) * w + j] << 4));
+    }
+    if (rows & 1) {
+      // Odd K: onnxruntime leaves the last byte's high nibble holding the code it made before
+      // (row K-2 when it falls in the same two-block unit, else 0). Copy that.
+      const int64_t unit_start = (K - 1) / (2 * bs) * (2 * bs);
+      uint8_t prev = 0;
+      if (K - 2 >= unit_start) prev = rows >= 2 ? q[(rows - 2) * w + j] : s.last_codes[c];
+      dst[pairs] = static_cast<uint8_t>(q[(rows - 1) * w + j] | (prev << 4));
+    }
+    s.last_codes[c] = q[(rows - 1) * w + j];
+  }
+}
+
 // MatMulNBits tile: columns [c0, c1), all of K. Its output is contiguous in each part.
 void nbits_tile(WeightJob& job, int64_t c0, int64_t c1, TempFile& out, Scratch& s) {
   const BlockwiseSpec& spec = job.spec;
@@ -138,7 +174,7 @@ void nbits_tile(WeightJob& job, int64_t c0, int64_t c1, TempFile& out, Scratch& 
   const int64_t cols = c1 - c0, blob = job.blob();
   const int64_t zp_cols = (kb_count * spec.bits + 7) / 8;
   const int sb = spec.scale_bytes();
-  s.data.assign(static_cast<size_t>(cols * kb_count * blob), 0);
+  s.data.resize(static_cast<size_t>(cols * kb_count * blob));  // every byte is written
   s.scales.resize(static_cast<size_t>(cols * kb_count * sb));
   if (!spec.symmetric) s.zps.assign(static_cast<size_t>(cols * zp_cols), 0);
   s.block.resize(static_cast<size_t>(bs * cols));
@@ -159,40 +195,34 @@ void nbits_tile(WeightJob& job, int64_t c0, int64_t c1, TempFile& out, Scratch& 
     } else {
       job.src.read(r0, rows, c0, cols, s.block.data(), s.raw);
     }
-    bq.run(s.block.data(), cols, rows, cols, err);
-    const uint8_t* q = bq.codes();
-    for (int64_t c = 0; c < cols; ++c) {
-      uint8_t* dst = s.data.data() + (c * kb_count + kb) * blob;
-      if (spec.bits == 8) {
-        for (int64_t r = 0; r < rows; ++r) dst[r] = q[r * cols + c];
+    // Column chunks small enough for the block's rows to stay in L1 between the two passes.
+    for (int64_t cc = 0; cc < cols; cc += kChunk) {
+      const int64_t w = std::min(kChunk, cols - cc);
+      bq.run(s.block.data() + cc, cols, rows, w, err);
+      const uint8_t* q = bq.codes();
+      if (rows == bs) {
+        pack_columns(q, rows, w, spec.bits, s.data.data() + (cc * kb_count + kb) * blob,
+                     kb_count * blob, s.pairs);
+        if (spec.bits == 4) std::memcpy(s.last_codes.data() + cc, q + (rows - 1) * w, w);
       } else {
-        const int64_t pairs = rows / 2;
-        for (int64_t i = 0; i < pairs; ++i) {
-          dst[i] = static_cast<uint8_t>(q[(2 * i) * cols + c] | (q[(2 * i + 1) * cols + c] << 4));
-        }
-        if (rows & 1) {
-          // Odd K: onnxruntime leaves the last byte's high nibble holding the code it made
-          // before (row K-2 when it falls in the same two-block unit, else 0). Copy that.
-          const int64_t unit_start = (K - 1) / (2 * bs) * (2 * bs);
-          uint8_t prev = 0;
-          if (K - 2 >= unit_start) prev = rows >= 2 ? q[(rows - 2) * cols + c] : s.last_codes[c];
-          dst[pairs] = static_cast<uint8_t>(q[(rows - 1) * cols + c] | (prev << 4));
-        }
-        s.last_codes[c] = q[(rows - 1) * cols + c];
+        pack_last_block(q, rows, w, cc, kb, job, s);
       }
-      bq.store_scale(c, s.scales.data() + (c * kb_count + kb) * sb);
-      if (!spec.symmetric && job.layout == Layout::kQdqRows) {  // packed flat at the end
-        job.qdq_zero_points[static_cast<size_t>((c0 + c) * kb_count + kb)] = bq.zero_point(c);
-      } else if (!spec.symmetric) {
-        uint8_t* z = s.zps.data() + c * zp_cols;
-        if (spec.bits == 8) {
-          z[kb] = bq.zero_point(c);
-        } else {
-          // Low nibble first; a column's spare high nibble (odd block count) is 8.
-          if (kb % 2 == 0) {
-            z[kb / 2] = static_cast<uint8_t>(bq.zero_point(c) | (kb + 1 == kb_count ? 0x80 : 0));
+      for (int64_t j = 0; j < w; ++j) {
+        const int64_t c = cc + j;
+        bq.store_scale(j, s.scales.data() + (c * kb_count + kb) * sb);
+        if (!spec.symmetric && job.layout == Layout::kQdqRows) {  // packed flat at the end
+          job.qdq_zero_points[static_cast<size_t>((c0 + c) * kb_count + kb)] = bq.zero_point(j);
+        } else if (!spec.symmetric) {
+          uint8_t* z = s.zps.data() + c * zp_cols;
+          if (spec.bits == 8) {
+            z[kb] = bq.zero_point(j);
           } else {
-            z[kb / 2] = static_cast<uint8_t>(z[kb / 2] | (bq.zero_point(c) << 4));
+            // Low nibble first; a column's spare high nibble (odd block count) is 8.
+            if (kb % 2 == 0) {
+              z[kb / 2] = static_cast<uint8_t>(bq.zero_point(j) | (kb + 1 == kb_count ? 0x80 : 0));
+            } else {
+              z[kb / 2] = static_cast<uint8_t>(z[kb / 2] | (bq.zero_point(j) << 4));
+            }
           }
         }
       }
@@ -337,7 +367,7 @@ void run_jobs(std::vector<WeightJob>& jobs, TempFile& out, int threads,
       const uint64_t per_col = job.data_bytes() / static_cast<uint64_t>(N) +
                                job.scale_bytes() / static_cast<uint64_t>(N) +
                                job.zp_bytes() / static_cast<uint64_t>(N) + 1;
-      int64_t width = static_cast<int64_t>(kTileBytes / per_col);
+      int64_t width = static_cast<int64_t>(kTileOutputBytes / per_col);
       width = std::min<int64_t>(width, static_cast<int64_t>(kTileBytes / 4) / bs);
       // A transposed tile stages its columns whole.
       if (job.src.transposed)
