@@ -41,7 +41,7 @@ const AdoptableFile* file_to_adopt(const Model& model, const std::string& folder
   model.for_each_graph([&](Graph& g) {
     for (Value* v : g.initializer_order) {
       const Tensor& t = *v->initializer();
-      if (t.storage != Tensor::Storage::kRaw || t.raw.size < opt.size_threshold) continue;
+      if (t.storage != Tensor::Storage::kRaw) continue;
       if (const auto* f = dynamic_cast<const AdoptableFile*>(t.raw.buffer.get())) {
         ranges[f].insert({t.raw.offset, t.raw.size});
       }
@@ -79,12 +79,16 @@ class DataFiles {
     uint64_t offset;
   };
 
+  // Whether `bytes` are in the adopted file where this save may leave them (any size: they
+  // are in the data file already, so inlining a small one would only copy it).
+  bool in_place(const ByteRef& bytes) const {
+    return adopt_ && bytes.buffer.get() == adopt_ &&
+           (opt_.align <= 1 || bytes.offset % opt_.align == 0);
+  }
+
   Placement add(const ByteRef& bytes) {
     if (files_.empty()) open_file();
-    if (adopt_ && bytes.buffer.get() == adopt_ &&
-        (opt_.align <= 1 || bytes.offset % opt_.align == 0)) {
-      return {files_.front().name, bytes.offset};
-    }
+    if (in_place(bytes)) return {files_.front().name, bytes.offset};
     if (opt_.max_file_bytes > 0 && files_.back().file->size() > 0 &&
         padded(files_.back().file->size()) + bytes.size > opt_.max_file_bytes) {
       open_file();
@@ -246,7 +250,7 @@ class ModelWriter {
                       : t.storage == Tensor::Storage::kExternal
                           ? ByteRef{t.external->file, t.external->offset, t.external->length}
                           : t.bytes();
-      if (data_ && bytes.size >= threshold_) {
+      if (data_ && (bytes.size >= threshold_ || data_->in_place(bytes))) {
         auto placed = data_->add(bytes);
         w.message(ft::kExternalData, entry("location", placed.location));
         w.message(ft::kExternalData, entry("offset", std::to_string(placed.offset)));

@@ -15,7 +15,8 @@ struct SaveOptions {
   enum class External { kAuto, kAlways, kNever };
   External external = External::kAuto;  // kAuto: self-contained when under 2 GB
   std::string location;            // data file name in the output folder; "" = <model name>.data
-  uint64_t size_threshold = 1024;  // tensors smaller than this stay inline
+  uint64_t size_threshold = 1024;  // tensors smaller than this stay inline (but those in a
+                                   // data file the save takes: AdoptableFile)
   uint64_t align = 0;              // align each tensor's offset in the data file (0 = no padding)
   uint64_t max_file_bytes = 0;     // > 0: start a new data file before exceeding this size
   // Small files written beside the model (name in the output folder, bytes), committed with
