@@ -107,8 +107,15 @@ def main() -> None:
         os.makedirs(work)
         _warm(src)
         print(f"{name} ...", flush=True)
+        load_before = os.getloadavg()[0]
         rc, wall, rss, out, err = bl.spawn([*cmd, src, dst], timeout=1800, max_rss=cap)
-        row: dict[str, Any] = {"tool": name, "rc": rc, "seconds": wall, "peak_rss": rss}
+        row: dict[str, Any] = {
+            "tool": name,
+            "rc": rc,
+            "seconds": wall,
+            "peak_rss": rss,
+            "load": (load_before, os.getloadavg()[0]),
+        }
         if rc == 0:
             row["output_bytes"] = _folder_bytes(dst)
             with contextlib.suppress(ValueError):
@@ -139,8 +146,9 @@ def main() -> None:
         f"symmetric). Peers under `prlimit --as={cap}` (and killed past {bl.fmt_mb(cap)} RSS). "
         "Time: the process's wall time, Python start included; RSS: its peak (wait4).",
         "",
-        "| tool | result | time | CPU (user+sys) | peak RSS | output | notes |",
-        "| --- | --- | ---: | ---: | ---: | ---: | --- |",
+        "| tool | result | time | CPU (user+sys) | peak RSS | output | load avg (start, end) "
+        "| notes |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |",
     ]
     for r in rows:
         note = r.get("error", "")
@@ -155,7 +163,8 @@ def main() -> None:
         md.append(
             f"| {r['tool']} | {'ok' if r['rc'] == 0 else 'failed'} | {bl.fmt_s(r['seconds'])} | "
             f"{bl.fmt_s(r.get('cpu_seconds'))} | {bl.fmt_mb(r['peak_rss'])} | "
-            f"{bl.fmt_mb(r.get('output_bytes'))} | {note} |"
+            f"{bl.fmt_mb(r.get('output_bytes'))} | {r['load'][0]:.1f}, {r['load'][1]:.1f} | "
+            f"{note} |"
         )
     md += [
         "",
