@@ -66,9 +66,17 @@ def _input_bytes(v: _C.Value, computed: dict[_C.Value, int]) -> int:
     return t.nbytes if t is not None else computed.get(v, 0)
 
 
+# float, float16, double, bfloat16: division by zero gives inf / nan, it does not crash.
+_FLOAT_TYPES = frozenset({1, 10, 11, 16})
+
+
 def _safe_division(node: _C.Node) -> bool:
     """Integer division by zero crashes the runtime: only divisors known to be non-zero."""
     if node.op_type not in ("Div", "Mod") or len(node.inputs) < 2:
+        return True
+    # Both operands have one type (T): a float dividend or divisor makes the division float
+    # (falcon's 1 / sqrt(head_dim) scale divides by a computed Sqrt).
+    if any(v is not None and v.dtype in _FLOAT_TYPES for v in node.inputs[:2]):
         return True
     divisor = node.inputs[1]
     t = divisor.constant if divisor is not None else None
