@@ -289,6 +289,13 @@ struct Emitter {
     return rw.op1("Expand", {pos, bs});
   }
 
+  // The source's positions as (B, S) or (1, S): (S) ones get a leading axis.
+  Value* position_ids(Rewriter& rw, const rotary::CosSinSource& c) const {
+    if (!c.positions_1d) return c.positions;
+    Value* axes = rw.initializer("rotary_batch_axis", make_int64_tensor({0}, {1}));
+    return rw.op1("Unsqueeze", {c.positions, axes});
+  }
+
   int64_t max_positions() const {
     auto it = ctx->options.find("rotary_max_positions");
     return it != ctx->options.end() ? it->second : kDefaultMaxPositions;
@@ -469,8 +476,9 @@ std::vector<Rule> rules(PassContext& ctx) {
     if (2 * c->half != *d || 2 * s->half != *d) {
       return rw.fail("the cos/sin width is not the head size D = " + std::to_string(*d));
     }
-    if (value_rank(c->positions) != 2 || value_dtype(c->positions) != kInt64) {
-      return rw.fail("the positions are not int64 (B, S)");
+    if (value_rank(c->positions) != (c->positions_1d ? 1 : 2) ||
+        value_dtype(c->positions) != kInt64) {
+      return rw.fail("the positions are not int64 (B, S) or (S)");
     }
     if (c->kind == rotary::CosSinSource::Kind::kFrequencies) {
       auto it = ctx.options.find("rotary_max_positions");
@@ -481,7 +489,7 @@ std::vector<Rule> rules(PassContext& ctx) {
     // Last check: caches() adds its initializers only when both caches could be made.
     auto caches = em.caches(rw.graph(), *c, *s);
     if (!caches) return rw.fail("a cos/sin table's two halves differ (not rotate_half's layout)");
-    Value* pos = em.switched_positions(rw, *c, c->positions);
+    Value* pos = em.switched_positions(rw, *c, em.position_ids(rw, *c));
     return std::vector<Value*>{em.emit(rw, vx, pos, caches->first, caches->second, 0, 0)};
   };
 
@@ -529,13 +537,15 @@ std::vector<Rule> rules(PassContext& ctx) {
     if (2 * cs.half != *d || 2 * ss.half != *d) {
       return rw.fail("the cos/sin width is not the rotary width D = " + std::to_string(*d));
     }
-    if (value_rank(cs.positions) != 2 || value_dtype(cs.positions) != kInt64) {
-      return rw.fail("the positions are not int64 (B, S)");
+    if (value_rank(cs.positions) != (cs.positions_1d ? 1 : 2) ||
+        value_dtype(cs.positions) != kInt64) {
+      return rw.fail("the positions are not int64 (B, S) or (S)");
     }
     auto caches = em.caches(rw.graph(), cs, ss);
     if (!caches) return rw.fail("the cos/sin table has too few columns");
     ++ctx.counters["interleaved"];
-    return std::vector<Value*>{em.emit(rw, vx, em.switched_positions(rw, cs, cs.positions),
+    return std::vector<Value*>{em.emit(rw, vx,
+                                       em.switched_positions(rw, cs, em.position_ids(rw, cs)),
                                        caches->first, caches->second, 1, 0, c->seq_axis)};
   };
 

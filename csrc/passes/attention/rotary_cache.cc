@@ -21,6 +21,15 @@ bool unsqueezes_at(const Node* n, int64_t axis, int64_t alt_axis) {
   return axes && axes->size() == 1 && ((*axes)[0] == axis || (*axes)[0] == alt_axis);
 }
 
+// Unsqueeze axes {0, axis} (alt_axis: the same axis counted from the end), in any order.
+bool unsqueezes_at_two(const Node* n, int64_t axis, int64_t alt_axis) {
+  auto axes = unsqueeze_axes(n);
+  if (!axes || axes->size() != 2) return false;
+  const int64_t a = (*axes)[0], b = (*axes)[1];
+  auto is_axis = [&](int64_t x) { return x == axis || x == alt_axis; };
+  return (a == 0 && is_axis(b)) || (b == 0 && is_axis(a));
+}
+
 // A constant whose dims are all 1 except one, of size `numel`: that dim's index, or -1.
 int single_axis(const Tensor& t) {
   int axis = -1;
@@ -49,10 +58,15 @@ bool take_positions(const Node* cast, const Value* inv, int64_t axis, int64_t al
     return false;
   }
   Node* unsq = made_by(cast->inputs()[0], "Unsqueeze");
-  if (!unsq || !unsqueezes_at(unsq, axis, alt_axis)) {
+  // (S) positions unsqueezed at {0, axis} at once read as (1, S) positions at `axis`
+  // (modernbert's Range(0, S)[None, :, None]).
+  const bool one_d = unsq && axis == 2 && value_rank(unsq->inputs()[0]) == 1 &&
+                     unsqueezes_at_two(unsq, axis, alt_axis);
+  if (!unsq || (!one_d && !unsqueezes_at(unsq, axis, alt_axis))) {
     *why = unsqueeze_why;
     return false;
   }
+  s->positions_1d = one_d;
   auto values = float_values(inv, 1 << 16);
   if (!values || (s->switch_cond && s->switched_inv_freq.size() != values->size())) {
     *why = "the inverse frequencies are not a float constant";

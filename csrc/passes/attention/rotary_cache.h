@@ -48,9 +48,12 @@ struct CosSinSource {
   enum class Kind { kFrequencies, kTable };
   Kind kind = Kind::kFrequencies;
   Value* positions = nullptr;  // int64 (B, S), before its Unsqueeze / Cast
-  int32_t dtype = 0;           // element type of the cos/sin that reach the multiplications
-  int64_t half = 0;            // columns of the cache (rotary dim / 2)
-  bool via_half = false;       // the fp32 values pass through a Cast to float16
+  // positions is (S) (an encoder's Range(0, S), unsqueezed at axes 0 and 2 in one node): the
+  // ops read Unsqueeze(positions, 0), (1, S).
+  bool positions_1d = false;
+  int32_t dtype = 0;      // element type of the cos/sin that reach the multiplications
+  int64_t half = 0;       // columns of the cache (rotary dim / 2)
+  bool via_half = false;  // the fp32 values pass through a Cast to float16
   // kFrequencies: the constant inverse frequencies and the optional attention_scaling factor;
   // `angles` is the Concat(f, f) both Cos and Sin read.
   std::vector<float> inv_freq;
