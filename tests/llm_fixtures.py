@@ -27,6 +27,9 @@ ALIBI_ARCHS = ("bloom", "mpt")
 # ALiBi (test_alibi.py): bloom's bias is carried by the standard cache but refused in place
 # (GroupQueryAttention in place reads no mask); mpt's bias reads the keys' length: refused.
 KV_REFUSED_ARCHS = {"phi3_longrope", *ALIBI_ARCHS}
+# Architectures whose attention stays decomposed, with the reason --explain gives (checked in
+# test_family_fixes.py): deberta_v2's disentangled attention runs on heads folded into the batch.
+UNFUSED_ATTENTION_ARCHS = {"deberta_v2"}
 
 # Max abs error of the logits allowed after fusion (issue 4's acceptance bounds).
 PARITY_ATOL = {"float32": 1e-4, "float16": 2e-2}
@@ -67,6 +70,16 @@ class Fixture:
             config.get("num_hidden_layers", config.get("n_layer", config.get("n_layers", 0)))
         )
 
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: num_key_value_heads; falcon's multi_query (outside its new decoder
+        architecture) has one; else the query heads."""
+        config = self.meta["config"]
+        heads = int(config.get("num_attention_heads") or config.get("n_head") or config["n_heads"])
+        if config.get("multi_query") and not config.get("new_decoder_architecture"):
+            return 1
+        return int(config.get("num_key_value_heads") or heads)
+
     def __str__(self) -> str:
         return self.name
 
@@ -77,9 +90,11 @@ def fixtures(
     dtype: str | None = None,
     decoder: bool | None = None,
     kv_cache: bool | None = None,
+    fused_attention: bool | None = None,
 ) -> list[Fixture]:
     """The committed fixtures, filtered; sorted by name (stable test ids). kv_cache: decoders
-    whose KV rewrite is (True) or is not (False) expected to work."""
+    whose KV rewrite is (True) or is not (False) expected to work. fused_attention: fixtures
+    whose attention fuses (True) or stays decomposed (False, UNFUSED_ATTENTION_ARCHS)."""
     archs = [arch] if isinstance(arch, str) else arch
     out = []
     for path in sorted(FIXTURE_DIR.glob("*/model.onnx")):
@@ -94,6 +109,9 @@ def fixtures(
             continue
         cacheable = fx.is_decoder and fx.arch not in KV_REFUSED_ARCHS
         if kv_cache is not None and cacheable != kv_cache:
+            continue
+        fuses = fx.arch not in UNFUSED_ATTENTION_ARCHS
+        if fused_attention is not None and fuses != fused_attention:
             continue
         out.append(fx)
     return out
@@ -212,4 +230,7 @@ ROPE_ARCHS = (
     "glm",
     "glm4",
     "phi3_longrope",
+    "falcon",
+    "nemotron",
+    "modernbert",
 )

@@ -36,6 +36,10 @@ def test_fixture_set_is_complete() -> None:
         "opt",
         "bloom",
         "mpt",
+        "falcon",
+        "nemotron",
+        "modernbert",
+        "deberta_v2",
     }
     exporters = {json.loads((p.parent / "meta.json").read_text())["exporter"] for p in FIXTURES}
     assert exporters == {"ts", "dynamo"}

@@ -19,7 +19,11 @@ PASSES = ["fuse_attention", "lower_attention"]
 # gemma3 TorchScript: without fuse_rms_norm (not in these pass lists) its decomposed q/k norms
 # hide the kv head count ("the number of kv heads is unknown"); the llm preset fuses them first
 # (tests/test_llm_preset.py covers gemma3 there).
-ALL = [fx for fx in fixtures() if fx.name not in ("gemma3_ts_float32", "gemma3_ts_float16")]
+ALL = [
+    fx
+    for fx in fixtures(fused_attention=True)
+    if fx.name not in ("gemma3_ts_float32", "gemma3_ts_float16")
+]
 
 
 def attention_passes(target: str) -> tuple[list[str], dict[str, int]]:
@@ -46,7 +50,7 @@ def test_fixture_attention23(fx: Fixture) -> None:
     fused = counters(report, "fuse_attention")
     assert fused.get("attention") == fx.layers, fused
     assert fused.get("boolean mask") == fx.layers  # every fixture carries a padding mask
-    grouped = fx.meta["config"].get("num_key_value_heads", 4) != 4
+    grouped = fx.kv_heads != 4
     assert fused.get("grouped kv heads", 0) == (fx.layers if grouped else 0)
     assert counters(report, "lower_attention").get("lowered to Attention-23") == fx.layers
     assert op_count(out, "Attention", "") == fx.layers

@@ -19,7 +19,7 @@ RMS_ARCHS = ("llama", "mistral", "qwen2", "phi3", "gemma", "gemma3", "glm", "glm
 RMS_ARCHS += ("gemma2",)
 # Norms per layer: gemma3 has four around its blocks and q/k norms; gptj and cohere one (attention
 # and MLP in parallel); gemma2 four around its blocks; the others two.
-NORMS_PER_LAYER = {"gemma3": 6, "glm4": 4, "gptj": 1, "cohere": 1, "gemma2": 4}
+NORMS_PER_LAYER = {"gemma3": 6, "glm4": 4, "gptj": 1, "cohere": 1, "gemma2": 4, "falcon": 1}
 DEFAULT = fastopt.registry.preset("classic")
 ORT_PASSES = [
     *DEFAULT,
@@ -59,7 +59,9 @@ def expected_ort(fx: Fixture) -> dict[str, int]:
         return {"LayerNormalization": n + 1, "SkipLayerNormalization": n}
     if fx.arch == "cohere" and fx.dtype == "float16":  # fp32 norms: a Cast after each residual
         return {"LayerNormalization": n + 1, "SkipLayerNormalization": 0}
-    if fx.arch in ("gptj", "cohere"):  # one norm per layer, after the embedding Gather first
+    if fx.arch in ("nemotron", "modernbert", "deberta_v2"):  # the first reads the embeddings
+        return {"LayerNormalization": 1, "SkipLayerNormalization": 2 * n}
+    if fx.arch in ("gptj", "cohere", "falcon"):  # one norm per layer, the embeddings' first
         return {"LayerNormalization": 1, "SkipLayerNormalization": n}
     if fx.arch == "bloom":  # the embeddings' norm, then layer 0's norm of it: no residual Add
         return {"LayerNormalization": 2, "SkipLayerNormalization": 2 * n}

@@ -15,7 +15,7 @@ import pytest
 from conftest import CORPUS_DIR
 from llm_fixtures import ROPE_ARCHS, Fixture, assert_parity, fixtures, ids, op_count, optimize
 
-ALL = fixtures()
+ALL = fixtures(fused_attention=True)
 RMS_ARCHS = {"llama", "mistral", "qwen2", "phi3", "gemma", "gemma3", "glm", "glm4", "phi3_longrope"}
 RMS_ARCHS |= {"gemma2"}
 
@@ -34,22 +34,25 @@ DECOMPOSED = ("ReduceMean", "Softmax", "Sin", "Cos", "Neg", "Sqrt", "Erf")
 def expected_norms(fx: Fixture) -> int:
     # Two per layer plus the final one; bert: the embeddings' norm instead of a final one.
     # gemma3: four around the blocks (pre/post attention, pre/post MLP) and the q/k norms.
-    # glm4: pre and post norms around both blocks. gptj, cohere: attention and MLP in parallel
-    # after one norm. gemma2: four around the blocks.
-    per_layer = {"gemma3": 6, "glm4": 4, "gptj": 1, "cohere": 1, "gemma2": 4}.get(fx.arch, 2)
+    # glm4: pre and post norms around both blocks. gptj, cohere, falcon: attention and MLP in
+    # parallel after one norm. gemma2: four around the blocks.
+    norms = {"gemma3": 6, "glm4": 4, "gptj": 1, "cohere": 1, "gemma2": 4, "falcon": 1}
+    per_layer = norms.get(fx.arch, 2)
     embedding_norm = 1 if fx.arch == "bloom" else 0  # bloom: word_embeddings_layernorm too
     return per_layer * fx.layers + 1 + embedding_norm
 
 
 def expected_attention_op(fx: Fixture) -> str:
-    """Encoders (bert): packed-QKV com.microsoft Attention. Decoders: GroupQueryAttention for
-    fp16 (what CUDA runs) and for grouped kv heads, else MHA."""
+    """Encoders (bert): packed-QKV com.microsoft Attention; modernbert, whose export splits one
+    packed projection, MHA. Decoders: GroupQueryAttention for fp16 (what CUDA runs) and for
+    grouped kv heads, else MHA."""
+    if fx.arch == "modernbert":
+        return "MultiHeadAttention"
     if not fx.is_decoder:
         return "Attention"
     config = fx.meta["config"]
     heads = int(config.get("num_attention_heads") or config.get("n_head") or config["n_heads"])
-    kv_heads = int(config.get("num_key_value_heads") or heads)
-    grouped = fx.dtype == "float16" or kv_heads < heads
+    grouped = fx.dtype == "float16" or fx.kv_heads < heads
     return "GroupQueryAttention" if grouped else "MultiHeadAttention"
 
 

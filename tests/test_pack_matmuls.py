@@ -25,7 +25,9 @@ def test_fixtures_pack_all(fx):
     # Q/K/V (3 MatMuls) and gate/up (2) per layer pack into 2; bert, clip pack Q/K/V (biases too);
     # gpt2, gpt_neox and phi3 export packed projections already. Parallel blocks read one norm
     # for attention and MLP: gptj packs Q/K/V with fc_in (4 into 1), cohere Q/K/V with gate/up
-    # (5 into 1); opt, glm and glm4 (gate_up exported packed) pack Q/K/V with their biases.
+    # (5 into 1); opt, glm and glm4 (gate_up exported packed) pack Q/K/V with their biases;
+    # nemotron (no gate) and deberta_v2 (biases) pack Q/K/V; falcon packs its exported QKV
+    # with the parallel MLP's up projection; modernbert exports both packed already.
     packed_per_layer = {"llama": 2, "mistral": 2, "qwen2": 2, "gemma": 2, "gemma3": 2}
     packed_per_layer |= {"gemma2": 2}
     packed_per_layer |= {
@@ -36,6 +38,9 @@ def test_fixtures_pack_all(fx):
         "opt": 1,
         "glm": 1,
         "glm4": 1,
+        "nemotron": 1,
+        "deberta_v2": 1,
+        "falcon": 1,
     }
     removed_per_layer = {"llama": 3, "mistral": 3, "qwen2": 3, "gemma": 3, "gemma3": 3}
     removed_per_layer |= {"gemma2": 3}
@@ -47,13 +52,16 @@ def test_fixtures_pack_all(fx):
         "opt": 2,
         "glm": 2,
         "glm4": 2,
+        "nemotron": 2,
+        "deberta_v2": 2,
+        "falcon": 1,
     }
     packed = packed_per_layer.get(fx.arch, 0) * n
     removed = removed_per_layer.get(fx.arch, 0) * n
     assert op_count(out, "MatMul") == op_count(plain, "MatMul") - removed
     assert op_count(out, "Split") == op_count(plain, "Split") + packed
     assert report.passes[-1].rewrites == packed
-    if fx.arch in ("qwen2", "bert"):  # q/k/v biases packed too
+    if fx.arch in ("qwen2", "bert", "deberta_v2"):  # q/k/v biases packed too
         assert report.passes[-1].counters.get("packed_matmuls_with_bias") == n
     assert_parity(fx, out)
 

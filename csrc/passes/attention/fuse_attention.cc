@@ -348,6 +348,12 @@ class AttentionWalk {
       p = c->inputs()[0];
     }
     Node* softmax = nullptr;
+    if (producer_of(p, "Reshape")) {
+      return fail(
+          "the probabilities reach the MatMul with V through a Reshape: attention on heads "
+          "folded into the batch (B*H, S, T), as deberta-v2's disentangled attention is "
+          "exported, is not matched");
+    }
     if (Node* w = producer_of(p, "Where")) {
       if (w->inputs().size() != 3) return fail("a Where without three inputs");
       Node* isnan = producer_of(w->inputs()[0], "IsNaN");
@@ -500,7 +506,9 @@ bool reads_softmax(const Node* n) {
   if (n->op_type != "MatMul" || !n->domain.value.empty() || n->inputs().size() != 2) return false;
   const Node* p = n->inputs()[0]->producer();
   for (int i = 0; i < 2 && p && p->op_type != "Softmax"; ++i) {
-    if (p->op_type == "Cast" || p->op_type == "Where") {
+    if (p->op_type == "Reshape" && !p->inputs().empty() && p->inputs()[0]) {
+      p = p->inputs()[0]->producer();  // a candidate, refused in match() with the reason
+    } else if (p->op_type == "Cast" || p->op_type == "Where") {
       p = p->inputs().back()->producer();
     } else {
       p = nullptr;
