@@ -118,8 +118,15 @@ LARGE_EXPORTERS = ("ts", "dynamo")
 # type: for the llama-like decoders (and qwen2/mistral/phi3/gemma) "gpt2" fuses as much as any
 # other type (qwen3, gpt_neox give the same fused ops on the fixtures, but default to
 # opt_level 0, so fewer nodes folded; "phi" expects the dynamo exporter's function-based
-# export of Phi-2 and crashes on these).
-ORT_MODEL_TYPE = {"gpt_neox": "gpt_neox", "bert": "bert", "clip": "clip"}
+# export of Phi-2 and crashes on these). modernbert and deberta_v2 have no type of their own:
+# "bert", as a user would pick.
+ORT_MODEL_TYPE = {
+    "gpt_neox": "gpt_neox",
+    "bert": "bert",
+    "clip": "clip",
+    "modernbert": "bert",
+    "deberta_v2": "bert",
+}
 ORT_MODEL_TYPE_DEFAULT = "gpt2"
 
 # Counted ops: (column, op_type, domain or None for any). ORT registers
