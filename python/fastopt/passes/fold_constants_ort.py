@@ -5,10 +5,10 @@ all constants but whose op it does not implement (Sqrt, Pow, Trilu, Split, float
 arithmetic, ...) are evaluated here: all such nodes of a graph, and the natively foldable nodes
 that depend on them, go into one small model (``_C.constant_nodes_model``) that ONNX Runtime runs
 once; if that fails, nodes are tried one by one. A Div / Mod by a divisor computed in the batch
-joins it only when it is float (an integer one may be zero, which crashes the runtime). Results within the size limits
-(options ``fold_max_bytes``, ``fold_max_expand_bytes``, as for fold_constants) replace the
-nodes. Constant inputs over ``fold_max_bytes`` are never sent through protobuf; random ops are
-never folded; function bodies are left alone.
+joins it only when it is float (an integer one may be zero, which crashes the runtime). Results
+within the size limits (options ``fold_max_bytes``, ``fold_max_expand_bytes``, as for
+fold_constants) replace the nodes. Constant inputs over ``fold_max_bytes`` are never sent
+through protobuf; random ops are never folded; function bodies are left alone.
 """
 
 from __future__ import annotations
