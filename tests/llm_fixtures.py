@@ -71,11 +71,17 @@ class Fixture:
         )
 
     @property
+    def heads(self) -> int:
+        """Query heads (num_attention_heads; gpt2/falcon n_head; mpt n_heads)."""
+        config = self.meta["config"]
+        return int(config.get("num_attention_heads") or config.get("n_head") or config["n_heads"])
+
+    @property
     def kv_heads(self) -> int:
         """Key/value heads: num_key_value_heads; falcon's multi_query (outside its new decoder
         architecture) has one; else the query heads."""
         config = self.meta["config"]
-        heads = int(config.get("num_attention_heads") or config.get("n_head") or config["n_heads"])
+        heads = self.heads
         if config.get("multi_query") and not config.get("new_decoder_architecture"):
             return 1
         return int(config.get("num_key_value_heads") or heads)

@@ -50,8 +50,7 @@ def test_fixture_attention23(fx: Fixture) -> None:
     fused = counters(report, "fuse_attention")
     assert fused.get("attention") == fx.layers, fused
     assert fused.get("boolean mask") == fx.layers  # every fixture carries a padding mask
-    config = fx.meta["config"]
-    grouped = fx.kv_heads < int(config.get("num_attention_heads") or config.get("n_head"))
+    grouped = fx.kv_heads < fx.heads
     assert fused.get("grouped kv heads", 0) == (fx.layers if grouped else 0)
     assert counters(report, "lower_attention").get("lowered to Attention-23") == fx.layers
     assert op_count(out, "Attention", "") == fx.layers

@@ -50,9 +50,7 @@ def expected_attention_op(fx: Fixture) -> str:
         return "MultiHeadAttention"
     if not fx.is_decoder:
         return "Attention"
-    config = fx.meta["config"]
-    heads = int(config.get("num_attention_heads") or config.get("n_head") or config["n_heads"])
-    grouped = fx.dtype == "float16" or fx.kv_heads < heads
+    grouped = fx.dtype == "float16" or fx.kv_heads < fx.heads
     return "GroupQueryAttention" if grouped else "MultiHeadAttention"
 
 

@@ -224,3 +224,19 @@ def test_over_2gb_input_quantized_into_the_taken_file(tmp_path: Path) -> None:
     # int4 RTN of these weights through two 16k-wide layers measures 0.962 (accuracy level 4
     # also rounds the activations to int8); misplaced blocks or columns give about 0.
     assert cos > 0.9
+
+
+def test_optimize_with_quantize_writes_next_to_its_output(tmp_path: Path) -> None:
+    # fastopt.optimize(..., output=, quantize=) puts the quantized bytes in the output's folder
+    # (not $TMPDIR), so its external-data save takes them as they are, like fastopt.quantize.
+    from fastopt.quant_settings import QuantSettings
+
+    out = tmp_path / "model.onnx"
+    r = fastopt.optimize(
+        QWEN, preset="llm", output=out, external_data=True, quantize=QuantSettings(mode="int4")
+    )
+    layout = _layout(out)
+    quantized = [row for row in layout if row[2].endswith(QUANT_SUFFIXES)]
+    assert quantized and quantized[0][0] == 0 and layout[: len(quantized)] == quantized
+    assert len(quantized) == 2 * sum(1 for w in r.quantization if w.action == "quantized")
+    _run(out)

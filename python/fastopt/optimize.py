@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal, Union
 
 from fastopt import _C
@@ -136,6 +136,9 @@ def optimize(
         raise OptionError(f"target must be 'ort' or 'onnx', not {target!r}")
     if quantize is not None:
         _check_quantize(quantize)
+        if output is not None and not quantize.tmpdir:
+            # Quantized bytes written next to the output become its data file: no second copy.
+            quantize = replace(quantize, tmpdir=os.path.dirname(os.path.abspath(os.fspath(output))))
     start = time.perf_counter()
     # Names and options first: a misspelling fails before any work, not after some passes ran.
     names = list(passes) if passes is not None else _preset_passes(preset)

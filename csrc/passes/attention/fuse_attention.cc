@@ -348,12 +348,6 @@ class AttentionWalk {
       p = c->inputs()[0];
     }
     Node* softmax = nullptr;
-    if (producer_of(p, "Reshape")) {
-      return fail(
-          "the probabilities reach the MatMul with V through a Reshape: attention on heads "
-          "folded into the batch (B*H, S, T), as deberta-v2's disentangled attention is "
-          "exported, is not matched");
-    }
     if (Node* w = producer_of(p, "Where")) {
       if (w->inputs().size() != 3) return fail("a Where without three inputs");
       Node* isnan = producer_of(w->inputs()[0], "IsNaN");
@@ -489,7 +483,16 @@ class AttentionWalk {
       if (x->is_graph_output()) return fail("an intermediate value is a graph output");
       for (const Use& u : x->uses()) {
         if (!inside.count(u.node) && u.node->op_type != "Shape") {
-          return fail("intermediate '" + x->name() + "' has another use (" + u.node->op_type + ")");
+          std::string why =
+              "intermediate '" + x->name() + "' has another use (" + u.node->op_type + ")";
+          // deberta-v2's disentangled attention: heads folded into the batch, and Q/K also
+          // feed the relative-position score terms.
+          if (f_.flat)
+            why +=
+                ": attention on heads folded into the batch whose Q or K also "
+                "feed other score terms (deberta-v2's disentangled attention) "
+                "is not fused";
+          return fail(why);
         }
       }
     }
@@ -506,9 +509,7 @@ bool reads_softmax(const Node* n) {
   if (n->op_type != "MatMul" || !n->domain.value.empty() || n->inputs().size() != 2) return false;
   const Node* p = n->inputs()[0]->producer();
   for (int i = 0; i < 2 && p && p->op_type != "Softmax"; ++i) {
-    if (p->op_type == "Reshape" && !p->inputs().empty() && p->inputs()[0]) {
-      p = p->inputs()[0]->producer();  // a candidate, refused in match() with the reason
-    } else if (p->op_type == "Cast" || p->op_type == "Where") {
+    if (p->op_type == "Cast" || p->op_type == "Where") {
       p = p->inputs().back()->producer();
     } else {
       p = nullptr;
