@@ -336,22 +336,6 @@ void widen_attention_mask(Graph& g, KvCacheBuilder& b, const SharedMask& mask, N
   }
 }
 
-// Positions computed inside the graph start at P: Range(P, S + P).
-void offset_positions(KvCacheBuilder& b, const std::vector<Node*>& ranges, Value* past_len,
-                      PassContext& ctx) {
-  for (Node* r : ranges) {
-    Value* limit = r->inputs()[1];
-    Value* start = past_len;
-    const int32_t t = value_dtype(limit);
-    if (t != 0 && t != kInt64) {
-      start = b.op("Cast", {past_len}, "kv_position_start", r, one_attr(attr_int("to", t)));
-    }
-    r->set_input(0, start);
-    r->set_input(1, b.op("Add", {limit, start}, "kv_position_end", r));
-    ctx.counters["positions offset by the past length"] += 1;
-  }
-}
-
 // Per layer: present = Concat(past, new) (a graph output), which the attention reads.
 void add_presents(Graph& g, KvCacheBuilder& b, const std::vector<Layer>& layers,
                   const std::vector<std::pair<Value*, Value*>>& pasts, const Dim& batch_dim) {
@@ -463,4 +447,20 @@ const PassRegistrar kRegister{{
 }};
 
 }  // namespace
+
+void offset_positions(KvCacheBuilder& b, const std::vector<Node*>& ranges, Value* past_len,
+                      PassContext& ctx) {
+  for (Node* r : ranges) {
+    Value* limit = r->inputs()[1];
+    Value* start = past_len;
+    const int32_t t = value_dtype(limit);
+    if (t != 0 && t != kInt64) {
+      start = b.op("Cast", {past_len}, "kv_position_start", r, one_attr(attr_int("to", t)));
+    }
+    r->set_input(0, start);
+    r->set_input(1, b.op("Add", {limit, start}, "kv_position_end", r));
+    ctx.counters["positions offset by the past length"] += 1;
+  }
+}
+
 }  // namespace fastopt::passes::kv_cache

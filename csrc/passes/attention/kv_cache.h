@@ -105,6 +105,15 @@ SharedMask build_shared_mask(Graph& g, KvCacheBuilder& b, Value* input_ids, Valu
 std::vector<int64_t> proven_windows(const Graph& g, const std::vector<Node*>& attentions,
                                     bool with_past);
 
+// `mask` as the attention's mask input (nullptr: none), with is_causal 0: the cache's mask says
+// what may be attended (kv_cache_mask.cc).
+void set_attention_mask(Node* att, Value* mask);
+
+// Positions computed inside the graph start at the past length P: Range(P, S + P)
+// (add_kv_cache.cc).
+void offset_positions(KvCacheBuilder& b, const std::vector<Node*>& ranges, Value* past_len,
+                      PassContext& ctx);
+
 // Each attention gets the shared mask, or its window's; sliding_window tells the lowerings that
 // read no mask (in-place GroupQueryAttention) the window.
 void use_masks(KvCacheBuilder& b, SharedMask& m, const std::vector<Node*>& attentions,

@@ -278,21 +278,6 @@ void cache_kv(Graph& g, KvCacheBuilder& b, Node* att, size_t layer, bool encoder
   }
 }
 
-void set_mask(Node* att, Value* mask) {
-  if (att->inputs().size() > 3) {
-    att->set_input(3, mask);
-  } else if (mask) {
-    att->append_input(mask);
-  }
-  for (Attribute& a : att->attributes) {
-    if (a.name == "is_causal") {
-      a = attr_int("is_causal", 0);
-      return;
-    }
-  }
-  att->attributes.push_back(attr_int("is_causal", 0));
-}
-
 }  // namespace
 
 int64_t add_cross_cache(Model& m, const std::vector<Node*>& attentions, int64_t mode,
@@ -383,21 +368,11 @@ int64_t add_cross_cache(Model& m, const std::vector<Node*>& attentions, int64_t 
         kBool, {batch, value_dim(1), value_dim(1), param_dim("encoder_sequence_length_out")});
   }
   for (const Pair& p : pairs) {
-    set_mask(p.self, causal);
+    set_attention_mask(p.self, causal);
     const bool masked = p.cross->inputs().size() > 3 && p.cross->inputs()[3];
-    set_mask(p.cross, masked ? padding : nullptr);
+    set_attention_mask(p.cross, masked ? padding : nullptr);
   }
-  for (Node* r : ranges) {
-    Value* limit = r->inputs()[1];
-    Value* start = past_len;
-    const int32_t t = value_dtype(limit);
-    if (t != 0 && t != kInt64) {
-      start = b.op("Cast", {past_len}, "kv_position_start", r, one_attr(attr_int("to", t)));
-    }
-    r->set_input(0, start);
-    r->set_input(1, b.op("Add", {limit, start}, "kv_position_end", r));
-    ctx.counters["positions offset by the past length"] += 1;
-  }
+  offset_positions(b, ranges, past_len, ctx);
   ctx.counters["seq2seq decoder layers cached"] += static_cast<int64_t>(pairs.size());
   return static_cast<int64_t>(pairs.size());
 }

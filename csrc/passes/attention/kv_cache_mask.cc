@@ -31,12 +31,13 @@ Value* windowed_mask(KvCacheBuilder& b, SharedMask& m, int64_t window, const Dim
   return allowed;
 }
 
-// Each attention reads `allowed` (causal over past + new, and padding) with is_causal 0.
-void use_shared_mask(Node* att, Value* allowed) {
+}  // namespace
+
+void set_attention_mask(Node* att, Value* mask) {
   if (att->inputs().size() > 3) {
-    att->set_input(3, allowed);
-  } else {
-    att->append_input(allowed);
+    att->set_input(3, mask);
+  } else if (mask) {
+    att->append_input(mask);
   }
   for (Attribute& a : att->attributes) {
     if (a.name == "is_causal") {
@@ -46,8 +47,6 @@ void use_shared_mask(Node* att, Value* allowed) {
   }
   att->attributes.push_back(attr_int("is_causal", 0));
 }
-
-}  // namespace
 
 SharedMask build_shared_mask(Graph& g, KvCacheBuilder& b, Value* input_ids, Value* attention_mask,
                              const Dim& batch_dim) {
@@ -113,10 +112,10 @@ void use_masks(KvCacheBuilder& b, SharedMask& m, const std::vector<Node*>& atten
   for (size_t i = 0; i < attentions.size(); ++i) {
     Node* att = attentions[i];
     if (!windows[i]) {
-      use_shared_mask(att, m.allowed);
+      set_attention_mask(att, m.allowed);
       continue;
     }
-    use_shared_mask(att, windowed_mask(b, m, windows[i], batch_dim));
+    set_attention_mask(att, windowed_mask(b, m, windows[i], batch_dim));
     att->attributes.push_back(attr_int("sliding_window", windows[i]));
     ctx.counters["sliding-window layers"] += 1;
   }
