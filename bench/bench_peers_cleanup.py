@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""fastopt's `default` preset vs peer ONNX optimizers on the LLM corpus, in one run.
+"""fastopt's `classic` preset (cleanup, no fusions) vs peer ONNX optimizers, in one run.
 
 For every model matched by --models (default: ../shared/corpus/*/model.onnx beside the repo;
 the benchmark skips cleanly when there is none), each tool runs in a fresh subprocess,
@@ -73,7 +73,7 @@ ATOL = 1e-4
 
 # tool -> (label, module the tool needs)
 TOOLS: dict[str, tuple[str, str]] = {
-    "fastopt": ("fastopt (default preset)", "fastopt"),
+    "fastopt": ("fastopt (classic preset)", "fastopt"),
     "onnxscript": ("onnxscript.optimizer", "onnxscript"),
     "onnxslim": ("onnxslim", "onnxslim"),
     "onnxoptimizer": ("onnxoptimizer", "onnxoptimizer"),
@@ -434,7 +434,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         None,
     )
     lines = [
-        "# fastopt `default` preset vs peer ONNX optimizers (LLM corpus)",
+        "# fastopt `classic` preset (cleanup, no fusions) vs peer ONNX optimizers",
         "",
         f"- date: {env['date']}",
         f"- machine: {env['cpu']}, {env['cores']} cores, {_fmt_mb(env['ram_bytes'])} RAM, "
@@ -442,7 +442,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"- versions: python {env['python']}, "
         + ", ".join(f"{d} {vers[d]}" for d in DISTS)
         + f" (fastopt repo {env['fastopt_commit']})",
-        f"- fastopt `default` preset: {', '.join(preset) if preset else 'unknown'} (the "
+        f"- fastopt `classic` preset: {', '.join(preset) if preset else 'unknown'} (the "
         "installed build, copied aside at the start so that a reinstall cannot change it "
         "mid-run)",
         '- tools: fastopt `optimize(path, preset="classic", output=...)`; onnxscript '
@@ -707,6 +707,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         for src in paths:
             name = os.path.basename(os.path.dirname(src)) or src
+            stem = os.path.splitext(os.path.basename(src))[0]
+            if stem != "model":  # encoder.onnx / decoder.onnx of one seq2seq fixture
+                name = f"{name}/{stem}"
             out_dir = os.path.join(work, name)
             os.makedirs(out_dir)
             dst = {t: os.path.join(out_dir, f"{t}.onnx") for t in modes}
