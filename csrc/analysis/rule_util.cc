@@ -107,6 +107,7 @@ OpRule find_rule(const std::string& domain, const std::string& op_type) {
     rules::RuleTable onnx, ms;
     rules::add_shape_rules(onnx);
     rules::add_math_rules(onnx);
+    rules::add_routing_rules(onnx);
     rules::add_contrib_rules(ms);
     std::pair<Map, Map> t;
     for (auto& [name, fn] : onnx) t.first.emplace(name, fn);

@@ -33,6 +33,7 @@ using RuleTable = std::vector<std::pair<const char*, OpRule>>;
 // Each rules file adds its ops (default domain / com.microsoft).
 void add_shape_rules(RuleTable& onnx);
 void add_math_rules(RuleTable& onnx);
+void add_routing_rules(RuleTable& onnx);
 void add_contrib_rules(RuleTable& microsoft);
 
 }  // namespace fastopt::analysis::rules

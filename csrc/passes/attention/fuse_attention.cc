@@ -38,6 +38,7 @@
 #include "analysis/shape_facts.h"
 #include "ir/constant.h"
 #include "passes/attention/alibi.h"
+#include "passes/attention/disentangled.h"
 #include "passes/attention/internal_op.h"
 #include "passes/attention/shapes.h"
 #include "passes/attention/softcap.h"
@@ -74,6 +75,7 @@ struct Found {
   Value* masked_value = nullptr;  // mask is then masked_fill's condition (true = masked)
   bool flat = false;
   bool flat_out_4d = false;  // the flat rule's root gives (B, H, S, Dv) (y replaces it as is)
+  int position_terms = 0;    // disentangled.h: reads of flat Q / K for the bias's terms
   Value* q3 = nullptr;       // flat Q (B*H, S, D): what Shape reads of the flat output are given
   Value *scores3 = nullptr, *scores4 = nullptr, *probs4 = nullptr, *probs3 = nullptr;
   double scale = 1.0;
@@ -482,6 +484,10 @@ class AttentionWalk {
       if (x == root->outputs()[0]) continue;
       if (x->is_graph_output()) return fail("an intermediate value is a graph output");
       for (const Use& u : x->uses()) {
+        if (f_.flat && disentangled::reads_for_position_term(x, u.node, f_.bias)) {
+          ++f_.position_terms;
+          continue;
+        }
         if (!inside.count(u.node) && u.node->op_type != "Shape") {
           std::string why =
               "intermediate '" + x->name() + "' has another use (" + u.node->op_type + ")";
@@ -650,7 +656,9 @@ Replacement rewrite_attention(const CodeMatch& m, Rewriter& rw, PassContext& ctx
   if (f.hkv != f.hq) ctx.counters["grouped kv heads"] += 1;
   if (f.mask) ctx.counters[f.mask_bool || f.masked_value ? "boolean mask" : "additive mask"] += 1;
   if (f.softcap) ctx.counters["soft-capped"] += 1;
-  if (f.bias) ctx.counters["attention bias (ALiBi)"] += 1;
+  if (f.bias) {
+    ctx.counters[f.position_terms ? "disentangled position terms" : "attention bias (ALiBi)"] += 1;
+  }
   if (f.flat) ctx.counters["flat heads"] += 1;
   return std::vector<Value*>{y};
 }
