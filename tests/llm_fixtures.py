@@ -27,9 +27,13 @@ ALIBI_ARCHS = ("bloom", "mpt")
 # ALiBi (test_alibi.py): bloom's bias is carried by the standard cache but refused in place
 # (GroupQueryAttention in place reads no mask); mpt's bias reads the keys' length: refused.
 KV_REFUSED_ARCHS = {"phi3_longrope", *ALIBI_ARCHS}
-# Architectures whose attention stays decomposed, with the reason --explain gives (checked in
-# test_family_fixes.py): deberta_v2's disentangled attention runs on heads folded into the batch.
-UNFUSED_ATTENTION_ARCHS = {"deberta_v2"}
+# Architectures whose attention stays decomposed, with the reason --explain gives. None today:
+# deberta_v2's disentangled attention fuses with its position terms as the attention bias
+# (test_family_fixes.py).
+UNFUSED_ATTENTION_ARCHS: set[str] = set()
+# Mixture-of-experts decoders (tests/test_moe.py): the experts' MLPs fuse like dense ones, the
+# routing stays exact as exported.
+MOE_ARCHS = ("mixtral", "qwen2_moe", "olmoe")
 
 # Max abs error of the logits allowed after fusion (issue 4's acceptance bounds).
 PARITY_ATOL = {"float32": 1e-4, "float16": 2e-2}
@@ -121,6 +125,12 @@ def fixtures(
             continue
         out.append(fx)
     return out
+
+
+def router_softmaxes(fx: Fixture) -> int:
+    """Softmax nodes a fully fused model keeps: one per MoE layer over the router logits (the
+    routing weights, which no fused op computes), none elsewhere. Not attention residue."""
+    return fx.layers if fx.arch in MOE_ARCHS else 0
 
 
 def ids(items: Sequence[Fixture]) -> list[str]:
@@ -239,4 +249,5 @@ ROPE_ARCHS = (
     "falcon",
     "nemotron",
     "modernbert",
+    *MOE_ARCHS,
 )

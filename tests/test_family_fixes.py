@@ -10,8 +10,10 @@ fp32; tests/fixtures/make_fixtures.py):
   they fuse with (1, S) positions, one cache pair per base (global and local). The local
   layers' bidirectional window is part of the mask the attention takes (a boolean mask /
   additive bias), so it stays exact.
-- deberta-v2: the disentangled attention runs on heads folded into the batch and stays
-  decomposed; --explain says why.
+- deberta-v2: the disentangled attention runs on heads folded into the batch; the content
+  attention fuses with the c2p/p2c position terms as its attention bias (computed by the graph
+  from the flat Q, K and the relative embeddings), any other read of Q or K is refused with
+  the reason.
 
 The generic per-fixture tests (test_llm_preset, test_fuse_rotary, test_kv_generation, ...) run
 these fixtures too; this file checks what the issue asked for each family."""
@@ -274,17 +276,64 @@ def test_range_positions_on_another_axis_are_not_fused() -> None:
     assert any("Unsqueeze(axis 2)" in line for line in report.explain), report.explain
 
 
-# ---- deberta-v2: disentangled attention stays decomposed, with the reason ----
+# ---- deberta-v2: disentangled attention, the position terms as the attention bias ----
 
 DEBERTA = fixtures(arch="deberta_v2")
 
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("fx", DEBERTA, ids=ids(DEBERTA))
-def test_deberta_attention_is_explained(fx: Fixture, target: str) -> None:
+def test_deberta_disentangled_attention_fuses(fx: Fixture, target: str) -> None:
+    """Content attention Q.K^T with scale 1/sqrt(head_dim * 3) (c2p and p2c: scale_factor 1 +
+    2), the c2p + p2c terms the graph computes from the flat Q, K and the relative embeddings
+    as the attention bias, masked_fill's mask around it: MultiHeadAttention's attention_bias
+    (ort) / Attention-23's attn_mask (onnx)."""
     report, out = optimize(fx, preset="llm", target=target, explain="fuse_attention")
-    refusals = [line for line in report.explain if "heads folded into the batch" in line]
-    assert len(refusals) == fx.layers, report.explain
-    assert _attention_ops(out, target) == 0
-    assert op_count(out, "Softmax") == fx.layers  # exact, decomposed
+    fused = [line for line in report.explain if line.endswith("rewritten")]
+    assert len(fused) == fx.layers, report.explain
+    counters = next(p.counters for p in report.passes if p.name == "fuse_attention")
+    assert counters["disentangled position terms"] == fx.layers, counters
+    assert counters["flat heads"] == fx.layers
+    op = ("Attention", "") if target == "onnx" else ("MultiHeadAttention", "com.microsoft")
+    attention = [n for n in out.graph.node if n.op_type == op[0] and (n.domain or "") == op[1]]
+    assert len(attention) == fx.layers == _attention_ops(out, target)
+    head = int(fx.meta["config"]["hidden_size"]) // fx.heads
+    for n in attention:
+        scale = next(a.f for a in n.attribute if a.name == "scale")
+        assert scale == pytest.approx(1 / np.sqrt(head * 3), rel=1e-6)
+        # ort: (q, k, v, key_padding_mask, attention_bias); onnx: (q, k, v, attn_mask)
+        assert (n.input[5] if target == "ort" else n.input[3]), "the position terms are dropped"
+    assert op_count(out, "Softmax") == 0
+    assert op_count(out, "GatherElements") == 2 * fx.layers  # c2p, p2c: computed as exported
     assert_parity(fx, out, paddings=UNPADDED_AND_RIGHT)
+
+
+def _with_extra_reader(fx: Fixture, what: str) -> onnx.ModelProto:
+    """The export with one more read in layer 0: "q" a ReduceSum of flat Q (the c2p MatMul's
+    input), "term" the c2p GatherElements' output also a graph output."""
+    model = onnx.load(fx.path)
+    gather = next(n for n in model.graph.node if n.op_type == "GatherElements")
+    c2p = next(n for n in model.graph.node if gather.input[0] in n.output)
+    assert c2p.op_type == "MatMul"
+    if what == "q":
+        node = helper.make_node("ReduceSum", [c2p.input[0]], ["q_sum"], keepdims=0)
+        model.graph.node.append(node)
+        model.graph.output.append(helper.make_tensor_value_info("q_sum", TensorProto.FLOAT, []))
+    else:
+        model.graph.output.append(helper.make_empty_tensor_value_info(gather.output[0]))
+    return model
+
+
+@pytest.mark.parametrize("what", ["q", "term"])
+def test_deberta_other_reads_are_refused(what: str) -> None:
+    """A read of flat Q that is no position term, or a position term read outside the bias:
+    that layer keeps the refusal with its reason; the other layer fuses."""
+    fx = DEBERTA[0]
+    report = fastopt.optimize(
+        fastopt.from_onnx(_with_extra_reader(fx, what)), preset="llm", explain="fuse_attention"
+    )
+    assert report.model is not None
+    refused = [line for line in report.explain if "disentangled attention) is not fused" in line]
+    assert len(refused) == 1, report.explain
+    assert ("(ReduceSum)" if what == "q" else "(MatMul)") in refused[0]
+    assert report.ops_after.get("com.microsoft::MultiHeadAttention") == fx.layers - 1

@@ -19,6 +19,9 @@ def test_fixture_set_is_complete() -> None:
     assert archs == {
         "llama",
         "mistral",
+        "mixtral",
+        "qwen2_moe",
+        "olmoe",
         "qwen2",
         "phi3",
         "gemma",

@@ -10,16 +10,25 @@ import numpy as np
 import onnx
 import pytest
 from fusion_util import info, make_model, ort_run, random, tensor
-from llm_fixtures import Fixture, assert_parity, fixtures, ids, op_count, optimize
+from llm_fixtures import MOE_ARCHS, Fixture, assert_parity, fixtures, ids, op_count, optimize
 from onnx import TensorProto, helper
 
 F, H = TensorProto.FLOAT, TensorProto.FLOAT16
 D = 8
 RMS_ARCHS = ("llama", "mistral", "qwen2", "phi3", "gemma", "gemma3", "glm", "glm4", "phi3_longrope")
-RMS_ARCHS += ("gemma2",)
+RMS_ARCHS += ("gemma2", *MOE_ARCHS)
 # Norms per layer: gemma3 has four around its blocks and q/k norms; gptj and cohere one (attention
-# and MLP in parallel); gemma2 four around its blocks; the others two.
-NORMS_PER_LAYER = {"gemma3": 6, "glm4": 4, "gptj": 1, "cohere": 1, "gemma2": 4, "falcon": 1}
+# and MLP in parallel); gemma2 four around its blocks; olmoe q/k norms besides its two; the
+# others two.
+NORMS_PER_LAYER = {
+    "gemma3": 6,
+    "glm4": 4,
+    "gptj": 1,
+    "cohere": 1,
+    "gemma2": 4,
+    "falcon": 1,
+    "olmoe": 4,
+}
 DEFAULT = fastopt.registry.preset("classic")
 ORT_PASSES = [
     *DEFAULT,
@@ -48,7 +57,9 @@ def expected_ort(fx: Fixture) -> dict[str, int]:
             "SimplifiedLayerNormalization": 4 * n + 1,
             "SkipSimplifiedLayerNormalization": 2 * n,
         }
-    if fx.arch in ("glm4", "gemma2"):  # post-norms end each block: pre-norms take the residual
+    # glm4, gemma2: post-norms end each block, pre-norms take the residual; olmoe: q/k norms
+    # (over the whole projection) read no residual
+    if fx.arch in ("glm4", "gemma2", "olmoe"):
         return {
             "SimplifiedLayerNormalization": 2 * n + 1,
             "SkipSimplifiedLayerNormalization": 2 * n,

@@ -287,7 +287,7 @@ def test_broadcast_with_symbols() -> None:
 
 def test_matmul_and_fresh_symbols_flow() -> None:
     nodes = [
-        helper.make_node("NonZero", ["x"], ["nz"]),  # no rule: its output is unknown
+        helper.make_node("NonZero", ["x"], ["nz"]),  # (rank, n): n depends on the data
         helper.make_node("Transpose", ["nz"], ["t"]),
         helper.make_node("Cast", ["t"], ["tf"], to=F),
         helper.make_node("MatMul", ["tf", "w"], ["y"]),
@@ -295,9 +295,11 @@ def test_matmul_and_fresh_symbols_flow() -> None:
     w = helper.make_tensor_value_info("w", F, [2, 5])
     m = fastopt.from_onnx(_graph(nodes, [_x(["B", 3]), w]))
     _, unknown = _C.analyze_shapes(m, apply=False)
-    assert dict(unknown) == {"NonZero": 1}
+    assert dict(unknown) == {}
     f = dict(_C.shape_facts(m))
-    assert f["y"][1] is None or f["y"][1][-1] == 5
+    n = f["nz"][1][1]
+    assert f["nz"][1][0] == 2 and str(n).startswith("?")  # a fresh symbol, not a size
+    assert f["t"][1] == [n, 2] and f["y"][1] == [n, 5]  # the same symbol where it flows
 
 
 def test_a_graph_edit_invalidates_memoized_facts() -> None:
@@ -319,11 +321,15 @@ def test_infer_shapes_reports_the_engine() -> None:
     counters = report.passes[0].counters
     assert counters.get("engine:native") == 1 and "engine:onnx" not in counters
     # An op without a rule: onnx's inference runs too, and says why.
-    m = _graph([helper.make_node("NonZero", ["x"], ["y"])], [_x([2, 3])])
+    m = _graph([helper.make_node("Compress", ["x", "c"], ["y"], axis=1)], [_x([2, 3]), _cond()])
     report = fastopt.optimize(fastopt.from_onnx(m), passes=["infer_shapes"])
     counters = report.passes[0].counters
-    assert counters["engine:onnx"] == 1 and counters["native_unknown:NonZero"] == 1
+    assert counters["engine:onnx"] == 1 and counters["native_unknown:Compress"] == 1
     assert report.model is not None and report.model.graph.value("y").shape == (2, None)
+
+
+def _cond() -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info("c", TensorProto.BOOL, [3])
 
 
 def test_rewriter_types_the_outputs_it_creates() -> None:
@@ -354,3 +360,99 @@ def test_a_node_missing_a_required_input_is_left_to_onnx() -> None:
     m = _graph([helper.make_node("MatMul", ["x"], ["y"])], [_x([2, 3])])
     _, unknown = _C.analyze_shapes(fastopt.from_onnx(m), apply=False)
     assert dict(unknown) == {"MatMul": 1}
+
+
+# --- routing ops (mixture-of-experts decoders): TopK, OneHot, scatters, NonZero --------------
+
+
+def _routing_model() -> onnx.ModelProto:
+    """A router as MoE exports write it, and the scatter / NonZero forms of dispatching:
+    logits (N, E) -> Softmax -> TopK(k) -> OneHot(depth E) expert masks; ScatterElements and
+    ScatterND of the weights back into (N, E); NonZero of the tokens an expert takes."""
+    nodes = [
+        helper.make_node("Softmax", ["x"], ["p"], axis=-1),
+        helper.make_node("TopK", ["p", "k"], ["w", "idx"], axis=-1),
+        helper.make_node("OneHot", ["idx", "depth", "onoff"], ["hot"], axis=-1),
+        helper.make_node("OneHot", ["idx", "depth", "onoff"], ["hot0"], axis=0),
+        helper.make_node("TopK", ["p", "k"], ["w1", "idx1"], axis=0),
+        helper.make_node("ScatterElements", ["zeros", "idx", "w"], ["dense"], axis=1),
+        helper.make_node("Unsqueeze", ["idx", "ax2"], ["idx3"]),
+        helper.make_node("ScatterND", ["zeros3", "nd_idx", "nd_upd"], ["dense3"]),
+        helper.make_node("Greater", ["dense", "half"], ["chosen"]),
+        helper.make_node("NonZero", ["chosen"], ["nz"]),
+        helper.make_node("Transpose", ["nz"], ["nzt"], perm=[1, 0]),
+        helper.make_node("Shape", ["x"], ["sh"]),
+        helper.make_node("Gather", ["sh", "one"], ["e"], axis=0),
+        helper.make_node("OneHot", ["idx", "e", "onoff"], ["hot_e"], axis=-1),
+    ]
+    inits = [
+        _ints("k", [2]),
+        helper.make_tensor("depth", I64, [], [4]),
+        helper.make_tensor("onoff", F, [2], [0.0, 1.0]),
+        helper.make_tensor("one", I64, [], [1]),
+        _ints("ax2", [2]),
+        helper.make_tensor("half", F, [], [0.2]),
+    ]
+    inputs = [
+        _x(["N", 4]),
+        helper.make_tensor_value_info("zeros", F, ["N", 4]),
+        helper.make_tensor_value_info("zeros3", F, ["N", 4, 3]),
+        helper.make_tensor_value_info("nd_idx", I64, ["M", 2]),
+        helper.make_tensor_value_info("nd_upd", F, ["M", 3]),
+    ]
+    outs = ["w", "idx", "hot", "hot0", "w1", "dense", "idx3", "dense3", "nz", "nzt", "hot_e"]
+    g = helper.make_graph(
+        nodes, "router", inputs, [helper.make_empty_tensor_value_info(o) for o in outs], inits
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_routing_rules() -> None:
+    model = _routing_model()
+    m = fastopt.from_onnx(model)
+    _, unknown = _C.analyze_shapes(m, apply=False)
+    assert dict(unknown) == {}
+    f = dict(_C.shape_facts(m))
+    assert f["w"][:2] == (F, ["N", 2]) and f["idx"][:2] == (I64, ["N", 2])
+    assert f["w1"][1] == [2, 4]
+    assert f["hot"][:2] == (F, ["N", 2, 4]) and f["hot0"][1] == [4, "N", 2]  # values' dtype
+    assert f["hot_e"][1] == ["N", 2, 4]  # depth from the shape value
+    assert f["dense"][:2] == (F, ["N", 4]) and f["dense3"][1] == ["N", 4, 3]
+    n = f["nz"][1][1]
+    assert f["nz"][:2] == (I64, [2, n]) and str(n).startswith("?")
+    assert f["nzt"][1] == [n, 2]
+    # Never contradicting onnx's inference (more precise where it knows less).
+    inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    for vi in inferred.graph.output:
+        dtype, dims = _onnx_dims(vi)
+        assert f[vi.name][0] == dtype, vi.name
+        for theirs, mine in zip(dims or [], f[vi.name][1]):
+            if isinstance(theirs, (int, str)):
+                assert mine == theirs, (vi.name, f[vi.name][1], dims)
+
+
+def test_routing_rules_match_onnxruntime() -> None:
+    model = _routing_model()
+    f = _facts(model)
+    rng = np.random.default_rng(0)
+    for n, m in ((5, 3), (9, 1)):
+        feeds = {
+            "x": rng.standard_normal((n, 4)).astype(np.float32),
+            "zeros": np.zeros((n, 4), np.float32),
+            "zeros3": np.zeros((n, 4, 3), np.float32),
+            "nd_idx": np.stack([np.arange(m) % n, np.arange(m) % 4], axis=1).astype(np.int64),
+            "nd_upd": np.ones((m, 3), np.float32),
+        }
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        names = [o.name for o in sess.get_outputs()]
+        fresh: dict[str, int] = {}
+        for name, arr in zip(names, sess.run(None, feeds)):
+            dims = f[name][1]
+            assert len(dims) == arr.ndim, name
+            for d, actual in zip(dims, arr.shape):
+                want = _evaluate(d, {"N": n, "M": m})
+                if want is None:
+                    assert fresh.setdefault(str(d), actual) == actual, name
+                else:
+                    assert want == actual, (name, dims, arr.shape)
+        assert fresh, "NonZero's count was compared"
