@@ -302,7 +302,8 @@ def test_deberta_disentangled_attention_fuses(fx: Fixture, target: str) -> None:
         scale = next(a.f for a in n.attribute if a.name == "scale")
         assert scale == pytest.approx(1 / np.sqrt(head * 3), rel=1e-6)
         # ort: (q, k, v, key_padding_mask, attention_bias); onnx: (q, k, v, attn_mask)
-        assert (n.input[5] if target == "ort" else n.input[3]), "the position terms are dropped"
+        bias = n.input[5] if target == "ort" else n.input[3]
+        assert bias, "the position terms are dropped"
     assert op_count(out, "Softmax") == 0
     assert op_count(out, "GatherElements") == 2 * fx.layers  # c2p, p2c: computed as exported
     assert_parity(fx, out, paddings=UNPADDED_AND_RIGHT)
