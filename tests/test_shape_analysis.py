@@ -103,6 +103,7 @@ SAMPLED = [
         "phi3_ts_float16",
         "bert_ts_float32",
         "gemma3_ts_float32",
+        "mixtral_ts_float32",  # TopK, OneHot
     }
 ] + [p for p in corpus_models() if p.parent.name in {"llama_ts_cache", "llama_dynamo_cache"}]
 
