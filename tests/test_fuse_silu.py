@@ -6,11 +6,14 @@ from __future__ import annotations
 import fastopt
 import pytest
 from fusion_util import check_fusion, info, make_model, ops, out_info, random, run_passes
-from llm_fixtures import assert_parity, fixtures, ids, op_count, optimize
+from llm_fixtures import MOE_ARCHS, assert_parity, fixtures, ids, op_count, optimize
 from onnx import TensorProto, helper
 
 F = TensorProto.FLOAT
-SILU_ARCHS = ["llama", "mistral", "qwen2", "phi3"]
+# MoE decoders: the experts' SwiGLU on the gathered projections, one per layer; qwen2_moe's
+# shared expert a second (its sigmoid gate on the expert's output is no SiLU and stays).
+SILU_ARCHS = ["llama", "mistral", "qwen2", "phi3", *MOE_ARCHS]
+SILU_PER_LAYER = {"qwen2_moe": 2}
 FX = fixtures(arch=SILU_ARCHS)
 CLIP = fixtures(arch="clip")
 
@@ -18,8 +21,9 @@ CLIP = fixtures(arch="clip")
 @pytest.mark.parametrize("fx", FX, ids=ids(FX))
 def test_fixtures(fx):
     _report, out = optimize(fx, passes=[*fastopt.registry.preset("classic"), "fuse_silu"])
-    assert op_count(out, "QuickGelu", "com.microsoft") == fx.layers  # one SwiGLU MLP per layer
-    assert op_count(out, "Sigmoid") == 0
+    silu = SILU_PER_LAYER.get(fx.arch, 1) * fx.layers  # one SwiGLU MLP per layer
+    assert op_count(out, "QuickGelu", "com.microsoft") == silu
+    assert op_count(out, "Sigmoid") == (fx.layers if fx.arch == "qwen2_moe" else 0)
     for node in out.graph.node:
         if node.op_type == "QuickGelu":
             assert helper.get_attribute_value(node.attribute[0]) == 1.0
