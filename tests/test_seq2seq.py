@@ -2,7 +2,8 @@
 decoder.onnx; tests/fixtures/make_seq2seq_fixtures.py). Self- and cross-attention fuse for both
 targets, outputs stay within the parity bounds on a padded batch, and the decoder's KV cache
 (add_kv_cache's seq2seq form, csrc/passes/attention/kv_cache_cross.cc) generates the same 32
-greedy tokens as the no-cache decoder, or is refused with the reason."""
+greedy tokens as the no-cache decoder, or is refused with the reason. t5's relative position bias
+is kept and re-read over absolute positions (kv_cache_cross_bias.cc)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import seq2seq_generation as sg
 STEPS = 32
 ATOL = 1e-4
 FIXTURES = sg.seq2seq_fixtures()
-CACHED_ARCHS = {"bart", "marian", "whisper"}  # t5: refused (relative position bias)
+CACHED_ARCHS = {"bart", "marian", "whisper", "t5"}
 # Ops a fused graph must not hold: the decomposed attention core and norm statistics.
 RESIDUE = {"Softmax", "ReduceMean", "Pow", "Sqrt", "Erf", "Tanh"}
 FUSED_ATTENTION = {
@@ -124,11 +125,41 @@ def test_cached_decoder_generates_the_same_tokens(
         np.testing.assert_array_equal(solo.tokens[0], ref.tokens[b, :8])
 
 
-@pytest.mark.parametrize("fx", sg.seq2seq_fixtures("t5"), ids=_ids(sg.seq2seq_fixtures("t5")))
-def test_t5_cache_refused_with_the_reason(fx: sg.Seq2SeqFixture, tmp_path: Path) -> None:
-    with pytest.raises(fastopt.ModelError, match="relative position bias"):
-        _optimize(fx.decoder, tmp_path / "decoder.onnx", kv_cache="standard")
+def _edited_t5(tmp_path: Path, edit: str) -> Path:
+    """The t5 TorchScript decoder with its relative position bias changed so that it no longer
+    follows key - query over 0-based positions: the query positions start at 1 ("start"), or
+    the relative position is key + query ("add")."""
+    fx = next(f for f in sg.seq2seq_fixtures("t5") if "_ts_" in f.name)
+    m = onnx.load(str(fx.decoder))
+    attention = "/m/decoder/block.0/layer.0/SelfAttention/"
+    nodes = {n.name: n for n in m.graph.node}
+    if edit == "start":
+        m.graph.initializer.append(onnx.helper.make_tensor("one", onnx.TensorProto.INT64, [], [1]))
+        nodes[attention + "Range"].input[0] = "one"
+    else:
+        nodes[attention + "Sub"].op_type = "Add"
+    src = tmp_path / "src.onnx"
+    onnx.save(m, str(src))
+    return src
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        ("start", "does not count 0, 1"),
+        ("add", "do not come from one Sub of key and query positions"),
+    ],
+)
+def test_t5_bias_not_over_key_minus_query_refused(edit: str, reason: str, tmp_path: Path) -> None:
+    """A relative position bias the rewrite cannot prove to be table[f(key - query)] over the
+    positions 0 .. S - 1 (which it re-reads as P + s and 0 .. T - 1) is refused, never cached; the
+    decoder without a cache still optimizes."""
+    src = _edited_t5(tmp_path, edit)
+    with pytest.raises(fastopt.ModelError, match="position bias this rewrite cannot prove") as e:
+        _optimize(src, tmp_path / "decoder.onnx", kv_cache="standard")
+    assert reason in str(e.value)
     assert not (tmp_path / "decoder.onnx").exists()
+    _optimize(src, tmp_path / "plain.onnx")
 
 
 def test_inplace_refused_with_the_reason(tmp_path: Path) -> None:

@@ -28,9 +28,10 @@
 // Proofs before any edit (refused with the reason otherwise): each attention is classified by
 // where its K and V come from (a projection of encoder_hidden_states: cross; of the decoder's own
 // states: self; a mix: refused); self and cross come in pairs; every mask is proven by
-// evaluation (kv_cache_cross_mask.cc) to be causal (self) or the encoder padding (cross): a
-// bias (t5's relative position bias) is refused; every position table lookup's Range runs over
-// the decoder's length. kv_cache 2 (in place) is refused: the decoder has no attention_mask to
+// evaluation (kv_cache_cross_mask.cc) to be causal (self) or the encoder padding (cross); t5's
+// relative position bias (table[f(key - query)], kv_cache_cross_bias.cc) is kept apart from the
+// mask it rides on and re-read over the absolute positions P + s and 0 .. T - 1, any other bias
+// is refused; every position table lookup's Range runs over the decoder's length. kv_cache 2 (in place) is refused: the decoder has no attention_mask to
 // give an in-place buffer's valid length, which GroupQueryAttention's in-place form needs.
 #include "passes/attention/kv_cache_cross.h"
 
@@ -114,7 +115,8 @@ KvShape kv_shape(const Node* att) {
 
 // Self- and cross-attentions, paired by layer, each checked.
 std::vector<Pair> pair_layers(const Graph& g, const std::vector<Node*>& attentions,
-                              const Value* hidden) {
+                              const Value* hidden, const Value* input_ids,
+                              std::vector<BiasedLayer>& biased) {
   std::vector<Node*> selfs, crosses;
   for (Node* att : attentions) {
     const std::vector<Value*>& in = att->inputs();
@@ -145,7 +147,21 @@ std::vector<Pair> pair_layers(const Graph& g, const std::vector<Node*>& attentio
     for (Node* att : {selfs[i], crosses[i]}) {
       const bool cross = att == crosses[i];
       std::string why;
-      if (!prove_seq2seq_mask(*g.model(), g, att, cross, &why)) {
+      const Value* mask = nullptr;
+      if (!cross) {  // t5's relative position bias: kept, its mask part proven
+        auto bias = match_relative_bias(*g.model(), g, att, input_ids, &why);
+        if (!why.empty()) {
+          refuse("layer " + std::to_string(i) + "'s self-attention ('" + att->name.value +
+                 "') adds a position bias this rewrite cannot prove to follow key - query "
+                 "positions, which is all it rebuilds for the cached queries P + s: " +
+                 why);
+        }
+        if (bias) {
+          mask = bias->mask_part;
+          biased.push_back({att, *bias});
+        }
+      }
+      if (!prove_seq2seq_mask(*g.model(), g, att, cross, &why, mask)) {
         refuse("the mask of layer " + std::to_string(i) + "'s " + (cross ? "cross" : "self") +
                "-attention ('" + att->name.value + "') is not proven to be " +
                (cross ? "the encoder padding" : "causal") +
@@ -307,7 +323,8 @@ int64_t add_cross_cache(Model& m, const std::vector<Node*>& attentions, int64_t 
            "): later steps feed it with 0 rows");
   }
   if (default_opset(m) < 13) refuse("the model's opset is below 13");
-  const std::vector<Pair> pairs = pair_layers(g, attentions, hidden);
+  std::vector<BiasedLayer> biased;
+  const std::vector<Pair> pairs = pair_layers(g, attentions, hidden, input_ids, biased);
   for (const Pair& p : pairs) {
     if (p.cross->inputs().size() > 3 && p.cross->inputs()[3] && !encoder_mask) {
       refuse("cross-attention '" + p.cross->name.value +
@@ -372,6 +389,7 @@ int64_t add_cross_cache(Model& m, const std::vector<Node*>& attentions, int64_t 
     const bool masked = p.cross->inputs().size() > 3 && p.cross->inputs()[3];
     set_attention_mask(p.cross, masked ? padding : nullptr);
   }
+  use_relative_biases(g, b, biased, q_col, k_pos, causal, ctx);
   offset_positions(b, ranges, past_len, ctx);
   ctx.counters["seq2seq decoder layers cached"] += static_cast<int64_t>(pairs.size());
   return static_cast<int64_t>(pairs.size());

@@ -51,11 +51,13 @@ struct Probe {
 
 class Seq2SeqMaskProof {
  public:
-  Seq2SeqMaskProof(const Model& m, const Graph& g, const Node* att, bool cross)
-      : m_(m), g_(g), att_(att), cross_(cross) {}
+  Seq2SeqMaskProof(const Model& m, const Graph& g, const Node* att, bool cross, const Value* mask)
+      : m_(m), g_(g), att_(att), cross_(cross), given_(mask) {}
 
   bool run(std::string* why) {
-    mask_ = att_->inputs().size() > 3 ? att_->inputs()[3] : nullptr;
+    mask_ = given_                      ? const_cast<Value*>(given_)
+            : att_->inputs().size() > 3 ? att_->inputs()[3]
+                                        : nullptr;
     causal_ = int_attr_or(att_, "is_causal", 0) != 0;
     hq_ = int_attr_or(att_, "q_num_heads", 0);
     if (hq_ <= 0) return fail(why, "no q_num_heads");
@@ -456,6 +458,7 @@ class Seq2SeqMaskProof {
   const Graph& g_;
   const Node* att_;
   bool cross_;
+  const Value* given_;
   Value* mask_ = nullptr;
   bool causal_ = false;
   bool encoder_mask_ = false;  // the graph has an encoder_attention_mask input
@@ -472,8 +475,8 @@ class Seq2SeqMaskProof {
 }  // namespace
 
 bool prove_seq2seq_mask(const Model& m, const Graph& g, const Node* att, bool cross,
-                        std::string* why) {
-  return Seq2SeqMaskProof(m, g, att, cross).run(why);
+                        std::string* why, const Value* mask) {
+  return Seq2SeqMaskProof(m, g, att, cross, mask).run(why);
 }
 
 }  // namespace fastopt::passes::kv_cache
