@@ -122,7 +122,7 @@ def main() -> int:
     ]
     with tempfile.TemporaryDirectory() as tmp:
         for fx in sg.seq2seq_fixtures():
-            if fx.arch not in ("bart", "marian", "whisper"):
+            if fx.arch not in ("bart", "marian", "whisper", "t5"):
                 continue
             fused, cached = Path(tmp) / f"{fx.name}_fused.onnx", Path(tmp) / f"{fx.name}_kv.onnx"
             fastopt.optimize(str(fx.decoder), output=str(fused), preset="llm")
