@@ -27,6 +27,10 @@ int64_t add_cross_cache(Model& m, const std::vector<Node*>& attentions, int64_t 
 bool prove_seq2seq_mask(const Model& m, const Graph& g, const Node* att, bool cross,
                         std::string* why, const Value* mask = nullptr);
 
+// A Gather from a constant float table in v's ancestry (not through Shape or Size): a learned
+// position bias; null when there is none (kv_cache_cross_bias.cc).
+const Node* float_table_gather(const Value* v, const Graph& g);
+
 // t5's relative position bias in a self-attention's mask (kv_cache_cross_bias.cc).
 struct RelativeBias {
   Value* bias = nullptr;       // (1, H, S, S): table[f(key - query), h]

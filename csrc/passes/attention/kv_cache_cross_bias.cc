@@ -45,24 +45,6 @@ bool is_float(int32_t t) {
   return t == kFloat || t == kFloat16;
 }
 
-// A Gather from a constant float table in v's ancestry (not through Shape/Size), or null.
-const Node* table_gather(const Value* v, const Graph& g) {
-  std::vector<const Value*> todo = {v};
-  std::unordered_set<const Value*> seen;
-  while (!todo.empty() && seen.size() < 4096) {
-    const Value* x = todo.back();
-    todo.pop_back();
-    if (!x || !seen.insert(x).second) continue;
-    const Node* p = x->producer();
-    if (!p || p->graph() != &g || p->op_type == "Shape" || p->op_type == "Size") continue;
-    if (p->op_type == "Gather" && !p->inputs().empty()) {
-      if (auto t = constant_tensor(p->inputs()[0]); t && is_float(t->dtype())) return p;
-    }
-    for (const Value* in : p->inputs()) todo.push_back(in);
-  }
-  return nullptr;
-}
-
 class BiasMatcher {
  public:
   BiasMatcher(const Model& m, const Graph& g, const Node* att, const Value* input_ids)
@@ -71,7 +53,7 @@ class BiasMatcher {
   // nullopt with why_ empty: no bias; with why_ set: a bias this cannot prove.
   std::optional<RelativeBias> run() {
     const Value* mask = att_->inputs().size() > 3 ? att_->inputs()[3] : nullptr;
-    const Node* gather = mask ? table_gather(mask, g_) : nullptr;
+    const Node* gather = mask ? float_table_gather(mask, g_) : nullptr;
     if (!gather) return std::nullopt;
     where_ = "the bias read from the table '" + gather->inputs()[0]->name() + "' (Gather '" +
              gather->name.value + "')";
@@ -117,7 +99,7 @@ class BiasMatcher {
     const std::vector<Value*>& in = top->inputs();
     if (top->op_type == "Where" && in.size() == 3) {
       auto low = constant_scalar(in[2]);
-      if (!low || *low > kMaskedBelow || table_gather(in[0], g_) || !table_gather(in[1], g_)) {
+      if (!low || *low > kMaskedBelow || float_table_gather(in[0], g_) || !float_table_gather(in[1], g_)) {
         return fail("the mask is Where, but not Where(mask, bias, lowest)");
       }
       r.bias = in[1];
@@ -125,8 +107,8 @@ class BiasMatcher {
       return true;
     }
     if (top->op_type == "Add" && in.size() == 2) {
-      const bool first = table_gather(in[0], g_) != nullptr;
-      if (first == (table_gather(in[1], g_) != nullptr)) {
+      const bool first = float_table_gather(in[0], g_) != nullptr;
+      if (first == (float_table_gather(in[1], g_) != nullptr)) {
         return fail("the mask is Add, but not of one bias and one mask");
       }
       r.bias = in[first ? 0 : 1];
@@ -352,6 +334,23 @@ class BiasMatcher {
 };
 
 }  // namespace
+
+const Node* float_table_gather(const Value* v, const Graph& g) {
+  std::vector<const Value*> todo = {v};
+  std::unordered_set<const Value*> seen;
+  while (!todo.empty() && seen.size() < 4096) {
+    const Value* x = todo.back();
+    todo.pop_back();
+    if (!x || !seen.insert(x).second) continue;
+    const Node* p = x->producer();
+    if (!p || p->graph() != &g || p->op_type == "Shape" || p->op_type == "Size") continue;
+    if (p->op_type == "Gather" && !p->inputs().empty()) {
+      if (auto t = constant_tensor(p->inputs()[0]); t && is_float(t->dtype())) return p;
+    }
+    for (const Value* in : p->inputs()) todo.push_back(in);
+  }
+  return nullptr;
+}
 
 std::optional<RelativeBias> match_relative_bias(const Model& m, const Graph& g, const Node* att,
                                                 const Value* input_ids, std::string* why) {
