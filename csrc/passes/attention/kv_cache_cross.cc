@@ -31,8 +31,9 @@
 // evaluation (kv_cache_cross_mask.cc) to be causal (self) or the encoder padding (cross); t5's
 // relative position bias (table[f(key - query)], kv_cache_cross_bias.cc) is kept apart from the
 // mask it rides on and re-read over the absolute positions P + s and 0 .. T - 1, any other bias
-// is refused; every position table lookup's Range runs over the decoder's length. kv_cache 2 (in place) is refused: the decoder has no attention_mask to
-// give an in-place buffer's valid length, which GroupQueryAttention's in-place form needs.
+// is refused; every position table lookup's Range runs over the decoder's length. kv_cache 2 (in
+// place) is refused: the decoder has no attention_mask to give an in-place buffer's valid length,
+// which GroupQueryAttention's in-place form needs.
 #include "passes/attention/kv_cache_cross.h"
 
 #include <cstdint>

@@ -99,7 +99,8 @@ class BiasMatcher {
     const std::vector<Value*>& in = top->inputs();
     if (top->op_type == "Where" && in.size() == 3) {
       auto low = constant_scalar(in[2]);
-      if (!low || *low > kMaskedBelow || float_table_gather(in[0], g_) || !float_table_gather(in[1], g_)) {
+      if (!low || *low > kMaskedBelow || float_table_gather(in[0], g_) ||
+          !float_table_gather(in[1], g_)) {
         return fail("the mask is Where, but not Where(mask, bias, lowest)");
       }
       r.bias = in[1];

@@ -85,7 +85,8 @@ bool MaskWalker::admit(Value* mask, std::string* why) {
     return false;
   }
   if (auto it = taint_.find(mask); it != taint_.end()) {
-    if (why) *why = "the mask depends on the values of input '" + it->second + "' (not only its shape)";
+    if (why)
+      *why = "the mask depends on the values of input '" + it->second + "' (not only its shape)";
     return false;
   }
   return true;
@@ -121,8 +122,7 @@ bool MaskWalker::visit(Value* v) {
     const std::vector<std::string>& ops = native_fold_ops();
     return std::unordered_set<std::string>(ops.begin(), ops.end());
   }();
-  if (!standard || !p->subgraphs().empty() || p->outputs().size() != 1 ||
-      !kOps.count(p->op_type)) {
+  if (!standard || !p->subgraphs().empty() || p->outputs().size() != 1 || !kOps.count(p->op_type)) {
     return reject("the mask is computed by " + p->op_type + " '" + p->name.value +
                   "', which the check cannot evaluate exactly");
   }
@@ -226,8 +226,8 @@ std::optional<TensorPtr> MaskWalker::evaluate(const Probe& p, std::string* err,
       for (const Dim& d : n->inputs()[0]->type.dims) {
         auto x = d.value ? d.value : slot_value(*d.param, p);
         if (!x) {
-          *err = "the shape of '" + n->inputs()[0]->name() + "' ties symbols the probe (" +
-                 p.what + ") gives different lengths";
+          *err = "the shape of '" + n->inputs()[0]->name() + "' ties symbols the probe (" + p.what +
+                 ") gives different lengths";
           return std::nullopt;
         }
         dims.push_back(*x);
@@ -284,8 +284,7 @@ bool readable(const Tensor& mask) {
   return mask.dims.size() <= 4 && mask.expected_bytes() == mask.nbytes();
 }
 
-int read_mask(const Tensor& mask, const uint8_t* base, const int64_t full[4],
-              const int64_t at[4]) {
+int read_mask(const Tensor& mask, const uint8_t* base, const int64_t full[4], const int64_t at[4]) {
   const size_t r = mask.dims.size();
   uint64_t index = 0;
   for (size_t i = 0; i < r; ++i) {
