@@ -125,6 +125,43 @@ def test_cached_decoder_generates_the_same_tokens(
         np.testing.assert_array_equal(solo.tokens[0], ref.tokens[b, :8])
 
 
+@pytest.mark.parametrize("target", ["ort", "onnx"])
+@pytest.mark.parametrize("fx", sg.seq2seq_fixtures("t5"), ids=_ids(sg.seq2seq_fixtures("t5")))
+def test_t5_bias_kept_beside_the_mask(fx: sg.Seq2SeqFixture, target: str) -> None:
+    """t5's one relative position bias (layer 0 computes it, every layer reads it) is re-read
+    over the cached positions once; each self-attention takes it with the causal mask, each
+    cross-attention only the encoder padding (t5's cross-attention has no bias)."""
+    report = fastopt.optimize(str(fx.decoder), preset="llm", target=target, kv_cache="standard")
+    (counters,) = [p.counters for p in report.passes if p.name == "add_kv_cache"]
+    assert counters["relative position bias over absolute positions"] == 1
+    assert counters["seq2seq decoder layers cached"] == _layers(fx)
+    assert report.model is not None
+    m = report.model.to_onnx()
+    producer = {o: n for n in m.graph.node for o in n.output}
+    tables = {i.name for i in m.graph.initializer if "relative_attention_bias" in i.name}
+    assert len(tables) == 1
+
+    def reads_table(v: str) -> bool:
+        todo, seen = [v], set()
+        while todo:
+            x = todo.pop()
+            if x in tables:
+                return True
+            if x in seen or x not in producer or producer[x].op_type == "Shape":
+                continue  # a shape read takes no value
+            seen.add(x)
+            todo.extend(producer[x].input)
+        return False
+
+    attentions = [n for n in m.graph.node if n.op_type in FUSED_ATTENTION[target]]
+    masks = [n.input[5] if n.op_type == "MultiHeadAttention" else n.input[3] for n in attentions]
+    kinds = [
+        "cross" if "EncDec" in n.name or "encoder" in " ".join(n.input) else "self"
+        for n in attentions
+    ]
+    assert [reads_table(v) for v in masks] == [k == "self" for k in kinds], kinds
+
+
 def _edited_t5(tmp_path: Path, edit: str) -> Path:
     """The t5 TorchScript decoder with its relative position bias changed so that it no longer
     follows key - query over 0-based positions: the query positions start at 1 ("start"), or

@@ -23,6 +23,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -365,6 +366,7 @@ void use_relative_biases(Graph& g, KvCacheBuilder& b, const std::vector<BiasedLa
                          Value* query_column, Value* key_positions, Value* causal,
                          PassContext& ctx) {
   std::unordered_set<const Node*> rewired;
+  std::unordered_map<const Value*, Value*> masks;
   for (const BiasedLayer& l : layers) {
     const RelativeBias& r = l.bias;
     Node* rel = r.relative;
@@ -390,19 +392,22 @@ void use_relative_biases(Graph& g, KvCacheBuilder& b, const std::vector<BiasedLa
       }
       ctx.counters["relative position bias over absolute positions"] += 1;
     }
-    const int32_t t = value_dtype(r.bias);
-    std::string lowest;
-    if (t == kFloat16) {
-      lowest = std::string("\xff\xfb", 2);  // -65504
-    } else {
-      const float x = std::numeric_limits<float>::lowest();
-      lowest.assign(reinterpret_cast<const char*>(&x), sizeof x);
+    Value*& mask = masks[r.bias];  // layers reading one bias share its mask
+    if (!mask) {
+      const int32_t t = value_dtype(r.bias);
+      std::string lowest;
+      if (t == kFloat16) {
+        lowest = std::string("\xff\xfb", 2);  // -65504
+      } else {
+        const float x = std::numeric_limits<float>::lowest();
+        lowest.assign(reinterpret_cast<const char*>(&x), sizeof x);
+      }
+      Value* low = g.add_initializer(g.unique_name("kv_relative_bias_lowest"),
+                                     make_tensor(t, {}, std::move(lowest)));
+      mask = b.op("Where", {causal, r.bias, low}, "kv_relative_bias_mask", l.att);
+      mask->type.known = mask->type.is_tensor = true;
+      mask->type.elem_type = t;
     }
-    Value* low = g.add_initializer(g.unique_name("kv_relative_bias_lowest"),
-                                   make_tensor(t, {}, std::move(lowest)));
-    Value* mask = b.op("Where", {causal, r.bias, low}, "kv_relative_bias_mask", l.att);
-    mask->type.known = mask->type.is_tensor = true;
-    mask->type.elem_type = t;
     set_attention_mask(l.att, mask);
   }
 }
