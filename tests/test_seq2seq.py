@@ -167,7 +167,8 @@ def _edited_t5(tmp_path: Path, edit: str) -> Path:
     """The t5 TorchScript decoder with its relative position bias changed so that it no longer
     follows key - query over 0-based positions: the query positions start at 1 ("start"), the
     relative position is key + query ("add"), or the bias is laid out (heads, key, query)
-    ("perm": still a function of the difference, but not the layout the rewrite widens)."""
+    ("perm": still a function of the difference, but not the layout the rewrite widens), or the
+    bias is also a graph output ("output": the rewrite would change what it returns)."""
     fx = next(f for f in sg.seq2seq_fixtures("t5") if "_ts_" in f.name)
     m = onnx.load(str(fx.decoder))
     attention = "/m/decoder/block.0/layer.0/SelfAttention/"
@@ -175,6 +176,11 @@ def _edited_t5(tmp_path: Path, edit: str) -> Path:
     if edit == "start":
         m.graph.initializer.append(onnx.helper.make_tensor("one", onnx.TensorProto.INT64, [], [1]))
         nodes[attention + "Range"].input[0] = "one"
+    elif edit == "output":
+        bias = attention + "relative_attention_bias/Gather_output_0"
+        m.graph.output.append(
+            onnx.helper.make_tensor_value_info(bias, onnx.TensorProto.FLOAT, None)
+        )
     elif edit == "perm":
         (perm,) = nodes[attention + "Transpose_3"].attribute
         perm.ints[:] = [2, 1, 0]
@@ -191,6 +197,7 @@ def _edited_t5(tmp_path: Path, edit: str) -> Path:
         ("start", "does not count 0, 1"),
         ("add", "do not come from one Sub of key and query positions"),
         ("perm", r"not laid out as \(heads, query, key\)"),
+        ("output", "is a graph output"),
     ],
 )
 def test_t5_bias_not_over_key_minus_query_refused(edit: str, reason: str, tmp_path: Path) -> None:
