@@ -380,12 +380,6 @@ int64_t add_kv_cache(Model& m, PassContext& ctx) {
         "an attention adds a score bias (ALiBi) and the model has a cache already: adopting "
         "the cache does not carry the bias");
   }
-  if (biased && mode == 2) {
-    refuse(
-        "an attention adds a score bias (ALiBi, slopes x key positions) beside its mask, and "
-        "in-place GroupQueryAttention reads no mask (causal flag and seqlens_k stand for it), "
-        "so it would drop the bias: use --kv-cache standard");
-  }
   if (has_past) {
     return adopt_cache(g, attentions, in.input_ids, in.attention_mask, in.batch_dim, mode, ctx);
   }
@@ -398,23 +392,19 @@ int64_t add_kv_cache(Model& m, PassContext& ctx) {
            "changes once the switch flips");
   }
   std::vector<ScoreBias> biases = check_score_biases(g, attentions, in.attention_mask);
-  // A biased attention's mask part is proven like any mask: it reads it for the proof only.
-  for (const ScoreBias& s : biases) s.att->set_input(3, s.mask_part);
   std::vector<int64_t> windows;
-  try {
+  {  // a biased attention's mask part is proven like any mask
+    MaskPartsForProof proving(g, biases);
     windows = proven_windows(g, attentions, false);
-  } catch (...) {
-    for (const ScoreBias& s : biases) s.att->set_input(3, s.combined);
-    throw;
   }
-  for (const ScoreBias& s : biases) s.att->set_input(3, s.combined);
 
   // ---- edits ----
   KvCacheBuilder b(g);
   const std::vector<std::pair<Value*, Value*>> pasts = add_past_inputs(g, layers, in.batch_dim);
   Node* head = g.first();  // the shared mask goes before it
   SharedMask mask = build_shared_mask(g, b, in.input_ids, in.attention_mask, in.batch_dim);
-  const std::vector<const Node*> full_readers = copy_biases(g, biases, in.attention_mask);
+  const std::vector<const Node*> full_readers =
+      copy_biases(g, b, biases, in.attention_mask, attentions);
   widen_attention_mask(g, b, mask, head, in, full_readers);
   offset_positions(b, ranges, mask.past_len, ctx);
   add_presents(g, b, layers, pasts, in.batch_dim);

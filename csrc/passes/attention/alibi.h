@@ -46,6 +46,40 @@ FlatBias flat_bias_form(const Value* bias3, const Value* scores3, analysis::Shap
 // Builds the 4-D bias for `form` (heads = H).
 Value* bias_4d(pattern::Rewriter& rw, Value* bias3, FlatBias form, int64_t heads);
 
+// Flat heads (bloom's baddbmm; heads folded into the batch, deberta-v2 too): the pieces
+// fuse_attention's walk and its Reshape-rooted rule call, kept here with the proofs they need.
+//
+// The flat rule's candidate: `root` = Reshape(MatMul(Reshape(probs4 [-> Cast]), v3)) with a
+// Softmax under probs4; the MatMul, or null when `root` is no candidate.
+Node* flat_candidate(Node* root);
+// Why the flat output (the candidate MatMul's, read by `root`) cannot go: a graph output, or
+// read by anything but `root` and Shape nodes; empty when it can.
+std::string flat_output_refusal(const Value* flat, const Node* root);
+// Whether Shape reads of the flat output may read flat Q `q3` instead (the same (B*H, S, D)
+// when Dv == D, as TorchScript's head merge reads it).
+bool flat_output_shape_is_q3(const Value* flat, const Value* q3, analysis::ShapeFacts& facts);
+// Whether the flat rule's root output `out` is (B, H, S, Dv) of Q and V (y replaces it as is).
+bool flat_output_is_4d(const Value* out, const Value* q, const Value* v,
+                       analysis::ShapeFacts& facts);
+// After the rewrite: Shape reads of the flat output (`root`'s input 0) read `q3` instead.
+void shape_reads_to_q3(Node* root, Value* q3);
+// K^T of flat heads, Transpose(k3, (0, 2, 1)): the Transpose, or null.
+Node* flat_kt_transpose(const Value* kt);
+// The flat scores' views: scores3 (B*H, S, T) -Reshape-> scores4 (B, H, S, T) [Softmax] probs4
+// -Reshape-> probs3 (B*H, S, T), H = dim 1 of `q`. Empty when the Reshapes split and merge
+// (B, H) head for head and `bias` (on scores3, or null) has a 4-D form (*bias_form), else why.
+std::string check_flat_views(const Value* scores3, const Value* scores4, const Value* probs4,
+                             const Value* probs3, const Value* q, const Value* bias,
+                             FlatBias* bias_form, int64_t opset, analysis::ShapeFacts& facts);
+
+// ALiBi's terms on the scores as fuse_attention's walk meets them.
+// A second additive term `bias` on scores of dtype `score_dtype` (flat: the scores are 3-D):
+// empty when it can be the bias, else why.
+std::string bias_refusal(const Value* bias, int32_t score_dtype, bool flat);
+// masked_fill, Where(masked (bool), value <= masked_below, scores): empty when `w` is one that
+// fuses (not on flat scores), else why.
+std::string masked_fill_refusal(const Node* w, bool flat, double masked_below);
+
 // The internal op's additive mask from a bias and the export's mask:
 //   additive mask m      -> Add(bias, m)
 //   masked_fill (cond c: true = masked, value neg) -> Where(c, neg, bias)

@@ -174,11 +174,8 @@ class AttentionWalk {
     }
     if (!error.empty()) return false;
     if (f_.flat) {  // Transpose(Reshape(k, (B*H, T, D)), (0, 2, 1))
-      Node* t = producer_of(kt, "Transpose");
-      const Attribute* perm = t ? t->attribute("perm") : nullptr;
-      if (!perm || perm->ints != std::vector<int64_t>{0, 2, 1}) {
-        return fail("flat heads: K^T is not Transpose(K, (0, 2, 1))");
-      }
+      Node* t = alibi::flat_kt_transpose(kt);
+      if (!t) return fail("flat heads: K^T is not Transpose(K, (0, 2, 1))");
       take(t);
       f_.k = unflatten(t->inputs()[0], "K");
       return f_.k != nullptr;
@@ -244,20 +241,10 @@ class AttentionWalk {
   }
 
   bool check_flat() {
-    analysis::ShapeFacts& sf = facts();
-    if (!f_.scores3 || !alibi::splits_heads(f_.scores3, f_.scores4, f_.q, sf) ||
-        !alibi::merges_heads(f_.probs4, f_.probs3, sf)) {
-      return fail("flat heads: the scores' Reshapes do not split and merge (B, H)");
-    }
-    if (f_.bias && f_.bias_flat != alibi::FlatBias::kNone) {
-      std::string why;
-      f_.bias_flat = alibi::flat_bias_form(f_.bias, f_.scores3, sf, &why);
-      if (f_.bias_flat == alibi::FlatBias::kNone) return fail(why);
-      if (default_opset(*model_) < 15) {
-        return fail("flat heads: the bias's reshape needs opset 15 (Shape's start)");
-      }
-    }
-    return true;
+    const Value* bias = f_.bias_flat != alibi::FlatBias::kNone ? f_.bias : nullptr;
+    std::string why = alibi::check_flat_views(f_.scores3, f_.scores4, f_.probs4, f_.probs3, f_.q,
+                                              bias, &f_.bias_flat, default_opset(*model_), facts());
+    return why.empty() || fail(why);
   }
 
   // A second additive term on the scores (ALiBi's bias, alibi.h).
@@ -267,10 +254,8 @@ class AttentionWalk {
     Value *a = add->inputs()[0], *b = add->inputs()[1];
     if (!reaches_matmul(a) && reaches_matmul(b)) std::swap(a, b);
     if (!reaches_matmul(a)) return fail("neither Add input comes from the scores MatMul");
-    const int32_t t = dtype_of(add->outputs()[0]);
-    if (dtype_of(b) != t || !norm::is_float_type(t)) return fail("the bias's dtype differs");
-    if (rank_of(b) > (f_.scores3 ? 3 : 4))
-      return fail("the bias has a higher rank than the scores");
+    std::string why = alibi::bias_refusal(b, dtype_of(add->outputs()[0]), f_.scores3 != nullptr);
+    if (!why.empty()) return fail(why);
     f_.bias = b;
     // Decided in check_flat once the whole walk is known; kNone for 4-D scores.
     f_.bias_flat = f_.scores3 ? alibi::FlatBias::kReshape : alibi::FlatBias::kNone;
@@ -282,14 +267,9 @@ class AttentionWalk {
   // masked_fill: Where(masked (bool), value <= kMaskedBelow, scores) (mpt).
   bool take_masked_fill(Node* w, Value*& s) {
     if (f_.softcap) return fail("the scores are masked before the soft-cap");
-    Value* cond = w->inputs()[0];
-    auto neg = constant_doubles(w->inputs()[1], 1);
-    if (dtype_of(cond) != kBool || !neg || neg->size() != 1 || (*neg)[0] > kMaskedBelow) {
-      return fail("a Where on the scores that is not Where(masked, lowest, scores)");
-    }
-    if (rank_of(cond) > 4) return fail("the mask has rank > 4");
-    if (f_.scores3) return fail("masked_fill on flat (B*H, S, T) scores");
-    f_.mask = cond;
+    std::string why = alibi::masked_fill_refusal(w, f_.scores3 != nullptr, kMaskedBelow);
+    if (!why.empty()) return fail(why);
+    f_.mask = w->inputs()[0];
     f_.masked_value = w->inputs()[1];
     take(w);
     s = w->inputs()[2];
@@ -548,44 +528,24 @@ bool match_attention(Node* root, CodeMatch& m, MatchFailure& why, PassContext& c
   return true;
 }
 
-// Whether the flat output's Reshape (the flat rule's root) gives (B, H, S, Dv) of Q and V.
-bool flat_output_is_4d(const Value* out, const Found& f) {
-  analysis::ShapeFacts& sf = analysis::facts_of(*out->graph()->model());
-  return sf.rank(out) == 4 && sf.same_dim(out, 0, f.q, 0) && sf.same_dim(out, 1, f.q, 1) &&
-         sf.same_dim(out, 2, f.q, 2) && sf.same_dim(out, 3, f.v, 3);
-}
-
 // Flat heads (alibi.h, bloom): the root is Reshape(MatMul(Reshape(probs), v3), 4-D target).
 bool match_flat_attention(Node* root, CodeMatch& m, MatchFailure& why, PassContext& ctx) {
-  if (!is_standard(root) || root->inputs().size() != 2) return false;
-  Node* mm = producer_of(root->inputs()[0], "MatMul");
-  if (!mm || mm->inputs().size() != 2) return false;
-  Node* r = producer_of(mm->inputs()[0], "Reshape");
-  const Node* sm = r ? r->inputs()[0]->producer() : nullptr;
-  if (sm && sm->op_type == "Cast") sm = sm->inputs()[0]->producer();
-  if (!sm || sm->op_type != "Softmax") return false;  // no candidate
+  Node* mm = alibi::flat_candidate(root);
+  if (!mm) return false;  // no candidate
   auto refuse = [&](std::string reason) {
     why.text = std::move(reason);
     ctx.counters["not fused"] += 1;
     return false;
   };
   const Value* flat = mm->outputs()[0];
-  if (flat->is_graph_output()) return refuse("flat heads: the flat output is a graph output");
-  for (const Use& u : flat->uses()) {
-    if (u.node != root && u.node->op_type != "Shape") {
-      return refuse("flat heads: the attention's flat output has another use (" + u.node->op_type +
-                    ")");
-    }
-  }
+  if (std::string r = alibi::flat_output_refusal(flat, root); !r.empty()) return refuse(r);
   Found f;
   AttentionWalk walk(f);
   if (!walk.match(mm)) return refuse(walk.error);
   // TorchScript reads the flat output's shape for the head merge: the same as flat Q's when
   // Dv == D, which the rewrite hands those Shape nodes instead.
   analysis::ShapeFacts& sf = analysis::facts_of(*root->graph()->model());
-  if (flat->uses().size() > 1 &&
-      !(sf.rank(flat) == 3 && sf.rank(f.q3) == 3 && sf.same_dim(flat, 0, f.q3, 0) &&
-        sf.same_dim(flat, 1, f.q3, 1) && sf.same_dim(flat, 2, f.q3, 2))) {
+  if (flat->uses().size() > 1 && !alibi::flat_output_shape_is_q3(flat, f.q3, sf)) {
     return refuse("flat heads: the flat output's shape is read and is not flat Q's");
   }
   for (const Node* n : f.nodes) {
@@ -593,7 +553,7 @@ bool match_flat_attention(Node* root, CodeMatch& m, MatchFailure& why, PassConte
       return refuse(pattern::describe_mistyped(*n, *pattern::mistyped_attribute(*n)));
     }
   }
-  f.flat_out_4d = flat_output_is_4d(root->outputs()[0], f);
+  f.flat_out_4d = alibi::flat_output_is_4d(root->outputs()[0], f.q, f.v, sf);
   f.nodes.push_back(mm);
   m.nodes = f.nodes;
   m.found = std::move(f);
@@ -644,13 +604,7 @@ Replacement rewrite_attention(const CodeMatch& m, Rewriter& rw, PassContext& ctx
     ctx.counters["not fused"] += 1;
     return rw.fail("the output cannot be replaced");
   }
-  if (f.flat) {  // Shape reads of the flat output read flat Q's (proven the same, above)
-    Value* flat = root->inputs()[0];
-    std::vector<Use> uses = flat->uses();
-    for (const Use& u : uses) {
-      if (u.node != root) u.node->set_input(u.input_index, f.q3);
-    }
-  }
+  if (f.flat) alibi::shape_reads_to_q3(root, f.q3);  // proven the same (match_flat_attention)
   import_domain(g, kInternalDomain);
   ctx.counters["attention"] += 1;
   if (f.hkv != f.hq) ctx.counters["grouped kv heads"] += 1;

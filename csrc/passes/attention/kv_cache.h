@@ -120,21 +120,40 @@ void use_masks(KvCacheBuilder& b, SharedMask& m, const std::vector<Node*>& atten
                const std::vector<int64_t>& windows, const Dim& batch_dim, PassContext& ctx);
 
 // ALiBi's score bias through the cache (kv_cache_bias.cc): an attention with score_bias reads
-// Add(bias, m) (alibi.h); the bias is kept, m is proven and replaced like any mask.
+// Add(bias, m) or, for masked_fill, Where(masked, lowest, bias) (alibi.h); the bias is kept, m
+// (Not(masked)) is proven and replaced like any mask.
 struct ScoreBias {
   Node* att;
-  Value* combined;   // Add(bias, m), the attention's mask input
+  Value* combined;   // the attention's mask input
   Value* bias;       // a copy reading the whole attention_mask once copy_biases ran
-  Value* mask_part;  // m
+  Value* mask_part;  // m, or masked_fill's condition (true = masked)
+  bool masked_fill;
+  int32_t cast_to;  // the dtype the sum was cast to for the attention (0: none)
 };
-// The score_bias attentions' biases; refused unless each is a function of attention_mask alone,
-// the same for every query. No edits.
+// The score_bias attentions' biases; refused unless each is the same for every query and a
+// function of attention_mask, the keys' length (Shape of an attention's keys) and constants.
+// No edits.
 std::vector<ScoreBias> check_score_biases(const Graph& g, const std::vector<Node*>& attentions,
                                           const Value* attention_mask);
-// Copies the biases' subgraphs (they keep reading the whole (B, T) attention_mask); returns the
-// copies that read attention_mask, which widen_attention_mask leaves alone.
-std::vector<const Node*> copy_biases(Graph& g, std::vector<ScoreBias>& biases,
-                                     const Value* attention_mask);
+// While it lives, each biased attention reads its mask part alone (Not(masked) for masked_fill,
+// a node it removes again), so that proven_windows proves it; the graph is as before after it.
+class MaskPartsForProof {
+ public:
+  MaskPartsForProof(Graph& g, const std::vector<ScoreBias>& biases);
+  ~MaskPartsForProof();
+  MaskPartsForProof(const MaskPartsForProof&) = delete;
+  MaskPartsForProof& operator=(const MaskPartsForProof&) = delete;
+
+ private:
+  Graph& g_;
+  const std::vector<ScoreBias>& biases_;
+  std::vector<Node*> nots_;
+};
+// Copies the biases' subgraphs (they keep reading the whole (B, T) attention_mask; a Shape of
+// the keys gives T on axis 2); returns the copies that read attention_mask, which
+// widen_attention_mask leaves alone.
+std::vector<const Node*> copy_biases(Graph& g, KvCacheBuilder& b, std::vector<ScoreBias>& biases,
+                                     Value* attention_mask, const std::vector<Node*>& attentions);
 // After use_masks: each biased attention reads Where(its bool mask, bias, lowest).
 void use_biases(Graph& g, KvCacheBuilder& b, const std::vector<ScoreBias>& biases,
                 PassContext& ctx);

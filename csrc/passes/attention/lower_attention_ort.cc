@@ -242,10 +242,19 @@ void set_max_length(Value* x) {
 }
 
 // The ops' additive bias (B|1, Hq|1, S, T) from the mask, or null without one. In place, GQA's
-// causal flag and seqlens_k stand for the mask (right padding: the cache holds each row's
-// tokens from position 0).
+// causal flag and seqlens_k stand for a boolean mask (right padding: the cache holds each row's
+// tokens from position 0); a float one is a score bias (ALiBi: add_kv_cache's Where(allowed,
+// bias, lowest)), read at [b, h, s, t] for the keys t <= seqlens_k[b], whose (S, T) ORT 1.32
+// requires exactly: T = total_sequence_length, the attention_mask's width, not the buffer's.
 Value* build_bias(Rewriter& rw, const OrtLoweringPlan& p, Value* q3, Value* k3) {
-  if (!p.mask || p.inplace) return nullptr;
+  if (!p.mask || (p.inplace && p.mask_dtype == kBool)) return nullptr;
+  if (p.inplace) {
+    Value* s = rw.op1("Gather", {rw.op1("Shape", {q3}), ints(rw, {1})});
+    Value* t = rw.op1("Gather", {shared_op(rw, "Shape", {p.mask_input}), ints(rw, {1})});
+    Value* shape = rw.op1("Concat", {ints(rw, {1, 1}), s, t}, one_attr(attr_int("axis", 0)));
+    return rw.op1("Expand",
+                  {shared_op(rw, "Max", {p.mask, float_scalar(rw, p.dtype, true)}), shape});
+  }
   const bool full =
       same_dim(dim_at(p.mask, 4, 2), p.s_dim) && same_dim(dim_at(p.mask, 4, 3), p.t_dim);
   Value* m = p.mask;
