@@ -24,8 +24,9 @@ FIXTURE_DIR = Path(__file__).parent / "fixtures" / "models"
 # a cache computed step by step cannot reproduce once the switch flips.
 # ALiBi: a score bias (slopes x key positions) beside the mask, eager attention (no sdpa form).
 ALIBI_ARCHS = ("bloom", "mpt")
-# ALiBi (test_alibi.py): bloom's bias is carried by the standard cache but refused in place
-# (GroupQueryAttention in place reads no mask); mpt's bias reads the keys' length: refused.
+# Decoders the generic KV tests leave out: phi3_longrope's cache is refused; ALiBi's caches (both
+# forms) are tested in test_alibi.py, whose reference lays out a standard cache's holes for mpt
+# (its bias counts key indices, holes included).
 KV_REFUSED_ARCHS = {"phi3_longrope", *ALIBI_ARCHS}
 # Architectures whose attention stays decomposed, with the reason --explain gives. None today:
 # deberta_v2's disentangled attention fuses with its position terms as the attention bias

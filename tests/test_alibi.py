@@ -8,15 +8,25 @@ the causal/padding mask. Both export with transformers 5.24 through both torch.o
   attention_bias, Attention-23 attn_mask). test_llm_preset.py checks counts, residue and parity
   (unpadded, right- and left-padded) for every fixture, these among them.
 - Here: the bias counters, parity on masks with holes (where bloom's positions are not the key
-  index, so a bias folded to slopes * j would differ), and the KV cache: bloom's bias reads
-  attention_mask alone, so --kv-cache standard keeps it (32 greedy tokens equal to the
-  original's, chunked prefill too); in place is refused (GroupQueryAttention in place reads no
-  mask), and mpt (its bias slices a table by the keys' length) is refused in both forms, each
-  naming the reason and writing nothing.
+  index, so a bias folded to slopes * j would differ), and the KV cache in both forms. Both
+  biases are the same for every query and computed from the keys alone: bloom's from
+  attention_mask (slopes x (cumsum(mask) - 1) x mask), mpt's as the last T columns of a constant
+  (H, 1, L) table, slopes x (t - (T - 1)), T read from the keys' shape (TorchScript) or from
+  attention_mask's (dynamo, which also slices the table's one query row by max(1 - S, 0)). A
+  cached step recomputes the bias over all T keys from the whole attention_mask (T on the keys'
+  shape). In place, GroupQueryAttention takes it as attention_bias: ORT 1.32 wants exactly
+  (B|1, H|1, S, total_sequence_length) ("attention_bias dimension 3 must be equal to
+  total_sequence_length, got 16" for the buffer's length 16; "dimension 2 must be equal to the
+  sequence length, got 1" for one row broadcast over S) and reads [b, h, s, t] for the keys
+  t <= seqlens_k[b]; onnxruntime-genai runs those folders. mpt's key index counts a short row's
+  holes (the original does the same on the holed mask), so its standard cache is compared with
+  the original on the cached layout. Refused, naming the reason and writing nothing: a bias that
+  differs per query, and one sliced by the length of an activation that is not the keys.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import fastopt
@@ -24,9 +34,15 @@ import kv_generation as kg
 import numpy as np
 import onnx
 import pytest
+from fastopt.genai_config import write_genai_config
 from llm_fixtures import ALIBI_ARCHS, PARITY_ATOL, Fixture, feeds, fixtures, op_count, optimize
 from llm_fixtures import run as ort_run
 from onnx import helper
+
+try:
+    import onnxruntime_genai as og
+except ImportError:  # pragma: no cover - optional
+    og = None
 
 ALIBI = fixtures(arch=ALIBI_ARCHS)
 FP32 = fixtures(arch=ALIBI_ARCHS, dtype="float32")
@@ -85,31 +101,46 @@ def test_holes_change_bloom_bias() -> None:
     assert np.max(np.abs(a[1, 6:-1] - b[1, 6:-1])) > 1e-3
 
 
-STANDARD = [
-    pytest.param(fx, t, id=f"{fx}-{t}")
-    for fx in fixtures(arch="bloom")
-    for t in ("ort", "onnx")
-    if fx.dtype == "float32" or (t == "ort" and fx.exporter == "dynamo")
-]
-
-
 def _prompts() -> list[list[int]]:
     rng = np.random.default_rng(0)
     return [list(rng.integers(1, 512, 9)), list(rng.integers(1, 512, 4))]
 
 
-@pytest.mark.parametrize(("fx", "target"), STANDARD)
-def test_bloom_standard_cache_generation(fx: Fixture, target: str, tmp_path: Path) -> None:
-    """32 greedy tokens from a right-padded batch: the short row's cache holds a hole, which the
-    copied bias skips as the original's cumsum positions do."""
+def reference(fx: Fixture, prompts: list[list[int]], steps: int, mode: str) -> kg.Generation:
+    """The original's greedy tokens on the layout the cache holds: mpt's bias counts key
+    indices, a standard cache's holes included; bloom's positions skip them (as does a causal
+    mask), and an in-place cache holds each row contiguously."""
+    if fx.arch == "mpt" and mode == "standard":
+        return kg.greedy_no_cache_as_cached(fx.path, prompts, steps)
+    return kg.greedy_no_cache(fx.path, *kg.right_pad(prompts), steps)
+
+
+CACHED = [
+    pytest.param(fx, t, mode, id=f"{fx}-{t}-{mode}")
+    for fx in ALIBI
+    for t in ("ort", "onnx")
+    for mode in ("standard", "inplace")
+    if (mode == "standard" or t == "ort")
+    and (fx.dtype == "float32" or (t == "ort" and fx.exporter == "dynamo"))
+]
+
+
+@pytest.mark.parametrize(("fx", "target", "mode"), CACHED)
+def test_cache_generation(fx: Fixture, target: str, mode: str, tmp_path: Path) -> None:
+    """32 greedy tokens from a right-padded batch equal to the original's (fp16: up to the first
+    near-tie), step logits within 1e-4 (fp32) / 2e-2 (fp16); in place every layer is one
+    GroupQueryAttention reading the bias as attention_bias."""
     out = tmp_path / "model.onnx"
-    report = fastopt.optimize(fx.path, preset="llm", target=target, output=out, kv_cache="standard")
+    report = fastopt.optimize(fx.path, preset="llm", target=target, output=out, kv_cache=mode)  # type: ignore[arg-type]
     assert counters(report, "add_kv_cache").get("score bias (ALiBi) kept") == fx.layers
-    model = report.model.to_onnx() if report.model is not None else None
-    assert model is not None and op_count(model, "Softmax") == 0
+    model = onnx.load(out)
+    assert op_count(model, "Softmax") == 0
+    if mode == "inplace":
+        gqa = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
+        assert len(gqa) == fx.layers and all(len(n.input) > 10 and n.input[10] for n in gqa)
     prompts = _prompts()
-    ref = kg.greedy_no_cache(fx.path, *kg.right_pad(prompts), 32)
-    got = kg.greedy_cached(out, prompts, 32)
+    ref = reference(fx, prompts, 32, mode)
+    got = kg.greedy_cached(out, prompts, 32, inplace=mode == "inplace")
     same, diff = kg.compare(ref, got)
     if fx.dtype == "float32":
         assert same == 32, f"first token mismatch at step {same}"
@@ -118,35 +149,77 @@ def test_bloom_standard_cache_generation(fx: Fixture, target: str, tmp_path: Pat
     assert diff <= {"float32": 1e-4, "float16": 2e-2}[fx.dtype], diff
 
 
-@pytest.mark.parametrize("fx", fixtures(arch="bloom", dtype="float32"), ids=str)
-def test_bloom_chunked_prefill(fx: Fixture, tmp_path: Path) -> None:
+def without_attention_bias(path: Path, dst: Path) -> None:
+    """The in-place model with GroupQueryAttention's attention_bias dropped (what the old
+    lowering would have run)."""
+    model = onnx.load(path)
+    for n in model.graph.node:
+        if n.op_type == "GroupQueryAttention":
+            n.input[10] = ""
+    onnx.save(model, dst)
+
+
+@pytest.mark.parametrize("arch", ALIBI_ARCHS)
+def test_inplace_bias_matters(arch: str, tmp_path: Path) -> None:
+    """The in-place tests can fail: without the bias the same model decodes other tokens; and
+    mpt's reference choice is a real one (on the holed layout its logits differ)."""
+    (fx,) = fixtures(arch=arch, exporter="dynamo", dtype="float32")
+    out = tmp_path / "model.onnx"
+    fastopt.optimize(fx.path, preset="llm", output=out, kv_cache="inplace")
+    without_attention_bias(out, tmp_path / "unbiased.onnx")
+    prompts = _prompts()
+    ref = reference(fx, prompts, 8, "inplace")
+    got = kg.greedy_cached(tmp_path / "unbiased.onnx", prompts, 8, inplace=True)
+    assert np.abs(ref.logits[0] - got.logits[0]).max() > 1e-2
+    if arch == "mpt":
+        holed = reference(fx, prompts, 8, "standard")
+        assert np.abs(ref.logits[1:, 1] - holed.logits[1:, 1]).max() > 1e-3
+
+
+@pytest.mark.parametrize("fx", FP32, ids=str)
+def test_chunked_prefill(fx: Fixture, tmp_path: Path) -> None:
     """Prompts prefilled 4 tokens at a time: S > 1 queries over a past, one bias row for all."""
     out = tmp_path / "model.onnx"
     fastopt.optimize(fx.path, preset="llm", output=out, kv_cache="standard")
     prompts = _prompts()
-    ref = kg.greedy_no_cache(fx.path, *kg.right_pad(prompts), 8)
+    ref = reference(fx, prompts, 8, "standard")
     got = kg.greedy_cached(out, prompts, 8, prefill_chunk=4)
     assert kg.compare(ref, got)[0] == 8
     np.testing.assert_allclose(got.logits, ref.logits, atol=1e-4, rtol=0)
 
 
-# mpt's bias: TorchScript slices the table by Shape(K) (an activation); dynamo by lengths of
-# attention_mask, but whether one row results (the same for every query) is not proven.
-MPT_WHY = {"ts": "keys' length", "dynamo": "same for every query"}
-REFUSED = [pytest.param(fx, "inplace", "in-place", id=f"{fx}-inplace") for fx in FP32] + [
-    pytest.param(fx, "standard", MPT_WHY[fx.exporter], id=f"{fx}-standard")
-    for fx in FP32
-    if fx.arch == "mpt"
-]
+def genai_greedy(folder: Path, prompt: list[int], steps: int, used: set[int]) -> list[int]:
+    """onnxruntime-genai's greedy search; eos set to an id no token of the run holds, so that
+    it cannot stop early."""
+    assert og is not None
+    path = folder / "genai_config.json"
+    cfg = json.loads(path.read_text())
+    cfg["model"]["eos_token_id"] = min(set(range(len(used) + 1)) - used)
+    write_genai_config(cfg, path)
+    model = og.Model(str(folder))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + steps, do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(np.array([prompt], np.int32))
+    tokens = []
+    while not gen.is_done():
+        gen.generate_next_token()
+        tokens.append(int(gen.get_next_tokens()[0]))
+    return tokens
 
 
-@pytest.mark.parametrize(("fx", "kv", "why"), REFUSED)
-def test_kv_cache_refused(fx: Fixture, kv: str, why: str, tmp_path: Path) -> None:
+@pytest.mark.skipif(og is None, reason="onnxruntime-genai not installed")
+@pytest.mark.parametrize("mode", ["standard", "inplace"])
+@pytest.mark.parametrize("fx", FP32, ids=str)
+def test_runs_under_genai(fx: Fixture, mode: str, tmp_path: Path) -> None:
+    """onnxruntime-genai loads the folder (in place: one buffer bound as past and present, its
+    attention_mask growing by one column a step) and decodes the original's 32 tokens."""
     out = tmp_path / "model.onnx"
-    with pytest.raises(fastopt.ModelError, match=r"score bias \(ALiBi") as e:
-        fastopt.optimize(fx.path, output=out, preset="llm", kv_cache=kv)  # type: ignore[arg-type]
-    assert why in str(e.value)
-    assert not out.exists()
+    fastopt.optimize(fx.path, preset="llm", output=out, kv_cache=mode)  # type: ignore[arg-type]
+    prompt = _prompts()[0]
+    ref = kg.greedy_no_cache(fx.path, *kg.right_pad([prompt]), 32)
+    used = set(prompt) | {int(t) for t in ref.tokens[0]}
+    assert genai_greedy(tmp_path, prompt, 32, used) == list(ref.tokens[0])
 
 
 def per_query_bias(fx: Fixture) -> onnx.ModelProto:
@@ -199,3 +272,39 @@ def test_bias_per_query_fuses_but_is_not_cached(tmp_path: Path) -> None:
     assert np.max(np.abs(expected - np.asarray(ort_run(out, inputs)[0])[keep])) <= 1e-4
     with pytest.raises(fastopt.ModelError, match="not proven the same for every query"):
         fastopt.optimize(src, preset="llm", kv_cache="standard")
+
+
+def bias_by_query_length(fx: Fixture) -> onnx.ModelProto:
+    """TorchScript mpt with each layer's table sliced by the queries' length (Shape of Q, not of
+    the keys): the same model without a cache (S == T), not in a cached step (S < T)."""
+    model = onnx.load(fx.path)
+    g = model.graph
+    producer = {o: n for n in g.node for o in n.output}
+    changed = 0
+    for mm in g.node:
+        kt = producer.get(mm.input[1]) if mm.op_type == "MatMul" else None
+        if kt is None or kt.op_type != "Transpose":
+            continue
+        for n in g.node:  # Shape(Transpose(k_bshd)) read by the bias -> Shape(Q)
+            t = producer.get(n.input[0]) if n.op_type == "Shape" else None
+            if t is not None and t.op_type == "Transpose" and t.input[0] == kt.input[0]:
+                n.input[0] = mm.input[0]
+                changed += 1
+    assert changed == fx.layers
+    return model
+
+
+def test_bias_by_query_length_is_refused(tmp_path: Path) -> None:
+    (fx,) = fixtures(arch="mpt", exporter="ts", dtype="float32")
+    src = tmp_path / "src" / "model.onnx"
+    src.parent.mkdir()
+    onnx.save(bias_by_query_length(fx), src)
+    inputs = feeds(fx, batch=2, seq=7, padding="right", seed=1)
+    np.testing.assert_allclose(ort_run(src, inputs)[0], ort_run(fx.path, inputs)[0], atol=0)
+    report = fastopt.optimize(src, preset="llm")
+    assert counters(report, "fuse_attention").get("attention bias (ALiBi)") == fx.layers
+    out = tmp_path / "out" / "model.onnx"
+    for mode in ("standard", "inplace"):
+        with pytest.raises(fastopt.ModelError, match="not an attention's keys"):
+            fastopt.optimize(src, preset="llm", kv_cache=mode, output=out)  # type: ignore[arg-type]
+        assert not out.exists()
