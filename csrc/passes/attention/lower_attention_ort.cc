@@ -84,8 +84,9 @@
 //   kv_cache == 2 (in place): GQA on one max-length buffer per layer (past and present dims
 //     become "max_sequence_length" so a runtime binds one tensor to both; the kernel detects the
 //     sharing by pointer), seqlens_k = ReduceSum(attention_mask, 1) - 1 and total =
-//     Shape(attention_mask)[1] (int32) once for all layers, no bias: valid tokens must be
-//     contiguous from 0 (right padding), which is what the runtimes feed. RotaryEmbedding
+//     Shape(attention_mask)[1] (int32) once for all layers, no bias for a boolean mask: valid
+//     tokens must be contiguous from 0 (right padding), which is what the runtimes feed; a
+//     float mask (ALiBi's score bias) is attention_bias at (S, total). RotaryEmbedding
 //     (com.microsoft, full, same cos/sin for Q and K) folds in as do_rotary when the head size is
 //     a multiple of 16 (kernel check); GQA then computes positions past_seqlen + s itself.
 //
