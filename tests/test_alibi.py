@@ -308,3 +308,21 @@ def test_bias_by_query_length_is_refused(tmp_path: Path) -> None:
         with pytest.raises(fastopt.ModelError, match="not an attention's keys"):
             fastopt.optimize(src, preset="llm", kv_cache=mode, output=out)  # type: ignore[arg-type]
         assert not out.exists()
+
+
+@pytest.mark.parametrize("fx", fixtures(arch="mpt"), ids=str)
+def test_mpt_table_is_alibi(fx: Fixture) -> None:
+    """What mpt's bias slices (the last T columns, the same for every query): a constant
+    (H, 1, max_seq_len) table slopes[h] * (j - (L - 1)), slopes 2^(-8 (h + 1) / H). The cache
+    recomputes the slice over all T keys with the export's own ops, so the cached bias is the
+    full recompute's value for value (no softmax-invariance argument needed)."""
+    model = onnx.load(fx.path)
+    heads, length = fx.heads, int(fx.meta["config"]["max_seq_len"])
+    tensors = [*model.graph.initializer]
+    tensors += [a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute]
+    tables = [t for t in tensors if list(t.dims) == [heads, 1, length]]
+    assert len(tables) == 1
+    table = onnx.numpy_helper.to_array(tables[0]).astype(np.float64)
+    slopes = 2.0 ** (-8.0 * np.arange(1, heads + 1) / heads)
+    expected = slopes[:, None, None] * (np.arange(length) - (length - 1))[None, None, :]
+    np.testing.assert_allclose(table, expected, rtol=1e-3, atol=0)
