@@ -326,3 +326,13 @@ def test_mpt_table_is_alibi(fx: Fixture) -> None:
     slopes = 2.0 ** (-8.0 * np.arange(1, heads + 1) / heads)
     expected = slopes[:, None, None] * (np.arange(length) - (length - 1))[None, None, :]
     np.testing.assert_allclose(table, expected, rtol=1e-3, atol=0)
+
+
+def test_inplace_bias_on_cuda_is_refused(tmp_path: Path) -> None:
+    """cuda=1: CUDA's GroupQueryAttention rejects attention_bias, so in place the biased
+    attention is not lowered to it and the in-place form is refused, writing nothing."""
+    (fx,) = fixtures(arch="bloom", exporter="dynamo", dtype="float16")
+    out = tmp_path / "model.onnx"
+    with pytest.raises(fastopt.ModelError, match="not GroupQueryAttention"):
+        fastopt.optimize(fx.path, preset="llm", output=out, kv_cache="inplace", options={"cuda": 1})
+    assert not out.exists()

@@ -193,6 +193,10 @@ OrtLoweringPlan plan_ort_lowering(const Node* node, const Graph& g, const PassCo
     return refused("in-place cache: no attention_mask graph input (B, total_sequence_length)");
   }
   if (inplace && !causal && !mask) return refused("in-place cache: neither causal nor a mask");
+  if (inplace && cuda && mask && mask_dtype != kBool) {
+    return refused(
+        "in-place cache with a score bias: CUDA GroupQueryAttention rejects attention_bias");
+  }
   if (int_attr_or(node, "sliding_window", 0) > 0 && !cache) {
     return refused("a sliding_window attribute outside the cached form");
   }
