@@ -120,8 +120,7 @@ CACHED = [
     for fx in ALIBI
     for t in ("ort", "onnx")
     for mode in ("standard", "inplace")
-    if (mode == "standard" or t == "ort")
-    and (fx.dtype == "float32" or (t == "ort" and fx.exporter == "dynamo"))
+    if mode == "standard" or t == "ort"
 ]
 
 
