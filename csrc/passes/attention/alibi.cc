@@ -124,6 +124,16 @@ void shape_reads_to_q3(Node* root, Value* q3) {
   }
 }
 
+std::string intermediate_use_refusal(const Value* x, const Node* user, bool flat) {
+  std::string why = "intermediate '" + x->name() + "' has another use (" + user->op_type + ")";
+  if (flat) {
+    why +=
+        ": attention on heads folded into the batch whose Q or K also feed other score terms "
+        "(deberta-v2's disentangled attention) is not fused";
+  }
+  return why;
+}
+
 Node* flat_kt_transpose(const Value* kt) {
   Node* t = kt ? kt->producer() : nullptr;
   if (!t || t->op_type != "Transpose" || !is_standard(t) || t->inputs().empty()) return nullptr;

@@ -63,6 +63,9 @@ bool flat_output_is_4d(const Value* out, const Value* q, const Value* v,
                        analysis::ShapeFacts& facts);
 // After the rewrite: Shape reads of the flat output (`root`'s input 0) read `q3` instead.
 void shape_reads_to_q3(Node* root, Value* q3);
+// Why the walk refuses intermediate `x` read by `user` outside the attention; for flat heads it
+// names deberta-v2's disentangled attention (Q/K also feeding score terms not proven its own).
+std::string intermediate_use_refusal(const Value* x, const Node* user, bool flat);
 // K^T of flat heads, Transpose(k3, (0, 2, 1)): the Transpose, or null.
 Node* flat_kt_transpose(const Value* kt);
 // The flat scores' views: scores3 (B*H, S, T) -Reshape-> scores4 (B, H, S, T) [Softmax] probs4

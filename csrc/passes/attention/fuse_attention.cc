@@ -469,16 +469,7 @@ class AttentionWalk {
           continue;
         }
         if (!inside.count(u.node) && u.node->op_type != "Shape") {
-          std::string why =
-              "intermediate '" + x->name() + "' has another use (" + u.node->op_type + ")";
-          // deberta-v2's disentangled attention: heads folded into the batch, and Q/K also
-          // feed the relative-position score terms.
-          if (f_.flat)
-            why +=
-                ": attention on heads folded into the batch whose Q or K also "
-                "feed other score terms (deberta-v2's disentangled attention) "
-                "is not fused";
-          return fail(why);
+          return fail(alibi::intermediate_use_refusal(x, u.node, f_.flat));
         }
       }
     }
