@@ -236,7 +236,7 @@ void floats_to_halves_scalar(const float* in, size_t n, uint16_t* out) {
 // (overflow to inf, subnormal halves, signed zeros); a NaN keeps part of its payload there, so
 // groups with one go through float_to_half.
 __attribute__((target("avx,f16c"))) void floats_to_halves_f16c(const float* in, size_t n,
-                                                                uint16_t* out) {
+                                                               uint16_t* out) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 v = _mm256_loadu_ps(in + i);
