@@ -30,7 +30,7 @@
 #include <map>
 
 #include "ir/constant.h"
-#include "ir/page_buffer.h"
+#include "ir/uninit_buffer.h"
 #include "passes/fusion_util.h"
 #include "passes/registry.h"
 
@@ -72,10 +72,10 @@ Node* bias_add(const Node* mm, int64_t n, int32_t dtype, std::shared_ptr<const T
   return add;
 }
 
-// Concatenates row-major [rows, n_i] tensors along their last axis into new pages, written
+// Concatenates row-major [rows, n_i] tensors along their last axis into new bytes, written
 // once in order (a row of each source in turn): no zero-fill, sequential stores.
-std::shared_ptr<PageBuffer> concat_columns(const std::vector<std::shared_ptr<const Tensor>>& ts,
-                                           int64_t rows, uint64_t elem) {
+std::shared_ptr<UninitBuffer> concat_columns(const std::vector<std::shared_ptr<const Tensor>>& ts,
+                                             int64_t rows, uint64_t elem) {
   std::vector<ByteRef> src;  // views (typed-field tensors: decoded copies, kept alive here)
   std::vector<uint64_t> row_bytes;
   uint64_t total_row = 0;
@@ -84,7 +84,7 @@ std::shared_ptr<PageBuffer> concat_columns(const std::vector<std::shared_ptr<con
     row_bytes.push_back(static_cast<uint64_t>(t->dims.back()) * elem);
     total_row += row_bytes.back();
   }
-  auto out = std::make_shared<PageBuffer>(total_row * static_cast<uint64_t>(rows));
+  auto out = std::make_shared<UninitBuffer>(total_row * static_cast<uint64_t>(rows));
   uint8_t* dst = out->mutable_data();
   for (int64_t r = 0; r < rows; ++r) {
     for (size_t i = 0; i < ts.size(); ++i) {

@@ -1,7 +1,7 @@
-// Large tensors that passes build (packed weights: megabytes each, written once): bytes in
-// anonymous pages the pass writes directly, never zero-filled by us first (the kernel hands out
-// zeroed pages anyway), in 2 MB pages where the kernel offers them, so that filling 100 MB takes
-// a few dozen page faults instead of 25,000.
+// Large tensors that passes build and write once (packed weights, megabytes each): heap bytes
+// the pass fills directly, never zero-filled first (std::string(n, 0) wrote 100 MB of zeros on
+// a 0.5B export before the copy overwrote them). Not anonymous 2 MB pages (MADV_HUGEPAGE): with
+// THP defrag "madvise" their faults cost 0.2-0.3 s of CPU in some runs (compaction).
 #pragma once
 
 #include <cstdint>
@@ -13,14 +13,14 @@
 
 namespace fastopt {
 
-class PageBuffer final : public Buffer {
+class UninitBuffer final : public Buffer {
  public:
   // `size` writable bytes (contents unspecified until written); std::bad_alloc when the
   // memory cannot be had.
-  explicit PageBuffer(uint64_t size);
-  ~PageBuffer() override;
-  PageBuffer(const PageBuffer&) = delete;
-  PageBuffer& operator=(const PageBuffer&) = delete;
+  explicit UninitBuffer(uint64_t size);
+  ~UninitBuffer() override;
+  UninitBuffer(const UninitBuffer&) = delete;
+  UninitBuffer& operator=(const UninitBuffer&) = delete;
 
   const uint8_t* data() const override { return data_; }
   uint64_t size() const override { return size_; }
@@ -29,12 +29,11 @@ class PageBuffer final : public Buffer {
  private:
   uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
-  uint64_t mapped_ = 0;  // 0: data_ came from operator new
 };
 
 // A raw tensor over all of `buffer`, which the caller has filled; ModelError when its size is
 // not the shape's.
 std::shared_ptr<Tensor> make_tensor(int32_t dtype, std::vector<int64_t> dims,
-                                    std::shared_ptr<PageBuffer> buffer);
+                                    std::shared_ptr<UninitBuffer> buffer);
 
 }  // namespace fastopt
