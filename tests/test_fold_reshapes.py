@@ -280,7 +280,9 @@ def test_a_huge_axis_with_unknown_rank_does_not_hang(op: str) -> None:
 # --- a precision Cast between two reshapes ---
 
 
-def cast_between(second: Sequence[int], cast_users: int = 1) -> helper.ModelProto:
+def cast_between(
+    second: Sequence[int], cast_users: int = 1, first: Sequence[int] = (2, 3, 2, 2)
+) -> helper.ModelProto:
     nodes = [
         helper.make_node("Reshape", ["x", "c0"], ["a"]),
         helper.make_node("Cast", ["a"], ["c"], to=T.FLOAT16),
@@ -291,7 +293,7 @@ def cast_between(second: Sequence[int], cast_users: int = 1) -> helper.ModelProt
     if cast_users > 1:
         nodes.append(helper.make_node("Abs", ["c"], ["z"]))
         outputs.append(vi("z", T.FLOAT16, ["n"]))
-    inits = [ints("c0", [2, 3, 2, 2]), ints("c1", list(second))]
+    inits = [ints("c0", list(first)), ints("c1", list(second))]
     return model(nodes, [vi("x", T.FLOAT, [2, 3, 4])], outputs, inits)
 
 
@@ -303,10 +305,61 @@ def test_cast_between_reshapes_moves_below_and_the_chain_folds() -> None:
 
 
 def test_cast_between_reshapes_keeps_the_outer_zero_rule() -> None:
-    # The Cast moves (exact), but [0, -1] still copies the intermediate's dim 0: no fold.
-    out = check_pass(cast_between([0, -1]), PASS, rewrites=1)
+    # The Cast moves (exact), but [0, -1] still copies the intermediate's dim 0 (3), which is
+    # not x's (2): no fold.
+    out = check_pass(cast_between([0, -1], first=[3, 2, 2, 2]), PASS, rewrites=1)
     assert ops(out) == ["Reshape", "Reshape", "Cast", "Neg"]
+
+
+def test_cast_between_reshapes_zero_copying_the_same_dim_folds() -> None:
+    # [0, -1] copies the intermediate's dim 0, 2, which is x's dim 0 too: Reshape(x, [0, -1]).
+    out = check_pass(cast_between([0, -1]), PASS, rewrites=2)
+    assert ops(out) == ["Reshape", "Cast", "Neg"]
+    r = node(out, "Reshape")
+    assert r.input[0] == "x" and const_input(out, r, 1).tolist() == [0, -1]
 
 
 def test_cast_with_other_users_between_reshapes_stays() -> None:
     check_pass(cast_between([6, 4], cast_users=2), PASS, rewrites=0)
+
+
+def head_split_merge(batch_from: str) -> helper.ModelProto:
+    """x (B, S, 64) -> Reshape(Concat(Shape(batch_from)[0], Shape(x)[1], 4, 16)) -> Reshape([0,
+    0, 64]): the intermediate's type is unknown; shape facts tell its dims 0 and 1."""
+    nodes = [
+        helper.make_node("Shape", [batch_from], ["sb"]),
+        helper.make_node("Gather", ["sb", "i0"], ["b"]),
+        helper.make_node("Shape", ["x"], ["sx"]),
+        helper.make_node("Gather", ["sx", "i1"], ["s"]),
+        helper.make_node("Concat", ["b", "s", "heads"], ["split"], axis=0),
+        helper.make_node("Reshape", ["x", "split"], ["x4"]),
+        helper.make_node("Reshape", ["x4", "merge"], ["x3"]),
+        helper.make_node("Neg", ["x3"], ["y"]),
+    ]
+    inits = [ints("i0", [0]), ints("i1", [1]), ints("heads", [4, 16]), ints("merge", [0, 0, 64])]
+    inputs = [vi("x", T.FLOAT, ["B", "S", 64]), vi("other", T.FLOAT, ["C", "S", 64])]
+    return model(nodes, inputs, [vi("y", T.FLOAT, ["B", "S", 64])], inits)
+
+
+def test_zero_copies_proven_by_shape_facts_fold() -> None:
+    # The intermediate's (B, S) are x's: Reshape(x, [0, 0, 64]), a no-op that eliminate_noop
+    # removes with the split and its shape computation.
+    feeds = {
+        "x": np.random.rand(2, 3, 64).astype(np.float32),
+        "other": np.zeros((2, 3, 64), np.float32),
+    }
+    out = check_pass(
+        head_split_merge("x"), [PASS, "eliminate_noop", "eliminate_dead_nodes"], feeds=feeds
+    )
+    assert ops(out) == ["Neg"] and out.graph.node[0].input == ["x"]
+
+
+def test_zero_copies_of_another_batch_stay() -> None:
+    # dim 0 of the intermediate comes from `other` (C): not proven to be x's B, no fold (at run
+    # time C == B or the Reshape fails; the fold would hide the failure).
+    feeds = {
+        "x": np.random.rand(2, 3, 64).astype(np.float32),
+        "other": np.zeros((2, 3, 64), np.float32),
+    }
+    out = check_pass(head_split_merge("other"), PASS, rewrites=0, feeds=feeds)
+    assert ops(out).count("Reshape") == 2

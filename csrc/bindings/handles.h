@@ -7,6 +7,7 @@
 
 #include <memory>
 
+#include "ir/error.h"
 #include "ir/graph.h"
 
 namespace fastopt::bindings {
@@ -52,6 +53,16 @@ inline OptNode wrap_node(const ModelPtr& m, Node* n) {
   return py::cast(PyNode{m, n});
 }
 
+inline Node* live(const PyNode& n) {
+  if (!n.node->alive()) throw ModelError("node '" + n.node->name.value + "' was removed");
+  return n.node;
+}
+
+void bind_ir_objects(py::module_& m, py::class_<PyTensor>& tensor_cls,
+                     py::class_<PyValue>& value_cls, py::class_<PyNode>& node_cls,
+                     py::class_<PyGraph>& graph_cls, py::class_<PyFunction>& function_cls);
+void bind_model(py::module_& m, py::class_<Model, ModelPtr>& model_cls);  // model.cc
+void bind_folding(py::module_& m);                                        // folding.cc
 void bind_patterns(py::module_& m);
 void bind_analysis(py::module_& m);
 void bind_passes(py::module_& m);  // passes.cc

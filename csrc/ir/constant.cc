@@ -4,6 +4,12 @@
 
 #include "ir/error.h"
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#include <immintrin.h>
+#define FASTOPT_F16C 1
+#endif
+
 namespace fastopt {
 
 float half_to_float(uint16_t h) {
@@ -217,6 +223,49 @@ int value_rank(const Value* v) {
   if (v->type.is_tensor && v->type.has_shape) return static_cast<int>(v->type.dims.size());
   if (auto t = constant_tensor(v)) return static_cast<int>(t->dims.size());
   return -1;
+}
+
+namespace {
+
+void floats_to_halves_scalar(const float* in, size_t n, uint16_t* out) {
+  for (size_t i = 0; i < n; ++i) out[i] = float_to_half(in[i]);
+}
+
+#ifdef FASTOPT_F16C
+// VCVTPS2PH with round-to-nearest-even gives float_to_half's bits for every non-NaN float
+// (overflow to inf, subnormal halves, signed zeros); a NaN keeps part of its payload there, so
+// groups with one go through float_to_half.
+__attribute__((target("avx,f16c"))) void floats_to_halves_f16c(const float* in, size_t n,
+                                                               uint16_t* out) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(in + i);
+    if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)) != 0) {
+      floats_to_halves_scalar(in + i, 8, out + i);
+      continue;
+    }
+    const __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
+  }
+  floats_to_halves_scalar(in + i, n - i, out + i);
+}
+
+bool has_f16c() {
+  static const bool yes = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __builtin_cpu_supports("avx") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+  }();
+  return yes;
+}
+#endif
+
+}  // namespace
+
+void floats_to_halves(const float* in, size_t n, uint16_t* out) {
+#ifdef FASTOPT_F16C
+  if (has_f16c()) return floats_to_halves_f16c(in, n, out);
+#endif
+  floats_to_halves_scalar(in, n, out);
 }
 
 std::shared_ptr<Tensor> make_tensor(int32_t dtype, std::vector<int64_t> dims, std::string bytes) {

@@ -10,8 +10,15 @@
 //
 // TorchScript exports view/unsqueeze/flatten one call at a time, so head splitting and merging
 // in attention leaves such chains. Reshape's 0 copies a dim of its *input*: a target with 0
-// entries only folds with allowzero=1, where 0 means an empty dim. The first op may have other
-// users: it then stays for them.
+// entries folds with allowzero=1 (0 means an empty dim), or where the dims it copies are the
+// same in x (types or shape facts: Reshape(Reshape(x3d, [0, 0, H, D]), [0, 0, H*D]) after
+// attention is x3d's shape again, and eliminate_noop drops the Reshape left). The first op may have
+// other users: it then stays for them.
+#include <memory>
+#include <unordered_map>
+#include <utility>
+
+#include "analysis/shape_facts.h"
 #include "passes/cleanup_util.h"
 #include "passes/registry.h"
 
@@ -37,19 +44,74 @@ void set_axes(Node* n, Rewriter& rw, const std::vector<int64_t>& axes) {
   n->set_input(1, cleanup::int64_constant(rw, n->outputs()[0]->name() + "_axes", axes));
 }
 
+// Dim i of a and b declared the same in their types (a number, or a dim_param by name).
+bool same_type_dim(const Value* a, const Value* b, size_t i) {
+  auto dim = [i](const Value* v) -> const Dim* {
+    const TypeInfo& t = v->type;
+    if (!t.known || !t.is_tensor || !t.has_shape || i >= t.dims.size()) return nullptr;
+    return &t.dims[i];
+  };
+  const Dim *x = dim(a), *y = dim(b);
+  if (!x || !y) return false;
+  if (x->value && *x->value >= 0) return x->value == y->value;
+  return x->param && !x->param->empty() && x->param->rfind("unk__", 0) != 0 && x->param == y->param;
+}
+
+// Per pass run: the chains Reshape(mid = inner(x), s2) whose s2 copies (0) only dims of mid
+// that shape facts prove equal to x's, decided in one sweep over the graph as it was when
+// the first such chain was met (later rewrites keep every value's shape, so the proofs hold).
+class ZeroCopyProofs {
+ public:
+  bool proven(Model& model, const Node* outer, const Value* mid, const Value* x) {
+    if (!swept_) sweep(model);
+    auto it = proven_.find(outer);
+    return it != proven_.end() && it->second == std::make_pair(mid, x);
+  }
+
+ private:
+  void sweep(Model& model) {
+    swept_ = true;
+    analysis::ShapeFacts facts(model);  // the graph now, not the model's memo of an older one
+    for (Node* n = model.graph->first(); n; n = n->next()) {
+      if (n->op_type != "Reshape" || !n->domain.value.empty() || n->inputs().size() < 2) continue;
+      Value* mid = n->inputs()[0];
+      const Node* inner = mid ? mid->producer() : nullptr;
+      if (!inner || inner->inputs().empty() || !inner->inputs()[0]) continue;
+      const Value* x = inner->inputs()[0];
+      auto s2 = constant_ints(n->inputs()[1], 4096);
+      if (!s2) continue;
+      bool ok = true;
+      for (size_t i = 0; ok && i < s2->size(); ++i) {
+        const int a = static_cast<int>(i);
+        ok = (*s2)[i] != 0 || facts.same_dim(mid, a, x, a);
+      }
+      if (ok) proven_[n] = {mid, x};
+    }
+  }
+
+  bool swept_ = false;
+  std::unordered_map<const Node*, std::pair<const Value*, const Value*>> proven_;
+};
+
 // Reshape(inner(x), s2) -> Reshape(x, s2): inner only regroups elements, and s2 does not look
-// at inner's dims (no 0 entries, or allowzero=1).
-Replacement reshape_of_reshape(const Match& m, Rewriter& rw) {
+// at inner's dims (no 0 entries, or allowzero=1), or the dims its 0 entries copy are x's too
+// (the same in the types, or proven equal by shape facts: a head split's (B, S) merged back).
+Replacement reshape_of_reshape(const Match& m, Rewriter& rw, ZeroCopyProofs& proofs) {
   Node* outer = m.root();
   Node* inner = m.value("mid")->producer();
   if (has_attr_refs(outer) || has_attr_refs(inner)) return rw.fail("attribute refs");
   auto s2 = constant_ints(outer->inputs()[1], 4096);
   if (!s2) return rw.fail("the outer shape is not a constant");
   const bool allowzero = int_attr(outer, "allowzero").value_or(0) != 0;
-  if (!allowzero && std::find(s2->begin(), s2->end(), 0) != s2->end()) {
-    return rw.fail("the outer shape copies dims (0) of the intermediate");
+  Value *mid = m.value("mid"), *x = m.value("x");
+  bool typed = true;
+  for (size_t i = 0; i < s2->size(); ++i) {
+    typed = typed && ((*s2)[i] != 0 || same_type_dim(mid, x, i));
   }
-  outer->set_input(0, m.value("x"));
+  if (!allowzero && !typed && !proofs.proven(*rw.graph().model(), outer, mid, x)) {
+    return rw.fail("the outer shape copies dims (0) of the intermediate not known to be x's");
+  }
+  outer->set_input(0, x);
   return outer->outputs();
 }
 
@@ -252,9 +314,11 @@ Rule chain_rule(const std::string& name, std::vector<std::string> inner_ops,
 }
 
 std::vector<Rule> rules(const PassContext&) {
+  auto proofs = std::make_shared<ZeroCopyProofs>();
   return {
-      chain_rule("fold_reshape_chain", {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}, "Reshape", 2,
-                 reshape_of_reshape),
+      chain_rule(
+          "fold_reshape_chain", {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}, "Reshape", 2,
+          [proofs](const Match& m, Rewriter& rw) { return reshape_of_reshape(m, rw, *proofs); }),
       chain_rule("fold_reshape_cast_reshape", {"Cast"}, "Reshape", 2, sink_cast),
       chain_rule("fold_unsqueeze_chain", {"Unsqueeze"}, "Unsqueeze", 1, unsqueeze_chain),
       chain_rule("fold_squeeze_chain", {"Squeeze"}, "Squeeze", 1, squeeze_chain),

@@ -254,8 +254,12 @@ std::optional<Dim> batch_dim(const Value* v) {
   return std::nullopt;
 }
 
-// Per pass run: the cache initializers made so far, shared by every layer's q and k.
-using CacheMemo = std::map<std::string, std::pair<Value*, Value*>>;
+// Per pass run: the cache initializers made so far, shared by every layer's q and k, and the
+// fp32 tables they were made from, shared by the caches of every dtype.
+struct CacheMemo {
+  std::map<std::string, std::pair<Value*, Value*>> caches;
+  std::map<std::string, std::shared_ptr<const rotary::TrigTables>> trig;
+};
 
 struct Emitter {
   PassContext* ctx;
@@ -375,48 +379,43 @@ struct Emitter {
     return rope(x, rotary_dim > 0 ? num_heads_4d(x) : std::nullopt);
   }
 
-  // The (cos, sin) cache initializers for a traced source, made once per distinct source;
-  // nullopt (and nothing added) when a table's two halves differ (not rotate_half's layout).
+  // The (cos, sin) cache initializers for a traced source, made once per distinct source and
+  // dtype (the fp32 values once per distinct frequency source); nullopt (and nothing added)
+  // when a table's two halves differ (not rotate_half's layout).
   std::optional<std::pair<Value*, Value*>> caches(Graph& g, const rotary::CosSinSource& c,
                                                   const rotary::CosSinSource& s) const {
     std::string key =
         std::to_string(reinterpret_cast<uintptr_t>(&g)) + ":" + std::to_string(c.dtype) + ":";
-    int64_t max_positions = kDefaultMaxPositions;
-    if (auto it = ctx->options.find("rotary_max_positions"); it != ctx->options.end()) {
-      max_positions = it->second;
-    }
+    const int64_t rows = max_positions();
+    std::string trig_key;
     if (c.kind == rotary::CosSinSource::Kind::kTable) {
       key += "table:" + std::to_string(reinterpret_cast<uintptr_t>(c.table.get())) + ":" +
              std::to_string(reinterpret_cast<uintptr_t>(s.table.get())) + ":" +
              std::to_string(c.table_column) + ":" + std::to_string(s.table_column) + ":" +
              std::to_string(c.half);
     } else {
-      key += "freq:" + std::to_string(max_positions) + ":" +
-             (c.scaling ? std::to_string(*c.scaling) : std::string("-")) + ":" +
-             (c.via_half ? "half:" : "");
-      key.append(reinterpret_cast<const char*>(c.inv_freq.data()), c.inv_freq.size() * 4);
-      if (c.switch_cond) {
-        key += ":switch:" + std::to_string(reinterpret_cast<uintptr_t>(c.switch_cond)) + ":" +
-               std::to_string(c.switch_rows) + ":";
-        key.append(reinterpret_cast<const char*>(c.switched_inv_freq.data()),
-                   c.switched_inv_freq.size() * 4);
-      }
+      trig_key = rotary::trig_key(c, rows);
+      key += std::string("freq:") + (c.via_half ? "half:" : "") +
+             (c.switch_cond ? std::to_string(reinterpret_cast<uintptr_t>(c.switch_cond)) : "") +
+             ":" + trig_key;
     }
-    auto it = memo->find(key);
-    if (it != memo->end()) return it->second;
+    auto it = memo->caches.find(key);
+    if (it != memo->caches.end()) return it->second;
     std::shared_ptr<Tensor> tc, ts;
     if (c.kind == rotary::CosSinSource::Kind::kTable) {
       tc = rotary::table_cache(c);
       ts = rotary::table_cache(s);
     } else {
-      tc = rotary::frequency_cache(c, true, max_positions);
-      ts = rotary::frequency_cache(s, false, max_positions);
+      auto& trig = memo->trig[trig_key];
+      if (!trig) trig = std::make_shared<rotary::TrigTables>(rotary::trig_tables(c, rows));
+      tc = rotary::frequency_cache(*trig, true, c.dtype, c.via_half);
+      ts = rotary::frequency_cache(*trig, false, s.dtype, s.via_half);
     }
     if (!tc || !ts) return std::nullopt;
     std::pair<Value*, Value*> out{g.add_initializer(g.unique_name("rotary_cos_cache"), tc),
                                   g.add_initializer(g.unique_name("rotary_sin_cache"), ts)};
     ++ctx->counters["caches"];
-    (*memo)[key] = out;
+    memo->caches[key] = out;
     return out;
   }
 };

@@ -283,32 +283,91 @@ int64_t switch_table_rows(const CosSinSource& s, int64_t max_positions) {
   return std::max(max_positions, s.switch_rows);
 }
 
-std::shared_ptr<Tensor> frequency_cache(const CosSinSource& s, bool cos, int64_t max_positions) {
+namespace {
+
+template <typename T>
+void append_bytes(std::string* key, const T& v) {
+  key->append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+
+// glibc's sincosf gives sinf's and cosf's results bit for bit (the same reduction and
+// polynomials; checked on all 2^32 floats) at about the cost of one of them.
+void sin_cos(float x, float* s, float* c) {
+#ifdef __GLIBC__
+  ::sincosf(x, s, c);
+#else
+  *s = std::sin(x);
+  *c = std::cos(x);
+#endif
+}
+
+}  // namespace
+
+std::string trig_key(const CosSinSource& s, int64_t max_positions) {
+  std::string key;
+  append_bytes(&key, max_positions);
+  append_bytes(&key, s.scaling.has_value());
+  append_bytes(&key, s.scaling.value_or(0.0f));  // the bits: equal keys mean equal values
+  append_bytes(&key, s.inv_freq.size());
+  key.append(reinterpret_cast<const char*>(s.inv_freq.data()), s.inv_freq.size() * 4);
+  if (s.switch_cond) {
+    append_bytes(&key, s.switch_rows);
+    key.append(reinterpret_cast<const char*>(s.switched_inv_freq.data()),
+               s.switched_inv_freq.size() * 4);
+  }
+  return key;
+}
+
+TrigTables trig_tables(const CosSinSource& s, int64_t max_positions) {
   const int64_t table = s.switch_cond ? switch_table_rows(s, max_positions) : max_positions;
-  const int64_t rows = s.switch_cond ? 2 * table : table;
-  const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(s.half);
-  const bool half = s.dtype == kFloat16;
-  std::string bytes(n * (half ? 2 : 4), '\0');
+  TrigTables t;
+  t.rows = s.switch_cond ? 2 * table : table;
+  t.half = s.half;
+  const size_t n = static_cast<size_t>(t.rows) * static_cast<size_t>(s.half);
+  t.cos.resize(n);
+  t.sin.resize(n);
   size_t k = 0;
-  for (int64_t row = 0; row < rows; ++row) {
+  for (int64_t row = 0; row < t.rows; ++row) {
     const bool on = row >= table;
-    const int64_t p = on ? row - table : row;
-    const std::vector<float>& inv = on ? s.switched_inv_freq : s.inv_freq;
+    const float p = static_cast<float>(on ? row - table : row);
+    const float* inv = (on ? s.switched_inv_freq : s.inv_freq).data();
     for (int64_t i = 0; i < s.half; ++i, ++k) {
       // The graph's order of fp32 operations: Cast(p) * inv_freq, Cos/Sin, * scaling.
-      const float angle = static_cast<float>(p) * inv[static_cast<size_t>(i)];
-      float v = cos ? std::cos(angle) : std::sin(angle);
-      if (s.scaling) v *= *s.scaling;
-      if (s.via_half) v = half_to_float(float_to_half(v));  // a Cast to fp16 and back
-      if (half) {
-        const uint16_t h = float_to_half(v);
-        std::memcpy(&bytes[k * 2], &h, 2);
-      } else {
-        std::memcpy(&bytes[k * 4], &v, 4);
-      }
+      sin_cos(p * inv[i], &t.sin[k], &t.cos[k]);
     }
   }
-  return make_tensor(s.dtype, {rows, s.half}, std::move(bytes));
+  if (s.scaling) {
+    const float f = *s.scaling;
+    for (size_t i = 0; i < n; ++i) {
+      t.cos[i] *= f;
+      t.sin[i] *= f;
+    }
+  }
+  return t;
+}
+
+std::shared_ptr<Tensor> frequency_cache(const TrigTables& t, bool cos, int32_t dtype,
+                                        bool via_half) {
+  const std::vector<float>& v = cos ? t.cos : t.sin;
+  const bool half = dtype == kFloat16;
+  std::string bytes(v.size() * (half ? 2 : 4), '\0');
+  if (half || via_half) {
+    // A round trip through float16 before a float16 cache changes nothing (float_to_half of
+    // half_to_float(h) is h).
+    std::vector<uint16_t> h(v.size());
+    floats_to_halves(v.data(), v.size(), h.data());
+    if (half) {
+      std::memcpy(bytes.data(), h.data(), h.size() * 2);
+      return make_tensor(dtype, {t.rows, t.half}, std::move(bytes));
+    }
+    for (size_t i = 0; i < v.size(); ++i) {
+      const float f = half_to_float(h[i]);
+      std::memcpy(&bytes[i * 4], &f, 4);
+    }
+  } else {
+    std::memcpy(bytes.data(), v.data(), v.size() * 4);
+  }
+  return make_tensor(dtype, {t.rows, t.half}, std::move(bytes));
 }
 
 std::shared_ptr<Tensor> table_cache(const CosSinSource& s) {

@@ -87,12 +87,23 @@ bool take_scaling(Value** cur, const std::string& fn, CosSinSource* s, std::stri
 // "Cos" or "Sin". On failure returns nullopt with the reason in `why`.
 std::optional<CosSinSource> trace_cos_sin(Value* v, const std::string& fn, std::string* why);
 
-// Element tensors for the caches, (max_positions, half), in `dtype` (float or float16).
-// Frequencies: cos/sin(float(p) * inv_freq[i]) [* scaling], computed in fp32 as the graph does.
-// With a switch: (2 R, half), rows [0, R) from inv_freq, [R, 2 R) from switched_inv_freq at
-// position row - R, R = switch_table_rows(s, max_positions); the positions are offset by R when
-// the switch is on.
-std::shared_ptr<Tensor> frequency_cache(const CosSinSource& s, bool cos, int64_t max_positions);
+// The fp32 values of a frequency source's caches before their dtype: cos/sin(float(p) *
+// inv_freq[i]) [* scaling], computed in fp32 as the graph does, (rows, half) row-major; rows =
+// max_positions. With a switch: (2 R, half), rows [0, R) from inv_freq, [R, 2 R) from
+// switched_inv_freq at position row - R, R = switch_table_rows(s, max_positions); the positions
+// are offset by R when the switch is on.
+struct TrigTables {
+  int64_t rows = 0, half = 0;
+  std::vector<float> cos, sin;
+};
+TrigTables trig_tables(const CosSinSource& s, int64_t max_positions);
+// Everything trig_tables(s, max_positions) depends on: sources with equal keys (the caches of
+// every dtype, every layer) share one computation.
+std::string trig_key(const CosSinSource& s, int64_t max_positions);
+// The (rows, half) cache in `dtype` (float or float16) from one table of `t`; via_half: the
+// fp32 values pass through float16 first (a Cast to fp16 and back in the graph).
+std::shared_ptr<Tensor> frequency_cache(const TrigTables& t, bool cos, int32_t dtype,
+                                        bool via_half);
 int64_t switch_table_rows(const CosSinSource& s, int64_t max_positions);
 // Table: the first `half` columns of the (M, 2 * half) table, after checking that both halves are
 // equal (rotate_half's layout); null when they are not. With a table_column: those `half`
