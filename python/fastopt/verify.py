@@ -59,12 +59,11 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Union
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Callable, Union
 
 from fastopt import _C
 from fastopt._io import from_onnx, load
+from fastopt._lazy import lazy_module
 from fastopt._numpy import numpy_dtype
 from fastopt.check import (
     ModelLike,
@@ -78,6 +77,11 @@ from fastopt.check import (
 )
 from fastopt.errors import UnsupportedModelError, entry_point
 from fastopt.providers import Placement, is_accelerator, labels, provider_name, read_profile
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_module("numpy")  # imported on first use: `import fastopt` stays cheap
 
 Tolerance = Union[float, Mapping[str, float], None]
 
