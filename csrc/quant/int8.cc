@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <limits>
 #include <mutex>
 
 #include "quant/vector_clones.h"
@@ -299,7 +300,9 @@ void run_int8_jobs(std::vector<Int8Job>& jobs, TempFile& out, int threads,
     max_tasks += static_cast<size_t>((job.rows() + tile_rows(job) - 1) / tile_rows(job));
   }
   const int n_threads = worker_count(threads, max_tasks);
-  const uint64_t whole_limit = kMappedBudget / static_cast<uint64_t>(n_threads);
+  // The share of each thread asked for (not only of those this model's tasks keep busy).
+  const uint64_t whole_limit =
+      kMappedBudget / static_cast<uint64_t>(worker_count(threads, std::numeric_limits<int>::max()));
   // First: small weights whole, and the ranges of large ones in tiles; then the codes of the
   // large ones in tiles.
   std::vector<Task> first, codes;
