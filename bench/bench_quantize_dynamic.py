@@ -166,7 +166,8 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, Any], a: argparse.Namesp
         f"{'per channel' if a.per_channel else 'per tensor'}, symmetric (both tools' default).",
         "",
         "Command: `python bench/bench_quantize_dynamic.py "
-        f"--threads {a.threads} --runs {a.runs}{' --per-channel' if a.per_channel else ''}`",
+        f"--threads {a.threads} --runs {a.runs}{' --per-channel' if a.per_channel else ''}"
+        f"{' --no-latency' if a.no_latency else ''}`",
         "",
         f"Load average (1 min) at the start and the end: {env.get('load_start', '?')}, "
         f"{env.get('load_end', '?')} (a shared machine: CPU time is the tool's own work).",
