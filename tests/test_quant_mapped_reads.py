@@ -56,6 +56,17 @@ def _weight(path: Path) -> np.ndarray:
     return next(t.numpy() for t in fastopt.load(str(path)).graph.initializers if t.name == "w")
 
 
+def test_in_memory_weights_survive_quantizing(sources: dict[str, Path]) -> None:
+    """Pages are released only from file mappings: on a model made in memory (from_onnx) a
+    release would zero the weight's bytes under every view of them."""
+    want = _weight(sources["inline"]).copy()
+    for mode in ("int4", "int8-dynamic", "fp16"):
+        model = fastopt.from_onnx(onnx.load(str(sources["inline"])))
+        view = next(t.numpy() for t in model.graph.initializers if t.name == "w")
+        fastopt.quantize(model, mode=mode)
+        assert np.array_equal(view, want), mode
+
+
 @pytest.mark.parametrize("form", ["inline", "external", "memory"])
 @pytest.mark.parametrize("threads", [1, 16])
 def test_int4_bytes_equal_onnxruntime(sources: dict[str, Path], form: str, threads: int) -> None:

@@ -117,7 +117,10 @@ void WeightSource::read_columns(int64_t c0, int64_t cols, float* dst) const {
 
 void WeightSource::release_bytes(uint64_t offset, uint64_t n) const {
   // Only a file mapping gives its pages back unchanged: on anonymous memory (a tensor made by
-  // an earlier pass) MADV_DONTNEED would zero them.
+  // an earlier pass, a model made in memory) MADV_DONTNEED would zero them. The buffers with a
+  // file descriptor are read-only mappings of it (FileBuffer, TempFile); a new Buffer with a
+  // descriptor and owned bytes would have to say so here
+  // (tests/test_quant_mapped_reads.py checks in-memory weights survive).
   if (!bytes.buffer || bytes.buffer->fd() < 0 || n == 0) return;
   // Whole fault-around windows around the bytes: a page fault maps the 64 KB-aligned window
   // around it (the kernel's default fault_around_bytes), so pages of rows released before would
