@@ -89,12 +89,10 @@ def _size(path: str) -> int:
     return sum(p.stat().st_size for p in folder.iterdir() if p.name.startswith(Path(path).name))
 
 
-def _decode(model: str) -> list[str]:
+def _decode(model: str, work: str) -> list[str]:
     """Optimizes the model to the in-place form in fp32 and int4 and times one decode step of
     each, interleaved in one fastopt bench process."""
-    with tempfile.TemporaryDirectory(
-        prefix="bench-quant-decode-", dir=str(Path(model).parent)
-    ) as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-quant-decode-", dir=work) as tmp:
         outs = {}
         lines = [
             "| model | optimize time | median step | p90 | ratio |",
@@ -174,6 +172,12 @@ def main() -> None:
         help="also: decode latency (context 256, 2 threads) of `optimize --preset llm "
         "--kv-cache inplace` with and without --quantize int4, interleaved by fastopt bench",
     )
+    ap.add_argument(
+        "--work",
+        default=None,
+        help="folder for the outputs (default: beside the model; one filesystem keeps the save's "
+        "copies in the kernel)",
+    )
     ap.add_argument("--child", nargs=3, metavar=("TOOL", "SRC", "DST"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -187,9 +191,9 @@ def main() -> None:
     env = bl.environment(["onnx", "onnxruntime", "numpy"])
     env["load_average"] = os.getloadavg()
     rows: dict[str, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory(
-        prefix="bench-quant-", dir=str(Path(args.model).parent)
-    ) as tmp:
+    work = args.work or str(Path(args.model).parent)
+    os.makedirs(work, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="bench-quant-", dir=work) as tmp:
         outs = {}
         for tool in ("fastopt", "fastopt-external", "ort"):
             dst = os.path.join(tmp, tool, "model.onnx")
@@ -227,7 +231,7 @@ def main() -> None:
                 identity = identity or got
                 if got != identity:  # both outputs hold the same tensors
                     identity = {**identity, "error": f"{ours}: {got}"}
-    decode = _decode(args.model) if args.decode else None
+    decode = _decode(args.model, work) if args.decode else None
     f, o = rows["fastopt"], rows["ort"]
     fx = rows["fastopt-external"]
     md = [

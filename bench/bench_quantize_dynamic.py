@@ -41,6 +41,14 @@ LARGE = "/tmp/fastopt-bench/qwen2_0.5b_ts/model.onnx"
 
 
 # ---- children ------------------------------------------------------------------------------
+def _cpu_seconds() -> float:
+    """User + system CPU of this process so far, all its threads (imports included)."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
 def child_fastopt(src: str, out: str, per_channel: bool) -> dict[str, Any]:
     import time
 
@@ -48,7 +56,12 @@ def child_fastopt(src: str, out: str, per_channel: bool) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     r = fastopt.quantize(src, out, mode="int8-dynamic", per_channel=per_channel)
-    return {"seconds": time.perf_counter() - t0, "quantized": r.summary.quantized}
+    return {
+        "seconds": time.perf_counter() - t0,
+        "quantized": r.summary.quantized,
+        "pass_seconds": sum(p.seconds for p in r.passes),
+        "cpu_seconds": _cpu_seconds(),
+    }
 
 
 def child_ort(src: str, out: str, per_channel: bool) -> dict[str, Any]:
@@ -63,7 +76,7 @@ def child_ort(src: str, out: str, per_channel: bool) -> dict[str, Any]:
         src, out, weight_type=QuantType.QInt8, per_channel=per_channel,
         use_external_data_format=True,
     )  # fmt: skip
-    return {"seconds": time.perf_counter() - t0}
+    return {"seconds": time.perf_counter() - t0, "cpu_seconds": _cpu_seconds()}
 
 
 def child_compare(ours: str, theirs: str) -> dict[str, Any]:
@@ -132,6 +145,9 @@ def bench_model(name: str, src: str, work: str, a: argparse.Namespace) -> dict[s
         row["ort"]["bytes"] = _size(theirs)
         row["compare"] = _run(["compare", ours, theirs], a.timeout)
         print(f"  weights: {row['compare']}", flush=True)
+    if a.no_latency:
+        row["latency"] = {}
+        return row
     paths = [src, ours] + ([theirs] if "error" not in row["ort"] else [])
     phase = "prefill"
     row["latency"] = _run(
@@ -150,33 +166,39 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, Any], a: argparse.Namesp
         f"{'per channel' if a.per_channel else 'per tensor'}, symmetric (both tools' default).",
         "",
         "Command: `python bench/bench_quantize_dynamic.py "
-        f"--threads {a.threads} --runs {a.runs}{' --per-channel' if a.per_channel else ''}`",
+        f"--threads {a.threads} --runs {a.runs}{' --per-channel' if a.per_channel else ''}"
+        f"{' --no-latency' if a.no_latency else ''}`",
         "",
-        "| model | tool | time (process) | peak RSS | output size | prefill/run latency "
-        "| vs fp32 | weights identical |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"Load average (1 min) at the start and the end: {env.get('load_start', '?')}, "
+        f"{env.get('load_end', '?')} (a shared machine: CPU time is the tool's own work).",
+        "",
+        "| model | tool | time (process) | CPU (process) | peak RSS | output size "
+        "| prefill/run latency | vs fp32 | weights identical |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         lat = r["latency"].get("median_ms") or []
         base = lat[0] if lat else None
         lines.append(
-            f"| {r['model']} | fp32 original | - | - | {fmt_mb(r['source_bytes'])} | "
+            f"| {r['model']} | fp32 original | - | - | - | {fmt_mb(r['source_bytes'])} | "
             f"{base:.1f} ms | 1.00x | - |"
             if base
-            else f"| {r['model']} | fp32 | - | - | - | - | - | - |"
+            else f"| {r['model']} | fp32 original | - | - | - | {fmt_mb(r['source_bytes'])} "
+            "| - | - | - |"
         )
         for k, tool in enumerate(("fastopt", "ort"), start=1):
             t = r[tool]
             if "error" in t:
-                lines.append(f"| {r['model']} | {tool} | {t['error']} | {fmt_mb(t['peak_rss'])} "
-                             "| - | - | - | - |")  # fmt: skip
+                lines.append(f"| {r['model']} | {tool} | {t['error']} | - "
+                             f"| {fmt_mb(t['peak_rss'])} | - | - | - | - |")  # fmt: skip
                 continue
             ms = lat[k] if len(lat) > k else None
             same = r.get("compare", {})
             ident = f"{same.get('identical')}/{same.get('identical', 0) + same.get('different', 0)}"
             lines.append(
                 f"| {r['model']} | {'fastopt' if tool == 'fastopt' else 'quantize_dynamic'} | "
-                f"{fmt_s(t['seconds'])} ({fmt_s(t['process_wall_s'])}) | {fmt_mb(t['peak_rss'])} | "
+                f"{fmt_s(t['seconds'])} ({fmt_s(t['process_wall_s'])}) | "
+                f"{fmt_s(t.get('cpu_seconds'))} | {fmt_mb(t['peak_rss'])} | "
                 f"{fmt_mb(t.get('bytes'))} | "
                 + (f"{ms:.1f} ms | {ms / base:.2f}x" if ms and base else "- | -")
                 + f" | {ident if tool == 'fastopt' else ''} |"
@@ -197,6 +219,7 @@ def main() -> None:
     p.add_argument("--child", nargs=argparse.REMAINDER)
     p.add_argument("--skip-large", action="store_true")
     p.add_argument("--per-channel", action="store_true")
+    p.add_argument("--no-latency", action="store_true", help="time the quantizers only")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--seq", type=int, default=128)
@@ -226,9 +249,11 @@ def main() -> None:
                    os.path.dirname(LARGE)], 3600)  # fmt: skip
         models["qwen2_0.5b_ts (2.4 GB)"] = LARGE
     rows = []
+    load_start = round(os.getloadavg()[0], 1)
     for k, (name, src) in enumerate(models.items()):
         rows.append(bench_model(name, src, os.path.join(a.work, f"m{k}"), a))
     env = environment(["onnxruntime", "onnx", "numpy"])
+    env["load_start"], env["load_end"] = load_start, round(os.getloadavg()[0], 1)
     write_results(markdown(rows, env, a), {"rows": rows, "env": env}, a.out)
 
 

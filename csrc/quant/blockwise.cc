@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "ir/constant.h"
+#include "quant/vector_clones.h"
 
 namespace fastopt::quant {
 
@@ -36,14 +37,6 @@ float bfloat16_to_float(uint16_t b) {
 }
 
 namespace {
-
-// The hot loops, compiled for the wider vector units too and chosen at load time: the same IEEE
-// operations in each (no fused multiply-adds: -ffp-contract=off), so the same bytes.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define FASTOPT_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define FASTOPT_VECTOR_CLONES
-#endif
 
 // Per column, the min and max over `rows` rows `ld` floats apart.
 FASTOPT_VECTOR_CLONES void column_range(const float* __restrict src, int64_t ld, int64_t rows,

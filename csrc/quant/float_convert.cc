@@ -46,6 +46,7 @@ void run_convert_jobs(std::vector<ConvertJob>& jobs, TempFile& out, int threads,
   std::vector<Tile> tiles;
   std::vector<uint64_t> work;
   for (size_t j = 0; j < jobs.size(); ++j) {
+    WeightSource{jobs[j].src, 1, static_cast<int64_t>(jobs[j].numel), 1}.check_readable();
     jobs[j].offset = out.reserve(jobs[j].data_bytes());
     for (uint64_t b = 0; b < jobs[j].numel; b += kTileFloats) {
       tiles.push_back({j, b, std::min(jobs[j].numel, b + kTileFloats)});
@@ -55,7 +56,6 @@ void run_convert_jobs(std::vector<ConvertJob>& jobs, TempFile& out, int threads,
   const int n_threads = worker_count(threads, tiles.size());
   struct Scratch {
     std::vector<float> x;
-    std::vector<uint8_t> raw;
     std::vector<uint16_t> y;
   };
   std::vector<Scratch> scratch(static_cast<size_t>(n_threads));
@@ -69,14 +69,20 @@ void run_convert_jobs(std::vector<ConvertJob>& jobs, TempFile& out, int threads,
         const int64_t n = static_cast<int64_t>(t.end - t.begin);
         // The tensor as [numel, 1]: rows [begin, end) are one contiguous read.
         const WeightSource src{job.src, 1, static_cast<int64_t>(job.numel), 1};
-        s.x.resize(static_cast<size_t>(n));
         s.y.resize(static_cast<size_t>(n));
-        src.read(static_cast<int64_t>(t.begin), n, 0, 1, s.x.data(), s.raw);
+        const float* x = src.in_place();
+        if (x) {
+          x += t.begin;
+        } else {
+          s.x.resize(static_cast<size_t>(n));
+          src.read(static_cast<int64_t>(t.begin), n, 0, 1, s.x.data());
+          x = s.x.data();
+        }
         uint64_t clamped = 0;
         ErrorSums err;
         for (int64_t k = 0; k < n; ++k) {
           bool c;
-          const float v = s.x[static_cast<size_t>(k)];
+          const float v = x[k];
           const uint16_t b = convert_float(v, job.to, c);
           s.y[static_cast<size_t>(k)] = b;
           clamped += c;
@@ -89,6 +95,7 @@ void run_convert_jobs(std::vector<ConvertJob>& jobs, TempFile& out, int threads,
           }
         }
         err.count = static_cast<uint64_t>(n);
+        src.release_bytes(t.begin * 4, static_cast<uint64_t>(n) * 4);
         out.write(job.offset + t.begin * 2, s.y.data(), static_cast<uint64_t>(n) * 2);
         std::lock_guard<std::mutex> lock(mu);
         job.clamped += clamped;

@@ -1,5 +1,5 @@
 // float32 -> float16 / bfloat16 conversion of whole tensors, streamed: each tensor is read in
-// tiles with pread (quant/quantize_job.h WeightSource), converted and written into a TempFile,
+// tiles from the model's mapping (quant/weight_source.h), converted and written into a TempFile,
 // so a model's fp32 weights never sit in memory as a copy.
 //   float16:  round to nearest even, exactly numpy's astype(float16) (ir/constant.h
 //             float_to_half); finite values beyond +-65504 are clamped to +-65504 and counted

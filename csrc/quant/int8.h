@@ -11,8 +11,12 @@
 //   codes      q = clip(rint(float(x) / float(scale)) + zp, -128, 127): a float32 division and
 //              round half to even (numpy's round), clipped to the full int8 range
 // Per tensor, or per channel along the last axis (a MatMul weight's columns).
-// The weight is read twice in tiles (range, then codes) with pread, the codes written straight
-// into a TempFile: a few MB of staging per thread whatever the weight weighs.
+// Weights are read in place from the model's mapping (quant/weight_source.h), the codes written
+// straight into a TempFile. A weight up to a share of a 128 MB budget per thread is read once:
+// its range, then its codes over the same mapped pages, released as they are coded; a larger
+// one (an lm_head) is read twice in 4 MB tiles (ranges, then codes, on all threads), since its
+// per-tensor scale needs the whole range before the first code. Memory: the budget plus a few
+// MB of staging, whatever the model weighs.
 #pragma once
 
 #include <cstdint>
@@ -55,8 +59,7 @@ struct Int8Job {
   int64_t channels() const { return spec.per_channel ? cols() : 1; }
   uint64_t data_bytes() const { return static_cast<uint64_t>(src.K * src.N); }
   // Rows [r0, r0 + n) of the weight to quantize, as floats into dst (n x cols()).
-  void read_rows(int64_t r0, int64_t n, float* dst, std::vector<float>& tmp,
-                 std::vector<uint8_t>& raw) const;
+  void read_rows(int64_t r0, int64_t n, float* dst, std::vector<float>& tmp) const;
 
   // Filled by run_int8_jobs.
   uint64_t data_offset = 0;        // int8 codes [rows, cols] in the TempFile

@@ -1,20 +1,11 @@
 #include "quant/quantize_job.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 
 #include "ir/constant.h"
 #include "ir/error.h"
 #include "quant/pack.h"
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <cpuid.h>
-#include <immintrin.h>
-#define FASTOPT_F16C 1
-#endif
 
 namespace fastopt::quant {
 namespace {
@@ -26,87 +17,6 @@ constexpr uint64_t kTileOutputBytes = 16u << 20;
 // Columns quantized together within a block: its rows stay in L1 between the two passes.
 constexpr int64_t kChunk = 256;
 
-const float* half_table() {
-  static const std::vector<float> table = [] {
-    std::vector<float> t(65536);
-    for (uint32_t h = 0; h < 65536; ++h) t[h] = half_to_float(static_cast<uint16_t>(h));
-    return t;
-  }();
-  return table.data();
-}
-
-void halves_by_table(const uint8_t* p, size_t n, float* dst) {
-  const float* table = half_table();
-  for (size_t i = 0; i < n; ++i) {
-    uint16_t h;
-    std::memcpy(&h, p + 2 * i, 2);
-    dst[i] = table[h];
-  }
-}
-
-#ifdef FASTOPT_F16C
-// The CPU's half -> float conversion, 8 at a time: the table's floats bit for bit for all
-// 65536 inputs but NaN payloads (NaNs stay NaN), 4-10x faster than its lookups (measured on
-// 1M-element buffers); a 7B fp16 model converts 6.7 G elements.
-__attribute__((target("avx,f16c"))) void halves_f16c(const uint8_t* p, size_t n, float* dst) {
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i));
-    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
-  }
-  halves_by_table(p + 2 * i, n - i, dst + i);
-}
-
-bool has_f16c() {
-  // F16C from CPUID leaf 1 (clang before 15 does not know "f16c" in __builtin_cpu_supports).
-  static const bool yes = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    return __builtin_cpu_supports("avx") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
-  }();
-  return yes;
-}
-#endif
-
-// n elements of `dtype` at p as floats.
-void to_float(int32_t dtype, const uint8_t* p, size_t n, float* dst) {
-  if (dtype == 1) {
-    std::memcpy(dst, p, n * 4);
-  } else {
-    if (dtype == 10) {
-#ifdef FASTOPT_F16C
-      if (has_f16c()) return halves_f16c(p, n, dst);
-#endif
-      halves_by_table(p, n, dst);
-    } else {
-      for (size_t i = 0; i < n; ++i) {
-        uint16_t b;
-        std::memcpy(&b, p + 2 * i, 2);
-        dst[i] = bfloat16_to_float(b);
-      }
-    }
-  }
-}
-
-void read_bytes(const ByteRef& ref, uint64_t offset, uint64_t n, uint8_t* dst) {
-  const int fd = ref.buffer->fd();
-  if (fd < 0) {
-    std::memcpy(dst, ref.data() + offset, n);
-    return;
-  }
-  uint64_t pos = ref.offset + offset;
-  while (n > 0) {
-    ssize_t r = ::pread(fd, dst, n, static_cast<off_t>(pos));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) {
-      throw ModelError("cannot read weights from '" + ref.buffer->path() +
-                       "': " + (r < 0 ? std::strerror(errno) : "unexpected end of file"));
-    }
-    dst += r;
-    pos += static_cast<uint64_t>(r);
-    n -= static_cast<uint64_t>(r);
-  }
-}
-
 struct Tile {
   size_t job;
   int64_t begin, end;  // columns (MatMulNBits) or rows (QDQ)
@@ -116,7 +26,7 @@ struct Tile {
 // Per-thread scratch.
 struct Scratch {
   std::vector<float> block;
-  std::vector<uint8_t> raw, data, scales, zps;
+  std::vector<uint8_t> data, scales, zps;
   std::vector<uint8_t> last_codes;  // per column: code of the previous block's last row
   std::vector<float> columns;       // transposed sources: the tile's columns, whole
   std::vector<uint8_t> pairs;       // pack_columns' staging
@@ -177,28 +87,41 @@ void nbits_tile(WeightJob& job, int64_t c0, int64_t c1, TempFile& out, Scratch& 
   s.data.resize(static_cast<size_t>(cols * kb_count * blob));  // every byte is written
   s.scales.resize(static_cast<size_t>(cols * kb_count * sb));
   if (!spec.symmetric) s.zps.assign(static_cast<size_t>(cols * zp_cols), 0);
-  s.block.resize(static_cast<size_t>(bs * cols));
   s.last_codes.assign(static_cast<size_t>(cols), 0);
+  // float32 weights are quantized where they lie in the mapping (rows N floats apart).
+  const float* in_place = job.src.in_place();
+  if (!in_place || job.src.transposed) s.block.resize(static_cast<size_t>(bs * cols));
+  const float* columns = nullptr;  // transposed: the tile's columns, [cols, K]
   if (job.src.transposed) {
-    s.columns.resize(static_cast<size_t>(cols * K));
-    job.src.read_columns(c0, cols, s.columns.data(), s.raw);
+    if (in_place) {
+      columns = in_place + c0 * K;
+    } else {
+      s.columns.resize(static_cast<size_t>(cols * K));
+      job.src.read_columns(c0, cols, s.columns.data());
+      columns = s.columns.data();
+    }
   }
   BlockQuantizer bq(spec);
   ErrorSums err;
   for (int64_t kb = 0; kb < kb_count; ++kb) {
     const int64_t r0 = kb * bs, rows = std::min(bs, K - r0);
+    const float* block = s.block.data();
+    int64_t ld = cols;
     if (job.src.transposed) {
       for (int64_t c = 0; c < cols; ++c) {
-        const float* from = s.columns.data() + c * K + r0;
+        const float* from = columns + c * K + r0;
         for (int64_t r = 0; r < rows; ++r) s.block[static_cast<size_t>(r * cols + c)] = from[r];
       }
+    } else if (in_place) {
+      block = in_place + r0 * job.src.N + c0;
+      ld = job.src.N;
     } else {
-      job.src.read(r0, rows, c0, cols, s.block.data(), s.raw);
+      job.src.read(r0, rows, c0, cols, s.block.data());
     }
     // Column chunks small enough for the block's rows to stay in L1 between the two passes.
     for (int64_t cc = 0; cc < cols; cc += kChunk) {
       const int64_t w = std::min(kChunk, cols - cc);
-      bq.run(s.block.data() + cc, cols, rows, w, err);
+      bq.run(block + cc, ld, rows, w, err);
       const uint8_t* q = bq.codes();
       if (rows == bs) {
         pack_columns(q, rows, w, spec.bits, s.data.data() + (cc * kb_count + kb) * blob,
@@ -227,7 +150,9 @@ void nbits_tile(WeightJob& job, int64_t c0, int64_t c1, TempFile& out, Scratch& 
         }
       }
     }
+    if (!job.src.transposed) job.src.release(r0, rows, c0, cols);
   }
+  if (job.src.transposed) job.src.release(c0, cols, 0, K);
   if (job.layout == Layout::kQdqRows) {
     write_rows_layout(job, c0, cols, out, s);
   } else {
@@ -263,8 +188,13 @@ void qdq_tile(WeightJob& job, int64_t r0, int64_t r1, TempFile& out, Scratch& s)
     const int64_t br = kb * bs, rows = std::min(bs, r1 - br);
     for (int64_t c0 = 0; c0 < N; c0 += chunk) {
       const int64_t cols = std::min(chunk, N - c0);
-      job.src.read(br, rows, c0, cols, s.block.data(), s.raw);
-      bq.run(s.block.data(), cols, rows, cols, err);
+      const float* in_place = job.src.in_place();
+      if (in_place) {
+        bq.run(in_place + br * N + c0, N, rows, cols, err);
+      } else {
+        job.src.read(br, rows, c0, cols, s.block.data());
+        bq.run(s.block.data(), cols, rows, cols, err);
+      }
       const uint8_t* q = bq.codes();
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t e0 = (br - r0 + r) * N + c0;
@@ -284,6 +214,7 @@ void qdq_tile(WeightJob& job, int64_t r0, int64_t r1, TempFile& out, Scratch& s)
           job.qdq_zero_points[static_cast<size_t>(kb * N + c0 + c)] = bq.zero_point(c);
       }
     }
+    job.src.release(br, rows, 0, N);
   }
   const uint64_t data_start = static_cast<uint64_t>(r0 * N) * static_cast<uint64_t>(spec.bits) / 8;
   out.write(job.data_offset + data_start, s.data.data(), s.data.size());
@@ -294,41 +225,6 @@ void qdq_tile(WeightJob& job, int64_t r0, int64_t r1, TempFile& out, Scratch& s)
 }
 
 }  // namespace
-
-void WeightSource::read(int64_t r0, int64_t rows, int64_t c0, int64_t cols, float* dst,
-                        std::vector<uint8_t>& raw) const {
-  const uint64_t es = dtype == 1 ? 4 : 2;
-  const uint64_t row_bytes = static_cast<uint64_t>(cols) * es;
-  // float32 lands in dst directly: no staging copy.
-  uint8_t* to = dtype == 1 ? reinterpret_cast<uint8_t*>(dst) : nullptr;
-  if (!to) {
-    raw.resize(static_cast<size_t>(rows) * row_bytes);
-    to = raw.data();
-  }
-  if (cols == N) {
-    read_bytes(bytes, static_cast<uint64_t>(r0 * N) * es, static_cast<uint64_t>(rows) * row_bytes,
-               to);
-  } else {
-    for (int64_t r = 0; r < rows; ++r) {
-      read_bytes(bytes, static_cast<uint64_t>((r0 + r) * N + c0) * es, row_bytes,
-                 to + static_cast<uint64_t>(r) * row_bytes);
-    }
-  }
-  if (dtype != 1) to_float(dtype, raw.data(), static_cast<size_t>(rows * cols), dst);
-}
-
-void WeightSource::read_columns(int64_t c0, int64_t cols, float* dst,
-                                std::vector<uint8_t>& raw) const {
-  const uint64_t es = dtype == 1 ? 4 : 2;
-  const uint64_t n = static_cast<uint64_t>(cols * K) * es;
-  if (dtype == 1) {
-    read_bytes(bytes, static_cast<uint64_t>(c0 * K) * es, n, reinterpret_cast<uint8_t*>(dst));
-    return;
-  }
-  raw.resize(static_cast<size_t>(n));
-  read_bytes(bytes, static_cast<uint64_t>(c0 * K) * es, n, raw.data());
-  to_float(dtype, raw.data(), static_cast<size_t>(cols * K), dst);
-}
 
 uint64_t WeightJob::data_bytes() const {
   if (layout == Layout::kNBits) return static_cast<uint64_t>(src.N * k_blocks() * blob());
@@ -356,6 +252,7 @@ void run_jobs(std::vector<WeightJob>& jobs, TempFile& out, int threads,
   int64_t total = 0;
   for (size_t j = 0; j < jobs.size(); ++j) {
     WeightJob& job = jobs[j];
+    job.src.check_readable();
     job.data_offset = out.reserve(job.data_bytes());
     job.scale_offset = out.reserve(job.scale_bytes());
     job.zp_offset = out.reserve(job.zp_bytes());
@@ -368,7 +265,10 @@ void run_jobs(std::vector<WeightJob>& jobs, TempFile& out, int threads,
                                job.scale_bytes() / static_cast<uint64_t>(N) +
                                job.zp_bytes() / static_cast<uint64_t>(N) + 1;
       int64_t width = static_cast<int64_t>(kTileOutputBytes / per_col);
-      width = std::min<int64_t>(width, static_cast<int64_t>(kTileBytes / 4) / bs);
+      // Staged (converted) blocks are bounded too; float32 read in place needs no staging, and
+      // wide tiles keep each row's part of a wide weight (an lm_head) many pages long.
+      if (!job.src.in_place())
+        width = std::min<int64_t>(width, static_cast<int64_t>(kTileBytes / 4) / bs);
       // A transposed tile stages its columns whole.
       if (job.src.transposed)
         width = std::min<int64_t>(width, static_cast<int64_t>(kTileBytes / 4) / K);

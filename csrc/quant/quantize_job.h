@@ -1,8 +1,9 @@
 // Quantizing whole weights: each weight is cut into tiles that threads take from a shared list;
-// a tile is read from the weight's file with pread (or from memory for tensors made by earlier
-// passes), quantized block by block (blockwise.h) and its packed bytes are written straight into
-// the TempFile. Memory: a few MB of staging per thread, whatever the model weighs; the source
-// pages are never mapped into the process, so they do not count in its RSS either.
+// a tile is read from the model's mapping in place (quant/weight_source.h: float32 straight into
+// the block quantizer, float16 / bfloat16 converted block by block), quantized block by block
+// (blockwise.h) and its packed bytes are written straight into the TempFile. Memory: a few MB of
+// staging per thread, whatever the model weighs; the source pages a block read leave the
+// process's mapping once it is done, so they do not add up in its RSS either.
 #pragma once
 
 #include <cstdint>
@@ -16,25 +17,9 @@
 #include "quant/blockwise.h"
 #include "quant/parallel.h"
 #include "quant/temp_file.h"
+#include "quant/weight_source.h"
 
 namespace fastopt::quant {
-
-// A row-major [K, N] float weight (float32, float16 or bfloat16 elements), or with `transposed`
-// one stored as [N, K] (an embedding table [vocab, hidden], quantized along hidden like the
-// lm_head that reads its transpose).
-struct WeightSource {
-  ByteRef bytes;
-  int32_t dtype = 1;
-  int64_t K = 0, N = 0;
-  bool transposed = false;
-  // Rows [r0, r0 + rows) x columns [c0, c0 + cols) as floats into dst (row stride cols);
-  // `raw` is staging for the file's bytes.
-  // Not for transposed sources.
-  void read(int64_t r0, int64_t rows, int64_t c0, int64_t cols, float* dst,
-            std::vector<uint8_t>& raw) const;
-  // Transposed sources: columns [c0, c0 + cols), all of K, as floats into dst ([cols, K]).
-  void read_columns(int64_t c0, int64_t cols, float* dst, std::vector<uint8_t>& raw) const;
-};
 
 enum class Layout {
   kNBits,    // com.microsoft MatMulNBits: B uint8 [N, k_blocks, blob], scales [N, k_blocks],

@@ -2,30 +2,36 @@
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any, cast
 
-import numpy as np
-
+from fastopt._lazy import lazy_module
 from fastopt.errors import UnsupportedModelError
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_module("numpy")  # imported on first use: `import fastopt` stays cheap
 
 if TYPE_CHECKING:
     from fastopt._C import Tensor
 
-_NUMPY_TYPES: dict[int, Any] = {
-    1: np.float32,
-    2: np.uint8,
-    3: np.int8,
-    4: np.uint16,
-    5: np.int16,
-    6: np.int32,
-    7: np.int64,
-    9: np.bool_,
-    10: np.float16,
-    11: np.float64,
-    12: np.uint32,
-    13: np.uint64,
-    14: np.complex64,
-    15: np.complex128,
+# numpy type names (not the types: numpy is imported on first use).
+_NUMPY_TYPES: dict[int, str] = {
+    1: "float32",
+    2: "uint8",
+    3: "int8",
+    4: "uint16",
+    5: "int16",
+    6: "int32",
+    7: "int64",
+    9: "bool",
+    10: "float16",
+    11: "float64",
+    12: "uint32",
+    13: "uint64",
+    14: "complex64",
+    15: "complex128",
 }
 # Types numpy lacks come from ml_dtypes (a dependency of onnx).
 _ML_DTYPES_NAMES = {
@@ -92,14 +98,17 @@ def tensor_to_numpy(tensor: Tensor) -> np.ndarray:
     return data.view(numpy_dtype(dtype)).reshape(shape)
 
 
-_ONNX_TYPES = {np.dtype(v): k for k, v in _NUMPY_TYPES.items()}
+@functools.cache
+def _onnx_types() -> dict[Any, int]:
+    return {np.dtype(v): k for k, v in _NUMPY_TYPES.items()}
 
 
 def onnx_dtype(dtype: Any) -> int:
     """The ONNX element type of a numpy dtype."""
     dt = np.dtype(dtype)
-    if dt in _ONNX_TYPES:
-        return _ONNX_TYPES[dt]
+    onnx_types = _onnx_types()
+    if dt in onnx_types:
+        return onnx_types[dt]
     for code, name in _ML_DTYPES_NAMES.items():
         try:
             if dt == np.dtype(_ml_dtype(name)):

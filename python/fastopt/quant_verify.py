@@ -35,11 +35,15 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from fastopt import _C
+from fastopt._lazy import lazy_module
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_module("numpy")  # imported on first use: `import fastopt` stays cheap
 
 # mode -> (min cosine, max relative error, min top-1 agreement)
 THRESHOLDS: dict[str, tuple[float, float, float]] = {

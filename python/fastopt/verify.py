@@ -55,10 +55,9 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
+from fastopt._lazy import lazy_module
 from fastopt._numpy import numpy_dtype
 from fastopt.check import (
     ModelLike,
@@ -98,6 +97,11 @@ from fastopt.verify_report import (
     VerifyReport,
     _failure_text,
 )
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_module("numpy")  # imported on first use: `import fastopt` stays cheap
 
 __all__ = [
     "BATCH",

@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any, Union
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Union
 
 from fastopt import _C
+from fastopt._lazy import lazy_module
 from fastopt.check import ModelLike
 from fastopt.verify_report import OutputComparison
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_module("numpy")  # imported on first use: `import fastopt` stays cheap
 
 Tolerance = Union[float, Mapping[str, float], None]
 

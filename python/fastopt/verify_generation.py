@@ -16,15 +16,19 @@ first step and 0 rows after, its cross cache holding them (add_kv_cache's seq2se
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from fastopt import _C
+from fastopt._lazy import lazy_module
 from fastopt.bench.cache_dims import cache_geometry
 from fastopt.check import onnxruntime
 from fastopt.errors import UnsupportedModelError, entry_point, foreign_errors
 from fastopt.verify import InputRejectedError, OutputRejectedError, VerifyError, make_inputs
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_module("numpy")  # imported on first use: `import fastopt` stays cheap
 
 _TOLERANCE = {"tensor(float)": 1e-3, "tensor(float16)": 2e-2, "tensor(double)": 1e-6}
 _NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}

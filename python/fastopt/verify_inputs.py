@@ -8,15 +8,19 @@ import ast
 import math
 import operator
 from collections.abc import Collection, Mapping
-from typing import Callable
-
-import numpy as np
+from typing import TYPE_CHECKING, Callable
 
 from fastopt import _C
 from fastopt._io import from_onnx, load
+from fastopt._lazy import lazy_module
 from fastopt._numpy import numpy_dtype
 from fastopt.check import ModelLike
 from fastopt.errors import UnsupportedModelError, entry_point
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_module("numpy")  # imported on first use: `import fastopt` stays cheap
 
 # Values for symbolic dims nobody named in `dims`.
 BATCH = 2

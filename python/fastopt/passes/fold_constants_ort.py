@@ -13,13 +13,18 @@ through protobuf; random ops are never folded; function bodies are left alone.
 
 from __future__ import annotations
 
-from typing import Any, cast
-
-import numpy as np
+import functools
+from typing import TYPE_CHECKING, Any, cast
 
 from fastopt import _C
+from fastopt._lazy import lazy_module
 from fastopt._numpy import numpy_dtype
 from fastopt.registry import PassContext, register_pass
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_module("numpy")  # imported on first use: `import fastopt` stays cheap
 
 # Not deterministic, or not meant to run at fold time.
 _SKIP = frozenset(
@@ -33,8 +38,12 @@ _SKIP = frozenset(
         "RandomUniformLike",
     }
 )
+
+
 # ONNX element types whose values ONNX Runtime returns as plain numpy arrays.
-_ONNX_TYPES = {numpy_dtype(t): t for t in (1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13)}
+@functools.cache
+def _onnx_types() -> dict[Any, int]:
+    return {numpy_dtype(t): t for t in (1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13)}
 
 
 class _Limits:
@@ -112,12 +121,12 @@ def _replace(
         if out is None or (not out.uses and not out.is_graph_output):
             continue
         arr = results.get(out.name)
-        if not isinstance(arr, np.ndarray) or arr.dtype not in _ONNX_TYPES:
+        if not isinstance(arr, np.ndarray) or arr.dtype not in _onnx_types():
             continue
         if not limits.allows(arr.nbytes, in_bytes):
             continue
         data = cast(Any, np.ascontiguousarray(arr))  # a buffer (numpy's stubs say so from 3.12)
-        out.replace_with_constant(_ONNX_TYPES[arr.dtype], list(arr.shape), data)
+        out.replace_with_constant(_onnx_types()[arr.dtype], list(arr.shape), data)
         done = True
     return done
 
