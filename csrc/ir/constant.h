@@ -49,6 +49,9 @@ uint16_t float_to_half(float f);
 // float_to_half of n floats (out[i] == float_to_half(in[i]) bit for bit), 8 at a time with the
 // CPU's conversion (F16C) where it has one.
 void floats_to_halves(const float* in, size_t n, uint16_t* out);
+// half_to_float of n little-endian halves (any alignment), 8 at a time with F16C where the CPU
+// has it (the same floats; NaNs stay NaN).
+void halves_to_floats(const uint8_t* halves, size_t n, float* out);
 
 // Builds a tensor owning `bytes` (little-endian elements).
 std::shared_ptr<Tensor> make_tensor(int32_t dtype, std::vector<int64_t> dims, std::string bytes);
