@@ -8,6 +8,10 @@ form (csrc/passes/attention/kv_cache_cross.cc).
 - ``greedy_cached``: the first step feeds the whole encoder output and empty pasts (the cross
   cache is computed there), every later step one token, encoder_hidden_states with 0 rows and the
   presents as pasts.
+- ``greedy_inplace``: the same steps for an in-place decoder (``--kv-cache inplace``): each
+  self-attention cache is one zeroed (B, H, max_length, D) buffer bound as both past and present
+  (IOBinding), past_sequence_length says how many tokens it holds; the cross cache is fed as in
+  ``greedy_cached``.
 """
 
 from __future__ import annotations
@@ -154,5 +158,59 @@ def greedy_cached(
             for n in got
             if n.startswith("present.")
         }
-        states = hidden[:, :0]  # the cross cache holds the encoder's keys and values now
+        if any(".encoder." in n for n in pasts):  # the cross cache holds them now
+            states = hidden[:, :0]
+    return Generation(np.stack(tokens, axis=1), np.stack(picked))
+
+
+def greedy_inplace(
+    decoder: str | os.PathLike[str] | bytes | ort.InferenceSession,
+    hidden: np.ndarray,
+    mask: np.ndarray | None,
+    start: int,
+    steps: int,
+    max_length: int | None = None,
+) -> Generation:
+    sess = session(decoder)
+    batch = hidden.shape[0]
+    max_length = max_length or steps
+    buffers: dict[str, ort.OrtValue] = {}  # self-attention: one buffer, past and present
+    cross: dict[str, np.ndarray] = {}
+    for i in sess.get_inputs():
+        if not i.name.startswith("past_key_values."):
+            continue
+        heads, dim = int(i.shape[1]), int(i.shape[3])
+        if ".decoder." in i.name:
+            zeros = np.zeros((batch, heads, max_length, dim), hidden.dtype)
+            buffers[i.name] = ort.OrtValue.ortvalue_from_numpy(zeros)
+        else:
+            cross[i.name] = np.zeros((batch, heads, 0, dim), hidden.dtype)
+    cross_presents = [n.replace("past_key_values.", "present.", 1) for n in cross]
+    ids = np.full((batch, 1), start, np.int64)
+    tokens, picked = [], []
+    states = hidden
+    for past in range(steps):
+        io = sess.io_binding()
+        feeds = {
+            **_decoder_feeds(sess, ids, states, mask),
+            **cross,
+            "past_sequence_length": np.array([past], np.int32),
+        }
+        for k, v in feeds.items():
+            io.bind_cpu_input(k, np.ascontiguousarray(v))
+        io.bind_output("logits")  # copy_outputs_to_cpu() returns in binding order
+        for n in cross_presents:
+            io.bind_output(n)
+        for n, buf in buffers.items():
+            io.bind_ortvalue_input(n, buf)
+            io.bind_ortvalue_output(n.replace("past_key_values.", "present.", 1), buf)
+        sess.run_with_iobinding(io)
+        outs = io.copy_outputs_to_cpu()
+        last = np.asarray(outs[0])[:, -1].astype(np.float32)
+        picked.append(last)
+        ids = last.argmax(-1)[:, None].astype(np.int64)
+        tokens.append(ids[:, 0])
+        cross = dict(zip(cross, outs[1:]))
+        if cross:  # the cross cache holds the encoder's keys and values now
+            states = hidden[:, :0]
     return Generation(np.stack(tokens, axis=1), np.stack(picked))

@@ -192,7 +192,7 @@ def optimize(
             f"kv_cache: {KV_CACHE_PASS} added no KV cache (no present.0.key output)"
         )
     if kv_cache == "inplace":
-        _check_inplace(model)
+        _check_inplace(model, seq2seq)
     ops_after = model.op_counts()
     out_path = None
     if output is not None:
@@ -292,11 +292,15 @@ def _with_kv_cache(names: list[str], kv_cache: str, target: str) -> list[str]:
         raise OptionError(f"kv_cache: {e}; the cache is added to the fused attention ops") from None
 
 
-def _check_inplace(model: _C.Model) -> None:
+def _check_inplace(model: _C.Model, seq2seq: bool) -> None:
     """In place, each present must be written by an op that updates the past buffer it is bound
-    to (GroupQueryAttention); a Concat allocates a new tensor that cannot alias its input."""
+    to (GroupQueryAttention); a Concat allocates a new tensor that cannot alias its input. A
+    seq2seq decoder's cross cache (present.<i>.encoder.*: filled at the first step, passed
+    through after) keeps the standard form."""
     for v in model.graph.outputs:
         if v is None or not v.name.startswith(_C.KV_PRESENT_PREFIX):
+            continue
+        if seq2seq and ".encoder." in v.name:
             continue
         producer = v.producer
         op = producer.op_type if producer is not None else "a graph input"
