@@ -186,31 +186,34 @@ def greedy_inplace(
         else:
             cross[i.name] = np.zeros((batch, heads, 0, dim), hidden.dtype)
     cross_presents = [n.replace("past_key_values.", "present.", 1) for n in cross]
+    # One binding for the whole generation: the buffers stay bound, each step rebinds only what
+    # changes (the token, the length, the cross cache as the last step's OrtValues: no copy).
+    io = sess.io_binding()
+    io.bind_output("logits")  # get_outputs() returns in binding order
+    for n in cross_presents:
+        io.bind_output(n)
+    for n, buf in buffers.items():
+        io.bind_ortvalue_input(n, buf)
+        io.bind_ortvalue_output(n.replace("past_key_values.", "present.", 1), buf)
+    names = {i.name for i in sess.get_inputs()}
+    fixed = {"encoder_hidden_states": hidden, **cross}
+    if mask is not None and "encoder_attention_mask" in names:
+        fixed["encoder_attention_mask"] = mask
+    for k, v in fixed.items():
+        io.bind_cpu_input(k, np.ascontiguousarray(v))
     ids = np.full((batch, 1), start, np.int64)
     tokens, picked = [], []
-    states = hidden
     for past in range(steps):
-        io = sess.io_binding()
-        feeds = {
-            **_decoder_feeds(sess, ids, states, mask),
-            **cross,
-            "past_sequence_length": np.array([past], np.int32),
-        }
-        for k, v in feeds.items():
-            io.bind_cpu_input(k, np.ascontiguousarray(v))
-        io.bind_output("logits")  # copy_outputs_to_cpu() returns in binding order
-        for n in cross_presents:
-            io.bind_output(n)
-        for n, buf in buffers.items():
-            io.bind_ortvalue_input(n, buf)
-            io.bind_ortvalue_output(n.replace("past_key_values.", "present.", 1), buf)
+        io.bind_cpu_input("input_ids", ids)
+        io.bind_cpu_input("past_sequence_length", np.array([past], np.int32))
         sess.run_with_iobinding(io)
-        outs = io.copy_outputs_to_cpu()
-        last = np.asarray(outs[0])[:, -1].astype(np.float32)
+        outs = io.get_outputs()
+        last = outs[0].numpy()[:, -1].astype(np.float32)
         picked.append(last)
         ids = last.argmax(-1)[:, None].astype(np.int64)
         tokens.append(ids[:, 0])
-        cross = dict(zip(cross, outs[1:]))
-        if cross:  # the cross cache holds the encoder's keys and values now
-            states = hidden[:, :0]
+        if past == 0 and cross:  # the cross cache holds the encoder's keys and values now
+            io.bind_cpu_input("encoder_hidden_states", np.ascontiguousarray(hidden[:, :0]))
+        for n, value in zip(cross, outs[1:]):
+            io.bind_ortvalue_input(n, value)
     return Generation(np.stack(tokens, axis=1), np.stack(picked))

@@ -199,8 +199,8 @@ def optimize(
         out_path = os.fspath(output)
         side_files: dict[str, bytes] = {}
         if kv_cache is not None and not seq2seq:
-            # (onnxruntime-genai runs encoder-decoders from its own export, whose encoder
-            # computes the cross cache: no config is derived for a seq2seq decoder.)
+            # (onnxruntime-genai runs an encoder-decoder as a folder of encoder and decoder:
+            # fastopt.genai_whisper writes one for whisper; a decoder alone gets no config.)
             # Before the model: a model without its config is of no use to onnxruntime-genai,
             # and a config that cannot be derived should leave nothing written. Committed with
             # the model, so an old config never sits beside the new model.
