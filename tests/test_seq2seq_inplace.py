@@ -215,3 +215,21 @@ def test_genai_runs_whisper(whisper_3000: Path, kv_cache: str, tmp_path: Path) -
     eos = int(config["eos_token_id"])
     want = ref[: ref.index(eos) + 1] if eos in ref else ref
     assert got == want
+
+
+def test_cli_genai_whisper_refusal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`fastopt genai-whisper` on an encoder of 64 frames: one line naming the reason, exit 2."""
+    import json
+
+    from fastopt.cli import main
+
+    fx = sg.seq2seq_fixtures("whisper")[0]
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(fx.meta["config"]))
+    folder = tmp_path / "genai"
+    args = ["genai-whisper", str(fx.encoder), str(fx.decoder), "-o", str(folder)]
+    assert main([*args, "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert "exactly 3000 audio frames" in err
+    assert not folder.exists()
