@@ -14,11 +14,12 @@ from pathlib import Path
 import fastopt
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import seq2seq_generation as sg
 
 STEPS = 32
-ATOL = 1e-4
+ATOL = {"float32": 1e-4, "float16": 2e-2}  # step logits, by the fixture's dtype
 FIXTURES = sg.seq2seq_fixtures()
 
 
@@ -66,7 +67,7 @@ def test_inplace_decoder_generates_the_same_tokens(fx: sg.Seq2SeqFixture, tmp_pa
     ref = sg.greedy_no_cache(fx.decoder, hidden, mask, start, STEPS)
     got = sg.greedy_inplace(tmp_path / "decoder.onnx", hidden, mask, start, STEPS)
     np.testing.assert_array_equal(got.tokens, ref.tokens)
-    np.testing.assert_allclose(got.logits, ref.logits, atol=ATOL, rtol=0)
+    np.testing.assert_allclose(got.logits, ref.logits, atol=ATOL[fx.meta["dtype"]], rtol=0)
     # A longer buffer than the tokens need: its length must not leak into positions or masks.
     longer = sg.greedy_inplace(tmp_path / "decoder.onnx", hidden, mask, start, 8, max_length=80)
     np.testing.assert_array_equal(longer.tokens, ref.tokens[:, :8])
@@ -154,7 +155,7 @@ def test_cross_recomputed_decoder_generates_the_same_tokens(
     generate = sg.greedy_inplace if kv_cache == "inplace" else sg.greedy_cached
     got = generate(out, hidden, mask, start, STEPS)
     np.testing.assert_array_equal(got.tokens, ref.tokens)
-    np.testing.assert_allclose(got.logits, ref.logits, atol=ATOL, rtol=0)
+    np.testing.assert_allclose(got.logits, ref.logits, atol=ATOL[fx.meta["dtype"]], rtol=0)
 
 
 def test_genai_whisper_refuses_other_frame_counts(tmp_path: Path) -> None:
@@ -233,3 +234,49 @@ def test_cli_genai_whisper_refusal(tmp_path: Path, capsys: pytest.CaptureFixture
     assert err.startswith("error: ") and err.count("\n") == 1, err
     assert "exactly 3000 audio frames" in err
     assert not folder.exists()
+
+
+@pytest.mark.parametrize("fx", FIXTURES, ids=_ids(FIXTURES))
+def test_inplace_prompt_then_chunk(fx: sg.Seq2SeqFixture, tmp_path: Path) -> None:
+    """Several tokens at once, batch 2: a 3-token prompt (P = 0), then a 2-token chunk after the
+    past (P = 3, which GroupQueryAttention runs for batch > 1 only with query_seqlens); the
+    logits of all 5 positions equal the no-cache decoder's on the whole sequence."""
+    feeds = sg.encoder_feeds(fx)
+    hidden = sg.encode(fx, feeds)
+    mask = feeds.get("attention_mask")
+    ids = np.array([[1, 7, 9, 4, 11], [1, 3, 8, 8, 2]], np.int64)
+    original = sg.session(fx.decoder)
+    (ref,) = original.run(["logits"], sg._decoder_feeds(original, ids, hidden, mask))
+    out = tmp_path / "decoder.onnx"
+    _inplace(fx, out)
+    sess = sg.session(out)
+    io = sess.io_binding()
+    buffers, cross = {}, {}
+    for i in sess.get_inputs():
+        if not i.name.startswith("past_key_values."):
+            continue
+        shape = (2, int(i.shape[1]), 0, int(i.shape[3]))
+        if ".decoder." in i.name:
+            zeros = np.zeros((2, shape[1], 16, shape[3]), hidden.dtype)
+            buffers[i.name] = ort.OrtValue.ortvalue_from_numpy(zeros)
+        else:
+            cross[i.name] = np.zeros(shape, hidden.dtype)
+    logits = []
+    for past, chunk, states in ((0, ids[:, :3], hidden), (3, ids[:, 3:], hidden[:, :0])):
+        feed = {**sg._decoder_feeds(sess, chunk, states, mask), **cross}
+        feed["past_sequence_length"] = np.array([past], np.int32)
+        for k, v in feed.items():
+            io.bind_cpu_input(k, np.ascontiguousarray(v))
+        io.clear_binding_outputs()
+        io.bind_output("logits")
+        for n in cross:
+            io.bind_output(n.replace("past_key_values.", "present.", 1))
+        for n, buf in buffers.items():
+            io.bind_ortvalue_input(n, buf)
+            io.bind_ortvalue_output(n.replace("past_key_values.", "present.", 1), buf)
+        sess.run_with_iobinding(io)
+        outs = io.get_outputs()
+        logits.append(outs[0].numpy())
+        cross = {n: v.numpy() for n, v in zip(cross, outs[1:])}
+    got = np.concatenate(logits, axis=1)
+    np.testing.assert_allclose(got, ref, atol=ATOL[fx.meta["dtype"]], rtol=0)

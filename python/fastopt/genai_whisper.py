@@ -122,6 +122,12 @@ def whisper_for_genai(
         decoder_inputs["past_sequence_length"] = "past_sequence_length"
     vocab = _dims(outputs.get("logits"))
     block = {"head_size": head_size, "hidden_size": hidden, "num_attention_heads": heads}
+    encoder_heads = int(config.get("encoder_attention_heads", heads))
+    encoder_block = {
+        "head_size": hidden // encoder_heads,
+        "hidden_size": hidden,
+        "num_attention_heads": encoder_heads,
+    }
     genai = {
         "model": {
             "type": "whisper",
@@ -133,7 +139,7 @@ def whisper_for_genai(
             "vocab_size": int(vocab[2]) if len(vocab) == 3 and isinstance(vocab[2], int) else 0,
             "encoder": {
                 "filename": ENCODER_FILE,
-                **block,
+                **encoder_block,
                 "num_hidden_layers": int(config.get("encoder_layers", layers)),
                 "inputs": {"audio_features": "input_features"},
                 "outputs": {"encoder_hidden_states": "last_hidden_state"},

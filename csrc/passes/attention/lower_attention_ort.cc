@@ -322,6 +322,9 @@ GqaLengths gqa_lengths(Rewriter& rw, const OrtLoweringPlan& p, Value* q3) {
     Value* batch = shared_op(rw, "Gather", {shape, ints(rw, {0})}, one_attr(attr_int("axis", 0)));
     l.seqlens =
         shared_op(rw, "Expand", {shared_op(rw, "Sub", {l.total, int32_scalar(rw, 1)}), batch});
+    // query_seqlens = S per row: a chunk after a past (S > 1, P > 0) runs for batch > 1 too.
+    l.query_lens = shared_op(rw, "Expand",
+                             {shared_op(rw, "Cast", {s}, one_attr(attr_int("to", kInt32))), batch});
     return l;
   }
   if (p.inplace) {
