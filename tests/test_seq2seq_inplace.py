@@ -132,7 +132,7 @@ def test_cli_verify_inplace(tmp_path: Path) -> None:
 def test_cross_recomputed_decoder_generates_the_same_tokens(
     fx: sg.Seq2SeqFixture, kv_cache: str, tmp_path: Path
 ) -> None:
-    """Option seq2seq_cross_cache 0 (the decoder onnxruntime-genai's whisper runs when its
+    """Option cross_attention_cache 0 (the decoder onnxruntime-genai's whisper runs when its
     encoder gives no cross cache): only the self-attention is cached, the cross-attention reads
     encoder_hidden_states, fed whole at every step."""
     feeds = sg.encoder_feeds(fx)
@@ -145,7 +145,7 @@ def test_cross_recomputed_decoder_generates_the_same_tokens(
         output=str(out),
         preset="llm",
         kv_cache=kv_cache,  # type: ignore[arg-type]
-        options={"seq2seq_cross_cache": 0},
+        options={"cross_attention_cache": 0},
     )
     m = onnx.load(str(out))
     names = {i.name for i in m.graph.input} | {o.name for o in m.graph.output}

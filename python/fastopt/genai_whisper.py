@@ -10,7 +10,7 @@ genai feeds its ``encoder_hidden_states`` output to every decoder step and binds
 decoder's self-attention cache (``past_key_names`` / ``present_key_names``; with
 search.past_present_share_buffer one max-length buffer per layer as both, and the input
 ``past_sequence_length`` (int32 (1)) set to the tokens it holds). So the decoder written here has
-no cross cache (add_kv_cache's option seq2seq_cross_cache 0: the cross-attention's keys and
+no cross cache (add_kv_cache's option cross_attention_cache 0: the cross-attention's keys and
 values are recomputed from encoder_hidden_states at every step) and a standard or in-place
 self-attention cache. genai's other form, an encoder that also computes the cross cache
 (present_key_cross_%d), needs the decoder's cross projections moved into the encoder graph:
@@ -99,7 +99,7 @@ def whisper_for_genai(
         output=os.path.join(out, DECODER_FILE),
         preset="llm",
         kv_cache=kv_cache,  # type: ignore[arg-type]
-        options={"seq2seq_cross_cache": 0},
+        options={"cross_attention_cache": 0},
     )
     assert dec.model is not None
     graph = dec.model.graph

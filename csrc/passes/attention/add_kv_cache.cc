@@ -434,7 +434,7 @@ const PassRegistrar kRegister{{
       std::nullopt,
       std::nullopt,
       true},
-     {"seq2seq_cross_cache",
+     {"cross_attention_cache",
       "int",
       "an encoder-decoder's decoder: 1 caches the cross-attention's keys and values (computed "
       "at the first step, passed through after), 0 recomputes them from encoder_hidden_states at "

@@ -41,7 +41,7 @@
 // cross cache keeps the standard form (filled at the first step, passed through after): its
 // attentions get cross_cache = 1, which tells the lowering not to put them in place.
 //
-// Option seq2seq_cross_cache 0: no cross cache; each cross-attention keeps reading the
+// Option cross_attention_cache 0: no cross cache; each cross-attention keeps reading the
 // projections of encoder_hidden_states, fed whole at every step. That is the decoder
 // onnxruntime-genai's whisper runs when its encoder has no present_key_cross_* outputs (it then
 // feeds encoder_hidden_states to every decoder step and only binds the self-attention cache).
@@ -322,7 +322,7 @@ int64_t add_cross_cache(Model& m, const std::vector<Node*>& attentions, int64_t 
                         PassContext& ctx) {
   Graph& g = *m.graph;
   const bool inplace = mode == 2;
-  const auto cross_option = ctx.options.find("seq2seq_cross_cache");
+  const auto cross_option = ctx.options.find("cross_attention_cache");
   const bool cross_cached = cross_option == ctx.options.end() || cross_option->second != 0;
   Value* input_ids = graph_input(g, "input_ids");
   Value* hidden = graph_input(g, kEncoderHiddenStates);
