@@ -1,6 +1,8 @@
 """Encoder-decoder decoding cost in ONNX Runtime CPU: greedy generation of N tokens with the
 exported decoder (recompute every step), fastopt's fused decoder (--preset llm, no cache) and
-fastopt's cached decoder (--preset llm --kv-cache standard), on the seq2seq fixtures
+fastopt's cached decoders (--preset llm --kv-cache standard, and --kv-cache inplace: the
+self-attention cache in one max-length buffer per layer bound as past and present), on the
+seq2seq fixtures
 (tests/fixtures/models/*/decoder.onnx, made by tests/fixtures/make_seq2seq_fixtures.py).
 
     python bench/bench_seq2seq.py [--steps 32] [--repeats 5] [--threads 2] [--out FILE.md]
@@ -117,16 +119,18 @@ def main() -> int:
         f"{args.steps} greedy tokens, median of {args.repeats}",
         "",
         "| fixture | exported (recompute) ms/token | fused, no cache | fused + cache | "
-        "cache speed-up | tokens equal |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "fused + in-place cache | cache speed-up | in place vs standard | tokens equal |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     with tempfile.TemporaryDirectory() as tmp:
         for fx in sg.seq2seq_fixtures():
             if fx.arch not in ("bart", "marian", "whisper", "t5"):
                 continue
             fused, cached = Path(tmp) / f"{fx.name}_fused.onnx", Path(tmp) / f"{fx.name}_kv.onnx"
+            inplace = Path(tmp) / f"{fx.name}_inplace.onnx"
             fastopt.optimize(str(fx.decoder), output=str(fused), preset="llm")
             fastopt.optimize(str(fx.decoder), output=str(cached), preset="llm", kv_cache="standard")
+            fastopt.optimize(str(fx.decoder), output=str(inplace), preset="llm", kv_cache="inplace")
             feeds = sg.encoder_feeds(fx)
             hidden = sg.encode(fx, feeds)
             mask = feeds.get("attention_mask")
@@ -136,6 +140,7 @@ def main() -> int:
                 ("exported", fx.decoder, sg.greedy_no_cache),
                 ("fused", fused, sg.greedy_no_cache),
                 ("cached", cached, sg.greedy_cached),
+                ("inplace", inplace, sg.greedy_inplace),
             ):
                 sess = _session(path, args.threads)
                 runs[label] = _time(gen, sess, (hidden, mask, start, args.steps), args.repeats)
@@ -143,7 +148,8 @@ def main() -> int:
             equal = all(np.array_equal(runs[k][1], runs["exported"][1]) for k in runs)
             lines.append(
                 f"| {fx.name} | {ms['exported']:.2f} | {ms['fused']:.2f} | {ms['cached']:.2f} | "
-                f"{ms['exported'] / ms['cached']:.2f}x | {equal} |"
+                f"{ms['inplace']:.2f} | {ms['exported'] / ms['cached']:.2f}x | "
+                f"{ms['cached'] / ms['inplace']:.2f}x | {equal} |"
             )
             print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"

@@ -8,6 +8,10 @@ form (csrc/passes/attention/kv_cache_cross.cc).
 - ``greedy_cached``: the first step feeds the whole encoder output and empty pasts (the cross
   cache is computed there), every later step one token, encoder_hidden_states with 0 rows and the
   presents as pasts.
+- ``greedy_inplace``: the same steps for an in-place decoder (``--kv-cache inplace``): each
+  self-attention cache is one zeroed (B, H, max_length, D) buffer bound as both past and present
+  (IOBinding), past_sequence_length says how many tokens it holds; the cross cache is fed as in
+  ``greedy_cached``.
 """
 
 from __future__ import annotations
@@ -154,5 +158,62 @@ def greedy_cached(
             for n in got
             if n.startswith("present.")
         }
-        states = hidden[:, :0]  # the cross cache holds the encoder's keys and values now
+        if any(".encoder." in n for n in pasts):  # the cross cache holds them now
+            states = hidden[:, :0]
+    return Generation(np.stack(tokens, axis=1), np.stack(picked))
+
+
+def greedy_inplace(
+    decoder: str | os.PathLike[str] | bytes | ort.InferenceSession,
+    hidden: np.ndarray,
+    mask: np.ndarray | None,
+    start: int,
+    steps: int,
+    max_length: int | None = None,
+) -> Generation:
+    sess = session(decoder)
+    batch = hidden.shape[0]
+    max_length = max_length or steps
+    buffers: dict[str, ort.OrtValue] = {}  # self-attention: one buffer, past and present
+    cross: dict[str, np.ndarray] = {}
+    for i in sess.get_inputs():
+        if not i.name.startswith("past_key_values."):
+            continue
+        heads, dim = int(i.shape[1]), int(i.shape[3])
+        if ".decoder." in i.name:
+            zeros = np.zeros((batch, heads, max_length, dim), hidden.dtype)
+            buffers[i.name] = ort.OrtValue.ortvalue_from_numpy(zeros)
+        else:
+            cross[i.name] = np.zeros((batch, heads, 0, dim), hidden.dtype)
+    cross_presents = [n.replace("past_key_values.", "present.", 1) for n in cross]
+    # One binding for the whole generation: the buffers stay bound, each step rebinds only what
+    # changes (the token, the length, the cross cache as the last step's OrtValues: no copy).
+    io = sess.io_binding()
+    io.bind_output("logits")  # get_outputs() returns in binding order
+    for n in cross_presents:
+        io.bind_output(n)
+    for n, buf in buffers.items():
+        io.bind_ortvalue_input(n, buf)
+        io.bind_ortvalue_output(n.replace("past_key_values.", "present.", 1), buf)
+    names = {i.name for i in sess.get_inputs()}
+    fixed = {"encoder_hidden_states": hidden, **cross}
+    if mask is not None and "encoder_attention_mask" in names:
+        fixed["encoder_attention_mask"] = mask
+    for k, v in fixed.items():
+        io.bind_cpu_input(k, np.ascontiguousarray(v))
+    ids = np.full((batch, 1), start, np.int64)
+    tokens, picked = [], []
+    for past in range(steps):
+        io.bind_cpu_input("input_ids", ids)
+        io.bind_cpu_input("past_sequence_length", np.array([past], np.int32))
+        sess.run_with_iobinding(io)
+        outs = io.get_outputs()
+        last = outs[0].numpy()[:, -1].astype(np.float32)
+        picked.append(last)
+        ids = last.argmax(-1)[:, None].astype(np.int64)
+        tokens.append(ids[:, 0])
+        if past == 0 and cross:  # the cross cache holds the encoder's keys and values now
+            io.bind_cpu_input("encoder_hidden_states", np.ascontiguousarray(hidden[:, :0]))
+        for n, value in zip(cross, outs[1:]):
+            io.bind_ortvalue_input(n, value)
     return Generation(np.stack(tokens, axis=1), np.stack(picked))

@@ -3,7 +3,8 @@ decoder.onnx; tests/fixtures/make_seq2seq_fixtures.py). Self- and cross-attentio
 targets, outputs stay within the parity bounds on a padded batch, and the decoder's KV cache
 (add_kv_cache's seq2seq form, csrc/passes/attention/kv_cache_cross.cc) generates the same 32
 greedy tokens as the no-cache decoder, or is refused with the reason. t5's relative position bias
-is kept and re-read over absolute positions (kv_cache_cross_bias.cc)."""
+is kept and re-read over absolute positions (kv_cache_cross_bias.cc). The in-place form and
+onnxruntime-genai's whisper: tests/test_seq2seq_inplace.py."""
 
 from __future__ import annotations
 
@@ -210,13 +211,6 @@ def test_t5_bias_not_over_key_minus_query_refused(edit: str, reason: str, tmp_pa
     assert re.search(reason, str(e.value)), str(e.value)
     assert not (tmp_path / "decoder.onnx").exists()
     _optimize(src, tmp_path / "plain.onnx")
-
-
-def test_inplace_refused_with_the_reason(tmp_path: Path) -> None:
-    fx = sg.seq2seq_fixtures("bart")[0]
-    with pytest.raises(fastopt.ModelError, match="no attention_mask of its own"):
-        _optimize(fx.decoder, tmp_path / "decoder.onnx", kv_cache="inplace")
-    assert not (tmp_path / "decoder.onnx").exists()
 
 
 def test_cross_mask_that_is_not_padding_is_refused(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from rich.table import Table
 
 import fastopt
 from fastopt.bench.command import add_parser as add_bench_parser
+from fastopt.cli_genai import add_parser as add_genai_parser
 from fastopt.cli_optimize import add_parser as add_optimize_parser
 from fastopt.cli_optimize import parse_providers
 from fastopt.cli_output import console, print_table
@@ -214,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     lp = sub.add_parser("passes", help="list the registered passes and presets")
     lp.set_defaults(func=_cmd_passes)
 
+    add_genai_parser(sub)
     add_bench_parser(sub)
     return parser
 

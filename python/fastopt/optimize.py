@@ -192,15 +192,15 @@ def optimize(
             f"kv_cache: {KV_CACHE_PASS} added no KV cache (no present.0.key output)"
         )
     if kv_cache == "inplace":
-        _check_inplace(model)
+        _check_inplace(model, seq2seq)
     ops_after = model.op_counts()
     out_path = None
     if output is not None:
         out_path = os.fspath(output)
         side_files: dict[str, bytes] = {}
         if kv_cache is not None and not seq2seq:
-            # (onnxruntime-genai runs encoder-decoders from its own export, whose encoder
-            # computes the cross cache: no config is derived for a seq2seq decoder.)
+            # (onnxruntime-genai runs an encoder-decoder as a folder of encoder and decoder:
+            # fastopt.genai_whisper writes one for whisper; a decoder alone gets no config.)
             # Before the model: a model without its config is of no use to onnxruntime-genai,
             # and a config that cannot be derived should leave nothing written. Committed with
             # the model, so an old config never sits beside the new model.
@@ -292,11 +292,15 @@ def _with_kv_cache(names: list[str], kv_cache: str, target: str) -> list[str]:
         raise OptionError(f"kv_cache: {e}; the cache is added to the fused attention ops") from None
 
 
-def _check_inplace(model: _C.Model) -> None:
+def _check_inplace(model: _C.Model, seq2seq: bool) -> None:
     """In place, each present must be written by an op that updates the past buffer it is bound
-    to (GroupQueryAttention); a Concat allocates a new tensor that cannot alias its input."""
+    to (GroupQueryAttention); a Concat allocates a new tensor that cannot alias its input. A
+    seq2seq decoder's cross cache (present.<i>.encoder.*: filled at the first step, passed
+    through after) keeps the standard form."""
     for v in model.graph.outputs:
         if v is None or not v.name.startswith(_C.KV_PRESENT_PREFIX):
+            continue
+        if seq2seq and ".encoder." in v.name:
             continue
         producer = v.producer
         op = producer.op_type if producer is not None else "a graph input"

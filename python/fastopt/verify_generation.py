@@ -99,6 +99,8 @@ def _feed(sess: Any, ids: list[int], past_len: int) -> dict[str, np.ndarray]:
         "input_ids": np.array([ids], np.int64),
         "attention_mask": np.ones((1, total), np.int64),
         "position_ids": np.arange(past_len, total, dtype=np.int64)[None, :],
+        # an in-place seq2seq decoder: the tokens its self-attention buffers hold
+        "past_sequence_length": np.array([past_len], np.int32),
     }
     return {k: v for k, v in feed.items() if k in names}
 
@@ -123,11 +125,14 @@ def verify_generation(
     logits_type = next(o.type for o in sess.get_outputs() if o.name == "logits")
     report.atol = _TOLERANCE.get(logits_type, 1e-3)
     geometry = cache_geometry(cached)
-    inplace = all(p.shape[2] == o.shape[2] for p, o in zip(pasts, _presents(sess, pasts)))
-    report.inplace = inplace
+    # In place: past and present share the buffer's length dim (a seq2seq decoder's cross cache
+    # stays standard beside in-place self-attention buffers).
+    in_place = {p.name for p, o in zip(pasts, _presents(sess, pasts)) if p.shape[2] == o.shape[2]}
+    report.inplace = bool(in_place)
     total = prompt_length + steps
     cache: dict[str, np.ndarray] = {}
     for p in pasts:
+        inplace = p.name in in_place
         heads = p.shape[1] if isinstance(p.shape[1], int) else geometry and geometry[0]
         size = p.shape[3] if isinstance(p.shape[3], int) else geometry and geometry[1]
         if not heads or not size:
@@ -161,7 +166,8 @@ def verify_generation(
         past_len += len(step_ids)
         step_ids = [report.tokens_original[-1]]  # both continue from the reference token
         seq.append(step_ids[0])
-        if "encoder_hidden_states" in cross:  # the cross cache holds them now
+        # The cross cache holds them now (a decoder without one reads them at every step).
+        if "encoder_hidden_states" in cross and any(".encoder." in p.name for p in pasts):
             cross["encoder_hidden_states"] = encoder["encoder_hidden_states"][:, :0]
     if not report.ok:
         raise VerifyError(str(report), report)  # type: ignore[arg-type]

@@ -433,7 +433,15 @@ const PassRegistrar kRegister{{
       {{1, "standard"}, {2, "inplace"}},
       std::nullopt,
       std::nullopt,
-      true}},
+      true},
+     {"cross_attention_cache",
+      "int",
+      "an encoder-decoder's decoder: 1 caches the cross-attention's keys and values (computed "
+      "at the first step, passed through after), 0 recomputes them from encoder_hidden_states at "
+      "every step (the decoder onnxruntime-genai's whisper runs when the encoder gives no cross "
+      "cache)",
+      1,
+      {{0, "recompute"}, {1, "cached"}}}},
 }};
 
 }  // namespace

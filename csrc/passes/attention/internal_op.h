@@ -41,7 +41,9 @@
 //   the keys a query sees, its own included), for lowerings that read no mask (in-place GQA:
 //   local_window_size). A score_bias node's mask is additive instead, Where(allowed, bias,
 //   lowest) (B, H, S, T), the bias a copy of the export's computed from attention_mask alone
-//   (kv_cache_bias.cc; no in-place form). Each mask is proven to be what the export computed
+//   (kv_cache_bias.cc; no in-place form). An encoder-decoder's cross-attention has the
+//   attribute cross_cache = 1 (its new rows are the encoder's: kv_cache_cross.cc), which stays
+//   the standard form in place. Each mask is proven to be what the export computed
 //   before it replaces it (mask_proof.h). The node keeps the
 //   semantics above; the lowerings recognise the form (cached_kv) and hand past/present to ops that
 //   take a cache natively. Option kv_cache == 2 (in place) asks target ort for GroupQueryAttention
@@ -69,6 +71,9 @@ inline std::string past_name(size_t layer, bool value) {
 inline std::string present_name(size_t layer, bool value) {
   return kPresentPrefix + std::to_string(layer) + (value ? ".value" : ".key");
 }
+// An in-place seq2seq decoder's input (int32 (1)): the tokens its self-attention buffers hold
+// (kv_cache_cross.cc; the lowering's P where there is no attention_mask).
+inline constexpr const char* kPastSequenceLength = "past_sequence_length";
 
 // K and V of the cached form: each the output (a graph output) of a Concat on axis 2 of a graph
 // input (past) and the new rows.

@@ -31,9 +31,20 @@
 // evaluation (kv_cache_cross_mask.cc) to be causal (self) or the encoder padding (cross); t5's
 // relative position bias (table[f(key - query)], kv_cache_cross_bias.cc) is kept apart from the
 // mask it rides on and re-read over the absolute positions P + s and 0 .. T - 1, any other bias
-// is refused; every position table lookup's Range runs over the decoder's length. kv_cache 2 (in
-// place) is refused: the decoder has no attention_mask to give an in-place buffer's valid length,
-// which GroupQueryAttention's in-place form needs.
+// is refused; every position table lookup's Range runs over the decoder's length.
+//
+// kv_cache 2 (in place): the self-attention cache is one max-length buffer per layer, bound as
+// both past_key_values.i.decoder.* and present.i.decoder.* (GroupQueryAttention updates it). A
+// buffer's length says nothing of the tokens it holds and the decoder has no attention_mask, so
+// P comes from a new input past_sequence_length (int32 (1), onnxruntime-genai whisper's name):
+// the tokens already in the buffer, the same for every row (all rows advance together). The
+// cross cache keeps the standard form (filled at the first step, passed through after): its
+// attentions get cross_cache = 1, which tells the lowering not to put them in place.
+//
+// Option cross_attention_cache 0: no cross cache; each cross-attention keeps reading the
+// projections of encoder_hidden_states, fed whole at every step. That is the decoder
+// onnxruntime-genai's whisper runs when its encoder has no present_key_cross_* outputs (it then
+// feeds encoder_hidden_states to every decoder step and only binds the self-attention cache).
 #include "passes/attention/kv_cache_cross.h"
 
 #include <cstdint>
@@ -295,17 +306,24 @@ void cache_kv(Graph& g, KvCacheBuilder& b, Node* att, size_t layer, bool encoder
   }
 }
 
+// In place: P (int64 scalar) from the new input past_sequence_length (int32 (1)).
+Value* past_length_input(Graph& g, KvCacheBuilder& b, Node* head) {
+  Value* p = g.create_value(kPastSequenceLength);
+  p->type = tensor_type(kInt32, {value_dim(1)});
+  g.add_input(p);
+  Value* scalar =
+      b.op("Squeeze", {p, b.constant("kv_axes_0", {0}, {1})}, "kv_past_length_scalar", head);
+  return b.op("Cast", {scalar}, "kv_past_len", head, one_attr(attr_int("to", kInt64)));
+}
+
 }  // namespace
 
 int64_t add_cross_cache(Model& m, const std::vector<Node*>& attentions, int64_t mode,
                         PassContext& ctx) {
   Graph& g = *m.graph;
-  if (mode == 2) {
-    refuse(
-        "an encoder-decoder's decoder in place: it has no attention_mask of its own to give an "
-        "in-place buffer's valid length (GroupQueryAttention's in-place form needs one), so only "
-        "--kv-cache standard is supported for it");
-  }
+  const bool inplace = mode == 2;
+  const auto cross_option = ctx.options.find("cross_attention_cache");
+  const bool cross_cached = cross_option == ctx.options.end() || cross_option->second != 0;
   Value* input_ids = graph_input(g, "input_ids");
   Value* hidden = graph_input(g, kEncoderHiddenStates);
   Value* encoder_mask = graph_input(g, "encoder_attention_mask");
@@ -319,7 +337,7 @@ int64_t add_cross_cache(Model& m, const std::vector<Node*>& attentions, int64_t 
   if (const Dim* s = dim_of(input_ids, 1); s && s->value) {
     refuse("input_ids has a fixed sequence length: a static-shape export bakes it into shapes");
   }
-  if (const Dim* e = dim_of(hidden, 1); e && e->value) {
+  if (const Dim* e = dim_of(hidden, 1); cross_cached && e && e->value) {
     refuse("encoder_hidden_states has a fixed length (" + std::to_string(*e->value) +
            "): later steps feed it with 0 rows");
   }
@@ -333,7 +351,7 @@ int64_t add_cross_cache(Model& m, const std::vector<Node*>& attentions, int64_t 
     }
   }
   for (size_t i = 0; i < pairs.size(); ++i) {
-    for (bool encoder : {false, true}) {
+    for (bool encoder : {false, cross_cached}) {
       for (const char* prefix : {kPastPrefix, kPresentPrefix}) {
         for (bool value : {false, true}) {
           const std::string n = cross_name(prefix, i, encoder, value);
@@ -341,6 +359,9 @@ int64_t add_cross_cache(Model& m, const std::vector<Node*>& attentions, int64_t 
         }
       }
     }
+  }
+  if (Value* v = g.lookup(kPastSequenceLength); inplace && v && v->defined()) {
+    refuse(std::string("a value named '") + kPastSequenceLength + "' exists");
   }
   const std::vector<Node*> ranges = position_ranges(m, g, input_ids, attentions);
   const Dim* batch_dim = dim_of(input_ids, 0);
@@ -350,16 +371,18 @@ int64_t add_cross_cache(Model& m, const std::vector<Node*>& attentions, int64_t 
   KvCacheBuilder b(g);
   for (size_t i = 0; i < pairs.size(); ++i) {
     cache_kv(g, b, pairs[i].self, i, false, batch);
-    cache_kv(g, b, pairs[i].cross, i, true, batch);
+    if (cross_cached) cache_kv(g, b, pairs[i].cross, i, true, batch);
   }
   Node* head = g.first();
   Value* zero = b.constant("kv_zero", {0}, {});
   Value* one = b.constant("kv_one", {1}, {});
-  Value* past_len = b.op("Gather",
-                         {b.op("Shape", {graph_input(g, cross_name(kPastPrefix, 0, false, false))},
-                               "kv_past_shape", head),
-                          b.constant("kv_two", {2}, {})},
-                         "kv_past_len", head, one_attr(attr_int("axis", 0)));
+  Value* past_len =
+      inplace ? past_length_input(g, b, head)
+              : b.op("Gather",
+                     {b.op("Shape", {graph_input(g, cross_name(kPastPrefix, 0, false, false))},
+                           "kv_past_shape", head),
+                      b.constant("kv_two", {2}, {})},
+                     "kv_past_len", head, one_attr(attr_int("axis", 0)));
   Value* seq_len = b.op("Gather", {b.op("Shape", {input_ids}, "kv_ids_shape", head), one},
                         "kv_seq_len", head, one_attr(attr_int("axis", 0)));
   Value* total_len = b.op("Add", {past_len, seq_len}, "kv_total_len", head);
@@ -386,6 +409,7 @@ int64_t add_cross_cache(Model& m, const std::vector<Node*>& attentions, int64_t 
         kBool, {batch, value_dim(1), value_dim(1), param_dim("encoder_sequence_length_out")});
   }
   for (const Pair& p : pairs) {
+    if (cross_cached) p.cross->attributes.push_back(attr_int("cross_cache", 1));
     set_attention_mask(p.self, causal);
     const bool masked = p.cross->inputs().size() > 3 && p.cross->inputs()[3];
     set_attention_mask(p.cross, masked ? padding : nullptr);
@@ -393,6 +417,10 @@ int64_t add_cross_cache(Model& m, const std::vector<Node*>& attentions, int64_t 
   use_relative_biases(g, b, biased, q_col, k_pos, causal, ctx);
   offset_positions(b, ranges, past_len, ctx);
   ctx.counters["seq2seq decoder layers cached"] += static_cast<int64_t>(pairs.size());
+  if (!cross_cached) {
+    ctx.counters["cross-attentions reading encoder_hidden_states every step"] +=
+        static_cast<int64_t>(pairs.size());
+  }
   return static_cast<int64_t>(pairs.size());
 }
 

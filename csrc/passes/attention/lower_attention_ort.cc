@@ -251,7 +251,11 @@ Value* build_bias(Rewriter& rw, const OrtLoweringPlan& p, Value* q3, Value* k3) 
   if (!p.mask || (p.inplace && p.mask_dtype == kBool)) return nullptr;
   if (p.inplace) {
     Value* s = rw.op1("Gather", {rw.op1("Shape", {q3}), ints(rw, {1})});
-    Value* t = rw.op1("Gather", {shared_op(rw, "Shape", {p.mask_input}), ints(rw, {1})});
+    Value* t = p.mask_input
+                   ? rw.op1("Gather", {shared_op(rw, "Shape", {p.mask_input}), ints(rw, {1})})
+                   : rw.op1("Add", {shared_op(rw, "Cast", {p.past_length_input},
+                                              one_attr(attr_int("to", kInt64))),
+                                    s});
     Value* shape = rw.op1("Concat", {ints(rw, {1, 1}), s, t}, one_attr(attr_int("axis", 0)));
     return rw.op1("Expand",
                   {shared_op(rw, "Max", {p.mask, float_scalar(rw, p.dtype, true)}), shape});
@@ -307,6 +311,22 @@ struct GqaLengths {
 
 GqaLengths gqa_lengths(Rewriter& rw, const OrtLoweringPlan& p, Value* q3) {
   GqaLengths l;
+  if (p.inplace && p.past_length_input) {
+    // Every row holds past_sequence_length tokens before the S new ones (a seq2seq decoder:
+    // rows advance together): total = past + S, seqlens_k = total - 1 for each row.
+    Value* shape = shared_op(rw, "Shape", {q3});
+    Value* s = shared_op(rw, "Gather", {shape, ints(rw, {1}, true)}, one_attr(attr_int("axis", 0)));
+    Value* past = shared_op(rw, "Squeeze", {p.past_length_input, ints(rw, {0})});
+    l.total =
+        shared_op(rw, "Add", {past, shared_op(rw, "Cast", {s}, one_attr(attr_int("to", kInt32)))});
+    Value* batch = shared_op(rw, "Gather", {shape, ints(rw, {0})}, one_attr(attr_int("axis", 0)));
+    l.seqlens =
+        shared_op(rw, "Expand", {shared_op(rw, "Sub", {l.total, int32_scalar(rw, 1)}), batch});
+    // query_seqlens = S per row: a chunk after a past (S > 1, P > 0) runs for batch > 1 too.
+    l.query_lens = shared_op(rw, "Expand",
+                             {shared_op(rw, "Cast", {s}, one_attr(attr_int("to", kInt32))), batch});
+    return l;
+  }
   if (p.inplace) {
     // seqlens_k = valid tokens - 1 per row, total = the mask's width: once for all layers.
     Value* shape = shared_op(rw, "Shape", {p.mask_input});

@@ -55,6 +55,14 @@ Value* attention_mask_input(const Graph& g) {
   return nullptr;
 }
 
+// The past_sequence_length graph input (int32 (1)) of an in-place seq2seq decoder, or null.
+Value* past_length_input(const Graph& g) {
+  for (Value* v : g.inputs()) {
+    if (v->name() == kPastSequenceLength && value_dtype(v) == kInt32) return v;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 OrtLoweringPlan plan_ort_lowering(const Node* node, const Graph& g, const PassContext& ctx) {
@@ -72,7 +80,9 @@ OrtLoweringPlan plan_ort_lowering(const Node* node, const Graph& g, const PassCo
   // The cached form: the ops take past/present themselves and read only the new rows.
   const std::optional<CachedKV> cache = cached_kv(node);
   const auto kv_option = ctx.options.find("kv_cache");
-  const bool inplace = cache && kv_option != ctx.options.end() && kv_option->second == 2;
+  // A cross-attention's cache (kv_cache_cross.cc) is filled once and keeps the standard form.
+  const bool inplace = cache && kv_option != ctx.options.end() && kv_option->second == 2 &&
+                       !int_attr_or(node, "cross_cache", 0);
   Value* kn = cache ? cache->k_new : k;
   Value* vn = cache ? cache->v_new : v;
 
@@ -189,8 +199,11 @@ OrtLoweringPlan plan_ort_lowering(const Node* node, const Graph& g, const PassCo
     return refused("repeating kv heads for MultiHeadAttention needs a static head size");
   }
   Value* mask_input = inplace ? attention_mask_input(g) : nullptr;
-  if (inplace && !mask_input) {
-    return refused("in-place cache: no attention_mask graph input (B, total_sequence_length)");
+  Value* past_length = inplace && !mask_input ? past_length_input(g) : nullptr;
+  if (inplace && !mask_input && !past_length) {
+    return refused(
+        "in-place cache: no attention_mask graph input (B, total_sequence_length) nor "
+        "past_sequence_length (1)");
   }
   if (inplace && !causal && !mask) return refused("in-place cache: neither causal nor a mask");
   if (inplace && cuda && mask && mask_dtype != kBool) {
@@ -237,6 +250,7 @@ OrtLoweringPlan plan_ort_lowering(const Node* node, const Graph& g, const PassCo
   plan.repeat_kv = repeat_kv;
   if (qkv) plan.qkv = std::move(*qkv);
   plan.mask_input = mask_input;
+  plan.past_length_input = past_length;
   plan.window = int_attr_or(node, "sliding_window", 0);
   return plan;
 }

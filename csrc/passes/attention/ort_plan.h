@@ -43,7 +43,10 @@ struct OrtLoweringPlan {
   bool repeat_kv = false;         // MHA over kv heads repeated Hq / Hkv times
   std::vector<Projection> qkv;    // kPackedAttention: the Q, K, V projections
   Value* mask_input = nullptr;    // in place: the attention_mask graph input (B, T)
-  int64_t window = 0;             // sliding_window (the keys a query sees), 0 for none
+  // In place without attention_mask (a seq2seq decoder): past_sequence_length (int32 (1)), the
+  // tokens in the buffer, the same for every row; T = it + S.
+  Value* past_length_input = nullptr;
+  int64_t window = 0;  // sliding_window (the keys a query sees), 0 for none
   // In place: the com.microsoft RotaryEmbeddings on the 3-D Q and K that GQA applies instead
   // (do_rotary), or null.
   const Node* rotary_q = nullptr;

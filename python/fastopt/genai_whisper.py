@@ -1,0 +1,170 @@
+"""An onnxruntime-genai whisper folder from a whisper encoder and no-cache decoder exported as
+optimum splits them (encoder.onnx: input_features -> last_hidden_state; decoder.onnx:
+input_ids, encoder_hidden_states -> logits).
+
+What onnxruntime-genai 0.18 runs (its WhisperModel, model.type "whisper"; read from its source
+and checked on CPU): the encoder gets ``audio_features`` (B, mels, frames) with frames exactly
+3000 (it rejects other counts: "Whisper uses num_frames = 3000"), so the encoder must take 3000
+frames (max_source_positions 1500). When the encoder has no ``present_key_cross_*`` outputs,
+genai feeds its ``encoder_hidden_states`` output to every decoder step and binds only the
+decoder's self-attention cache (``past_key_names`` / ``present_key_names``; with
+search.past_present_share_buffer one max-length buffer per layer as both, and the input
+``past_sequence_length`` (int32 (1)) set to the tokens it holds). So the decoder written here has
+no cross cache (add_kv_cache's option cross_attention_cache 0: the cross-attention's keys and
+values are recomputed from encoder_hidden_states at every step) and a standard or in-place
+self-attention cache. genai's other form, an encoder that also computes the cross cache
+(present_key_cross_%d), needs the decoder's cross projections moved into the encoder graph:
+fastopt rewrites one graph at a time and does not write it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fastopt import _C
+from fastopt._io import load
+from fastopt.errors import UnsupportedModelError
+from fastopt.genai_config import GENAI_CONFIG, genai_config_bytes
+from fastopt.optimize import OptimizeReport, optimize
+
+# onnxruntime-genai 0.18's WhisperState accepts exactly this many audio frames.
+GENAI_WHISPER_FRAMES = 3000
+ENCODER_FILE = "encoder.onnx"
+DECODER_FILE = "decoder.onnx"
+SELF_PAST_KEY = _C.KV_PAST_PREFIX + "%d.decoder.key"
+SELF_PAST_VALUE = _C.KV_PAST_PREFIX + "%d.decoder.value"
+SELF_PRESENT_KEY = _C.KV_PRESENT_PREFIX + "%d.decoder.key"
+SELF_PRESENT_VALUE = _C.KV_PRESENT_PREFIX + "%d.decoder.value"
+
+
+@dataclass
+class GenaiWhisperReport:
+    folder: str
+    encoder: OptimizeReport
+    decoder: OptimizeReport
+    config: dict[str, Any]
+
+
+def _dims(v: Any) -> tuple[int | str | None, ...]:
+    return tuple(v.shape) if v is not None and v.shape is not None else ()
+
+
+def _frames(encoder: str | os.PathLike[str]) -> int | None:
+    graph = load(encoder).graph
+    features = next((v for v in graph.inputs if v is not None and v.name == "input_features"), None)
+    if features is None:
+        raise UnsupportedModelError(f"{encoder}: no input_features input (a whisper encoder's)")
+    dims = _dims(features)
+    return dims[2] if len(dims) == 3 and isinstance(dims[2], int) else None
+
+
+def whisper_for_genai(
+    encoder: str | os.PathLike[str],
+    decoder: str | os.PathLike[str],
+    folder: str | os.PathLike[str],
+    config: Mapping[str, Any],
+    *,
+    kv_cache: str = "inplace",
+    max_length: int | None = None,
+) -> GenaiWhisperReport:
+    """Optimizes ``encoder`` and ``decoder`` (preset llm, target ort) into ``folder`` with a
+    genai_config.json for onnxruntime-genai's whisper (see the module docstring). ``config``:
+    the model's transformers config (token ids, layers, heads, max_target_positions).
+    Refused (UnsupportedModelError, nothing written) when the encoder does not take exactly 3000
+    frames, which is all onnxruntime-genai 0.18 feeds a whisper encoder."""
+    frames = _frames(encoder)
+    if frames != GENAI_WHISPER_FRAMES:
+        raise UnsupportedModelError(
+            f"onnxruntime-genai 0.18 runs a whisper encoder only on exactly "
+            f"{GENAI_WHISPER_FRAMES} audio frames (its WhisperState rejects any other count: "
+            f"'Whisper uses num_frames = {GENAI_WHISPER_FRAMES}'); this encoder's input_features "
+            f"take {frames if frames is not None else 'an unknown number of'} frames "
+            "(max_source_positions must be 1500)"
+        )
+    layers = int(config.get("decoder_layers", 0))
+    heads = int(config.get("decoder_attention_heads", 0))
+    hidden = int(config.get("d_model", 0))
+    if not layers or not heads or not hidden:
+        raise UnsupportedModelError(
+            "config lacks decoder_layers / decoder_attention_heads / d_model"
+        )
+    out = os.fspath(folder)
+    os.makedirs(out, exist_ok=True)
+    enc = optimize(os.fspath(encoder), output=os.path.join(out, ENCODER_FILE), preset="llm")
+    dec = optimize(
+        os.fspath(decoder),
+        output=os.path.join(out, DECODER_FILE),
+        preset="llm",
+        kv_cache=kv_cache,  # type: ignore[arg-type]
+        options={"cross_attention_cache": 0},
+    )
+    assert dec.model is not None
+    graph = dec.model.graph
+    inputs = {v.name: v for v in graph.inputs if v is not None}
+    outputs = {v.name: v for v in graph.outputs if v is not None}
+    for i in range(layers):
+        for name in (SELF_PAST_KEY % i, SELF_PAST_VALUE % i):
+            if name not in inputs:
+                raise UnsupportedModelError(f"the cached decoder has no input {name}")
+    head_size = hidden // heads
+    context = int(config.get("max_target_positions", 448))
+    decoder_inputs = {
+        "input_ids": "input_ids",
+        "encoder_hidden_states": "encoder_hidden_states",
+        "past_key_names": SELF_PAST_KEY,
+        "past_value_names": SELF_PAST_VALUE,
+    }
+    inplace = "past_sequence_length" in inputs
+    if inplace:
+        decoder_inputs["past_sequence_length"] = "past_sequence_length"
+    vocab = _dims(outputs.get("logits"))
+    block = {"head_size": head_size, "hidden_size": hidden, "num_attention_heads": heads}
+    encoder_heads = int(config.get("encoder_attention_heads", heads))
+    encoder_block = {
+        "head_size": hidden // encoder_heads,
+        "hidden_size": hidden,
+        "num_attention_heads": encoder_heads,
+    }
+    genai = {
+        "model": {
+            "type": "whisper",
+            "bos_token_id": int(config.get("bos_token_id", 1)),
+            "eos_token_id": int(config.get("eos_token_id", 2)),
+            "pad_token_id": int(config.get("pad_token_id", 0)),
+            "decoder_start_token_id": int(config.get("decoder_start_token_id", 1)),
+            "context_length": context,
+            "vocab_size": int(vocab[2]) if len(vocab) == 3 and isinstance(vocab[2], int) else 0,
+            "encoder": {
+                "filename": ENCODER_FILE,
+                **encoder_block,
+                "num_hidden_layers": int(config.get("encoder_layers", layers)),
+                "inputs": {"audio_features": "input_features"},
+                "outputs": {"encoder_hidden_states": "last_hidden_state"},
+            },
+            "decoder": {
+                "filename": DECODER_FILE,
+                **block,
+                "num_hidden_layers": layers,
+                "num_key_value_heads": heads,
+                "inputs": decoder_inputs,
+                "outputs": {
+                    "logits": "logits",
+                    "present_key_names": SELF_PRESENT_KEY,
+                    "present_value_names": SELF_PRESENT_VALUE,
+                },
+            },
+        },
+        "search": {
+            "do_sample": False,
+            "max_length": max_length or context,
+            "num_beams": 1,
+            "num_return_sequences": 1,
+            "past_present_share_buffer": inplace,
+            "top_k": 1,
+        },
+    }
+    _C.write_file(os.path.join(out, GENAI_CONFIG), genai_config_bytes(genai))
+    return GenaiWhisperReport(out, enc, dec, genai)
