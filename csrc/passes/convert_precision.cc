@@ -32,6 +32,7 @@
 #include "ir/error.h"
 #include "passes/fusion_util.h"
 #include "passes/registry.h"
+#include "proto/onnx_writer.h"
 #include "quant/float_convert.h"
 #include "quant/options.h"
 
@@ -333,6 +334,10 @@ class PrecisionConverter {
       }
       Planned p{v, first, f32, jobs_.size()};
       jobs_.push_back(job(v->name(), *t));
+      // Room for the framing of the initializer apply() makes (quant/temp_file.h).
+      jobs_.back().framing =
+          initializer_framing_bytes(f32 ? v->name() + "_" + short_name() : v->name(), t->dims, to_,
+                                    jobs_.back().data_bytes());
       planned_.push_back(p);
       if (!f32) converted_in_place_.insert(v);
     }

@@ -29,6 +29,12 @@ struct SaveOptions {
 // file; missing folders are created.
 void write_model_file(const Model& model, const std::string& path, const SaveOptions& options);
 
+// Bytes of an initializer's framing in a self-contained model file: the initializer field's tag
+// and length and the tensor's fields before its raw_data payload, as the writer writes them. The
+// quantization passes reserve this room before each tensor they write (AdoptableFile::Slot).
+uint64_t initializer_framing_bytes(const std::string& name, const std::vector<int64_t>& dims,
+                                   int32_t dtype, uint64_t nbytes);
+
 // Serializes a self-contained model in memory (external data inlined); ModelError over 2 GB.
 std::string serialize_model(const Model& model);
 
