@@ -242,6 +242,7 @@ def test_output_over_2gb_still_goes_to_external_data(tmp_path: Path) -> None:
     src.write_bytes(model.SerializeToString())
 
     out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()  # (the pass writes into the output's folder when it exists)
     r = fastopt.quantize(src, out, mode="int4")
     assert r.summary.quantized == 1
     data = Path(str(out) + ".data")
