@@ -1,8 +1,9 @@
 // Where quantized weights live between the pass and the save: an unnamed file in the output's
 // folder (O_TMPFILE; an unlinked temporary where the filesystem has none), written with pwrite
-// by the quantizing threads. A save with external data into that folder takes the file as its
-// data file (proto/output_files.h AdoptableFile), so the quantized bytes are written once, where
-// they end up; any other save copies them. The IR's new tensors are views into it (a
+// by the quantizing threads. A save into that folder takes the file (proto/output_files.h
+// AdoptableFile): as its data file with external data, as the model file itself when
+// self-contained (the layout below), so the quantized bytes are written once, where they end
+// up; any other save copies them. The IR's new tensors are views into it (a
 // Buffer with a file descriptor), so the writer copies them into the output in the kernel
 // (copy_file_range) and the quantized bytes never sit in the process's anonymous memory: a
 // 7B model's 3.5 GB of int4 weights cost page cache, not RSS. Chosen over tensors produced
