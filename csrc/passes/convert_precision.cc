@@ -22,6 +22,7 @@
 // Values beyond the target's range are clamped and counted (counter values_clamped).
 // Refused (ModelError): control flow (If / Loop / Scan bodies) and model-local functions, which
 // this pass does not walk.
+#include <iterator>
 #include <map>
 #include <memory>
 #include <set>
@@ -32,6 +33,7 @@
 #include "ir/error.h"
 #include "passes/fusion_util.h"
 #include "passes/registry.h"
+#include "proto/onnx_writer.h"
 #include "quant/float_convert.h"
 #include "quant/options.h"
 
@@ -126,10 +128,7 @@ class PrecisionConverter {
     infer_types(g);
     decide_modes(g);
     plan_constants(g);
-    if (!jobs_.empty()) {
-      file_ = quant::TempFile::create(opt_.tmpdir);
-      quant::run_convert_jobs(jobs_, *file_, opt_.threads, ctx_.progress);
-    }
+    convert_all();
     apply(g);
     return ctx_.counters["nodes_converted"];
   }
@@ -333,6 +332,10 @@ class PrecisionConverter {
       }
       Planned p{v, first, f32, jobs_.size()};
       jobs_.push_back(job(v->name(), *t));
+      // Room for the framing of the initializer apply() makes (quant/temp_file.h).
+      jobs_.back().framing =
+          initializer_framing_bytes(f32 ? v->name() + "_" + short_name() : v->name(), t->dims, to_,
+                                    jobs_.back().data_bytes());
       planned_.push_back(p);
       if (!f32) converted_in_place_.insert(v);
     }
@@ -363,13 +366,33 @@ class PrecisionConverter {
     ++ctx_.counters["weights_kept"];
   }
 
-  std::shared_ptr<Tensor> converted(const quant::ConvertJob& j, const Tensor& like) const {
+  // Runs the jobs: the initializers' into one file, the Constant nodes' (planned after them)
+  // into another, so that the first holds initializers only, which a self-contained save can
+  // keep where they are (quant/temp_file.h).
+  void convert_all() {
+    const size_t split = constant_jobs_.empty() ? jobs_.size() : constant_jobs_.front().second;
+    std::vector<quant::ConvertJob> constants(std::make_move_iterator(jobs_.begin() + split),
+                                             std::make_move_iterator(jobs_.end()));
+    jobs_.resize(split);
+    if (!jobs_.empty()) {
+      file_ = quant::TempFile::create(opt_.tmpdir);
+      quant::run_convert_jobs(jobs_, *file_, opt_.threads, ctx_.progress);
+    }
+    if (!constants.empty()) {
+      constants_file_ = quant::TempFile::create(opt_.tmpdir);
+      quant::run_convert_jobs(constants, *constants_file_, opt_.threads, ctx_.progress);
+    }
+    for (quant::ConvertJob& j : constants) jobs_.push_back(std::move(j));
+  }
+
+  std::shared_ptr<Tensor> converted(const quant::ConvertJob& j, const Tensor& like,
+                                    const std::shared_ptr<quant::TempFile>& file) const {
     auto t = std::make_shared<Tensor>();
     t->data_type = to_;
     t->dims = like.dims;
     t->storage = Tensor::Storage::kRaw;
     t->has_raw_field = true;
-    t->raw = ByteRef{file_, j.offset, j.data_bytes()};
+    t->raw = ByteRef{file, j.offset, j.data_bytes()};
     return t;
   }
 
@@ -413,7 +436,7 @@ class PrecisionConverter {
     // Weights.
     for (const Planned& p : planned_) {
       const quant::ConvertJob& j = jobs_[p.job];
-      auto t = converted(j, *p.value->initializer());
+      auto t = converted(j, *p.value->initializer(), file_);
       record(j, p.value, p.first, *p.value->initializer());
       if (!p.keep_f32) {
         g.set_initializer(p.value, t);
@@ -429,7 +452,7 @@ class PrecisionConverter {
       }
     }
     for (auto& [n, j] : constant_jobs_) {
-      attr(n, "value")->t = converted(jobs_[j], *attr(n, "value")->t);
+      attr(n, "value")->t = converted(jobs_[j], *attr(n, "value")->t, constants_file_);
       clamped_ += jobs_[j].clamped;
     }
     // Nodes: attributes, then output types.
@@ -555,7 +578,7 @@ class PrecisionConverter {
   std::vector<std::pair<Node*, size_t>> constant_jobs_;
   std::unordered_set<const Value*> converted_in_place_;
   std::map<std::pair<Value*, int32_t>, Value*> casts_;
-  std::shared_ptr<quant::TempFile> file_;
+  std::shared_ptr<quant::TempFile> file_, constants_file_;
   uint64_t clamped_ = 0;
 };
 

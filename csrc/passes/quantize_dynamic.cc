@@ -29,6 +29,7 @@
 #include "ir/error.h"
 #include "passes/fusion_util.h"
 #include "passes/registry.h"
+#include "proto/onnx_writer.h"
 #include "quant/int8.h"
 #include "quant/options.h"
 
@@ -191,6 +192,10 @@ class DynamicQuantizer {
       job.src = quant::WeightSource{t->bytes(), kFloat, rows, cols};
       job.spec = spec_;
       job.spec.per_channel = spec_.per_channel && !conv;
+      // Room for the framing of the codes' initializer as initializers() names it.
+      job.framing = initializer_framing_bytes(
+          job.name + "_quantized", trans_b ? std::vector<int64_t>{job.rows(), job.cols()} : t->dims,
+          kInt8, job.data_bytes());
       it = job_of_.emplace(std::make_pair(t.get(), trans_b), jobs_.size()).first;
       jobs_.push_back(std::move(job));
       first_user_.push_back(cands_.size());

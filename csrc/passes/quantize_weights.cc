@@ -39,6 +39,7 @@
 #include "passes/fusion_util.h"
 #include "passes/registry.h"
 #include "pattern/attr_schema.h"
+#include "proto/onnx_writer.h"
 #include "quant/options.h"
 #include "quant/quantize_job.h"
 
@@ -144,6 +145,49 @@ std::shared_ptr<Tensor> view_tensor(int32_t dtype, std::vector<int64_t> dims,
   return t;
 }
 
+// The name, type and shape of one quantized initializer.
+struct Part {
+  std::string name;
+  int32_t dtype;
+  std::vector<int64_t> dims;
+};
+struct Parts {
+  Part data, scales, zp;
+};
+
+// The initializers of a job's parts as the rewrites name and shape them: MatMulNBits' or
+// DequantizeLinear's (qdq), a MatMul's or a Gather's (embedding).
+Parts parts_of(const quant::WeightJob& job, bool qdq, bool embedding) {
+  const int64_t K = job.src.K, N = job.src.N, kb = job.k_blocks();
+  const int bits = job.spec.bits;
+  const std::string& base = job.name;
+  if (!qdq) {
+    std::vector<int64_t> data_dims{N, kb, job.blob()};
+    if (embedding) data_dims = {N, kb * job.blob()};
+    return {{base + "_Q" + std::to_string(bits), kUint8, data_dims},
+            {base + "_scales", job.src.dtype, {N, kb}},
+            {base + "_zero_points", kUint8, {N, (kb * bits + 7) / 8}}};
+  }
+  const int32_t qtype =
+      bits == 8 ? (job.spec.symmetric ? kInt8 : kUint8) : (job.spec.symmetric ? kInt4 : kUint4);
+  const std::vector<int64_t> data_dims =
+      embedding ? std::vector<int64_t>{N, K} : std::vector<int64_t>{K, N};
+  const std::vector<int64_t> block_dims =
+      embedding ? std::vector<int64_t>{N, kb} : std::vector<int64_t>{kb, N};
+  return {{base + "_DQ_Q" + std::to_string(bits), qtype, data_dims},
+          {base + "_DQ_scales", job.src.dtype, block_dims},
+          {base + "_DQ_zero_points", qtype, block_dims}};
+}
+
+uint64_t framing(const Part& p, uint64_t nbytes) {
+  return initializer_framing_bytes(p.name, p.dims, p.dtype, nbytes);
+}
+
+Value* add_part(Graph& g, const Part& p, const std::shared_ptr<quant::TempFile>& file,
+                uint64_t offset, uint64_t size) {
+  return g.add_initializer(p.name, view_tensor(p.dtype, p.dims, file, offset, size));
+}
+
 class Quantizer {
  public:
   Quantizer(Model& m, PassContext& ctx) : model_(m), ctx_(ctx), opt_(quant::read_options(ctx)) {}
@@ -161,6 +205,15 @@ class Quantizer {
     }
     model_.for_each_graph([&](Graph& g) { collect(g); });
     if (jobs_.empty()) return 0;
+    // Room for each part's framing as its first user will name it, so that a self-contained
+    // save can keep the quantized bytes where they are written (quant/temp_file.h).
+    for (size_t j = 0; j < jobs_.size(); ++j) {
+      quant::WeightJob& job = jobs_[j];
+      const Parts p = parts_of(job, qdq_, first_user_[j] == kEmbeddingJob);
+      job.data_framing = framing(p.data, job.data_bytes());
+      job.scale_framing = framing(p.scales, job.scale_bytes());
+      job.zp_framing = framing(p.zp, job.zp_bytes());
+    }
     auto file = quant::TempFile::create(opt_.tmpdir);
     quant::run_jobs(jobs_, *file, opt_.threads, ctx_.progress);
     int64_t rewrites = 0;
@@ -353,35 +406,11 @@ class Quantizer {
     auto it = made_.find(key);
     if (it != made_.end()) return it->second;
     const quant::WeightJob& job = jobs_[j];
-    const int64_t K = job.src.K, N = job.src.N, kb = job.k_blocks();
-    const std::string base = job.name;
+    const Parts p = parts_of(job, qdq_, /*embedding=*/false);
     Made m{nullptr, nullptr, nullptr};
-    if (!qdq_) {
-      m.data = g.add_initializer(
-          base + "_Q" + std::to_string(job.spec.bits),
-          view_tensor(kUint8, {N, kb, job.blob()}, file, job.data_offset, job.data_bytes()));
-      m.scales = g.add_initializer(
-          base + "_scales",
-          view_tensor(job.src.dtype, {N, kb}, file, job.scale_offset, job.scale_bytes()));
-      if (!job.spec.symmetric) {
-        m.zp = g.add_initializer(base + "_zero_points",
-                                 view_tensor(kUint8, {N, (kb * job.spec.bits + 7) / 8}, file,
-                                             job.zp_offset, job.zp_bytes()));
-      }
-    } else {
-      const int32_t qtype = job.spec.bits == 8 ? (job.spec.symmetric ? kInt8 : kUint8)
-                                               : (job.spec.symmetric ? kInt4 : kUint4);
-      m.data =
-          g.add_initializer(base + "_DQ_Q" + std::to_string(job.spec.bits),
-                            view_tensor(qtype, {K, N}, file, job.data_offset, job.data_bytes()));
-      m.scales = g.add_initializer(
-          base + "_DQ_scales",
-          view_tensor(job.src.dtype, {kb, N}, file, job.scale_offset, job.scale_bytes()));
-      if (!job.spec.symmetric) {
-        m.zp = g.add_initializer(base + "_DQ_zero_points",
-                                 view_tensor(qtype, {kb, N}, file, job.zp_offset, job.zp_bytes()));
-      }
-    }
+    m.data = add_part(g, p.data, file, job.data_offset, job.data_bytes());
+    m.scales = add_part(g, p.scales, file, job.scale_offset, job.scale_bytes());
+    if (!job.spec.symmetric) m.zp = add_part(g, p.zp, file, job.zp_offset, job.zp_bytes());
     made_.emplace(key, m);
     return m;
   }
@@ -451,20 +480,11 @@ class Quantizer {
     QuantRecord r = quant::quantized_record(job.name, gather, e.tensor->nbytes(), job.error);
     const int64_t K = job.src.K, N = job.src.N, kb = job.k_blocks();
     const std::string base = e.table->name();
+    const Parts p = parts_of(job, qdq_, /*embedding=*/true);
     if (qdq_) {
-      const int32_t qtype = job.spec.bits == 8 ? (job.spec.symmetric ? kInt8 : kUint8)
-                                               : (job.spec.symmetric ? kInt4 : kUint4);
-      std::vector<Value*> in{
-          g.add_initializer(g.unique_name(base + "_DQ_Q" + std::to_string(job.spec.bits)),
-                            view_tensor(qtype, {N, K}, file, job.data_offset, job.data_bytes())),
-          g.add_initializer(
-              g.unique_name(base + "_DQ_scales"),
-              view_tensor(job.src.dtype, {N, kb}, file, job.scale_offset, job.scale_bytes()))};
-      if (!job.spec.symmetric) {
-        in.push_back(
-            g.add_initializer(g.unique_name(base + "_DQ_zero_points"),
-                              view_tensor(qtype, {N, kb}, file, job.zp_offset, job.zp_bytes())));
-      }
+      std::vector<Value*> in{add_part(g, p.data, file, job.data_offset, job.data_bytes()),
+                             add_part(g, p.scales, file, job.scale_offset, job.scale_bytes())};
+      if (!job.spec.symmetric) in.push_back(add_part(g, p.zp, file, job.zp_offset, job.zp_bytes()));
       Node* dq = g.create_node("DequantizeLinear", "", in, {g.unique_name(base + "_DQ")}, gather);
       dq->attributes.push_back(pattern::attr_int("axis", 1));
       dq->attributes.push_back(pattern::attr_int("block_size", job.spec.block_size));
@@ -488,17 +508,9 @@ class Quantizer {
         scales = made->second.scales;
         zp = made->second.zp;
       } else {
-        data = g.add_initializer(
-            g.unique_name(base + "_Q" + std::to_string(job.spec.bits)),
-            view_tensor(kUint8, {N, kb * job.blob()}, file, job.data_offset, job.data_bytes()));
-        scales = g.add_initializer(
-            g.unique_name(base + "_scales"),
-            view_tensor(job.src.dtype, {N, kb}, file, job.scale_offset, job.scale_bytes()));
-        if (!job.spec.symmetric) {
-          zp = g.add_initializer(g.unique_name(base + "_zero_points"),
-                                 view_tensor(kUint8, {N, (kb * job.spec.bits + 7) / 8}, file,
-                                             job.zp_offset, job.zp_bytes()));
-        }
+        data = add_part(g, p.data, file, job.data_offset, job.data_bytes());
+        scales = add_part(g, p.scales, file, job.scale_offset, job.scale_bytes());
+        if (!job.spec.symmetric) zp = add_part(g, p.zp, file, job.zp_offset, job.zp_bytes());
       }
       std::vector<Value*> in{data, gather->inputs()[1], scales};
       if (zp) in.push_back(zp);

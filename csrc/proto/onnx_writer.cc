@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -31,6 +32,29 @@ void write_pieces(OutputFile& out, const wire::Writer& w) {
   }
 }
 
+// A tensor's fields before its payload, in the order tensor() writes them.
+void tensor_head(wire::Writer& w, const Tensor& t) {
+  namespace ft = field::tensor;
+  w.packed_ints(ft::kDims, t.dims);
+  if (t.data_type) w.int_field(ft::kDataType, *t.data_type);
+  if (t.name.written()) w.string_field(ft::kName, t.name.value);
+}
+
+uint64_t varint_bytes(uint64_t v) {
+  uint64_t n = 1;
+  for (; v >= 0x80; v >>= 7) ++n;
+  return n;
+}
+
+// initializer_framing_bytes of `t`, a raw tensor of `nbytes` bytes.
+uint64_t framing_of(const Tensor& t, uint64_t nbytes) {
+  wire::Writer head;
+  tensor_head(head, t);
+  head.tag(field::tensor::kRawData, wire::kLen);
+  head.varint(nbytes);
+  return 1 + varint_bytes(head.size() + nbytes) + head.size();  // initializer tag: 1 byte
+}
+
 // The file of bytes written before the save (quantized weights: AdoptableFile) to take as the
 // first data file, or null: the one holding the most bytes of tensors bound for the data files,
 // when this save can take it and nearly all of it is such bytes (bytes no tensor reads would stay
@@ -42,7 +66,9 @@ const AdoptableFile* file_to_adopt(const Model& model, const std::string& folder
     for (Value* v : g.initializer_order) {
       const Tensor& t = *v->initializer();
       if (t.storage != Tensor::Storage::kRaw) continue;
-      if (const auto* f = dynamic_cast<const AdoptableFile*>(t.raw.buffer.get())) {
+      const auto* f = dynamic_cast<const AdoptableFile*>(t.raw.buffer.get());
+      // Only bytes at offsets the save's alignment accepts can stay where they are.
+      if (f && (opt.align <= 1 || t.raw.offset % opt.align == 0)) {
         ranges[f].insert({t.raw.offset, t.raw.size});
       }
     }
@@ -55,7 +81,12 @@ const AdoptableFile* file_to_adopt(const Model& model, const std::string& folder
     if (live > best_live) best = file, best_live = live;
   }
   if (!best || !best->adoptable_in(folder)) return nullptr;
-  const uint64_t size = best->size();
+  // The room left for framing (AdoptableFile::Slot) is not counted as dead: it is a few bytes
+  // a tensor, there by design.
+  uint64_t rooms = 0;
+  for (const AdoptableFile::Slot& s : best->slots()) rooms += s.data - s.frame;
+  if (rooms > 0) rooms += AdoptableFile::kModelHeadRoom;
+  const uint64_t size = best->size() - std::min(best->size(), rooms);
   if (size - std::min(size, best_live) > size / 100) return nullptr;  // over 1 % dead
   if (opt.max_file_bytes > 0 && size > opt.max_file_bytes) return nullptr;
   return best;
@@ -132,6 +163,15 @@ class DataFiles {
   std::vector<Entry> files_;
 };
 
+// A self-contained save into an adopted file (write_in_place): the main graph's initializers
+// whose bytes fill the file's slots, in file order.
+struct InPlace {
+  const AdoptableFile* file = nullptr;
+  std::vector<Value*> order;
+  std::set<const Tensor*> tensors;
+  bool stray = false;  // set by the writer: another tensor reads bytes of the file
+};
+
 class ModelWriter {
  public:
   ModelWriter(const Model& m, DataFiles* data, uint64_t threshold)
@@ -142,9 +182,29 @@ class ModelWriter {
       : model_(table_owner), skeleton_(&table_owner), threshold_(threshold) {}
 
   wire::Writer model() {
+    wire::Writer w;
+    fields(w, /*graph=*/true);
+    return w;
+  }
+
+  // The model with the graph field first and its length in 5 bytes, so that what follows it
+  // starts at AdoptableFile::kModelHeadRoom, where the adopted file's first slot is.
+  wire::Writer model_graph_first(InPlace& in_place) {
+    in_place_ = &in_place;
+    wire::Writer g = graph(*model_.graph);
+    wire::Writer w;
+    w.tag(field::model::kGraph, wire::kLen);
+    w.varint_padded(g.size(), static_cast<int>(AdoptableFile::kModelHeadRoom) - 1);
+    w.append(std::move(g));
+    fields(w, /*graph=*/false);
+    in_place_ = nullptr;
+    return w;
+  }
+
+ private:
+  void fields(wire::Writer& w, bool with_graph) {
     namespace f = field::model;
     const Model& m = model_;
-    wire::Writer w;
     if (m.ir_version) w.int_field(f::kIrVersion, *m.ir_version);
     if (m.producer_name.written()) w.string_field(f::kProducerName, m.producer_name.value);
     if (m.producer_version.written()) {
@@ -153,17 +213,15 @@ class ModelWriter {
     if (m.domain.written()) w.string_field(f::kDomain, m.domain.value);
     if (m.model_version) w.int_field(f::kModelVersion, *m.model_version);
     if (m.doc_string.written()) w.string_field(f::kDocString, m.doc_string.value);
-    if (m.graph) w.message(f::kGraph, graph(*m.graph));
+    if (m.graph && with_graph) w.message(f::kGraph, graph(*m.graph));
     for (const auto& o : m.opset_import) w.message(f::kOpsetImport, opset(o));
     for (const auto& kv : m.metadata_props)
       w.message(f::kMetadataProps, entry(kv.first, kv.second));
     w.raw_fields(m.metadata_extras);
     for (const auto& fn : m.functions) w.message(f::kFunctions, function(*fn));
     w.raw_fields(m.extras);
-    return w;
   }
 
- private:
   static wire::Writer entry(const std::string& k, const std::string& v) {
     wire::Writer w;
     w.string_field(field::entry::kKey, k);
@@ -226,9 +284,17 @@ class ModelWriter {
     namespace ft = field::tensor;
     const Tensor& t = *tp;
     wire::Writer w;
-    w.packed_ints(ft::kDims, t.dims);
-    if (t.data_type) w.int_field(ft::kDataType, *t.data_type);
-    if (t.name.written()) w.string_field(ft::kName, t.name.value);
+    tensor_head(w, t);
+    if (in_place_ && t.storage == Tensor::Storage::kRaw && t.raw.buffer.get() == in_place_->file) {
+      if (!in_place_->tensors.count(&t)) {
+        in_place_->stray = true;  // bytes of the file not in a slot: write_in_place gives up
+      } else {
+        w.tag(ft::kRawData, wire::kLen);
+        w.varint(t.raw.size);
+        w.in_place_ref(t.raw);
+        return w;  // (plan_in_place checked: no data_location, no extras)
+      }
+    }
     if (skeleton_ && t.dtype() != kString && t.nbytes() >= threshold_ &&
         t.storage != Tensor::Storage::kNone) {
       w.message(ft::kExternalData, entry("location", kSkeletonLocation));
@@ -326,9 +392,16 @@ class ModelWriter {
   wire::Writer graph(const Graph& g) {
     namespace fg = field::graph;
     wire::Writer w;
+    const bool main_in_place = in_place_ && &g == model_.graph.get();
+    if (main_in_place) {  // first, in file order: the bytes after the head are theirs
+      for (Value* v : in_place_->order) w.message(fg::kInitializer, tensor(v->initializer()));
+    }
     for (Node* n = g.first(); n; n = n->next()) w.message(fg::kNode, node(*n));
     if (g.name.written()) w.string_field(fg::kName, g.name.value);
-    for (Value* v : g.initializer_order) w.message(fg::kInitializer, tensor(v->initializer()));
+    for (Value* v : g.initializer_order) {
+      if (main_in_place && in_place_->tensors.count(v->initializer().get())) continue;
+      w.message(fg::kInitializer, tensor(v->initializer()));
+    }
     w.raw_fields(g.extras);
     for (const auto& e : g.input_entries) w.message(fg::kInput, value_info(e));
     for (const auto& e : g.output_entries) w.message(fg::kOutput, value_info(e));
@@ -364,12 +437,113 @@ class ModelWriter {
   const Model& model_;
   DataFiles* data_ = nullptr;
   Model* skeleton_ = nullptr;
+  InPlace* in_place_ = nullptr;
   uint64_t threshold_;
 };
 
 std::string too_big(uint64_t size) {
   return "a self-contained model would be " + std::to_string(size) +
          " bytes, over protobuf's 2 GB limit; save it with external data";
+}
+
+}  // namespace
+
+uint64_t initializer_framing_bytes(const std::string& name, const std::vector<int64_t>& dims,
+                                   int32_t dtype, uint64_t nbytes) {
+  Tensor t;
+  t.name.set(name);
+  t.dims = dims;
+  t.data_type = dtype;
+  return framing_of(t, nbytes);
+}
+
+namespace {
+
+// The adoptable file whose slots the main graph's initializers fill exactly, each slot one raw
+// tensor with the framing its room was made for, or false: then the save copies (a tensor
+// renamed or dropped after the pass, the file in another folder or taken by an earlier save).
+bool plan_in_place(const Model& model, const std::string& folder, InPlace& plan) {
+  std::map<const AdoptableFile*, uint64_t> bytes_in;
+  model.for_each_graph([&](Graph& g) {
+    for (Value* v : g.initializer_order) {
+      const Tensor& t = *v->initializer();
+      if (t.storage != Tensor::Storage::kRaw) continue;
+      if (const auto* f = dynamic_cast<const AdoptableFile*>(t.raw.buffer.get())) {
+        bytes_in[f] += t.raw.size;
+      }
+    }
+  });
+  const AdoptableFile* file = nullptr;
+  for (const auto& [f, n] : bytes_in) {
+    if (!file || n > bytes_in[file]) file = f;
+  }
+  if (!file || !file->adoptable_in(folder)) return false;
+  const std::vector<AdoptableFile::Slot> slots = file->slots();
+  if (slots.empty()) return false;
+  std::map<uint64_t, size_t> slot_at;  // data offset -> slot
+  uint64_t end = AdoptableFile::kModelHeadRoom;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i].frame != end) return false;
+    slot_at[slots[i].data] = i;
+    end = slots[i].data + slots[i].size;
+  }
+  if (end != file->size()) return false;
+  std::vector<Value*> filled(slots.size(), nullptr);
+  for (Value* v : model.graph->initializer_order) {
+    const Tensor& t = *v->initializer();
+    if (t.storage != Tensor::Storage::kRaw || t.raw.buffer.get() != file) continue;
+    auto it = slot_at.find(t.raw.offset);
+    if (it == slot_at.end() || filled[it->second]) return false;
+    const AdoptableFile::Slot& slot = slots[it->second];
+    if (t.raw.size != slot.size || t.data_location || !t.extras.empty() ||
+        framing_of(t, t.raw.size) != slot.data - slot.frame) {
+      return false;
+    }
+    filled[it->second] = v;
+  }
+  for (Value* v : filled) {
+    if (!v) return false;  // a slot no initializer holds: its bytes would sit inside the graph
+    plan.order.push_back(v);
+    plan.tensors.insert(v->initializer().get());
+  }
+  plan.file = file;
+  return true;
+}
+
+// The self-contained save that takes the adopted file as the model file: the framing goes into
+// the room around the tensors' bytes, which stay where the pass wrote them, and the rest of the
+// model is appended. False (nothing written) when the model does not fit the file's layout.
+bool write_in_place(const Model& model, const std::string& path, const std::string& folder,
+                    const std::function<void(OutputFile&)>& commit) {
+  InPlace plan;
+  if (!plan_in_place(model, folder, plan)) return false;
+  wire::Writer w = ModelWriter(model, nullptr, 0).model_graph_first(plan);
+  if (plan.stray || w.size() > kProtobufLimit) return false;
+  // Every in-place piece must fall where its bytes are, the rest after the file's own bytes.
+  const uint64_t own = plan.file->size();
+  uint64_t pos = 0;
+  for (const auto& piece : w.pieces()) {
+    const uint64_t n = piece.ref.buffer ? piece.ref.size : piece.bytes.size();
+    const bool in_place = piece.ref.buffer.get() == plan.file && piece.ref.offset == pos;
+    if (pos < own && (piece.ref.buffer ? !in_place : pos + n > own)) return false;
+    pos += n;
+  }
+  if (pos < own) return false;
+  OutputFile out(path, *plan.file);
+  pos = 0;
+  for (const auto& piece : w.pieces()) {
+    if (pos >= own) {
+      if (piece.ref.buffer)
+        out.copy(piece.ref);
+      else
+        out.write(piece.bytes.data(), piece.bytes.size());
+    } else if (!piece.ref.buffer) {
+      out.write_at(pos, piece.bytes.data(), piece.bytes.size());
+    }
+    pos += piece.ref.buffer ? piece.ref.size : piece.bytes.size();
+  }
+  commit(out);
+  return true;
 }
 
 }  // namespace
@@ -443,6 +617,9 @@ void write_model_file(const Model& model, const std::string& path, const SaveOpt
   if (options.external != SaveOptions::External::kAlways) {
     wire::Writer w = ModelWriter(model, nullptr, 0).model();
     if (w.size() <= kProtobufLimit) {
+      // Quantized weights written before the save are already in place in a file laid out as
+      // a model file: written once (one fsync), not copied.
+      if (write_in_place(model, path, folder, [&](OutputFile& out) { commit(out, {}); })) return;
       OutputFile out(path);
       write_pieces(out, w);
       commit(out, {});

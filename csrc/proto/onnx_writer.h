@@ -26,8 +26,16 @@ struct SaveOptions {
 
 // Writes the model file, its data files and side files: complete or absent at every instant
 // (commit_outputs), never over the loaded model's own files or over anything not a regular
-// file; missing folders are created.
+// file; missing folders are created. A self-contained model whose quantized tensors fill an
+// AdoptableFile in the output's folder is written into that file (graph field first; see
+// AdoptableFile), the same model as the canonical order in other bytes.
 void write_model_file(const Model& model, const std::string& path, const SaveOptions& options);
+
+// Bytes of an initializer's framing in a self-contained model file: the initializer field's tag
+// and length and the tensor's fields before its raw_data payload, as the writer writes them. The
+// quantization passes reserve this room before each tensor they write (AdoptableFile::Slot).
+uint64_t initializer_framing_bytes(const std::string& name, const std::vector<int64_t>& dims,
+                                   int32_t dtype, uint64_t nbytes);
 
 // Serializes a self-contained model in memory (external data inlined); ModelError over 2 GB.
 std::string serialize_model(const Model& model);

@@ -194,6 +194,21 @@ void OutputFile::write(const void* p, uint64_t n) {
   }
 }
 
+void OutputFile::write_at(uint64_t offset, const void* p, uint64_t n) {
+  if (!adopted_ || offset + n > adopted_size_) {
+    throw ModelError("cannot write '" + final_ + "': a write before its end");
+  }
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    ssize_t w = ::pwrite(fd_, c, n, static_cast<off_t>(offset));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) throw ModelError("cannot write '" + final_ + "': " + errno_text());
+    c += w;
+    offset += static_cast<uint64_t>(w);
+    n -= static_cast<uint64_t>(w);
+  }
+}
+
 void OutputFile::zeros(uint64_t n) {
   static const char kZeros[4096] = {};
   while (n > 0) {

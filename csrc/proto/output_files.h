@@ -56,8 +56,25 @@ class CreatedFolders {
 // tensors already in it stay where they are, the others are appended after them, then it is
 // linked under the data file's name) instead of copying its bytes into a new file. Taken at most
 // once: after that save the file is that output's data file, which no other save may change.
+//
+// The same file can also become the model file of a self-contained save (onnx_writer.cc,
+// write_in_place): its first kModelHeadRoom bytes are left for the graph field's tag and length,
+// and each tensor's bytes follow the room for its initializer's framing (slots()), so the
+// writer can put the framing around bytes already in place and append the rest of the model.
 class AdoptableFile : public Buffer {
  public:
+  // Room at the file's start: the GraphProto field's tag (1 byte) and its length as a 5-byte
+  // varint (a self-contained model is under 2 GB).
+  static constexpr uint64_t kModelHeadRoom = 6;
+  // A tensor's bytes [data, data + size), after `data - frame` bytes of room for the framing
+  // of the initializer that holds them (tag, length, dims, type, name, raw_data tag and length).
+  struct Slot {
+    uint64_t frame, data, size;
+  };
+  // The slots in file order, back to back from kModelHeadRoom to size(); empty when the file
+  // was not laid out so.
+  virtual std::vector<Slot> slots() const = 0;
+
   // Whether a save writing into `folder` can take this file: it is unnamed (linkable) in that
   // folder, compared by identity, and no save has taken it.
   bool adoptable_in(const std::string& folder) const;
@@ -90,6 +107,8 @@ class OutputFile {
   const std::string& path() const { return final_; }
   uint64_t size() const { return size_; }
   void write(const void* p, uint64_t n);
+  // Writes into the adopted file's own bytes (the room it left for framing); ModelError past them.
+  void write_at(uint64_t offset, const void* p, uint64_t n);
   void zeros(uint64_t n);
   // Appends the bytes of `ref`. A file-backed source is read through its descriptor (in the
   // kernel where it can), never through its mapping: a source that shrank since the load is a

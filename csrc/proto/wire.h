@@ -234,6 +234,16 @@ class Writer {
     buf[n++] = static_cast<uint8_t>(v);
     raw(buf, n);
   }
+  // `v` in exactly `width` bytes (continuation bits on the leading ones): a length written before
+  // its value is known, in room reserved for it. Parsers accept such non-minimal varints.
+  void varint_padded(uint64_t v, int width) {
+    uint8_t buf[10];
+    for (int i = 0; i < width; ++i) {
+      buf[i] = static_cast<uint8_t>((v & 0x7f) | (i + 1 < width ? 0x80 : 0));
+      v >>= 7;
+    }
+    raw(buf, static_cast<size_t>(width));
+  }
   void tag(uint32_t field, WireType type) { varint((static_cast<uint64_t>(field) << 3) | type); }
 
   void int_field(uint32_t field, int64_t v) {
@@ -274,6 +284,12 @@ class Writer {
     } else if (ref.size > 0) {
       raw(ref.data(), ref.size);
     }
+  }
+  // Bytes the output already holds where this piece falls (AdoptableFile): always a piece of
+  // its own, however small, so the writer can leave it where it is.
+  void in_place_ref(const ByteRef& ref) {
+    pieces_.push_back(Piece{{}, ref});
+    size_ += ref.size;
   }
   void raw_fields(const RawFields& fields) {
     for (const auto& f : fields) append_ref(f);

@@ -47,7 +47,7 @@ void run_convert_jobs(std::vector<ConvertJob>& jobs, TempFile& out, int threads,
   std::vector<uint64_t> work;
   for (size_t j = 0; j < jobs.size(); ++j) {
     WeightSource{jobs[j].src, 1, static_cast<int64_t>(jobs[j].numel), 1}.check_readable();
-    jobs[j].offset = out.reserve(jobs[j].data_bytes());
+    jobs[j].offset = out.reserve(jobs[j].data_bytes(), jobs[j].framing);
     for (uint64_t b = 0; b < jobs[j].numel; b += kTileFloats) {
       tiles.push_back({j, b, std::min(jobs[j].numel, b + kTileFloats)});
       work.push_back((tiles.back().end - b) * 4);

@@ -28,6 +28,7 @@ struct ConvertJob {
   int32_t to = 10;  // 10 float16, 16 bfloat16
 
   uint64_t data_bytes() const { return numel * 2; }
+  uint64_t framing = 0;  // room for the initializer's framing (TempFile::reserve)
   // Filled by run_convert_jobs.
   uint64_t offset = 0;
   uint64_t clamped = 0;

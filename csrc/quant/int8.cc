@@ -296,7 +296,7 @@ void run_int8_jobs(std::vector<Int8Job>& jobs, TempFile& out, int threads,
   size_t max_tasks = 0;
   for (Int8Job& job : jobs) {
     job.src.check_readable();
-    job.data_offset = out.reserve(job.data_bytes());
+    job.data_offset = out.reserve(job.data_bytes(), job.framing);
     max_tasks += static_cast<size_t>((job.rows() + tile_rows(job) - 1) / tile_rows(job));
   }
   const int n_threads = worker_count(threads, max_tasks);

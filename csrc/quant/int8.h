@@ -62,6 +62,7 @@ struct Int8Job {
   void read_rows(int64_t r0, int64_t n, float* dst, std::vector<float>& tmp) const;
 
   // Filled by run_int8_jobs.
+  uint64_t framing = 0;            // room for the codes' initializer framing (TempFile::reserve)
   uint64_t data_offset = 0;        // int8 codes [rows, cols] in the TempFile
   std::vector<Int8Params> params;  // per channel
   ErrorSums error;

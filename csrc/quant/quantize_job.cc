@@ -253,9 +253,9 @@ void run_jobs(std::vector<WeightJob>& jobs, TempFile& out, int threads,
   for (size_t j = 0; j < jobs.size(); ++j) {
     WeightJob& job = jobs[j];
     job.src.check_readable();
-    job.data_offset = out.reserve(job.data_bytes());
-    job.scale_offset = out.reserve(job.scale_bytes());
-    job.zp_offset = out.reserve(job.zp_bytes());
+    job.data_offset = out.reserve(job.data_bytes(), job.data_framing);
+    job.scale_offset = out.reserve(job.scale_bytes(), job.scale_framing);
+    if (job.zp_bytes() > 0) job.zp_offset = out.reserve(job.zp_bytes(), job.zp_framing);
     const int64_t K = job.src.K, N = job.src.N, bs = job.spec.block_size;
     const uint64_t es = job.src.dtype == 1 ? 4 : 2;
     if (job.layout == Layout::kQdqRows && !job.spec.symmetric)

@@ -43,6 +43,9 @@ struct WeightJob {
   uint64_t scale_bytes() const;  // scales
   uint64_t zp_bytes() const;     // zero points (0 when symmetric)
 
+  // Room for the framing of each part's initializer (TempFile::reserve), set by the pass that
+  // names them; 0 where the part has none.
+  uint64_t data_framing = 0, scale_framing = 0, zp_framing = 0;
   // Filled by run_jobs: offsets of the three parts in the TempFile, and the error sums.
   uint64_t data_offset = 0, scale_offset = 0, zp_offset = 0;
   ErrorSums error;

@@ -45,9 +45,17 @@ TempFile::~TempFile() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-uint64_t TempFile::reserve(uint64_t n) {
-  const uint64_t aligned = (n + 63) & ~uint64_t{63};
-  return size_.fetch_add(aligned);
+uint64_t TempFile::reserve(uint64_t n, uint64_t framing) {
+  std::lock_guard<std::mutex> lock(reserve_mu_);
+  const uint64_t frame = size_.load();
+  slots_.push_back(Slot{frame, frame + framing, n});
+  size_.store(frame + framing + n);
+  return frame + framing;
+}
+
+std::vector<AdoptableFile::Slot> TempFile::slots() const {
+  std::lock_guard<std::mutex> lock(reserve_mu_);
+  return slots_;
 }
 
 void TempFile::write(uint64_t offset, const void* data, uint64_t n) const {

@@ -1,13 +1,17 @@
 // Where quantized weights live between the pass and the save: an unnamed file in the output's
 // folder (O_TMPFILE; an unlinked temporary where the filesystem has none), written with pwrite
-// by the quantizing threads. A save with external data into that folder takes the file as its
-// data file (proto/output_files.h AdoptableFile), so the quantized bytes are written once, where
-// they end up; any other save copies them. The IR's new tensors are views into it (a
+// by the quantizing threads. A save into that folder takes the file (proto/output_files.h
+// AdoptableFile): as its data file with external data, as the model file itself when
+// self-contained (the layout below), so the quantized bytes are written once, where they end
+// up; any other save copies them. The IR's new tensors are views into it (a
 // Buffer with a file descriptor), so the writer copies them into the output in the kernel
 // (copy_file_range) and the quantized bytes never sit in the process's anonymous memory: a
 // 7B model's 3.5 GB of int4 weights cost page cache, not RSS. Chosen over tensors produced
 // lazily at save time because the IR stays plain (every pass, verify and numpy() read these
 // tensors like any other) and the pass can report errors and statistics before anything is saved.
+// The file is laid out as the start of a self-contained model file (AdoptableFile::slots): room
+// for the graph's tag and length, then each tensor after room for its initializer's framing, so
+// that a self-contained save can take it as the model file and write the quantized bytes once.
 #pragma once
 
 #include <atomic>
@@ -15,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "ir/buffer.h"
 #include "proto/output_files.h"
@@ -29,8 +34,10 @@ class TempFile final : public AdoptableFile {
   TempFile(const TempFile&) = delete;
   TempFile& operator=(const TempFile&) = delete;
 
-  // Reserves `n` bytes (aligned to 64) and returns their offset. Thread-safe.
-  uint64_t reserve(uint64_t n);
+  // Reserves `n` bytes after `framing` bytes of room (proto/onnx_writer.h
+  // initializer_framing_bytes of the initializer that will hold them) and returns the offset of
+  // the `n` bytes. Thread-safe.
+  uint64_t reserve(uint64_t n, uint64_t framing);
   // Writes bytes at an offset reserved before; thread-safe; ModelError on a failed write.
   void write(uint64_t offset, const void* data, uint64_t n) const;
 
@@ -40,12 +47,15 @@ class TempFile final : public AdoptableFile {
   uint64_t size() const override { return size_.load(); }
   int fd() const override { return fd_; }
   const std::string& path() const override { return path_; }
+  std::vector<Slot> slots() const override;
 
  private:
   TempFile() = default;
   std::string path_;  // where it was made (unlinked at once)
   int fd_ = -1;
-  std::atomic<uint64_t> size_{0};
+  std::atomic<uint64_t> size_{kModelHeadRoom};
+  mutable std::mutex reserve_mu_;
+  std::vector<Slot> slots_;
   mutable std::once_flag mapped_once_;
   mutable const uint8_t* map_ = nullptr;
   mutable uint64_t mapped_size_ = 0;
