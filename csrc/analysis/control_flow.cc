@@ -196,7 +196,9 @@ bool ShapeFacts::fixpoint(const Graph& body, int64_t opset, const std::vector<Fa
       if (!f.dtype) f.dtype = facts_from_type(symbols_, body_in[i]->type).dtype;
       facts_[body_in[i]] = std::move(f);
     }
+    ++loop_depth_;
     sweep(body, opset);
+    --loop_depth_;
     bool stable = true;
     for (size_t k = 0; k < carried.size(); ++k) {
       const Facts& out = facts_slot(body_out[first_carried_out + k]);

@@ -92,7 +92,7 @@ Facts facts_from_tensor(const Tensor& t) {
 
 }  // namespace
 
-Facts facts_from_type(SymbolTable& symbols, const TypeInfo& t) {
+Facts facts_from_type(SymbolTable& symbols, const TypeInfo& t, bool named) {
   Facts f;
   if (!t.known || !t.is_tensor) return f;
   f.dtype = t.elem_type;
@@ -101,7 +101,7 @@ Facts facts_from_type(SymbolTable& symbols, const TypeInfo& t) {
     for (const Dim& d : t.dims) {
       if (d.value && *d.value >= 0) {
         f.dims.push_back(DimExpr::constant(*d.value));
-      } else if (d.param && !d.param->empty() && d.param->rfind("unk__", 0) != 0) {
+      } else if (named && d.param && !d.param->empty() && d.param->rfind("unk__", 0) != 0) {
         f.dims.push_back(DimExpr::symbol(symbols.named(*d.param)));
       } else {
         f.dims.push_back(DimExpr::symbol(symbols.fresh(SymbolKind::kFreshDim)));
@@ -146,6 +146,7 @@ void ShapeFacts::compute() {
   facts_.clear();
   unknown_.clear();
   analysed_ = bodies_ = 0;
+  loop_depth_ = 0;
   symbols_ = SymbolTable{};
   if (!model_.graph) return;
   const Graph& g = *model_.graph;
@@ -203,7 +204,7 @@ void ShapeFacts::sweep(const Graph& g, int64_t opset) {
     for (size_t i = 0; i < n->outputs().size(); ++i) {
       Value* o = n->outputs()[i];
       if (!o) continue;
-      merge_facts(symbols_, outs[i], facts_from_type(symbols_, o->type));
+      merge_facts(symbols_, outs[i], facts_from_type(symbols_, o->type, loop_depth_ == 0));
       facts_[o] = std::move(outs[i]);
     }
   }

@@ -170,6 +170,10 @@ class ShapeFacts {
   std::unordered_map<const Value*, Facts> facts_;
   std::map<std::string, int64_t> unknown_;
   int64_t analysed_ = 0, bodies_ = 0;
+  // Loop/Scan bodies being swept: a value there is a different tensor every iteration, so a
+  // dim_param its declared type gives is no symbol shared with values outside (exporters
+  // name a growing dim after the body's value and reuse the name for the loop's result).
+  int loop_depth_ = 0;
 };
 
 // The model's shared analysis (Model::shape_facts), made on first use: infer_shapes and the
@@ -180,8 +184,9 @@ ShapeFacts& facts_of(Model& model);
 // for nodes made by rewrites (Rewriter::op). Sets a type only where the output has none.
 void type_new_node(const Model& model, Node& node);
 
-// Facts a declared type says (dim_params named symbols, unknown dims fresh ones).
-Facts facts_from_type(SymbolTable& symbols, const TypeInfo& t);
+// Facts a declared type says (dim_params named symbols, unknown dims fresh ones; with
+// `named` false, dim_params are fresh too).
+Facts facts_from_type(SymbolTable& symbols, const TypeInfo& t, bool named = true);
 // Facts of a value nothing computed: its fixed initializer, else its declared type.
 Facts leaf_facts(SymbolTable& symbols, const Value* v);
 

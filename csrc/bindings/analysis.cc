@@ -65,8 +65,9 @@ void bind_analysis(py::module_& m) {
         return std::make_pair(changed, facts.unknown_ops());
       },
       py::arg("model"), py::arg("apply") = true,
-      R"doc(Runs the C++ shape analysis on the main graph; with `apply`, writes what it proves
-into the value types (refining, never losing, what they say; changed values get value_info).
+      R"doc(Runs the C++ shape analysis on the main graph (If/Loop/Scan bodies included); with
+`apply`, writes what it proves into the value types (refining, never losing, what they say;
+changed values get value_info).
 Returns (values whose type changed, {op: count} of nodes it has no rule for).)doc");
   m.def(
       "shape_analysis_summary",

@@ -590,8 +590,9 @@ class ShapeFacts:
         """
 def analyze_shapes(model: Model, apply: bool = True) -> tuple[int, dict[str, int]]:
     """
-    Runs the C++ shape analysis on the main graph; with `apply`, writes what it proves
-    into the value types (refining, never losing, what they say; changed values get value_info).
+    Runs the C++ shape analysis on the main graph (If/Loop/Scan bodies included); with
+    `apply`, writes what it proves into the value types (refining, never losing, what they say;
+    changed values get value_info).
     Returns (values whose type changed, {op: count} of nodes it has no rule for).
     """
 def apply_rules(model: Model, rules: collections.abc.Sequence[Rule], max_iterations: typing.SupportsInt | typing.SupportsIndex = 10, explain_rule: str = '') -> tuple[int, dict[str, int], list[str]]:
