@@ -16,7 +16,7 @@ import pytest
 from conftest import assert_outputs_identical, run_ort
 from fastopt import _C
 from onnx import TensorProto, helper, numpy_helper
-from test_subgraphs import loop_with_if, nested_if
+from test_subgraphs import BUILDERS, loop_with_if, nested_if
 
 F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
 OPSET = [helper.make_opsetid("", 18)]
@@ -256,13 +256,14 @@ def test_there_are_control_flow_exports() -> None:
     assert {p.stem for p in EXPORTS} >= {"ts_loop_if", "ts_nested", "dynamo_cond"}
 
 
-@pytest.mark.parametrize("path", EXPORTS, ids=lambda p: p.stem)
-def test_export_facts_agree_with_onnx_inference(path: Path) -> None:
-    model = onnx.load(path)
+def _agreement(model: onnx.ModelProto) -> tuple[int, int]:
+    """Checks the facts (bodies included) against onnx's inference: the same element types,
+    ranks and numbers wherever onnx has them; returns (dims compared, dims only the analysis
+    knows)."""
     m = fastopt.from_onnx(model)
     _, unknown = _C.analyze_shapes(m, apply=False)
-    assert dict(unknown) == {}, "If, Loop and every op of their bodies have rules"
-    assert _C.shape_analysis_summary(m)[1] >= 2  # bodies analysed
+    assert dict(unknown) == {}, "If, Loop, Scan and every op of their bodies have rules"
+    assert _C.shape_analysis_summary(m)[1] >= 1  # bodies analysed
     facts = _C.shape_facts(m, subgraphs=True)
     theirs = _onnx_types(onnx.shape_inference.infer_shapes(model, data_prop=True))
     compared = more_precise = 0
@@ -282,10 +283,30 @@ def test_export_facts_agree_with_onnx_inference(path: Path) -> None:
                 assert mine == t, (name, ours, dims)  # never less precise, never different
             elif not _fresh(mine) and (t is None or t.startswith("unk__")):
                 more_precise += 1
+    return compared, more_precise
+
+
+@pytest.mark.parametrize("path", EXPORTS, ids=lambda p: p.stem)
+def test_export_facts_agree_with_onnx_inference(path: Path) -> None:
+    compared, more_precise = _agreement(onnx.load(path))
     assert compared > 0
     if path.stem.startswith("ts_"):
         # TorchScript's own declared types lose loop-carried and reshaped dims.
         assert more_precise > 0, (compared, more_precise)
+
+
+@pytest.mark.parametrize("name", ["nested_if", "loop_with_if", "scan_outer_scope"])
+def test_subgraph_models_agree_with_onnx_and_onnxruntime(name: str) -> None:
+    model, feeds = BUILDERS[name]()
+    assert _agreement(model)[0] > 0
+    facts = _C.shape_facts(fastopt.from_onnx(model))
+    names = [o.name for o in model.graph.output]
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for feed in feeds:
+        for out, arr in zip(names, sess.run(names, feed)):
+            dims = facts[out][1]
+            assert dims is not None and len(dims) == arr.ndim
+            assert all(_fresh(d) or d == a for d, a in zip(dims, arr.shape)), (out, dims)
 
 
 def _evaluate(expr: Any, bindings: dict[str, int]) -> int | None:
