@@ -227,6 +227,38 @@ def test_nested_bodies_and_outer_scope_values() -> None:
     assert f["ie"][0] == [3] and f["it"][0] == [3] and f["Y"][0] == [3]  # X two levels up
 
 
+def test_deeply_nested_loops_stay_one_sweep_per_level() -> None:
+    """24 Loops inside each other, each carrying a value that grows (Concat with itself): a
+    fixpoint at every level would take 2^24 sweeps; below depth 2 the carried values claim
+    nothing, so this returns at once. The outermost levels are still proven."""
+    depth = 24
+    inner: onnx.GraphProto | None = None
+    for level in reversed(range(depth)):
+        x, nxt = f"x{level}", f"x{level}_next"
+        nodes = [helper.make_node("Concat", [x, x], [nxt], axis=0)]
+        if inner is not None:
+            nodes.append(helper.make_node("Loop", ["n", "", nxt], [f"r{level}"], body=inner))
+        inner = helper.make_graph(
+            nodes,
+            f"body{level}",
+            [_vi(f"i{level}", I64, []), _vi(f"c{level}", B, []), _vi(x, F, None)],
+            [_vi(f"c{level}_out", B, None), _vi(nxt, F, None)],
+        )
+        inner.node.append(helper.make_node("Identity", [f"c{level}"], [f"c{level}_out"]))
+    model = _model(
+        [helper.make_node("Loop", ["n", "", "X"], ["Y"], body=inner)],
+        [_vi("n", I64, []), _vi("X", F, [2, 3])],
+        [_vi("Y", F, None)],
+    )
+    m = fastopt.from_onnx(model)
+    _, unknown = _C.analyze_shapes(m, apply=False)
+    assert dict(unknown) == {} and _C.shape_analysis_summary(m)[1] == depth
+    facts = _C.shape_facts(m, subgraphs=True)
+    assert _fresh(facts["Y"][1][0]) and facts["Y"][1][1] == 3  # level 0: rank and dim 1 proven
+    assert facts["x1"][1][1] == 3  # level 1 too
+    assert facts["x3"][1] is None  # deeper: nothing claimed
+
+
 # --- the real exports ------------------------------------------------------------------------
 
 

@@ -23,6 +23,10 @@ namespace fastopt::analysis {
 namespace {
 
 constexpr int kMaxWidenings = 4;
+// Loops nested deeper than this claim nothing of their carried values (one sweep, which then
+// holds): each level's fixpoint re-sweeps the levels inside it, so proving at every depth
+// would cost rounds^depth sweeps on a deeply nested (or hostile) model.
+constexpr int kMaxProvenDepth = 2;
 
 Graph* body_attr(const Node& n, const char* name) {
   const Attribute* a = n.attribute(name);
@@ -176,6 +180,9 @@ bool ShapeFacts::fixpoint(const Graph& body, int64_t opset, const std::vector<Fa
   // Only the last sweep's unknown ops count (earlier ones saw facts that did not hold).
   const auto unknown_before = unknown_;
   const int64_t analysed_before = analysed_, bodies_before = bodies_;
+  if (loop_depth_ >= kMaxProvenDepth) {
+    for (Facts& f : carried) f = Facts{};
+  }
   std::vector<std::vector<bool>> widened;
   for (const Facts& f : carried) widened.emplace_back(f.dims.size(), false);
   for (int round = 0;; ++round) {
