@@ -176,7 +176,13 @@ void ShapeFacts::sweep(const Graph& g, int64_t opset) {
     bool ok = false;
     outs.assign(n->outputs().size(), Facts{});
     if (n->has_subgraphs()) {
-      ok = !mistyped && control_flow(*n, opset, outs);
+      const int depth = loop_depth_;
+      try {
+        ok = !mistyped && control_flow(*n, opset, outs);
+      } catch (const std::exception&) {  // a malformed attribute: no facts, not a failure
+        loop_depth_ = depth;
+        ok = false;
+      }
     } else {
       ins.clear();
       present.clear();
