@@ -5,6 +5,7 @@ the optimize report saying which inference ran."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,12 @@ def _vis(names: str, dtype: int) -> list[onnx.ValueInfoProto]:
     return [_vi(n, dtype, None) for n in names.split()]
 
 
-def _model(nodes: list[onnx.NodeProto], inputs, outputs, inits=()) -> onnx.ModelProto:  # type: ignore[no-untyped-def]
+def _model(
+    nodes: list[onnx.NodeProto],
+    inputs: list[onnx.ValueInfoProto],
+    outputs: list[onnx.ValueInfoProto],
+    inits: Sequence[onnx.TensorProto] = (),
+) -> onnx.ModelProto:
     g = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
     return helper.make_model(g, opset_imports=OPSET, ir_version=9)
 
@@ -48,11 +54,7 @@ def _fresh(d: Any) -> bool:
     return isinstance(d, str) and d.startswith("?")
 
 
-def _branch(name: str, nodes: list[onnx.NodeProto], out: str) -> onnx.GraphProto:
-    return helper.make_graph(nodes, name, [], [_vi(out, F, None)])
-
-
-def _if_model(cond: str, inits=()) -> onnx.ModelProto:  # type: ignore[no-untyped-def]
+def _if_model(cond: str, inits: Sequence[onnx.TensorProto] = ()) -> onnx.ModelProto:
     """then: X[B, 4] + 1 -> [B, 4]; else: Concat(X, X, axis 1) -> [B, 8]; and Shape(X) out of
     both branches (equal shape values)."""
     then_g = helper.make_graph(
@@ -96,11 +98,11 @@ def test_a_constant_condition_picks_the_branch(picked: bool) -> None:
     assert f["Y"][0] == (["B", 4] if picked else ["B", 8])
 
 
-def _loop_model(trip: str, cond: str, inits=()) -> onnx.ModelProto:  # type: ignore[no-untyped-def]
+def _loop_model(trip: str, cond: str, inits: Sequence[onnx.TensorProto] = ()) -> onnx.ModelProto:
     """A Loop carrying state [B, 4] (invariant: state + W), grow (Concat on axis 1: grows
     every iteration), count (a counter from 0: its value changes), and a scan output
     state * i."""
-    outs = [*_vis("count_next", I64), *_vis("scan", F)]
+    last_outs = [*_vis("count_next", I64), *_vis("scan", F)]
     body = helper.make_graph(
         [
             helper.make_node("Add", ["state", "W"], ["state_next"]),
@@ -112,7 +114,7 @@ def _loop_model(trip: str, cond: str, inits=()) -> onnx.ModelProto:  # type: ign
         ],
         "body",
         [_vi("i", I64, []), _vi("cond_in", B, []), *_vis("state grow", F), *_vis("count", I64)],
-        [_vi("cond_out", B, None), *_vis("state_next grow_next", F), *outs],
+        [_vi("cond_out", B, None), *_vis("state_next grow_next", F), *last_outs],
     )
     nodes = [
         helper.make_node("Shape", ["X"], ["xs"]),
