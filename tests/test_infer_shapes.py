@@ -114,9 +114,11 @@ def test_pass_counts_and_is_idempotent(tmp_path: Path) -> None:
     report, path = optimize(mlp(), ["infer_shapes"], tmp_path)
     # An analysis: no rewrites, the types it refined are counted.
     assert report.passes[0].rewrites == 0
-    assert report.passes[0].counters == {"types_refined": 5, "engine:native": 1}
+    want = {"types_refined": 5, "engine:native": 1, "native_nodes": 5}
+    assert report.passes[0].counters == want
+    assert report.shape_inference == ["infer_shapes: native for 5 nodes"]
     again = fastopt.optimize(fastopt.load(path), passes=["infer_shapes"])
-    assert again.passes[0].counters == {"engine:native": 1}
+    assert again.passes[0].counters == {"engine:native": 1, "native_nodes": 5}
     assert "analysis" in fastopt.get_pass("infer_shapes").tags
 
 

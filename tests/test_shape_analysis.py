@@ -326,6 +326,9 @@ def test_infer_shapes_reports_the_engine() -> None:
     report = fastopt.optimize(fastopt.from_onnx(m), passes=["infer_shapes"])
     counters = report.passes[0].counters
     assert counters["engine:onnx"] == 1 and counters["native_unknown:Compress"] == 1
+    assert report.shape_inference == [
+        "infer_shapes: native for 0 nodes; onnx fallback for Compress x1"
+    ]
     assert report.model is not None and report.model.graph.value("y").shape == (2, None)
 
 

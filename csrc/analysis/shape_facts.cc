@@ -76,25 +76,6 @@ bool has_fresh(const SymbolTable& s, const DimExpr& e) {
   return !s.all_named(e);
 }
 
-Facts facts_from_type(SymbolTable& symbols, const TypeInfo& t) {
-  Facts f;
-  if (!t.known || !t.is_tensor) return f;
-  f.dtype = t.elem_type;
-  if (t.has_shape) {
-    f.ranked = true;
-    for (const Dim& d : t.dims) {
-      if (d.value && *d.value >= 0) {
-        f.dims.push_back(DimExpr::constant(*d.value));
-      } else if (d.param && !d.param->empty() && d.param->rfind("unk__", 0) != 0) {
-        f.dims.push_back(DimExpr::symbol(symbols.named(*d.param)));
-      } else {
-        f.dims.push_back(DimExpr::symbol(symbols.fresh(SymbolKind::kFreshDim)));
-      }
-    }
-  }
-  return f;
-}
-
 Facts facts_from_tensor(const Tensor& t) {
   Facts f;
   f.dtype = t.dtype();
@@ -109,6 +90,27 @@ Facts facts_from_tensor(const Tensor& t) {
   return f;
 }
 
+}  // namespace
+
+Facts facts_from_type(SymbolTable& symbols, const TypeInfo& t, bool named) {
+  Facts f;
+  if (!t.known || !t.is_tensor) return f;
+  f.dtype = t.elem_type;
+  if (t.has_shape) {
+    f.ranked = true;
+    for (const Dim& d : t.dims) {
+      if (d.value && *d.value >= 0) {
+        f.dims.push_back(DimExpr::constant(*d.value));
+      } else if (named && d.param && !d.param->empty() && d.param->rfind("unk__", 0) != 0) {
+        f.dims.push_back(DimExpr::symbol(symbols.named(*d.param)));
+      } else {
+        f.dims.push_back(DimExpr::symbol(symbols.fresh(SymbolKind::kFreshDim)));
+      }
+    }
+  }
+  return f;
+}
+
 // Facts of `v` when nothing computed them: its fixed initializer, else its declared type.
 Facts leaf_facts(SymbolTable& symbols, const Value* v) {
   if (fixed_initializer(v) && v->initializer()) return facts_from_tensor(*v->initializer());
@@ -116,8 +118,6 @@ Facts leaf_facts(SymbolTable& symbols, const Value* v) {
   if (!f.dtype && v->initializer()) f.dtype = v->initializer()->dtype();
   return f;
 }
-
-}  // namespace
 
 void merge_facts(SymbolTable& symbols, Facts& inferred, const Facts& declared) {
   if (!inferred.dtype) inferred.dtype = declared.dtype;
@@ -145,56 +145,72 @@ void ShapeFacts::compute() {
   ++computations_;
   facts_.clear();
   unknown_.clear();
+  analysed_ = bodies_ = 0;
+  loop_depth_ = 0;
   symbols_ = SymbolTable{};
   if (!model_.graph) return;
   const Graph& g = *model_.graph;
   facts_.reserve(g.scope().size() + 16);
   for (Value* v : g.inputs()) facts_[v] = leaf_facts(symbols_, v);
+  sweep(g, main_opset(model_));
+}
+
+Facts& ShapeFacts::facts_slot(const Value* v) {
+  auto it = facts_.find(v);
+  if (it == facts_.end()) it = facts_.emplace(v, leaf_facts(symbols_, v)).first;
+  return it->second;
+}
+
+void ShapeFacts::sweep(const Graph& g, int64_t opset) {
   for (Value* v : g.initializer_order) {
     if (!facts_.count(v)) facts_[v] = leaf_facts(symbols_, v);
   }
-  RuleContext ctx(symbols_, main_opset(model_));
+  RuleContext ctx(symbols_, opset);
   std::vector<Facts> outs;
   std::vector<const Facts*> ins;
   std::vector<bool> present;
   for (Node* n = g.first(); n; n = n->next()) {
-    ins.clear();
-    present.clear();
-    for (Value* v : n->inputs()) {
-      present.push_back(v != nullptr);
-      if (!v) {
-        ins.push_back(nullptr);
-        continue;
-      }
-      auto it = facts_.find(v);
-      if (it == facts_.end()) {  // an outer or out-of-order value: what it declares
-        it = facts_.emplace(v, leaf_facts(symbols_, v)).first;
-      }
-      ins.push_back(&it->second);
-    }
-    ctx.set_inputs(ins, present);
-    outs.assign(n->outputs().size(), Facts{});
     // A node ORT refuses (an attribute of the wrong type) has no facts: its attributes would
     // read as the defaults, and folds would then replace it with what it never computes.
-    OpRule rule = n->has_subgraphs() || pattern::mistyped_attribute(*n)
-                      ? nullptr
-                      : find_rule(n->domain.value, n->op_type);
+    const bool mistyped = pattern::mistyped_attribute(*n);
     bool ok = false;
-    if (rule) {
+    outs.assign(n->outputs().size(), Facts{});
+    if (n->has_subgraphs()) {
+      const int depth = loop_depth_;
       try {
-        ok = rule(*n, ctx, outs) && !ctx.missing_input();
+        ok = !mistyped && control_flow(*n, opset, outs);
       } catch (const std::exception&) {  // a malformed attribute: no facts, not a failure
+        loop_depth_ = depth;
         ok = false;
       }
+    } else {
+      ins.clear();
+      present.clear();
+      for (Value* v : n->inputs()) {
+        present.push_back(v != nullptr);
+        // An outer or out-of-order value: what it declares.
+        ins.push_back(v ? &facts_slot(v) : nullptr);
+      }
+      ctx.set_inputs(ins, present);
+      OpRule rule = mistyped ? nullptr : find_rule(n->domain.value, n->op_type);
+      if (rule) {
+        try {
+          ok = rule(*n, ctx, outs) && !ctx.missing_input();
+        } catch (const std::exception&) {  // a malformed attribute: no facts, not a failure
+          ok = false;
+        }
+      }
     }
-    if (!ok) {
+    if (ok) {
+      ++analysed_;
+    } else {
       ++unknown_[(n->domain.value.empty() ? "" : n->domain.value + "::") + n->op_type];
       outs.assign(n->outputs().size(), Facts{});
     }
     for (size_t i = 0; i < n->outputs().size(); ++i) {
       Value* o = n->outputs()[i];
       if (!o) continue;
-      merge_facts(symbols_, outs[i], facts_from_type(symbols_, o->type));
+      merge_facts(symbols_, outs[i], facts_from_type(symbols_, o->type, loop_depth_ == 0));
       facts_[o] = std::move(outs[i]);
     }
   }
@@ -258,6 +274,16 @@ const std::map<std::string, int64_t>& ShapeFacts::unknown_ops() {
   return unknown_;
 }
 
+int64_t ShapeFacts::analysed_nodes() {
+  ensure();
+  return analysed_;
+}
+
+int64_t ShapeFacts::analysed_bodies() {
+  ensure();
+  return bodies_;
+}
+
 Dim ShapeFacts::to_dim(const DimExpr& e) const {
   Dim d;
   if (auto c = e.constant_value()) {
@@ -284,26 +310,31 @@ TypeInfo type_of(const ShapeFacts& sf, const Facts& f) {
 int64_t ShapeFacts::apply_to_types(Model& model) {
   ensure();
   if (!model.graph) return 0;
-  Graph& g = *model.graph;
-  std::unordered_set<const Value*> described;
-  for (const auto* entries : {&g.input_entries, &g.output_entries, &g.value_info_entries}) {
-    for (const auto& e : *entries) described.insert(e.value);
-  }
   int64_t changed = 0;
-  for (Node* n = g.first(); n; n = n->next()) {
-    for (Value* v : n->outputs()) {
-      if (!v) continue;
-      auto it = facts_.find(v);
-      if (it == facts_.end()) continue;
-      if (!refine_type(v->type, type_of(*this, it->second))) continue;
-      ++changed;
-      if (described.insert(v).second) {
-        ValueInfoEntry e;
-        e.value = v;
-        g.value_info_entries.push_back(std::move(e));
+  auto apply = [&](Graph& g) {
+    std::unordered_set<const Value*> described;
+    for (const auto* entries : {&g.input_entries, &g.output_entries, &g.value_info_entries}) {
+      for (const auto& e : *entries) described.insert(e.value);
+    }
+    for (Node* n = g.first(); n; n = n->next()) {
+      for (Value* v : n->outputs()) {
+        if (!v) continue;
+        auto it = facts_.find(v);
+        if (it == facts_.end()) continue;
+        if (!refine_type(v->type, type_of(*this, it->second))) continue;
+        ++changed;
+        if (described.insert(v).second) {
+          ValueInfoEntry e;
+          e.value = v;
+          g.value_info_entries.push_back(std::move(e));
+        }
       }
     }
-  }
+  };
+  apply(*model.graph);
+  // If/Loop/Scan bodies the sweep analysed (their values have facts); a subgraph's
+  // value_info lists its own values.
+  for_each_subgraph(*model.graph, apply);
   // Our own writes need no recomputation: types only refine what the facts already hold.
   return changed;
 }

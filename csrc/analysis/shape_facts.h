@@ -10,7 +10,9 @@
 // Facts are computed in one forward sweep over the main graph on first use and memoized; a
 // graph edit (anything that bumps Model::edit_generation) makes the next query recompute.
 // Nodes the analysis has no rule for are listed (unknown_ops); their outputs keep only what
-// their declared types say. Subgraph (If/Loop/Scan) and function bodies are not analysed.
+// their declared types say. If/Loop/Scan bodies are analysed with the node (control_flow.cc:
+// both If branches merged, or the one a constant condition picks; loop-carried facts kept only
+// where proven invariant across iterations); function bodies are not.
 //
 // Assumptions, the same ones onnx and ORT's symbolic inference make: symbolic dims are sizes
 // (>= 0), and a model is valid (broadcast dims agree, Reshape element counts match).
@@ -51,6 +53,8 @@ class SymbolTable {
     return kind(id) == SymbolKind::kNamed ? names_[static_cast<size_t>(id)]
                                           : "?" + std::to_string(id);
   }
+  // Symbols made so far; ids are issued in order, so a later symbol has a larger id.
+  int32_t size() const { return static_cast<int32_t>(kinds_.size()); }
   SymbolKind kind(int32_t id) const { return kinds_[static_cast<size_t>(id)]; }
   // Every symbol is named (no fresh ones): the expression can be written as a dim_param.
   bool all_named(const DimExpr& e) const;
@@ -127,6 +131,9 @@ class ShapeFacts {
 
   // Op types (domain::op) of nodes without a rule, with counts.
   const std::map<std::string, int64_t>& unknown_ops();
+  // Nodes a rule gave facts to (subgraph nodes included), and the If/Loop/Scan bodies analysed.
+  int64_t analysed_nodes();
+  int64_t analysed_bodies();
   const SymbolTable& symbols() { return symbols_; }
   // How many times the facts were computed (1 after the first query; +1 per query after an
   // edit).
@@ -142,13 +149,31 @@ class ShapeFacts {
  private:
   void ensure();
   void compute();
-  Facts from_type(const TypeInfo& t);
+  // One forward pass over g's nodes (bodies included, through control_flow).
+  void sweep(const Graph& g, int64_t opset);
+  // Facts of an If/Loop/Scan node's outputs, sweeping its bodies; false when it cannot say.
+  bool control_flow(const Node& n, int64_t opset, std::vector<Facts>& outs);
+  bool if_facts(const Node& n, int64_t opset, std::vector<Facts>& outs);
+  bool loop_facts(const Node& n, int64_t opset, std::vector<Facts>& outs);
+  bool scan_facts(const Node& n, int64_t opset, std::vector<Facts>& outs);
+  // Sweeps `body` with `carried` as the facts of its first carried.size() inputs after
+  // `leading` (facts of the inputs before them), widening carried facts until one sweep
+  // proves them invariant (the body maps them onto themselves). Leaves `carried` at the
+  // proven facts; false when the body does not fit.
+  bool fixpoint(const Graph& body, int64_t opset, const std::vector<Facts>& leading,
+                std::vector<Facts>& carried, size_t first_carried_out);
+  Facts& facts_slot(const Value* v);  // facts_[v], from what v declares when first seen
   const Model& model_;
   uint64_t generation_ = UINT64_MAX;
   int64_t computations_ = 0;
   SymbolTable symbols_;
   std::unordered_map<const Value*, Facts> facts_;
   std::map<std::string, int64_t> unknown_;
+  int64_t analysed_ = 0, bodies_ = 0;
+  // Loop/Scan bodies being swept: a value there is a different tensor every iteration, so a
+  // dim_param its declared type gives is no symbol shared with values outside (exporters
+  // name a growing dim after the body's value and reuse the name for the loop's result).
+  int loop_depth_ = 0;
 };
 
 // The model's shared analysis (Model::shape_facts), made on first use: infer_shapes and the
@@ -158,6 +183,12 @@ ShapeFacts& facts_of(Model& model);
 // Types for the outputs of one node from its inputs' types alone (no memo, no graph walk):
 // for nodes made by rewrites (Rewriter::op). Sets a type only where the output has none.
 void type_new_node(const Model& model, Node& node);
+
+// Facts a declared type says (dim_params named symbols, unknown dims fresh ones; with
+// `named` false, dim_params are fresh too).
+Facts facts_from_type(SymbolTable& symbols, const TypeInfo& t, bool named = true);
+// Facts of a value nothing computed: its fixed initializer, else its declared type.
+Facts leaf_facts(SymbolTable& symbols, const Value* v);
 
 // Merges the facts a rule found with what an existing type says (where the rule knows less).
 void merge_facts(SymbolTable& symbols, Facts& inferred, const Facts& declared);

@@ -65,25 +65,41 @@ void bind_analysis(py::module_& m) {
         return std::make_pair(changed, facts.unknown_ops());
       },
       py::arg("model"), py::arg("apply") = true,
-      R"doc(Runs the C++ shape analysis on the main graph; with `apply`, writes what it proves
-into the value types (refining, never losing, what they say; changed values get value_info).
+      R"doc(Runs the C++ shape analysis on the main graph (If/Loop/Scan bodies included); with
+`apply`, writes what it proves into the value types (refining, never losing, what they say;
+changed values get value_info).
 Returns (values whose type changed, {op: count} of nodes it has no rule for).)doc");
   m.def(
-      "shape_facts",
+      "shape_analysis_summary",
       [](const ModelPtr& model) {
-        analysis::ShapeFacts facts(*model);
-        py::dict out;
-        for (const auto& kv : model->graph->scope()) {
-          const Value* v = kv.second;
-          if (!v->defined()) continue;
-          const analysis::Facts* f = facts.facts(v);
-          if (!f) continue;
-          out[py::str(v->name())] = facts_tuple(facts, *f);
-        }
-        return out;
+        py::gil_scoped_release release;
+        analysis::ShapeFacts& facts = analysis::facts_of(*model);
+        return std::make_pair(facts.analysed_nodes(), facts.analysed_bodies());
       },
       py::arg("model"),
-      R"doc({value name: (dtype, dims, shape value)} for the main graph: dims and elements are
+      R"doc((nodes the C++ shape analysis gave facts to, If/Loop/Scan bodies it analysed) for the
+model's shared analysis (the one analyze_shapes runs; memoized until an edit).)doc");
+  m.def(
+      "shape_facts",
+      [](const ModelPtr& model, bool subgraphs) {
+        analysis::ShapeFacts facts(*model);
+        py::dict out;
+        auto add = [&](const Graph& g) {
+          for (const auto& kv : g.scope()) {
+            const Value* v = kv.second;
+            if (!v->defined()) continue;
+            const analysis::Facts* f = facts.facts(v);
+            if (!f) continue;
+            out[py::str(v->name())] = facts_tuple(facts, *f);
+          }
+        };
+        add(*model->graph);
+        if (subgraphs) for_each_subgraph(*model->graph, add);
+        return out;
+      },
+      py::arg("model"), py::arg("subgraphs") = false,
+      R"doc({value name: (dtype, dims, shape value)} for the main graph (with `subgraphs`, the
+values of If/Loop/Scan bodies too; names are unique across them): dims and elements are
 ints, or strings spelling expressions of symbols ('?N' names a fresh symbol: unknown, but equal
 wherever it appears); None when the rank / the elements are unknown.)doc");
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import typing
 import typing_extensions
-__all__: list[str] = ['Bytes', 'FACT_ATTENTION_FUSED', 'FACT_NO_INTERNAL_OPS', 'FOLD_MAX_BYTES', 'FOLD_MAX_EXPAND_BYTES', 'FUSED_OPS_OPSET', 'Function', 'Graph', 'INTERNAL_DOMAIN', 'KV_PAST_PREFIX', 'KV_PRESENT_PREFIX', 'Match', 'Model', 'ModelError', 'Node', 'OptionInfo', 'PassInfo', 'PassResult', 'Pattern', 'PatternNode', 'QuantRecord', 'Rewriter', 'Rule', 'ShapeFacts', 'Tensor', 'Value', 'analyze_shapes', 'apply_rules', 'constant_nodes_model', 'cpp_passes', 'dtype_name', 'load', 'load_bytes', 'load_skeleton', 'make_tensor', 'native_fold_ops', 'native_fold_unsupported', 'nested_graphs', 'ort_fold_candidates', 'run_pass', 'shape_facts', 'write_file']
+__all__: list[str] = ['Bytes', 'FACT_ATTENTION_FUSED', 'FACT_NO_INTERNAL_OPS', 'FOLD_MAX_BYTES', 'FOLD_MAX_EXPAND_BYTES', 'FUSED_OPS_OPSET', 'Function', 'Graph', 'INTERNAL_DOMAIN', 'KV_PAST_PREFIX', 'KV_PRESENT_PREFIX', 'Match', 'Model', 'ModelError', 'Node', 'OptionInfo', 'PassInfo', 'PassResult', 'Pattern', 'PatternNode', 'QuantRecord', 'Rewriter', 'Rule', 'ShapeFacts', 'Tensor', 'Value', 'analyze_shapes', 'apply_rules', 'constant_nodes_model', 'cpp_passes', 'dtype_name', 'load', 'load_bytes', 'load_skeleton', 'make_tensor', 'native_fold_ops', 'native_fold_unsupported', 'nested_graphs', 'ort_fold_candidates', 'run_pass', 'shape_analysis_summary', 'shape_facts', 'write_file']
 class ModelError(Exception):
     pass
 class Tensor:
@@ -590,8 +590,9 @@ class ShapeFacts:
         """
 def analyze_shapes(model: Model, apply: bool = True) -> tuple[int, dict[str, int]]:
     """
-    Runs the C++ shape analysis on the main graph; with `apply`, writes what it proves
-    into the value types (refining, never losing, what they say; changed values get value_info).
+    Runs the C++ shape analysis on the main graph (If/Loop/Scan bodies included); with
+    `apply`, writes what it proves into the value types (refining, never losing, what they say;
+    changed values get value_info).
     Returns (values whose type changed, {op: count} of nodes it has no rule for).
     """
 def apply_rules(model: Model, rules: collections.abc.Sequence[Rule], max_iterations: typing.SupportsInt | typing.SupportsIndex = 10, explain_rule: str = '') -> tuple[int, dict[str, int], list[str]]:
@@ -644,9 +645,15 @@ def run_pass(model: Model, name: str, target: str = 'ort', max_iterations: typin
     """
     Runs a C++ pass; returns (rewrites, result). `progress(done, total, what)` is called during long passes (quantization)
     """
-def shape_facts(model: Model) -> dict:
+def shape_analysis_summary(model: Model) -> tuple[int, int]:
     """
-    {value name: (dtype, dims, shape value)} for the main graph: dims and elements are
+    (nodes the C++ shape analysis gave facts to, If/Loop/Scan bodies it analysed) for the
+    model's shared analysis (the one analyze_shapes runs; memoized until an edit).
+    """
+def shape_facts(model: Model, subgraphs: bool = False) -> dict:
+    """
+    {value name: (dtype, dims, shape value)} for the main graph (with `subgraphs`, the
+    values of If/Loop/Scan bodies too; names are unique across them): dims and elements are
     ints, or strings spelling expressions of symbols ('?N' names a fresh symbol: unknown, but equal
     wherever it appears); None when the rank / the elements are unknown.
     """

@@ -239,6 +239,8 @@ def print_summary(report: OptimizeReport, out: Console, input_path: str) -> None
             escape(details),
         )
     print_table(out, passes)
+    for line in report.shape_inference:
+        out.print(f"shape inference, {line}", markup=False, highlight=False)
 
     ops = Table(title="operators (changed)", show_edge=False)
     for col in ("op", "before", "after"):

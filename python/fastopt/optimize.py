@@ -63,6 +63,9 @@ class OptimizeReport:
     output: str | None = None
     preset: str | None = None  # the preset that ran; None when `passes` was given
     explain: list[str] = field(default_factory=list)
+    # One line per shape inference of the run: "<pass>: native for N nodes (B bodies); onnx
+    # fallback for <op types>" (the pass is infer_shapes, or the pass that needed types).
+    shape_inference: list[str] = field(default_factory=list)
     # One entry per weight a quantization pass looked at (empty without quantize=...).
     quantization: list[WeightQuantization] = field(default_factory=list)
     # The optimized model (not part of to_dict()).
@@ -218,6 +221,7 @@ def optimize(
         output=out_path,
         preset=None if passes is not None else preset,
         explain=list(ctx.explain_lines),
+        shape_inference=[f"{name}: {run.describe()}" for name, run in ctx.shape_runs],
         quantization=[WeightQuantization.from_record(r) for r in ctx.quant_records],
         model=model,
     )

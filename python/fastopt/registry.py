@@ -22,11 +22,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from fastopt import _C
 from fastopt.errors import OptionError
 from fastopt.options import unknown_name
+
+if TYPE_CHECKING:
+    from fastopt.shapes import ShapeRun
 
 Target = Literal["ort", "onnx"]
 
@@ -47,6 +50,9 @@ class PassContext:
     options: dict[str, object] = field(default_factory=dict)
     # True while the model's value types are those of a shape inference run on its current graph.
     shapes_inferred: bool = False
+    # (pass name, what ran) per shape inference of the run: the infer_shapes pass's, and those
+    # a "needs_shapes" pass triggered (fastopt.shapes.ShapeRun.describe() says which ran).
+    shape_runs: list[tuple[str, ShapeRun]] = field(default_factory=list)
     # One record per weight a quantization pass looked at (quantized or kept, and why).
     quant_records: list[_C.QuantRecord] = field(default_factory=list)
     # progress(done, total, what), called by long passes (quantization); may be None.
@@ -83,9 +89,9 @@ class PassSpec:
 
     def run(self, ctx: PassContext) -> int:
         if "needs_shapes" in self.tags and not ctx.shapes_inferred:
-            from fastopt.shapes import infer_shapes
+            from fastopt.shapes import infer_shapes_for_pass
 
-            infer_shapes(ctx.model, engine=int(ctx.options.get("shape_engine", 0)))  # type: ignore[call-overload]
+            ctx.shape_runs.append((self.name, infer_shapes_for_pass(ctx.model, ctx.options)))
             ctx.shapes_inferred = True
         rewrites = self._run(ctx)
         if rewrites and "analysis" not in self.tags:

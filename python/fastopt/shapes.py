@@ -1,16 +1,18 @@
 """Shape inference as a step: fastopt's C++ shape analysis, with onnx's as the fallback.
 
 The native analysis (csrc/analysis: symbolic dims, shape values through Shape -> Gather ->
-Concat chains, Reshape with -1 and 0, the com.microsoft ops fastopt writes) types the main graph
-in one sweep. Where it has no rule for a node (an op it does not know, an If/Loop body, a
-function), or when asked for onnx's strict checks, onnx's shape inference runs too, on the
-model's skeleton (``Model.skeleton``: the model without its weights, so no 2 GB limit and no
-weights through protobuf), and fills what the native analysis left open. Types are only ever
-refined: a value keeps what its type already says.
+Concat chains, Reshape with -1 and 0, the com.microsoft ops fastopt writes, If/Loop/Scan with
+their bodies) types the main graph in one sweep. Where it has no rule for a node (an op it does
+not know, in the main graph or a body; a function), or when asked for onnx's strict checks,
+onnx's shape inference runs too, on the model's skeleton (``Model.skeleton``: the model
+without its weights, so no 2 GB limit and no weights through protobuf), and fills what the
+native analysis left open. Types are only ever refined: a value keeps what its type already
+says. Which ran is reported (``ShapeRun.describe``, ``OptimizeReport.shape_inference``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from fastopt import _C
@@ -31,6 +33,36 @@ class ShapeRun:
     engines: list[str] = field(default_factory=list)
     # {op: count} of nodes the native analysis has no rule for (why onnx ran, in auto mode).
     unknown_ops: dict[str, int] = field(default_factory=dict)
+    # Nodes the native analysis gave facts to, and the If/Loop/Scan bodies among them.
+    native_nodes: int = 0
+    native_bodies: int = 0
+    # Why onnx's inference ran ("" when it did not).
+    onnx_reason: str = ""
+
+    def counters(self) -> dict[str, int]:
+        """The run as pass counters: ``engine:<name>`` per engine that ran, ``native_nodes`` /
+        ``native_bodies``, ``native_unknown:<op>`` (the op types onnx's inference ran for),
+        ``types_refined``."""
+        out = {f"engine:{e}": 1 for e in self.engines}
+        if self.changed:
+            out["types_refined"] = self.changed
+        if self.native_nodes:
+            out["native_nodes"] = self.native_nodes
+        if self.native_bodies:
+            out["native_bodies"] = self.native_bodies
+        for op, n in self.unknown_ops.items():
+            out[f"native_unknown:{op}"] = n
+        return out
+
+    def describe(self) -> str:
+        """One line: which inference ran, for what."""
+        parts = []
+        if "native" in self.engines:
+            bodies = f" ({self.native_bodies} bodies)" if self.native_bodies else ""
+            parts.append(f"native for {self.native_nodes} nodes{bodies}")
+        if "onnx" in self.engines:
+            parts.append(f"onnx {self.onnx_reason}")
+        return "; ".join(parts) or "none"
 
 
 @entry_point(STAGE)
@@ -52,6 +84,12 @@ def infer_shapes(
     run_inference(model, strict=strict, data_prop=data_prop, engine=engine)
 
 
+@entry_point(STAGE)
+def infer_shapes_for_pass(model: _C.Model, options: Mapping[str, object]) -> ShapeRun:
+    """The inference a "needs_shapes" pass gets first (``shape_engine`` from its options)."""
+    return run_inference(model, engine=int(options.get("shape_engine", AUTO)))  # type: ignore[call-overload]
+
+
 def run_inference(
     model: _C.Model, *, strict: bool = False, data_prop: bool = True, engine: int = AUTO
 ) -> ShapeRun:
@@ -62,6 +100,7 @@ def run_inference(
         run.changed += changed
         run.engines.append("native")
         run.unknown_ops = dict(unknown)
+        run.native_nodes, run.native_bodies = _C.shape_analysis_summary(model)
     needs_onnx = (
         engine == ONNX
         or not data_prop
@@ -71,7 +110,21 @@ def run_inference(
     if needs_onnx:
         run.changed += apply_inferred_types(model, strict=strict, data_prop=data_prop)
         run.engines.append("onnx")
+        run.onnx_reason = _onnx_reason(run, engine, strict, data_prop, model)
     return run
+
+
+def _onnx_reason(run: ShapeRun, engine: int, strict: bool, data_prop: bool, model: _C.Model) -> str:
+    if engine == ONNX:
+        return "(asked for)"
+    if not data_prop:
+        return "(data_prop off)"
+    if strict:
+        return "(strict checks)"
+    ops = ", ".join(f"{op} x{n}" for op, n in sorted(run.unknown_ops.items()))
+    if model.functions:
+        ops = ", ".join(filter(None, (ops, "functions")))
+    return f"fallback for {ops}"
 
 
 def _has_bodies(model: _C.Model) -> bool:

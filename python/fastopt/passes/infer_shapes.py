@@ -4,8 +4,9 @@
 Options: ``strict_shapes`` (bool, default False) runs onnx's inference too and raises on its
 errors; ``data_prop`` (bool, default True; False: onnx's inference without shape values);
 ``shape_engine`` (0 auto, 1 native only, 2 onnx only). Counters: ``types_refined``, and
-``engine:native`` / ``engine:onnx`` (which ran), ``native_unknown:<op>`` (nodes the native
-analysis has no rule for, the reason onnx ran).
+``engine:native`` / ``engine:onnx`` (which ran), ``native_nodes`` / ``native_bodies`` (nodes
+the native analysis gave facts to, If/Loop/Scan bodies included), ``native_unknown:<op>``
+(nodes the native analysis has no rule for, the reason onnx ran).
 """
 
 from __future__ import annotations
@@ -27,11 +28,7 @@ def infer_shapes(ctx: PassContext) -> int:
         engine=int(ctx.options.get("shape_engine", AUTO)),  # type: ignore[call-overload]
     )
     ctx.shapes_inferred = True
-    counters = ctx.counters
-    if run.changed:
-        counters["types_refined"] = counters.get("types_refined", 0) + run.changed
-    for engine in run.engines:
-        counters[f"engine:{engine}"] = counters.get(f"engine:{engine}", 0) + 1
-    for op, n in run.unknown_ops.items():
-        counters[f"native_unknown:{op}"] = counters.get(f"native_unknown:{op}", 0) + n
+    ctx.shape_runs.append(("infer_shapes", run))
+    for key, n in run.counters().items():
+        ctx.counters[key] = ctx.counters.get(key, 0) + n
     return 0  # an analysis: the graph is unchanged (what changed is in the counter)
