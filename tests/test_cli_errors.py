@@ -86,6 +86,8 @@ def test_keyboard_interrupt_is_130_without_traceback(
 def test_sigint_in_a_real_process_is_130(tmp_path: Path) -> None:
     code = (
         "import signal, os, fastopt, fastopt.cli, sys\n"
+        # a shell's background job starts with SIGINT ignored; Python then installs no handler
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "def slow(*a, **k):\n"
         "    os.kill(os.getpid(), signal.SIGINT)\n"
         "fastopt.optimize = slow\n"
