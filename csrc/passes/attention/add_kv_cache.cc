@@ -373,13 +373,6 @@ int64_t add_kv_cache(Model& m, PassContext& ctx) {
     return add_cross_cache(m, attentions, mode, ctx);
   }
   const CacheInputs in = check_inputs(m, g);
-  const bool biased = std::any_of(attentions.begin(), attentions.end(),
-                                  [](const Node* a) { return int_attr_or(a, "score_bias", 0); });
-  if (biased && has_past) {
-    refuse(
-        "an attention adds a score bias (ALiBi) and the model has a cache already: adopting "
-        "the cache does not carry the bias");
-  }
   if (has_past) {
     return adopt_cache(g, attentions, in.input_ids, in.attention_mask, in.batch_dim, mode, ctx);
   }
