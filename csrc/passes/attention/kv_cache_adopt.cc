@@ -157,6 +157,8 @@ void fix_past_shape_reads(KvCacheBuilder& b, const SharedMask& mask, Node* head,
 // lowering relies on: its causal flag and seqlens_k replace the mask). In place, the past input
 // is a max-length buffer: reads of its shape elsewhere (exports derive the past length and the
 // positions from it) are given (B, Hkv, P, D) instead; other reads of its data are refused.
+// ALiBi (score_bias) attentions keep their bias: check_score_biases, its copies reading the
+// keys' length from attention_mask (the present becomes the buffer in place), use_biases.
 int64_t adopt_cache(Graph& g, const std::vector<Node*>& attentions, Value* input_ids,
                     Value* attention_mask, const Dim& batch_dim, int64_t mode, PassContext& ctx) {
   const CachedForm form = check_cached_form(g, attentions);
