@@ -29,27 +29,41 @@ struct SlidingCache {
   int64_t rows;
 };
 
+// The rows a Slice(x, -rows, to the end) on axis 2 keeps, when `p` is one.
+std::optional<int64_t> last_rows(const Node* p) {
+  if (!p || p->op_type != "Slice" || !p->domain.value.empty() || p->inputs().size() < 4) {
+    return std::nullopt;
+  }
+  const auto starts = constant_ints(p->inputs()[1]), ends = constant_ints(p->inputs()[2]);
+  const auto axes = constant_ints(p->inputs()[3]);
+  if (!starts || !ends || !axes || starts->size() != 1 || ends->size() != 1 || axes->size() != 1 ||
+      ((*axes)[0] != 2 && (*axes)[0] != -2) || (*starts)[0] >= 0 ||
+      (*ends)[0] < std::numeric_limits<int32_t>::max()) {
+    return std::nullopt;
+  }
+  if (p->inputs().size() > 4 && p->inputs()[4]) {
+    const auto steps = constant_ints(p->inputs()[4]);
+    if (!steps || steps->size() != 1 || (*steps)[0] != 1) return std::nullopt;
+  }
+  return -(*starts)[0];
+}
+
+// The attention reads Concat(..., new) and a present is its last rows, or it reads that
+// present itself.
 std::optional<SlidingCache> sliding_cache(const Graph& g, const Node* att) {
   const Value* keys = att->inputs().size() > 1 ? att->inputs()[1] : nullptr;
-  if (!keys || !keys->producer() || keys->producer()->op_type != "Concat") return std::nullopt;
+  const Node* p = keys ? keys->producer() : nullptr;
+  if (!p) return std::nullopt;
+  if (std::optional<int64_t> rows = last_rows(p); rows && keys->is_graph_output() &&
+                                                  p->inputs()[0]->producer() &&
+                                                  p->inputs()[0]->producer()->op_type == "Concat") {
+    return SlidingCache{keys, *rows};
+  }
+  if (p->op_type != "Concat") return std::nullopt;
   for (const Value* out : g.outputs()) {
-    const Node* p = out ? out->producer() : nullptr;
-    if (!p || p->op_type != "Slice" || !p->domain.value.empty() || p->inputs().size() < 4 ||
-        p->inputs()[0] != keys) {
-      continue;
-    }
-    const auto starts = constant_ints(p->inputs()[1]), ends = constant_ints(p->inputs()[2]);
-    const auto axes = constant_ints(p->inputs()[3]);
-    if (!starts || !ends || !axes || starts->size() != 1 || ends->size() != 1 ||
-        axes->size() != 1 || ((*axes)[0] != 2 && (*axes)[0] != -2) || (*starts)[0] >= 0 ||
-        (*ends)[0] < std::numeric_limits<int32_t>::max()) {
-      continue;
-    }
-    if (p->inputs().size() > 4 && p->inputs()[4]) {
-      const auto steps = constant_ints(p->inputs()[4]);
-      if (!steps || steps->size() != 1 || (*steps)[0] != 1) continue;
-    }
-    return SlidingCache{out, -(*starts)[0]};
+    const Node* slice = out ? out->producer() : nullptr;
+    if (!slice || slice->inputs().empty() || slice->inputs()[0] != keys) continue;
+    if (std::optional<int64_t> rows = last_rows(slice)) return SlidingCache{out, *rows};
   }
   return std::nullopt;
 }
