@@ -84,18 +84,19 @@ def test_cached_fixtures_present() -> None:
 
 
 CASES = [
-    pytest.param(fx, mode, id=f"{fx}-{mode}")
+    pytest.param(fx, target, mode, id=f"{fx}-{target}-{mode}")
     for fx in ALIBI_CACHED
-    for mode in ("standard", "inplace")
+    for target, mode in (("ort", "standard"), ("ort", "inplace"), ("onnx", "standard"))
 ]
 
 
-@pytest.mark.parametrize(("fx", "mode"), CASES)
-def test_alibi_cached_export_converts(fx: Fixture, mode: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("fx", "target", "mode"), CASES)
+def test_alibi_cached_export_converts(fx: Fixture, target: str, mode: str, tmp_path: Path) -> None:
     """Adopted with the bias kept (in place: GroupQueryAttention's attention_bias on shared
-    max-length buffers); 32 greedy tokens and step logits (1e-4) as the original cached export."""
+    max-length buffers; target onnx: Attention-23 with past/present, onnx.checker clean); 32
+    greedy tokens and step logits (1e-4) as the original cached export."""
     out = tmp_path / "model.onnx"
-    report = fastopt.optimize(fx.path, preset="llm", output=out, kv_cache=mode)  # type: ignore[arg-type]
+    report = fastopt.optimize(fx.path, preset="llm", target=target, output=out, kv_cache=mode)  # type: ignore[arg-type]
     kv = counters(report, "add_kv_cache")
     assert kv.get("layers adopted") == fx.layers
     assert kv.get("score bias (ALiBi) kept") == fx.layers
@@ -110,6 +111,9 @@ def test_alibi_cached_export_converts(fx: Fixture, mode: str, tmp_path: Path) ->
             if v.name.startswith(("past_key_values.", "present."))
         }
         assert dims == {"max_sequence_length"}
+    elif target == "onnx":
+        assert report.ops_after.get("Attention") == fx.layers
+        onnx.checker.check_model(model, full_check=True)
     else:
         assert report.ops_after.get("com.microsoft::MultiHeadAttention") == fx.layers
     prompts = _prompts()
