@@ -513,7 +513,12 @@ def ensure_large(models_dir: str, timeout: float, env: dict[str, str]) -> dict[s
 
 
 def select_models(args: argparse.Namespace) -> dict[str, str]:
-    found = {p.parent.name: str(p) for p in sorted(FIXTURES.glob("*/model.onnx"))}
+    # exports WITH a cache (*_cache) take other feeds: bench_cached_exports.py measures them
+    found = {
+        p.parent.name: str(p)
+        for p in sorted(FIXTURES.glob("*/model.onnx"))
+        if not p.parent.name.endswith("_cache")
+    }
     if not args.skip_large:
         for exporter in LARGE_EXPORTERS:
             path = os.path.join(args.models_dir, f"qwen2_0.5b_{exporter}", "model.onnx")

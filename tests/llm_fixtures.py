@@ -69,6 +69,11 @@ class Fixture:
         return bool(self.meta["kind"] == "decoder")
 
     @property
+    def has_cache(self) -> bool:
+        """Exported with a KV cache (past_key_values inputs, present outputs)."""
+        return bool(self.meta.get("cache", False))
+
+    @property
     def layers(self) -> int:
         config = self.meta["config"]
         return int(
@@ -102,10 +107,14 @@ def fixtures(
     decoder: bool | None = None,
     kv_cache: bool | None = None,
     fused_attention: bool | None = None,
+    cache_export: bool | None = False,
 ) -> list[Fixture]:
     """The committed fixtures, filtered; sorted by name (stable test ids). kv_cache: decoders
     whose KV rewrite is (True) or is not (False) expected to work. fused_attention: fixtures
-    whose attention fuses (True) or stays decomposed (False, UNFUSED_ATTENTION_ARCHS)."""
+    whose attention fuses (True) or stays decomposed (False, UNFUSED_ATTENTION_ARCHS).
+    cache_export: the decoders exported WITH a cache (`*_cache`, past/present in the graph;
+    make_fixtures.py --cache) (True), the others (False, the default: their feeds differ), or
+    both (None)."""
     archs = [arch] if isinstance(arch, str) else arch
     out = []
     for path in sorted(FIXTURE_DIR.glob("*/model.onnx")):
@@ -117,6 +126,8 @@ def fixtures(
         if dtype is not None and fx.dtype != dtype:
             continue
         if decoder is not None and fx.is_decoder != decoder:
+            continue
+        if cache_export is not None and fx.has_cache != cache_export:
             continue
         cacheable = fx.is_decoder and fx.arch not in KV_REFUSED_ARCHS
         if kv_cache is not None and cacheable != kv_cache:

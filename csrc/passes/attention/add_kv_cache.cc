@@ -33,7 +33,9 @@
 // A model exported WITH a cache (past_* inputs) is adopted instead (adopt_cache): after
 // fuse_attention its attentions already are in the cached form; each gets the shared mask above,
 // and in place (kv_cache 2) every Shape read of a past that includes its length gets P instead
-// of the buffer's max length.
+// of the buffer's max length. An ALiBi bias is kept as for a no-cache model (kv_cache_bias.cc;
+// it may also read a past's shape, P). A sliding-window cache that keeps only its last rows
+// (transformers' sliding layers: present = Slice(Concat(past, new), -(w - 1))) is refused.
 //
 // Masks: every attention's mask is replaced, so each is first proven (mask_proof.h,
 // by evaluating it on probes) to be causal with padding, or that with a sliding window of w
@@ -373,13 +375,6 @@ int64_t add_kv_cache(Model& m, PassContext& ctx) {
     return add_cross_cache(m, attentions, mode, ctx);
   }
   const CacheInputs in = check_inputs(m, g);
-  const bool biased = std::any_of(attentions.begin(), attentions.end(),
-                                  [](const Node* a) { return int_attr_or(a, "score_bias", 0); });
-  if (biased && has_past) {
-    refuse(
-        "an attention adds a score bias (ALiBi) and the model has a cache already: adopting "
-        "the cache does not carry the bias");
-  }
   if (has_past) {
     return adopt_cache(g, attentions, in.input_ids, in.attention_mask, in.batch_dim, mode, ctx);
   }

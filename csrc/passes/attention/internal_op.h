@@ -41,9 +41,9 @@
 //   the keys a query sees, its own included), for lowerings that read no mask (in-place GQA:
 //   local_window_size). A score_bias node's mask is additive instead, Where(allowed, bias,
 //   lowest) (B, H, S, T), the bias a copy of the export's computed from attention_mask alone
-//   (kv_cache_bias.cc; no in-place form). An encoder-decoder's cross-attention has the
-//   attribute cross_cache = 1 (its new rows are the encoder's: kv_cache_cross.cc), which stays
-//   the standard form in place. Each mask is proven to be what the export computed
+//   (kv_cache_bias.cc; in place GQA's attention_bias). An encoder-decoder's cross-attention has
+//   the attribute cross_cache = 1 (its new rows are the encoder's: kv_cache_cross.cc), which
+//   stays the standard form in place. Each mask is proven to be what the export computed
 //   before it replaces it (mask_proof.h). The node keeps the
 //   semantics above; the lowerings recognise the form (cached_kv) and hand past/present to ops that
 //   take a cache natively. Option kv_cache == 2 (in place) asks target ort for GroupQueryAttention

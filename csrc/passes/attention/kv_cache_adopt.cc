@@ -22,6 +22,52 @@ struct CachedForm {
   std::unordered_set<const Node*> cache_concats;
 };
 
+// A sliding-window layer's cache as transformers keeps it: the present is
+// Slice(Concat(..., new), -rows) on axis 2 of the attention's keys, its last rows only.
+struct SlidingCache {
+  const Value* present;
+  int64_t rows;
+};
+
+// The rows a Slice(x, -rows, to the end) on axis 2 keeps, when `p` is one.
+std::optional<int64_t> last_rows(const Node* p) {
+  if (!p || p->op_type != "Slice" || !p->domain.value.empty() || p->inputs().size() < 4) {
+    return std::nullopt;
+  }
+  const auto starts = constant_ints(p->inputs()[1]), ends = constant_ints(p->inputs()[2]);
+  const auto axes = constant_ints(p->inputs()[3]);
+  if (!starts || !ends || !axes || starts->size() != 1 || ends->size() != 1 || axes->size() != 1 ||
+      ((*axes)[0] != 2 && (*axes)[0] != -2) || (*starts)[0] >= 0 ||
+      (*ends)[0] < std::numeric_limits<int32_t>::max()) {
+    return std::nullopt;
+  }
+  if (p->inputs().size() > 4 && p->inputs()[4]) {
+    const auto steps = constant_ints(p->inputs()[4]);
+    if (!steps || steps->size() != 1 || (*steps)[0] != 1) return std::nullopt;
+  }
+  return -(*starts)[0];
+}
+
+// The attention reads Concat(..., new) and a present is its last rows, or it reads that
+// present itself.
+std::optional<SlidingCache> sliding_cache(const Graph& g, const Node* att) {
+  const Value* keys = att->inputs().size() > 1 ? att->inputs()[1] : nullptr;
+  const Node* p = keys ? keys->producer() : nullptr;
+  if (!p) return std::nullopt;
+  if (std::optional<int64_t> rows = last_rows(p); rows && keys->is_graph_output() &&
+                                                  p->inputs()[0]->producer() &&
+                                                  p->inputs()[0]->producer()->op_type == "Concat") {
+    return SlidingCache{keys, *rows};
+  }
+  if (p->op_type != "Concat") return std::nullopt;
+  for (const Value* out : g.outputs()) {
+    const Node* slice = out ? out->producer() : nullptr;
+    if (!slice || slice->inputs().empty() || slice->inputs()[0] != keys) continue;
+    if (std::optional<int64_t> rows = last_rows(slice)) return SlidingCache{out, *rows};
+  }
+  return std::nullopt;
+}
+
 // Every attention reads its K/V as Concat(past input, new rows) feeding a present output, and
 // every past input feeds one.
 CachedForm check_cached_form(const Graph& g, const std::vector<Node*>& attentions) {
@@ -33,25 +79,20 @@ CachedForm check_cached_form(const Graph& g, const std::vector<Node*>& attention
     }
     const std::optional<CachedKV> c = cached_kv(att);
     if (!c) {
-      // A Slice near the keys: a cache that keeps only its last rows (sliding-window layers
-      // exported with a cache, e.g. gemma3), whose positions and mask this form cannot follow.
-      bool sliced = false;
-      const Value* x = att->inputs().size() > 1 ? att->inputs()[1] : nullptr;
-      for (int i = 0; i < 4 && x && x->producer() && !sliced; ++i) {
-        sliced = x->producer()->op_type == "Slice";
-        x = x->producer()->inputs().empty() ? nullptr : x->producer()->inputs()[0];
-      }
-      for (const Value* out : g.outputs()) {
-        const Node* p = out ? out->producer() : nullptr;
-        sliced = sliced || (p && p->op_type == "Slice" && out->name().rfind("present", 0) == 0);
+      if (std::optional<SlidingCache> w = sliding_cache(g, att)) {
+        refuse("attention '" + att->name.value + "' reads a sliding-window cache: '" +
+               w->present->name() + "' keeps the last " + std::to_string(w->rows) +
+               " rows of Concat(past, new rows) on axis 2 (a window of " +
+               std::to_string(w->rows + 1) +
+               " keys, as transformers' sliding layers cache), so its keys and mask cover "
+               "those rows and the new ones, not past + new; converting it to "
+               "GroupQueryAttention's local_window_size needs that mask proven to be the window "
+               "over the tokens the rows hold, which this rewrite does not prove: not "
+               "converted; export without a cache, which --kv-cache converts with the window");
       }
       refuse("the model has past inputs, but attention '" + att->name.value +
              "' does not read its keys and values as Concat(past input, new rows) feeding a "
-             "present output (the cached form of a model exported with a cache)" +
-             (sliced
-                  ? std::string("; a present is sliced: a sliding-window cache that keeps only its "
-                                "last rows (gemma3-style) is not converted, export without a cache")
-                  : std::string()));
+             "present output (the cached form of a model exported with a cache)");
     }
     for (const Value* x : {c->past_k, c->past_v}) {
       if (rank_of(x) != 4) refuse("past input '" + x->name() + "' is not 4-D (B, Hkv, P, D)");
@@ -130,18 +171,30 @@ void fix_past_shape_reads(KvCacheBuilder& b, const SharedMask& mask, Node* head,
 // lowering relies on: its causal flag and seqlens_k replace the mask). In place, the past input
 // is a max-length buffer: reads of its shape elsewhere (exports derive the past length and the
 // positions from it) are given (B, Hkv, P, D) instead; other reads of its data are refused.
+// ALiBi (score_bias) attentions keep their bias: check_score_biases, its copies reading the
+// keys' length from attention_mask (the present becomes the buffer in place), use_biases.
 int64_t adopt_cache(Graph& g, const std::vector<Node*>& attentions, Value* input_ids,
                     Value* attention_mask, const Dim& batch_dim, int64_t mode, PassContext& ctx) {
   const CachedForm form = check_cached_form(g, attentions);
-  const std::vector<std::pair<Node*, int64_t>> shape_reads = past_shape_reads(form, mode);
-  const std::vector<int64_t> windows = proven_windows(g, attentions, true);
+  past_shape_reads(form, mode);  // refuses other reads of a past in place
+  std::vector<ScoreBias> biases = check_score_biases(g, attentions, attention_mask);
+  std::vector<int64_t> windows;
+  {  // a biased attention's mask part is proven like any mask
+    MaskPartsForProof proving(g, biases);
+    windows = proven_windows(g, attentions, true);
+  }
 
   // ---- edits ----
   KvCacheBuilder b(g);
   Node* head = g.first();  // the shared mask goes before it
   SharedMask mask = build_shared_mask(g, b, input_ids, attention_mask, batch_dim);
+  // The biases' copies read the keys' length as attention_mask's width: in place, the keys
+  // (the present) become the max-length buffer, whose length is not T.
+  copy_biases(g, b, biases, attention_mask, attentions);
   use_masks(b, mask, attentions, windows, batch_dim, ctx);
-  if (mode == 2) fix_past_shape_reads(b, mask, head, shape_reads);
+  use_biases(g, b, biases, ctx);
+  // after the copies: their Shape reads of a past are among those given P
+  if (mode == 2) fix_past_shape_reads(b, mask, head, past_shape_reads(form, mode));
   ctx.counters["layers adopted"] += static_cast<int64_t>(attentions.size());
   return static_cast<int64_t>(attentions.size());
 }

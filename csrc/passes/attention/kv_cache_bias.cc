@@ -71,8 +71,30 @@ bool reads_keys_shape(const Node* n, const std::vector<Node*>& attentions) {
   });
 }
 
+// Whether `n` is a Shape of a past input (a model exported with a cache): P in a cached step,
+// which adopt_cache keeps so in place too (kv_cache_adopt.cc gives those reads P, not the
+// buffer's length).
+bool reads_past_shape(const Node* n) {
+  if (n->op_type != "Shape" || !n->domain.value.empty() || n->inputs().size() != 1) return false;
+  const Value* x = n->inputs()[0];
+  return x && x->is_graph_input() && !x->initializer() && x->name().rfind(kPastPrefix, 0) == 0;
+}
+
+// The keys whose shape a copied Shape(K) reads: the new rows when K is the cached form's
+// present, which a lowering replaces by an op that reads the bias (a cycle) or, in place, by
+// the max-length buffer; the batch, heads and head size are the same.
+Value* keys_for_shape(Value* k) {
+  const Node* cat = k ? k->producer() : nullptr;
+  if (cat && cat->op_type == "Concat" && cat->domain.value.empty() && k->is_graph_output() &&
+      cat->inputs().size() == 2 && cat->inputs()[0] && cat->inputs()[0]->is_graph_input()) {
+    return cat->inputs()[1];
+  }
+  return k;
+}
+
 // Adds the nodes computing `v` to `out`; false, with *why, when they read anything but
-// attention_mask, the keys' shape and constants (or are too many, or hold subgraphs).
+// attention_mask, the keys' shape, a past's shape and constants (or are too many, or hold
+// subgraphs).
 bool collect(const Value* v, const Value* attention_mask, const std::vector<Node*>& attentions,
              std::unordered_set<const Node*>& seen, BiasSubgraph& out, std::string* why) {
   if (!v || v == attention_mask || v->initializer()) return true;
@@ -87,6 +109,7 @@ bool collect(const Value* v, const Value* attention_mask, const std::vector<Node
     return false;
   }
   out.nodes.push_back(p);
+  if (reads_past_shape(p)) return true;
   if (reads_keys_shape(p, attentions)) {
     out.key_shapes.push_back(p);
     return true;
@@ -215,7 +238,7 @@ std::vector<const Node*> copy_biases(Graph& g, KvCacheBuilder& b, std::vector<Sc
                       b.constant("kv_bias_2", {2}, {1})},
                      "kv_bias_total", n);
       }
-      Value* shape = b.op("Shape", {n->inputs()[0]}, "kv_bias_keys_shape", n);
+      Value* shape = b.op("Shape", {keys_for_shape(n->inputs()[0])}, "kv_bias_keys_shape", n);
       auto part = [&](int64_t from, int64_t to) {
         return b.op(
             "Slice",
