@@ -6,7 +6,8 @@ seq2seq fixtures
 (tests/fixtures/models/*/decoder.onnx, made by tests/fixtures/make_seq2seq_fixtures.py).
 
     python bench/bench_seq2seq.py [--steps 32] [--repeats 5] [--threads 2] [--out FILE.md]
-    python bench/bench_seq2seq.py --peers  # fused ops and residue vs ORT's optimizer
+        [--dtype float32|float16]
+    python bench/bench_seq2seq.py --peers [--dtype ...]  # fused ops and residue vs ORT's optimizer
 
 Each row: the median of `repeats` generations (batch 2, the encoder run once outside the
 timing), per generated token, and the tokens' agreement with the exported decoder's. ORT's own
@@ -64,7 +65,7 @@ def _summary(ops: dict[str, int]) -> str:
     return f"{count(ATTENTION)} | {count(NORMS)} | {count(RESIDUE)}"
 
 
-def peers() -> str:
+def peers(dtype: str | None = None) -> str:
     """Fused attention / norm ops and residue, fastopt vs onnxruntime.transformers.optimizer."""
     import collections
     import logging
@@ -82,7 +83,7 @@ def peers() -> str:
         "ORT norms | ORT residue |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for fx in sg.seq2seq_fixtures():
+    for fx in sg.seq2seq_fixtures(dtype=dtype):
         for part, src in (("encoder", fx.encoder), ("decoder", fx.decoder)):
             try:
                 m = optimize_model(
@@ -110,9 +111,10 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None)
     ap.add_argument("--peers", action="store_true", help="the fused-op table vs ORT's optimizer")
+    ap.add_argument("--dtype", default=None, help="only the fixtures of this dtype")
     args = ap.parse_args()
     if args.peers:
-        print(peers())
+        print(peers(args.dtype))
         return 0
     lines = [
         f"ORT {ort.__version__}, {platform.machine()}, {args.threads} threads, batch 2, "
@@ -123,7 +125,7 @@ def main() -> int:
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     with tempfile.TemporaryDirectory() as tmp:
-        for fx in sg.seq2seq_fixtures():
+        for fx in sg.seq2seq_fixtures(dtype=args.dtype):
             if fx.arch not in ("bart", "marian", "whisper", "t5"):
                 continue
             fused, cached = Path(tmp) / f"{fx.name}_fused.onnx", Path(tmp) / f"{fx.name}_kv.onnx"

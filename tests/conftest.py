@@ -211,3 +211,17 @@ def assert_proto_equal(expected: Message, actual: Message) -> None:
     """Exact protobuf equality (presence and unknown fields count), with a short failure message."""
     if expected != actual:
         pytest.fail(f"protos differ: {first_difference(expected, actual)}", pytrace=False)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests parametrized by a fixture of llm_fixtures.SLOW_FIXTURES are slow."""
+    from llm_fixtures import SLOW_FIXTURES
+
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is None:
+            continue
+        names = {getattr(v, "name", None) for v in callspec.params.values()}
+        if names & SLOW_FIXTURES:
+            item.add_marker(pytest.mark.slow)

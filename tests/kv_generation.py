@@ -297,6 +297,19 @@ def _greedy_inplace(
     return Generation(np.stack(tokens, axis=1).astype(np.int64), np.stack(step_logits))
 
 
+def divergence(ref: Generation, got: Generation, step: int) -> tuple[float, float]:
+    """At `step`, the first token mismatch: (the reference's margin between its token and the
+    other run's, max over the rows that differ; max |logits diff| at that step). A flip whose
+    step logits stay within the dtype's bound is a near-tie (margin < 2 x bound), not a wrong
+    cache, which moves the logits far more."""
+    rows = np.nonzero(ref.tokens[:, step] != got.tokens[:, step])[0]
+    logits = ref.logits[step]
+    margin = max(
+        float(logits[b, ref.tokens[b, step]] - logits[b, got.tokens[b, step]]) for b in rows
+    )
+    return margin, float(np.abs(ref.logits[step] - got.logits[step]).max())
+
+
 def compare(ref: Generation, got: Generation) -> tuple[int, float]:
     """(number of steps before the first token mismatch, max |logits diff| over those steps)."""
     same = (ref.tokens == got.tokens).all(axis=0)

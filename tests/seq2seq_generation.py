@@ -47,6 +47,10 @@ class Seq2SeqFixture:
         return str(self.meta["arch"])
 
     @property
+    def dtype(self) -> str:
+        return str(self.meta["dtype"])
+
+    @property
     def encoder(self) -> Path:
         return self.folder / "encoder.onnx"
 
@@ -58,13 +62,13 @@ class Seq2SeqFixture:
         return self.name
 
 
-def seq2seq_fixtures(arch: str | None = None) -> list[Seq2SeqFixture]:
+def seq2seq_fixtures(arch: str | None = None, dtype: str | None = None) -> list[Seq2SeqFixture]:
     out = []
     for meta in sorted(FIXTURE_DIR.glob("*/meta.json")):
         if json.loads(meta.read_text()).get("kind") != "encoder-decoder":
             continue
         fx = Seq2SeqFixture(meta.parent)
-        if arch is None or fx.arch == arch:
+        if (arch is None or fx.arch == arch) and (dtype is None or fx.dtype == dtype):
             out.append(fx)
     return out
 
@@ -77,7 +81,7 @@ def encoder_feeds(fx: Seq2SeqFixture, seed: int = 0) -> dict[str, np.ndarray]:
         mel = int(meta["config"]["num_mel_bins"])
         return {
             "input_features": rng.standard_normal((2, mel, int(meta["whisper_frames"]))).astype(
-                np.float32
+                meta["dtype"]
             )
         }
     vocab = int(meta["config"]["vocab_size"])

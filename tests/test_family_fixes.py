@@ -287,22 +287,25 @@ def test_deberta_disentangled_attention_fuses(fx: Fixture, target: str) -> None:
     """Content attention Q.K^T with scale 1/sqrt(head_dim * 3) (c2p and p2c: scale_factor 1 +
     2), the c2p + p2c terms the graph computes from the flat Q, K and the relative embeddings
     as the attention bias, masked_fill's mask around it: MultiHeadAttention's attention_bias
-    (ort) / Attention-23's attn_mask (onnx)."""
+    (ort; fp16: GroupQueryAttention's, causal 0, as fp16 self-attention lowers) / Attention-23's
+    attn_mask (onnx). The scale is the export's: 1 / sqrt(head_dim * 3) rounded to the dtype."""
     report, out = optimize(fx, preset="llm", target=target, explain="fuse_attention")
     fused = [line for line in report.explain if line.endswith("rewritten")]
     assert len(fused) == fx.layers, report.explain
     counters = next(p.counters for p in report.passes if p.name == "fuse_attention")
     assert counters["disentangled position terms"] == fx.layers, counters
     assert counters["flat heads"] == fx.layers
-    op = ("Attention", "") if target == "onnx" else ("MultiHeadAttention", "com.microsoft")
+    ort_op = "GroupQueryAttention" if fx.dtype == "float16" else "MultiHeadAttention"
+    op = ("Attention", "") if target == "onnx" else (ort_op, "com.microsoft")
     attention = [n for n in out.graph.node if n.op_type == op[0] and (n.domain or "") == op[1]]
     assert len(attention) == fx.layers == _attention_ops(out, target)
     head = int(fx.meta["config"]["hidden_size"]) // fx.heads
     for n in attention:
         scale = next(a.f for a in n.attribute if a.name == "scale")
-        assert scale == pytest.approx(1 / np.sqrt(head * 3), rel=1e-6)
-        # ort: (q, k, v, key_padding_mask, attention_bias); onnx: (q, k, v, attn_mask)
-        bias = n.input[5] if target == "ort" else n.input[3]
+        assert scale == pytest.approx(1 / float(np.sqrt(head * 3).astype(fx.dtype)), rel=1e-6)
+        # MHA: (q, k, v, key_padding_mask, attention_bias); GQA: attention_bias at 10;
+        # onnx: (q, k, v, attn_mask)
+        bias = n.input[{"MultiHeadAttention": 5, "GroupQueryAttention": 10}.get(n.op_type, 3)]
         assert bias, "the position terms are dropped"
     assert op_count(out, "Softmax") == 0
     assert op_count(out, "GatherElements") == 2 * fx.layers  # c2p, p2c: computed as exported
@@ -329,7 +332,7 @@ def _with_extra_reader(fx: Fixture, what: str) -> onnx.ModelProto:
 def test_deberta_other_reads_are_refused(what: str) -> None:
     """A read of flat Q that is no position term, or a position term read outside the bias:
     that layer keeps the refusal with its reason; the other layer fuses."""
-    fx = DEBERTA[0]
+    fx = fixtures(arch="deberta_v2", dtype="float32")[0]
     report = fastopt.optimize(
         fastopt.from_onnx(_with_extra_reader(fx, what)), preset="llm", explain="fuse_attention"
     )

@@ -17,7 +17,7 @@ from fastopt.cli import build_parser, main
 from fastopt.genai_config import GenaiConfigError, genai_config, write_genai_config
 from fastopt.optimize import KV_CACHE_PASS, _with_kv_cache
 from fastopt.registry import preset
-from llm_fixtures import fixtures, ids
+from llm_fixtures import MOE_ARCHS, fixtures, ids
 from onnx import TensorProto, helper, numpy_helper
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
@@ -302,8 +302,9 @@ def _reference(
 @pytest.mark.parametrize(("fx", "target", "mode"), E2E)
 def test_cached_generation_matches_no_cache(fx, target: str, mode: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """32 greedy tokens from a right-padded batch of 2 prompts of different lengths: identical
-    to full recompute of the original (fp32; fp16 compares up to the first divergence, where a
-    near-tie may flip), step logits within 1e-4 (fp32) / 2e-2 (fp16)."""
+    to full recompute of the original (fp32; fp16 compares up to the first divergence, which
+    must be a near-tie: that step's logits within the bound too), step logits within 1e-4
+    (fp32) / 2e-2 (fp16)."""
     out = tmp_path / "model.onnx"
     _optimize_with_cache(fx.path, out, target, mode)
     if mode == "inplace" and fx.arch in FULL_ROTARY:
@@ -321,8 +322,15 @@ def test_cached_generation_matches_no_cache(fx, target: str, mode: str, tmp_path
     same, diff = kg.compare(ref, got)
     if fx.dtype == "float32":
         assert same == STEPS, f"first token mismatch at step {same}"
-    else:
+    elif same < STEPS:
+        # fp16: a flip is allowed only at a near-tie, the diverging step's logits within the
+        # bound too (measured: qwen2_moe_dynamo_float16 flips at step 22, every cached form,
+        # on a one-ulp tie: margin 0.00195 at logit 2.17, the logits 0.0024 apart).
         assert same >= 1
+        margin, moved = kg.divergence(ref, got, same)
+        assert moved <= LOGITS_ATOL[fx.dtype], (
+            f"step {same}: tokens differ, logits by {moved} (margin {margin})"
+        )
     assert diff <= LOGITS_ATOL[fx.dtype], f"step logits differ by {diff}"
 
 
@@ -342,7 +350,10 @@ def test_chunked_prefill(fx, target: str, tmp_path: Path) -> None:  # type: igno
     np.testing.assert_allclose(got.logits, ref.logits, atol=1e-4, rtol=0)
 
 
-GENAI_FX = fixtures(decoder=True, dtype="float32", kv_cache=True)
+# fp16: the MoE decoders too (32 tokens equal to the no-cache model's, measured on all six).
+GENAI_FX = fixtures(decoder=True, dtype="float32", kv_cache=True) + fixtures(
+    arch=list(MOE_ARCHS), dtype="float16"
+)
 
 
 @needs_genai

@@ -54,9 +54,12 @@ def expected_norms(fx: Fixture) -> int:
 
 def expected_attention_op(fx: Fixture) -> str:
     """Encoders (bert): packed-QKV com.microsoft Attention; modernbert, whose export splits one
-    packed projection, and deberta_v2, whose position terms are an attention bias, MHA.
+    packed projection, and deberta_v2, whose position terms are an attention bias, MHA (fp16
+    deberta_v2: GroupQueryAttention with causal 0, as fp16 self-attention lowers).
     Decoders: GroupQueryAttention for fp16 (what CUDA runs) and for grouped kv heads, else
     MHA."""
+    if fx.arch == "deberta_v2" and fx.dtype == "float16":
+        return "GroupQueryAttention"
     if fx.arch in ("modernbert", "deberta_v2"):
         return "MultiHeadAttention"
     if not fx.is_decoder:

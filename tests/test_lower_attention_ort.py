@@ -263,9 +263,13 @@ def test_cuda_option() -> None:
 
 
 def test_gqa_does_not_fit() -> None:
-    """GQA kernels need head_size % 8 == 0 and T == S: fp32 takes MHA over repeated kv heads."""
+    """GQA kernels need head_size % 8 == 0 and T == S: MHA (over repeated kv heads when Hkv <
+    Hq) takes fp32 and fp16 alike, e.g. an fp16 encoder-decoder's cross-attention."""
     check(Case(hkv=2, d=6, mask="bool", padding="left"), MHA, 2)
     check(Case(hkv=2, causal=0, kv_len=5, mask="bool", padding="right"), MHA, 2)
+    check(Case(dtype=F16, causal=0, kv_len=5, mask="bool", padding="right"), MHA)
+    check(Case(dtype=F16, hkv=2, causal=0, kv_len=5), MHA, 2)
+    check(Case(dtype=F16, d=6), MHA)
 
 
 def test_mask_bias_shared_by_layers() -> None:
@@ -297,8 +301,6 @@ def test_mask_bias_shared_by_layers() -> None:
 NOT_LOWERED = {
     "causal_cross": (Case(kv_len=5), "S == T"),
     "causal_no_shapes": (Case(shapes=False), "S == T"),
-    "fp16_cross": (Case(dtype=F16, hkv=2, causal=0, kv_len=5), "S == T"),
-    "fp16_head_size_6": (Case(dtype=F16, d=6), "multiple of 8"),
     "softmax_precision_fp16": (
         Case(softmax_precision=TensorProto.FLOAT16),
         "softmax_precision",

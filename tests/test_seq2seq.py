@@ -17,9 +17,9 @@ import numpy as np
 import onnx
 import pytest
 import seq2seq_generation as sg
+from llm_fixtures import PARITY_ATOL
 
 STEPS = 32
-ATOL = 1e-4
 FIXTURES = sg.seq2seq_fixtures()
 CACHED_ARCHS = {"bart", "marian", "whisper", "t5"}
 # Ops a fused graph must not hold: the decomposed attention core and norm statistics.
@@ -68,15 +68,19 @@ def test_fused_and_equal(fx: sg.Seq2SeqFixture, target: str, tmp_path: Path) -> 
         ops = _ops(m)
         assert not RESIDUE & set(ops), {op: ops[op] for op in RESIDUE & set(ops)}
         assert sum(ops[op] for op in FUSED_ATTENTION[target]) == attentions, dict(ops)
+    atol = PARITY_ATOL[fx.dtype]
     np.testing.assert_allclose(
-        sg.encode(fx, feeds, tmp_path / "encoder.onnx"), hidden, atol=ATOL, rtol=0
+        sg.encode(fx, feeds, tmp_path / "encoder.onnx").astype(np.float32),
+        hidden.astype(np.float32),
+        atol=atol,
+        rtol=0,
     )
     mask = feeds.get("attention_mask")
     start = int(fx.meta["decoder_start_token_id"])
     ref = sg.greedy_no_cache(fx.decoder, hidden, mask, start, 4)
     got = sg.greedy_no_cache(tmp_path / "decoder.onnx", hidden, mask, start, 4)
     np.testing.assert_array_equal(got.tokens, ref.tokens)
-    np.testing.assert_allclose(got.logits, ref.logits, atol=ATOL, rtol=0)
+    np.testing.assert_allclose(got.logits, ref.logits, atol=atol, rtol=0)
 
 
 CACHED = [fx for fx in FIXTURES if fx.arch in CACHED_ARCHS]
@@ -114,7 +118,7 @@ def test_cached_decoder_generates_the_same_tokens(
     ref = sg.greedy_no_cache(fx.decoder, hidden, mask, start, STEPS)
     got = sg.greedy_cached(tmp_path / "decoder.onnx", hidden, mask, start, STEPS)
     np.testing.assert_array_equal(got.tokens, ref.tokens)
-    np.testing.assert_allclose(got.logits, ref.logits, atol=ATOL, rtol=0)
+    np.testing.assert_allclose(got.logits, ref.logits, atol=PARITY_ATOL[fx.dtype], rtol=0)
     # Each row alone: nothing leaks between rows (the encoder padding of row 1 included).
     for b in range(hidden.shape[0]):
         solo = sg.greedy_cached(
@@ -156,7 +160,9 @@ def test_t5_bias_kept_beside_the_mask(fx: sg.Seq2SeqFixture, target: str) -> Non
         return False
 
     attentions = [n for n in m.graph.node if n.op_type in FUSED_ATTENTION[target]]
-    masks = [n.input[5] if n.op_type == "MultiHeadAttention" else n.input[3] for n in attentions]
+    # The mask / bias input: MHA's attention_bias, GQA's (fp16 self-attention), Attention-23's.
+    bias_input = {"MultiHeadAttention": 5, "GroupQueryAttention": 10}
+    masks = [n.input[bias_input.get(n.op_type, 3)] for n in attentions]
     kinds = [
         "cross" if "EncDec" in n.name or "encoder" in " ".join(n.input) else "self"
         for n in attentions
@@ -170,7 +176,7 @@ def _edited_t5(tmp_path: Path, edit: str) -> Path:
     relative position is key + query ("add"), or the bias is laid out (heads, key, query)
     ("perm": still a function of the difference, but not the layout the rewrite widens), or the
     bias is also a graph output ("output": the rewrite would change what it returns)."""
-    fx = next(f for f in sg.seq2seq_fixtures("t5") if "_ts_" in f.name)
+    fx = next(f for f in sg.seq2seq_fixtures("t5", "float32") if "_ts_" in f.name)
     m = onnx.load(str(fx.decoder))
     attention = "/m/decoder/block.0/layer.0/SelfAttention/"
     nodes = {n.name: n for n in m.graph.node}
@@ -216,7 +222,7 @@ def test_t5_bias_not_over_key_minus_query_refused(edit: str, reason: str, tmp_pa
 def test_cross_mask_that_is_not_padding_is_refused(tmp_path: Path) -> None:
     """A decoder whose cross-attention mask is not the encoder padding (here its inverse, 1 -
     encoder_attention_mask) is refused, never cached."""
-    fx = sg.seq2seq_fixtures("bart")[0]
+    fx = sg.seq2seq_fixtures("bart", "float32")[0]
     m = onnx.load(str(fx.decoder))
     for node in m.graph.node:
         for i, name in enumerate(node.input):
@@ -238,7 +244,7 @@ def test_cli_verify_generation(tmp_path: Path) -> None:
     encoder states (verify_generation), exit 0."""
     from fastopt.cli import main
 
-    fx = sg.seq2seq_fixtures("whisper")[0]
+    fx = sg.seq2seq_fixtures("whisper", "float32")[0]
     out = tmp_path / "decoder.onnx"
     args = ["optimize", str(fx.decoder), "-o", str(out), "--preset", "llm"]
     assert main([*args, "--kv-cache", "standard", "--verify"]) == 0
@@ -248,6 +254,6 @@ def test_cli_verify_generation(tmp_path: Path) -> None:
 def test_encoder_cache_refused(tmp_path: Path) -> None:
     """An encoder (bidirectional self-attention over input_ids / attention_mask) is no decoder:
     its mask is not causal, so no cache is added."""
-    fx = sg.seq2seq_fixtures("bart")[0]
+    fx = sg.seq2seq_fixtures("bart", "float32")[0]
     with pytest.raises(fastopt.ModelError, match="not proven to be causal"):
         _optimize(fx.encoder, tmp_path / "encoder.onnx", kv_cache="standard")

@@ -17,7 +17,8 @@
 // Y as Reshape + Transpose of it). MHA takes K/V as BNSH when they have no 3-D source.
 //
 // Which op, per node (latencies in bench/results/lower_attention_ort.md):
-//   fp16 / bf16                 -> GroupQueryAttention (CPU fp16; CUDA fp16/bf16)
+//   fp16 / bf16                 -> GroupQueryAttention (CPU fp16; CUDA fp16/bf16), or MHA when
+//                                  GQA does not fit (cross-attention: K/V of the encoder's length)
 //   fp32, Hkv == Hq             -> MultiHeadAttention
 //   fp32, Hkv <  Hq             -> GroupQueryAttention (CPU only: no fp32 GQA on CUDA), or MHA
 //                                  over repeated kv heads when GQA does not fit (below)

@@ -158,10 +158,11 @@ OrtLoweringPlan plan_ort_lowering(const Node* node, const Graph& g, const PassCo
                  : cuda && cache ? false  // CUDA GQA rejects the cache's bias
                  : cuda          ? dtype != kFloat && causal && !mask
                                  : dtype != kFloat || hkv != hq;
-  // fp32 has MHA over repeated kv heads to fall back on (not with a cache: present has Hkv).
-  if (use_gqa && !inplace && !capped && dtype == kFloat && !gqa_fits && static_head && !cache) {
-    use_gqa = false;
-  }
+  // Where GQA does not fit (cross-attention's K/V of the encoder's length; a head size it
+  // rejects), MHA takes any dtype (CPU runs fp16 too): over repeated kv heads without a cache;
+  // with one only Hkv == Hq (present has Hkv) and no causal mask (MHA's is top-left aligned).
+  const bool mha_fits = cache ? hkv == hq && !mha_causal : hkv == hq || static_head;
+  if (use_gqa && !inplace && !capped && !gqa_fits && mha_fits) use_gqa = false;
   const bool repeat_kv = !use_gqa && hkv != hq;
 
   if (inplace && cuda && dtype == kFloat) {
