@@ -298,9 +298,13 @@ void ShapeFacts::note_declared(const Facts& inferred, const Facts& declared) {
   if (!inferred.ranked || !declared.ranked || declared.dims.size() != inferred.dims.size()) return;
   for (size_t i = 0; i < declared.dims.size(); ++i) {
     const DimExpr &d = declared.dims[i], &e = inferred.dims[i];
-    // A named dim (not onnx's "unk__" placeholders, which read as fresh) against a computed
-    // expression of named symbols: both say something about the run, so they are one size.
-    if (d == e || d.as_symbol() < 0 || has_fresh(symbols_, d) || has_fresh(symbols_, e)) continue;
+    // A declared name for a computed sum or product of sizes (an export naming P+S
+    // total_sequence_length) defines it. Two different names of sizes, or a name for a number,
+    // are not equated: a model whose run would fail on the mismatch must keep failing.
+    if (d == e || d.as_symbol() < 0 || has_fresh(symbols_, d) || has_fresh(symbols_, e) ||
+        e.as_symbol() >= 0 || e.is_constant()) {
+      continue;
+    }
     const std::string a = representative(symbols_.str(d)), b = representative(symbols_.str(e));
     if (a != b) equal_to_[a] = b;
   }

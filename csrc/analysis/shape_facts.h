@@ -127,9 +127,10 @@ class ShapeFacts {
   // type equates: see equal).
   bool same_dim(const Value* a, int axis_a, const Value* b, int axis_b);
   // Equality facts: a and b are the same expression, or a value's declared type names a dim
-  // that the analysis computed as another expression (value_info says total_sequence_length
-  // where a Concat of the past and the new rows gives past_sequence_length+sequence_length),
-  // which makes the two equal everywhere; such equalities are closed transitively.
+  // that the analysis computed as a sum or product of sizes (value_info says
+  // total_sequence_length where a Concat of the past and the new rows gives
+  // past_sequence_length+sequence_length), which makes the two equal everywhere; closed
+  // transitively. Two different names are never equated.
   bool equal(const DimExpr& a, const DimExpr& b);
   // The elements of a small integer tensor, or null.
   const std::vector<DimExpr>* shape_value(const Value* v);
