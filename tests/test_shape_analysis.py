@@ -537,3 +537,18 @@ def test_declared_dims_become_equality_facts() -> None:
     zeros = {"past": (3, 2, 4, 8), "new": (3, 2, 5, 8), "mask": (3, 1, 5, 9), "other": (3, 1, 5, 1)}
     (present,) = sess.run(None, {k: np.zeros(s, np.float32) for k, s in zeros.items()})
     assert present.shape[2] == 9
+
+
+def test_default_domain_simplified_layer_norm() -> None:
+    # fuse_rms_norm writes SimplifiedLayerNormalization in the default domain (ORT registers it
+    # there too); its output, untyped when a fusion made it, has the input's facts.
+    w = helper.make_tensor("w", F, [8], [1.0] * 8)
+    node = helper.make_node("SimplifiedLayerNormalization", ["x", "w"], ["y"], axis=-1)
+    model = _graph([node], [_x(["B", "S", 8])], [w])
+    m = fastopt.from_onnx(model)
+    _, unknown = _C.analyze_shapes(m, apply=False)
+    assert dict(unknown) == {}
+    assert _facts(model)["y"][:2] == (F, ["B", "S", 8])
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (y,) = sess.run(None, {"x": np.ones((2, 3, 8), np.float32)})
+    assert y.shape == (2, 3, 8)

@@ -148,6 +148,9 @@ bool attention_4d(const Node&, RuleContext& ctx, std::vector<Facts>& out) {
 
 void add_attention_rules(RuleTable& onnx, RuleTable& internal) {
   onnx.push_back({"Attention", attention_4d});
+  // ORT also registers SimplifiedLayerNormalization in the default domain, where fuse_rms_norm
+  // writes it.
+  onnx.push_back({"SimplifiedLayerNormalization", norm});
   internal.push_back({"Attention", attention_4d});
 }
 
