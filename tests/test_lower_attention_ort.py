@@ -51,6 +51,7 @@ class Case:
     padding: str | None = None  # "right", "left" (with a mask)
     kv_len: int | None = None  # T != S (cross attention); default S
     shapes: bool = True  # value_info for Q/K/V (what infer_shapes gives)
+    named: bool = True  # the inputs' S / T dims named (False: unnamed, nothing equates them)
     softmax_precision: int | None = None
 
     @property
@@ -61,8 +62,8 @@ class Case:
 def build(c: Case, domain: str = INTERNAL) -> onnx.ModelProto:
     """q3/k3/v3 (B,S,H*D) -> Reshape -> Transpose -> Attention -> Transpose -> Reshape -> y."""
     f = c.dtype
-    sdim: str | int = 1 if c.s == 1 else "S"  # a static 1: one query row
-    tdim = "T" if c.kv_len else sdim
+    sdim: str | int | None = 1 if c.s == 1 else "S" if c.named else None  # 1: one query row
+    tdim = ("T" if c.named else None) if c.kv_len else sdim
     nodes, inits = [], []
     inputs = [
         helper.make_tensor_value_info("q3", f, ["B", sdim, c.hq * c.d]),
@@ -222,6 +223,8 @@ CASES = {
     "mha_scale": (Case(scale=0.05, mask="bool", padding="right"), MHA),
     "mha_s1": (Case(s=1), MHA),
     "mha_no_shapes_encoder": (Case(causal=0, shapes=False, mask="bool"), MHA),
+    # no value_info: S == T from the inputs' shared dim name "S" (the shape analysis)
+    "mha_causal_no_shapes": (Case(shapes=False), MHA),
     # fp32, Hkv < Hq: GroupQueryAttention (CPU)
     "gqa_causal": (Case(hkv=2), GQA),
     "gqa_causal_right": (Case(hkv=2, mask="bool", padding="right"), GQA),
@@ -300,7 +303,7 @@ def test_mask_bias_shared_by_layers() -> None:
 
 NOT_LOWERED = {
     "causal_cross": (Case(kv_len=5), "S == T"),
-    "causal_no_shapes": (Case(shapes=False), "S == T"),
+    "causal_no_shapes": (Case(shapes=False, named=False), "S == T"),
     "softmax_precision_fp16": (
         Case(softmax_precision=TensorProto.FLOAT16),
         "softmax_precision",

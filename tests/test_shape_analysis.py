@@ -460,3 +460,95 @@ def test_routing_rules_match_onnxruntime() -> None:
                 else:
                     assert want == actual, (name, dims, arr.shape)
         assert fresh, "NonZero's count was compared"
+
+
+# --- attention ops and equality facts (what the attention passes ask) ------------------------
+
+
+def _attention_model(domain: str = "") -> onnx.ModelProto:
+    """Q (B, 4, S, 8), K (B, 2, T, 8), V (B, 2, T, 6) -> Attention -> Y."""
+    inputs = [
+        helper.make_tensor_value_info("q", F, ["B", 4, "S", 8]),
+        helper.make_tensor_value_info("k", F, ["B", 2, "T", 8]),
+        helper.make_tensor_value_info("v", F, ["B", 2, "T", 6]),
+    ]
+    attrs = {"q_num_heads": 4, "kv_num_heads": 2} if domain else {}
+    if domain:
+        attrs.update(is_causal=0, scale=0.35)
+    node = helper.make_node("Attention", ["q", "k", "v"], ["y"], domain=domain, **attrs)
+    g = helper.make_graph([node], "g", inputs, [helper.make_empty_tensor_value_info("y")])
+    opsets = [helper.make_opsetid("", 23)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    m = helper.make_model(g, opset_imports=opsets)
+    m.ir_version = 10
+    return m
+
+
+def test_attention_rules_match_onnx_and_onnxruntime() -> None:
+    model = _attention_model()
+    m = fastopt.from_onnx(model)
+    _, unknown = _C.analyze_shapes(m, apply=False)
+    assert dict(unknown) == {}
+    dims = _facts(model)["y"][1]
+    assert [str(d) for d in dims] == ["B", "4", "S", "6"]
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    out = {vi.name: vi for vi in inferred.graph.output}["y"]
+    _, onnx_dims = _onnx_dims(out)
+    if onnx_dims is not None:  # never contradicting onnx where it knows the dim
+        for ours, theirs in zip(dims, onnx_dims):
+            assert theirs is None or str(ours) == str(theirs)
+    rng = np.random.default_rng(0)
+    feeds = {
+        "q": rng.standard_normal((3, 4, 5, 8)).astype(np.float32),
+        "k": rng.standard_normal((3, 2, 7, 8)).astype(np.float32),
+        "v": rng.standard_normal((3, 2, 7, 6)).astype(np.float32),
+    }
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (y,) = sess.run(None, feeds)
+    assert [_evaluate(d, {"B": 3, "S": 5, "T": 7}) for d in dims] == list(y.shape)
+    # fastopt's internal op (the fusion's output, never saved) has the same facts.
+    assert _facts(_attention_model(_C.INTERNAL_DOMAIN))["y"][1] == dims
+
+
+def test_declared_dims_become_equality_facts() -> None:
+    # present = Concat(past (B, 2, P, 8), new (B, 2, S, 8)) is P+S to the analysis; its declared
+    # type says T, which makes P+S and T one size for every value (the mask's (S, T) too).
+    inputs = [
+        helper.make_tensor_value_info("past", F, ["B", 2, "P", 8]),
+        helper.make_tensor_value_info("new", F, ["B", 2, "S", 8]),
+        helper.make_tensor_value_info("mask", F, ["B", 1, "S", "T"]),
+        helper.make_tensor_value_info("other", F, ["B", 1, "S", "U"]),
+    ]
+    node = helper.make_node("Concat", ["past", "new"], ["present"], axis=2)
+    g = helper.make_graph(
+        [node],
+        "g",
+        inputs,
+        [helper.make_tensor_value_info("present", F, ["B", 2, "T", 8])],
+    )
+    m = fastopt.from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]))
+    facts = _C.ShapeFacts(m)
+    assert [str(d) for d in facts.facts("present")[1]] == ["B", "2", "P+S", "8"]
+    assert facts.same_dim("present", 2, "mask", 3)
+    assert facts.same_dim("new", 2, "mask", 2)
+    assert not facts.same_dim("present", 2, "other", 3)
+    assert not facts.same_dim("past", 2, "new", 2)
+    # ORT runs it with T = P + S: the fact the declared type stated.
+    sess = ort.InferenceSession(m.to_onnx().SerializeToString(), providers=["CPUExecutionProvider"])
+    zeros = {"past": (3, 2, 4, 8), "new": (3, 2, 5, 8), "mask": (3, 1, 5, 9), "other": (3, 1, 5, 1)}
+    (present,) = sess.run(None, {k: np.zeros(s, np.float32) for k, s in zeros.items()})
+    assert present.shape[2] == 9
+
+
+def test_default_domain_simplified_layer_norm() -> None:
+    # fuse_rms_norm writes SimplifiedLayerNormalization in the default domain (ORT registers it
+    # there too); its output, untyped when a fusion made it, has the input's facts.
+    w = helper.make_tensor("w", F, [8], [1.0] * 8)
+    node = helper.make_node("SimplifiedLayerNormalization", ["x", "w"], ["y"], axis=-1)
+    model = _graph([node], [_x(["B", "S", 8])], [w])
+    m = fastopt.from_onnx(model)
+    _, unknown = _C.analyze_shapes(m, apply=False)
+    assert dict(unknown) == {}
+    assert _facts(model)["y"][:2] == (F, ["B", "S", 8])
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (y,) = sess.run(None, {"x": np.ones((2, 3, 8), np.float32)})
+    assert y.shape == (2, 3, 8)

@@ -1,7 +1,9 @@
 // Shape rules for the com.microsoft ops fastopt writes: the norms and their skip forms,
 // RotaryEmbedding, MatMulNBits, GroupQueryAttention, MultiHeadAttention, Attention, the GELU
 // variants, FusedMatMul. Dims follow ONNX Runtime's contrib op documentation; what a present
-// cache holds (its length depends on run-time lengths) is left to the declared types.
+// cache holds (its length depends on run-time lengths) is left to the declared types. Also the
+// 4-D attention of ONNX Attention-23 and of fastopt's internal op (passes/attention/internal_op.h),
+// which the attention passes query between their stages.
 #include "analysis/rule_util.h"
 #include "ir/dtype.h"
 
@@ -130,7 +132,27 @@ bool attention(const Node& n, RuleContext& ctx, std::vector<Facts>& out) {
   return true;
 }
 
+// Attention-23 / the internal op on 4-D inputs: Q (B, Hq, S, D), V (B, Hkv, T, Dv) give Y
+// (B, Hq, S, Dv). 3-D inputs and the present outputs are left to the declared types.
+bool attention_4d(const Node&, RuleContext& ctx, std::vector<Facts>& out) {
+  const Facts &q = ctx.in(0), &v = ctx.in(2);
+  out[0].dtype = q.dtype;
+  if (!q.ranked || q.dims.size() != 4) return true;
+  out[0].ranked = true;
+  out[0].dims = {q.dims[0], q.dims[1], q.dims[2],
+                 v.ranked && v.dims.size() == 4 ? v.dims[3] : ctx.fresh_dim()};
+  return true;
+}
+
 }  // namespace
+
+void add_attention_rules(RuleTable& onnx, RuleTable& internal) {
+  onnx.push_back({"Attention", attention_4d});
+  // ORT also registers SimplifiedLayerNormalization in the default domain, where fuse_rms_norm
+  // writes it.
+  onnx.push_back({"SimplifiedLayerNormalization", norm});
+  internal.push_back({"Attention", attention_4d});
+}
 
 void add_contrib_rules(RuleTable& t) {
   t.insert(t.end(), {{"SimplifiedLayerNormalization", norm},

@@ -103,19 +103,27 @@ Facts fresh_ranked(RuleContext& ctx, int32_t dtype, size_t rank) {
 
 OpRule find_rule(const std::string& domain, const std::string& op_type) {
   using Map = std::unordered_map<std::string, OpRule>;
-  static const std::pair<Map, Map> tables = [] {
-    rules::RuleTable onnx, ms;
+  struct Tables {
+    Map onnx, ms, internal;
+  };
+  static const Tables tables = [] {
+    rules::RuleTable onnx, ms, internal;
     rules::add_shape_rules(onnx);
     rules::add_math_rules(onnx);
     rules::add_routing_rules(onnx);
     rules::add_contrib_rules(ms);
-    std::pair<Map, Map> t;
-    for (auto& [name, fn] : onnx) t.first.emplace(name, fn);
-    for (auto& [name, fn] : ms) t.second.emplace(name, fn);
+    rules::add_attention_rules(onnx, internal);
+    Tables t;
+    for (auto& [name, fn] : onnx) t.onnx.emplace(name, fn);
+    for (auto& [name, fn] : ms) t.ms.emplace(name, fn);
+    for (auto& [name, fn] : internal) t.internal.emplace(name, fn);
     return t;
   }();
-  const Map* m = domain.empty() || domain == "ai.onnx" ? &tables.first
-                 : domain == "com.microsoft"           ? &tables.second
+  // The internal domain is passes/fusion_util.h's kInternalDomain (the analysis sits below the
+  // passes and does not include them).
+  const Map* m = domain.empty() || domain == "ai.onnx" ? &tables.onnx
+                 : domain == "com.microsoft"           ? &tables.ms
+                 : domain == "ai.fastopt.internal"     ? &tables.internal
                                                        : nullptr;
   if (!m) return nullptr;
   auto it = m->find(op_type);

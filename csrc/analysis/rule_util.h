@@ -30,10 +30,11 @@ std::optional<DimExpr> product(const std::vector<DimExpr>& dims, size_t begin, s
 Facts fresh_ranked(RuleContext& ctx, int32_t dtype, size_t rank);
 
 using RuleTable = std::vector<std::pair<const char*, OpRule>>;
-// Each rules file adds its ops (default domain / com.microsoft).
+// Each rules file adds its ops (default domain / com.microsoft / fastopt's internal domain).
 void add_shape_rules(RuleTable& onnx);
 void add_math_rules(RuleTable& onnx);
 void add_routing_rules(RuleTable& onnx);
 void add_contrib_rules(RuleTable& microsoft);
+void add_attention_rules(RuleTable& onnx, RuleTable& internal);
 
 }  // namespace fastopt::analysis::rules

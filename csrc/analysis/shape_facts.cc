@@ -137,6 +137,12 @@ void merge_facts(SymbolTable& symbols, Facts& inferred, const Facts& declared) {
 
 void ShapeFacts::ensure() {
   if (generation_ == model_.edit_generation) return;
+  // Kept across edits (KeepAcrossEdits): every surviving value still holds what it held, and
+  // values made since get their facts on first query (facts()).
+  if (keep_ && computations_ > 0 && generation_ >= keep_since_) {
+    generation_ = model_.edit_generation;
+    return;
+  }
   compute();
   generation_ = model_.edit_generation;
 }
@@ -145,6 +151,7 @@ void ShapeFacts::compute() {
   ++computations_;
   facts_.clear();
   unknown_.clear();
+  equal_to_.clear();
   analysed_ = bodies_ = 0;
   loop_depth_ = 0;
   symbols_ = SymbolTable{};
@@ -152,7 +159,8 @@ void ShapeFacts::compute() {
   const Graph& g = *model_.graph;
   facts_.reserve(g.scope().size() + 16);
   for (Value* v : g.inputs()) facts_[v] = leaf_facts(symbols_, v);
-  sweep(g, main_opset(model_));
+  opset_ = main_opset(model_);
+  sweep(g, opset_);
 }
 
 Facts& ShapeFacts::facts_slot(const Value* v) {
@@ -166,61 +174,95 @@ void ShapeFacts::sweep(const Graph& g, int64_t opset) {
     if (!facts_.count(v)) facts_[v] = leaf_facts(symbols_, v);
   }
   RuleContext ctx(symbols_, opset);
-  std::vector<Facts> outs;
-  std::vector<const Facts*> ins;
-  std::vector<bool> present;
-  for (Node* n = g.first(); n; n = n->next()) {
-    // A node ORT refuses (an attribute of the wrong type) has no facts: its attributes would
-    // read as the defaults, and folds would then replace it with what it never computes.
-    const bool mistyped = pattern::mistyped_attribute(*n);
-    bool ok = false;
-    outs.assign(n->outputs().size(), Facts{});
-    if (n->has_subgraphs()) {
-      const int depth = loop_depth_;
+  for (Node* n = g.first(); n; n = n->next()) sweep_node(*n, opset, ctx);
+}
+
+void ShapeFacts::sweep_node(const Node& n, int64_t opset, RuleContext& ctx) {
+  // A node ORT refuses (an attribute of the wrong type) has no facts: its attributes would
+  // read as the defaults, and folds would then replace it with what it never computes.
+  const bool mistyped = pattern::mistyped_attribute(n);
+  bool ok = false;
+  std::vector<Facts> outs(n.outputs().size());
+  if (n.has_subgraphs()) {
+    const int depth = loop_depth_;
+    try {
+      ok = !mistyped && control_flow(n, opset, outs);
+    } catch (const std::exception&) {  // a malformed attribute: no facts, not a failure
+      loop_depth_ = depth;
+      ok = false;
+    }
+  } else {
+    std::vector<const Facts*> ins;
+    std::vector<bool> present;
+    ins.reserve(n.inputs().size());
+    present.reserve(n.inputs().size());
+    for (Value* v : n.inputs()) {
+      present.push_back(v != nullptr);
+      // An outer or out-of-order value: what it declares.
+      ins.push_back(v ? &facts_slot(v) : nullptr);
+    }
+    ctx.set_inputs(std::move(ins), std::move(present));
+    OpRule rule = mistyped ? nullptr : find_rule(n.domain.value, n.op_type);
+    if (rule) {
       try {
-        ok = !mistyped && control_flow(*n, opset, outs);
+        ok = rule(n, ctx, outs) && !ctx.missing_input();
       } catch (const std::exception&) {  // a malformed attribute: no facts, not a failure
-        loop_depth_ = depth;
         ok = false;
       }
-    } else {
-      ins.clear();
-      present.clear();
-      for (Value* v : n->inputs()) {
-        present.push_back(v != nullptr);
-        // An outer or out-of-order value: what it declares.
-        ins.push_back(v ? &facts_slot(v) : nullptr);
-      }
-      ctx.set_inputs(ins, present);
-      OpRule rule = mistyped ? nullptr : find_rule(n->domain.value, n->op_type);
-      if (rule) {
-        try {
-          ok = rule(*n, ctx, outs) && !ctx.missing_input();
-        } catch (const std::exception&) {  // a malformed attribute: no facts, not a failure
-          ok = false;
-        }
-      }
-    }
-    if (ok) {
-      ++analysed_;
-    } else {
-      ++unknown_[(n->domain.value.empty() ? "" : n->domain.value + "::") + n->op_type];
-      outs.assign(n->outputs().size(), Facts{});
-    }
-    for (size_t i = 0; i < n->outputs().size(); ++i) {
-      Value* o = n->outputs()[i];
-      if (!o) continue;
-      merge_facts(symbols_, outs[i], facts_from_type(symbols_, o->type, loop_depth_ == 0));
-      facts_[o] = std::move(outs[i]);
     }
   }
+  if (ok) {
+    ++analysed_;
+  } else {
+    ++unknown_[(n.domain.value.empty() ? "" : n.domain.value + "::") + n.op_type];
+    outs.assign(n.outputs().size(), Facts{});
+  }
+  for (size_t i = 0; i < n.outputs().size(); ++i) {
+    Value* o = n.outputs()[i];
+    if (!o) continue;
+    const Facts declared = facts_from_type(symbols_, o->type, loop_depth_ == 0);
+    if (loop_depth_ == 0) note_declared(outs[i], declared);
+    merge_facts(symbols_, outs[i], declared);
+    facts_[o] = std::move(outs[i]);
+  }
+}
+
+// Facts of a value made after the last sweep (kept mode): its producer's, computed once the
+// producers of its inputs that are new too have theirs.
+const Facts* ShapeFacts::extend(const Value* v) {
+  const Graph* g = model_.graph.get();
+  if (!g || v->graph() != g || !v->defined()) return nullptr;
+  if (!v->producer()) return &facts_slot(v);
+  RuleContext ctx(symbols_, opset_);
+  std::vector<const Node*> stack{v->producer()};
+  while (!stack.empty()) {
+    if (stack.size() > 4096) return nullptr;  // not a chain a rewrite makes: leave it unknown
+    const Node* n = stack.back();
+    bool ready = true;
+    for (const Value* in : n->inputs()) {
+      if (!in || facts_.count(in)) continue;
+      const Node* p = in->producer();
+      if (p && p->graph() == g && p->alive()) {
+        stack.push_back(p);
+        ready = false;
+      }
+    }
+    if (!ready) continue;
+    stack.pop_back();
+    const Value* first = nullptr;
+    for (const Value* o : n->outputs()) first = first ? first : o;
+    if (first && !facts_.count(first)) sweep_node(*n, opset_, ctx);
+  }
+  auto it = facts_.find(v);
+  return it == facts_.end() ? nullptr : &it->second;
 }
 
 const Facts* ShapeFacts::facts(const Value* v) {
   if (!v) return nullptr;
   ensure();
   auto it = facts_.find(v);
-  return it == facts_.end() ? nullptr : &it->second;
+  if (it != facts_.end()) return &it->second;
+  return extend(v);  // made under KeepAcrossEdits, else not in the graph (null)
 }
 
 int32_t ShapeFacts::dtype(const Value* v) {
@@ -249,7 +291,39 @@ std::optional<int64_t> ShapeFacts::known_dim(const Value* v, int axis) {
 
 bool ShapeFacts::same_dim(const Value* a, int axis_a, const Value* b, int axis_b) {
   auto x = dim(a, axis_a), y = dim(b, axis_b);
-  return x && y && *x == *y;
+  return x && y && equal(*x, *y);
+}
+
+void ShapeFacts::note_declared(const Facts& inferred, const Facts& declared) {
+  if (!inferred.ranked || !declared.ranked || declared.dims.size() != inferred.dims.size()) return;
+  for (size_t i = 0; i < declared.dims.size(); ++i) {
+    const DimExpr &d = declared.dims[i], &e = inferred.dims[i];
+    // A declared name for a computed sum or product of sizes (an export naming P+S
+    // total_sequence_length) defines it. Two different names of sizes, or a name for a number,
+    // are not equated: a model whose run would fail on the mismatch must keep failing.
+    if (d == e || d.as_symbol() < 0 || has_fresh(symbols_, d) || has_fresh(symbols_, e) ||
+        e.as_symbol() >= 0 || e.is_constant()) {
+      continue;
+    }
+    const std::string a = representative(symbols_.str(d)), b = representative(symbols_.str(e));
+    if (a != b) equal_to_[a] = b;
+  }
+}
+
+const std::string& ShapeFacts::representative(const std::string& e) {
+  auto it = equal_to_.find(e);
+  if (it == equal_to_.end()) return e;
+  const std::string& root = representative(it->second);
+  it->second = root;  // path compression
+  return it->second;
+}
+
+bool ShapeFacts::equal(const DimExpr& a, const DimExpr& b) {
+  if (a == b) return true;
+  ensure();
+  if (equal_to_.empty()) return false;
+  const std::string sa = symbols_.str(a), sb = symbols_.str(b);
+  return representative(sa) == representative(sb);
 }
 
 const std::vector<DimExpr>* ShapeFacts::shape_value(const Value* v) {

@@ -123,8 +123,15 @@ class ShapeFacts {
   // Dim `axis` (negative from the end) of v; nullopt when the rank is unknown or out of range.
   std::optional<DimExpr> dim(const Value* v, int axis);
   std::optional<int64_t> known_dim(const Value* v, int axis);
-  // Dims proven equal (the same expression, fresh symbols included).
+  // Dims proven equal (the same expression, fresh symbols included, or expressions a declared
+  // type equates: see equal).
   bool same_dim(const Value* a, int axis_a, const Value* b, int axis_b);
+  // Equality facts: a and b are the same expression, or a value's declared type names a dim
+  // that the analysis computed as a sum or product of sizes (value_info says
+  // total_sequence_length where a Concat of the past and the new rows gives
+  // past_sequence_length+sequence_length), which makes the two equal everywhere; closed
+  // transitively. Two different names are never equated.
+  bool equal(const DimExpr& a, const DimExpr& b);
   // The elements of a small integer tensor, or null.
   const std::vector<DimExpr>* shape_value(const Value* v);
   std::optional<std::vector<int64_t>> constant_shape_value(const Value* v);
@@ -147,8 +154,14 @@ class ShapeFacts {
   int64_t apply_to_types(Model& model);
 
  private:
+  friend class KeepAcrossEdits;
   void ensure();
   void compute();
+  void sweep_node(const Node& n, int64_t opset, RuleContext& ctx);
+  const Facts* extend(const Value* v);
+  // Records what an output's declared facts (its type) say its inferred ones equal.
+  void note_declared(const Facts& inferred, const Facts& declared);
+  const std::string& representative(const std::string& e);
   // One forward pass over g's nodes (bodies included, through control_flow).
   void sweep(const Graph& g, int64_t opset);
   // Facts of an If/Loop/Scan node's outputs, sweeping its bodies; false when it cannot say.
@@ -165,6 +178,9 @@ class ShapeFacts {
   Facts& facts_slot(const Value* v);  // facts_[v], from what v declares when first seen
   const Model& model_;
   uint64_t generation_ = UINT64_MAX;
+  int64_t opset_ = 0;
+  bool keep_ = false;
+  uint64_t keep_since_ = 0;
   int64_t computations_ = 0;
   SymbolTable symbols_;
   std::unordered_map<const Value*, Facts> facts_;
@@ -174,6 +190,40 @@ class ShapeFacts {
   // dim_param its declared type gives is no symbol shared with values outside (exporters
   // name a growing dim after the body's value and reuse the name for the loop's result).
   int loop_depth_ = 0;
+  // Union-find over spelled expressions (only those of equality facts are in it).
+  std::unordered_map<std::string, std::string> equal_to_;
+};
+
+// While held, the facts survive the graph's edits instead of being recomputed by the next query:
+// for a pass whose every edit leaves each surviving value computing what it computed (a fusion
+// or lowering replacing a subgraph by an equal one, rewiring readers to an equal value). Values
+// it makes in the main graph get their facts on first query from their producers, also after
+// the scope. A pass that changes what a value holds (a precision conversion, a new model input)
+// must not hold one.
+class KeepAcrossEdits {
+ public:
+  explicit KeepAcrossEdits(ShapeFacts& facts)
+      : facts_(facts), was_(facts.keep_), since_was_(facts.keep_since_) {
+    facts_.keep_ = true;
+    facts_.keep_since_ = facts_.model_.edit_generation;  // facts older than this are recomputed
+  }
+  // The facts stay current for the graph the scope leaves (its edits kept every value): the next
+  // pass asking reuses them unless something edits the graph first.
+  ~KeepAcrossEdits() {
+    if (facts_.computations_ > 0 && facts_.generation_ != UINT64_MAX &&
+        facts_.generation_ >= facts_.keep_since_) {
+      facts_.generation_ = facts_.model_.edit_generation;
+    }
+    facts_.keep_ = was_;
+    facts_.keep_since_ = since_was_;
+  }
+  KeepAcrossEdits(const KeepAcrossEdits&) = delete;
+  KeepAcrossEdits& operator=(const KeepAcrossEdits&) = delete;
+
+ private:
+  ShapeFacts& facts_;
+  bool was_;
+  uint64_t since_was_;
 };
 
 // The model's shared analysis (Model::shape_facts), made on first use: infer_shapes and the

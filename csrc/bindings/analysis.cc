@@ -53,6 +53,17 @@ void bind_analysis(py::module_& m) {
           },
           py::arg("name"),
           "(dtype, dims, shape value) of the named value (see shape_facts), or None")
+      .def(
+          "same_dim",
+          [](PyShapeFacts& self, const std::string& a, int axis_a, const std::string& b,
+             int axis_b) {
+            const Value* x = self.model->graph->lookup(a);
+            const Value* y = self.model->graph->lookup(b);
+            return x && y && self.facts->same_dim(x, axis_a, y, axis_b);
+          },
+          py::arg("a"), py::arg("axis_a"), py::arg("b"), py::arg("axis_b"),
+          "Dim axis_a of value a and axis_b of value b are proven equal (the same expression, or "
+          "equated by a declared type)")
       .def_property_readonly(
           "computations", [](const PyShapeFacts& self) { return self.facts->computations(); },
           "How many times the facts were computed");

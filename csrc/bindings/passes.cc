@@ -102,13 +102,16 @@ void bind_passes(py::module_& m) {
           };
         }
         int64_t rewrites;
+        const uint64_t generation = model.edit_generation;
         {
           py::gil_scoped_release release;
           rewrites = info->run(model, ctx);
         }
         // A pass may rewrite attributes in place (no structural edit): memoized analyses
-        // must not outlive a pass that changed anything.
-        if (rewrites) model.note_edit();
+        // must not outlive a pass that changed anything. Structural edits moved the generation
+        // already (a pass that kept its shape facts current across them says so:
+        // analysis::KeepAcrossEdits).
+        if (rewrites && model.edit_generation == generation) model.note_edit();
         return std::make_pair(rewrites, std::move(ctx));
       },
       py::arg("model"), py::arg("name"), py::arg("target") = "ort", py::arg("max_iterations") = 10,

@@ -583,6 +583,10 @@ class ShapeFacts:
         """
         (dtype, dims, shape value) of the named value (see shape_facts), or None
         """
+    def same_dim(self, a: str, axis_a: typing.SupportsInt | typing.SupportsIndex, b: str, axis_b: typing.SupportsInt | typing.SupportsIndex) -> bool:
+        """
+        Dim axis_a of value a and axis_b of value b are proven equal (the same expression, or equated by a declared type)
+        """
     @property
     def computations(self) -> int:
         """

@@ -96,7 +96,10 @@ class PassSpec:
         rewrites = self._run(ctx)
         if rewrites and "analysis" not in self.tags:
             ctx.shapes_inferred = False
-            ctx.model.note_edit()  # memoized C++ analyses recompute (attribute edits too)
+            # Memoized C++ analyses recompute (attribute edits too). A C++ pass's run_pass did
+            # that already, unless the pass kept its shape facts current across its edits.
+            if self.function is not None:
+                ctx.model.note_edit()
         return rewrites
 
     def _run(self, ctx: PassContext) -> int:

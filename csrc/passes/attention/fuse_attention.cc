@@ -622,6 +622,9 @@ void remove_unused(Graph& g) {
 }
 
 int64_t fuse_attention(Model& model, PassContext& ctx) {
+  // Each fusion replaces a subgraph by the internal op computing the same: the shape facts hold
+  // across the rewrites (no sweep per fused layer).
+  analysis::KeepAcrossEdits keep(analysis::facts_of(model));
   CodeRule rule;
   rule.name = "fuse_attention";
   rule.root_op_types = {"MatMul"};

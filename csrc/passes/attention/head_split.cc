@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "ir/constant.h"
-#include "passes/attention/sequence_proof.h"
 #include "passes/attention/shapes.h"
 #include "passes/fusion_util.h"
 
@@ -26,15 +25,9 @@ Value* bsd_source(const Graph& g, const Value* x4, int32_t dtype) {
   }
   Value* x3 = r->inputs()[0];
   const Value* r4 = r->outputs()[0];
-  bool keeps =
-      same_dim(dim_at(x3, 3, 0), dim_at(r4, 4, 0)) && same_dim(dim_at(x3, 3, 1), dim_at(r4, 4, 1));
-  if (!keeps && rank_of(x3) == 3) {
-    auto shape = constant_ints(r->inputs()[1]);
-    keeps = int_attr_or(r, "allowzero", 0) == 0 && shape && shape->size() == 4 &&
-            (*shape)[0] == 0 && (*shape)[1] == 0;
-    // Elements that are x3's own dims need no allowzero: they copy whatever the dims are.
-    keeps = keeps || copies_leading_dims(r->inputs()[1], x3);
-  }
+  // (B, S) kept: the shape analysis reads 0 entries and targets computed from Shape ops.
+  const bool keeps = rank_of(x3) == 3 && rank_of(r4) == 4 && same_length(x3, 0, r4, 0) &&
+                     same_length(x3, 1, r4, 1);
   return keeps && dtype_of(x3) == dtype ? x3 : nullptr;
 }
 
@@ -55,12 +48,8 @@ std::vector<Node*> head_merges(const Value* y, const Value* q) {
         return {};
       }
       const Value* out = r->outputs()[0];
-      bool merges_last = same_dim(dim_at(out, 3, 0), dim_at(q, 4, 0)) &&
-                         same_dim(dim_at(out, 3, 1), dim_at(q, 4, 2));
-      if (!merges_last && int_attr_or(r, "allowzero", 0) == 0) {
-        auto shape = constant_ints(r->inputs()[1]);
-        merges_last = shape && *shape == std::vector<int64_t>{0, 0, -1};
-      }
+      const bool merges_last = rank_of(out) == 3 && rank_of(q) == 4 && same_length(out, 0, q, 0) &&
+                               same_length(out, 1, q, 2);
       if (!merges_last) return {};
       merges.push_back(r);
     }

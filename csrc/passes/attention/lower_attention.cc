@@ -2,6 +2,7 @@
 // the target runs. The target's lowering is tried first; when its preconditions do not hold the
 // node goes back to standard ops, so the internal op never survives the pass. Why a lowering did
 // not apply is kept as an explanation (`--explain lower_attention`) and a counter.
+#include "analysis/shape_facts.h"
 #include "passes/attention/internal_op.h"
 #include "passes/fusion_util.h"
 
@@ -67,8 +68,10 @@ PassInfo lower_attention_pass() {
        {{0, "off"}, {1, "non-causal only"}, {2, "also causal"}}},
       {"kv_cache"},  // declared by add_kv_cache
   };
-  // The internal domain's import goes with its last node.
+  // The internal domain's import goes with its last node. Each lowering replaces one node by
+  // ops computing the same: the shape facts hold across them (no sweep per lowered layer).
   info.run = [run = info.run](Model& m, PassContext& ctx) {
+    analysis::KeepAcrossEdits keep(analysis::facts_of(m));
     const int64_t n = run(m, ctx);
     drop_unused_domain(m, kInternalDomain);
     return n;

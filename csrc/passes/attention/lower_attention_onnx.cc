@@ -21,7 +21,6 @@
 // as set (ORT 1.32 CPU runs softcap, after the scale and before the mask: bench/probe_softcap.py).
 // ORT runs it on CPU since 1.23 (float, fp16; bool or float masks).
 #include "passes/attention/internal_op.h"
-#include "passes/attention/sequence_proof.h"
 #include "passes/attention/shapes.h"
 #include "passes/fusion_util.h"
 
@@ -46,8 +45,7 @@ pattern::Replacement lower_attention_onnx(Node* node, pattern::Rewriter& rw, Pas
   // New rows not shown to have the query's length (a cross-attention's cache, kv_cache_cross.cc:
   // the encoder's rows on the first step, none after): ORT 1.32's Attention-23 refuses an empty
   // K, so the op reads the Concats, which stay.
-  if (!same_dim(dim_at(in[0], 4, 2), dim_at(cache->k_new, 4, 2)) &&
-      !same_sequence(in[0], cache->k_new)) {
+  if (!same_length(in[0], 2, cache->k_new, 2, 4)) {
     ctx.counters["Attention-23 reading a cross cache's Concat"] += 1;
     return std::vector<Value*>{rw.op1("Attention", in, std::move(attrs))};
   }

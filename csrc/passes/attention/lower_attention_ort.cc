@@ -61,12 +61,11 @@
 // a finite average here. MHA's causal mask is top-left aligned, the internal op's bottom-right:
 // causal MHA needs S == T too (or S == 1, where causal masks nothing).
 //
-// S == T is shown by the types of Q and K, else by the graph (sequence_proof.h): TorchScript
-// exports lose the dims, but Q and K of a self-attention both walk back to one hidden state X
-// through ops that keep its length (head split Reshape whose target's dim 1 is 0 or
-// Shape(X)[1], Transpose, RotaryEmbedding, norms, Cast, MatMul by a 2-D weight, arithmetic with
-// a rank <= 1 constant, Slice/Split/Concat of the last axis). Cross-attention (K from another
-// input) or a Slice of the sequence axis stops the proof.
+// S == T is asked of the shape analysis (shapes.h): TorchScript exports lose the dims in their
+// types, but the analysis carries Q's and K's length from the one hidden state X through the
+// head splits (Reshape targets of 0 or Shape(X)[1], -1 resolved), Transpose, RotaryEmbedding,
+// norms and projections. Cross-attention (K from another input) has another length symbol; a
+// Slice of the sequence axis another expression.
 //
 // The cached form (internal_op.h; add_kv_cache): K = Concat(past_k input, k_new, axis 2) whose
 // output is the graph output present_k, same for V. The op takes the cache itself and the
@@ -112,7 +111,6 @@
 #include "passes/attention/internal_op.h"
 #include "passes/attention/ort_plan.h"
 #include "passes/attention/packed_qkv.h"
-#include "passes/attention/sequence_proof.h"
 #include "passes/attention/shapes.h"
 #include "passes/fusion_util.h"
 
@@ -261,8 +259,7 @@ Value* build_bias(Rewriter& rw, const OrtLoweringPlan& p, Value* q3, Value* k3) 
     return rw.op1("Expand",
                   {shared_op(rw, "Max", {p.mask, float_scalar(rw, p.dtype, true)}), shape});
   }
-  const bool full =
-      same_dim(dim_at(p.mask, 4, 2), p.s_dim) && same_dim(dim_at(p.mask, 4, 3), p.t_dim);
+  const bool full = p.mask_full;
   Value* m = p.mask;
   if (p.mask_dtype != kBool && !known_finite(p.mask)) {
     m = shared_op(rw, "Max", {m, float_scalar(rw, p.dtype, true)});
@@ -276,11 +273,9 @@ Value* build_bias(Rewriter& rw, const OrtLoweringPlan& p, Value* q3, Value* k3) 
     } else if (p.cache) {  // T = P + the new rows (K itself is the Concat that goes away)
       s = rw.op1("Gather", {rw.op1("Shape", {q3}), ints(rw, {1})});
       // A cross-attention's new rows are the encoder's, not the query's (kv_cache_cross.cc).
-      const bool query_length =
-          same_dim(p.s_dim, dim_at(p.k_new, 4, 2)) || same_sequence(p.q, p.k_new);
-      Value* fresh = query_length ? s
-                     : k3         ? rw.op1("Gather", {rw.op1("Shape", {k3}), ints(rw, {1})})
-                                  : rw.op1("Gather", {rw.op1("Shape", {p.k_new}), ints(rw, {2})});
+      Value* fresh = p.kv_query_length ? s
+                     : k3 ? rw.op1("Gather", {rw.op1("Shape", {k3}), ints(rw, {1})})
+                          : rw.op1("Gather", {rw.op1("Shape", {p.k_new}), ints(rw, {2})});
       t = rw.op1("Add",
                  {rw.op1("Gather", {rw.op1("Shape", {p.cache->past_k}), ints(rw, {2})}), fresh});
     } else {
@@ -343,12 +338,7 @@ GqaLengths gqa_lengths(Rewriter& rw, const OrtLoweringPlan& p, Value* q3) {
   // seqlens_k = T-1 and total = T for every row: every key is "valid" to GQA and the bias does
   // the padding, whichever side it is on. T from the mask's shape when it has (B, S) or
   // (B, S, T) (one chain for every layer), else from Q's / the past's.
-  const Value* mask = p.mask;
-  const Dim* mask_batch = mask ? dim_at(mask, 4, 0) : nullptr;
-  const bool mask_bs = mask && same_dim(mask_batch, dim_at(p.q, 4, 0)) &&
-                       same_dim(dim_at(mask, 4, 2), p.s_dim) &&
-                       !(mask_batch->value && *mask_batch->value == 1);
-  const bool mask_t = mask_bs && same_dim(dim_at(mask, 4, 3), p.t_dim);
+  const bool mask_bs = p.mask_bs, mask_t = p.mask_t;
   Value* shape = shared_op(rw, "Shape", {mask_bs ? p.mask : q3});
   Value* s = shared_op(rw, "Gather", {shape, ints(rw, {mask_bs ? 2 : 1}, true)},
                        one_attr(attr_int("axis", 0)));
@@ -429,7 +419,7 @@ BuiltOp build_mha(Rewriter& rw, const OrtLoweringPlan& p, Value* q3, Value* k3, 
   if (p.repeat_kv) {
     // (B, Hkv, T, D) -> (B, Hkv, G, T, D) -> (B, Hq, T, D): query head h reads kv head h/G.
     Value* expand = ints(rw, {1, 1, p.hq / p.hkv, 1, 1});
-    Value* target = ints(rw, {0, p.hq, -1, *p.head_dim->value});
+    Value* target = ints(rw, {0, p.hq, -1, p.head_dim});
     auto repeat = [&](Value* x) {
       Value* x5 = rw.op1("Unsqueeze", {x, ints(rw, {2})});
       return rw.op1("Reshape", {rw.op1("Expand", {x5, expand}), target});

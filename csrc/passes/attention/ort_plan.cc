@@ -12,7 +12,6 @@
 #include "ir/constant.h"
 #include "ir/dtype.h"
 #include "passes/attention/head_split.h"
-#include "passes/attention/sequence_proof.h"
 #include "passes/attention/shapes.h"
 #include "passes/fusion_util.h"
 
@@ -125,22 +124,23 @@ OrtLoweringPlan plan_ort_lowering(const Node* node, const Graph& g, const PassCo
   if (mask && value_rank(mask) > 4) return refused("mask of rank > 4");
   if (default_opset(*g.model()) < 13) return refused("default opset < 13");
 
-  const Dim* s_dim = dim_at(q, 4, 2);
-  const Dim* t_dim = dim_at(k, 4, 2);
-  const Dim* head_dim = dim_at(kn, 4, 3);
-  if (cache && !(head_dim && head_dim->value)) head_dim = dim_at(cache->past_k, 4, 3);
-  const Dim* v_head_dim = dim_at(vn, 4, 3);
-  if (cache && !(v_head_dim && v_head_dim->value)) v_head_dim = dim_at(cache->past_v, 4, 3);
-  const bool static_head = head_dim && head_dim->value;
-  // From the types, else from the graph (TorchScript exports lose the dims). With a cache: the
-  // new rows have the query's length (T = P + S is the ops' business).
-  const bool same_len = same_dim(s_dim, dim_at(kn, 4, 2)) || same_sequence(q, kn);
+  // Head sizes: the new K rows' dim 3, else the past's (shape analysis, shapes.h).
+  auto head_size = [&](const Value* fresh, const Value* past) {
+    std::optional<int64_t> d = rank_of(fresh) == 4 ? resolve_dim(fresh, 3) : std::nullopt;
+    if (cache && !d && rank_of(past) == 4) d = resolve_dim(past, 3);
+    return d;
+  };
+  const std::optional<int64_t> head_dim = head_size(kn, cache ? cache->past_k : nullptr);
+  const std::optional<int64_t> v_head_dim = head_size(vn, cache ? cache->past_v : nullptr);
+  const bool static_head = head_dim.has_value();
+  // S == T from the shape analysis (symbolic dims through head splits, rotaries, norms). With a
+  // cache: the new rows have the query's length (T = P + S is the ops' business).
+  const bool same_len = same_length(q, 2, kn, 2, 4);
   // One query row sees every key under bottom-right alignment: no causal mask at all.
-  const bool one_row = s_dim && s_dim->value && *s_dim->value == 1;
+  const bool one_row = rank_of(q) == 4 && resolve_dim(q, 2) == 1;
   const bool mha_causal = causal && !one_row;
   // GQA takes K/V of the query's length, one head size for K and V, a multiple of 8.
-  const bool gqa_fits =
-      same_len && static_head && *head_dim->value % 8 == 0 && same_dim(head_dim, v_head_dim);
+  const bool gqa_fits = same_len && static_head && *head_dim % 8 == 0 && head_dim == v_head_dim;
   const bool cuda = ctx.options.count("cuda") && ctx.options.at("cuda") != 0;
   // Packed QKV (com.microsoft Attention): option packed_attention 0 = off, 1 = non-causal
   // self-attention (encoders; the default), 2 = causal too (unidirectional; S == T holds since
@@ -218,7 +218,7 @@ OrtLoweringPlan plan_ort_lowering(const Node* node, const Graph& g, const PassCo
   // In place: RoPE goes into GQA (do_rotary) when both rotaries can fold there.
   const Node* rot_q = inplace ? foldable_rotary(bsd_source(g, q, dtype)) : nullptr;
   const Node* rot_k = inplace ? foldable_rotary(bsd_source(g, kn, dtype)) : nullptr;
-  if (rot_q && rot_k && *head_dim->value % 16 == 0 && rot_q->inputs()[2] == rot_k->inputs()[2] &&
+  if (rot_q && rot_k && *head_dim % 16 == 0 && rot_q->inputs()[2] == rot_k->inputs()[2] &&
       rot_q->inputs()[3] == rot_k->inputs()[3] &&
       int_attr_or(rot_q, "interleaved", 0) == int_attr_or(rot_k, "interleaved", 0)) {
     plan.rotary_q = rot_q;
@@ -245,9 +245,13 @@ OrtLoweringPlan plan_ort_lowering(const Node* node, const Graph& g, const PassCo
   plan.hkv = hkv;
   plan.dtype = dtype;
   plan.mask_dtype = mask_dtype;
-  plan.s_dim = s_dim;
-  plan.t_dim = t_dim;
-  plan.head_dim = head_dim;
+  plan.head_dim = head_dim.value_or(0);
+  plan.kv_query_length = same_len;
+  // The mask's (S, T) and batch against Q's and K's, for the bias and GQA's lengths.
+  plan.mask_full = mask && same_length(mask, 2, q, 2, 4) && same_length(mask, 3, k, 2, 4);
+  plan.mask_bs = mask && same_length(mask, 0, q, 0, 4) && same_length(mask, 2, q, 2, 4) &&
+                 resolve_dim(mask, 0) != 1;
+  plan.mask_t = plan.mask_bs && same_length(mask, 3, k, 2, 4);
   plan.repeat_kv = repeat_kv;
   if (qkv) plan.qkv = std::move(*qkv);
   plan.mask_input = mask_input;

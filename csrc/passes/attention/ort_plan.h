@@ -37,12 +37,14 @@ struct OrtLoweringPlan {
   bool mha_causal = false;  // MHA's unidirectional: causal with more than one query row
   int64_t hq = 0, hkv = 0;
   int32_t dtype = 0, mask_dtype = 0;
-  const Dim* s_dim = nullptr;     // Q's dim 2 as recorded, or null
-  const Dim* t_dim = nullptr;     // K's dim 2
-  const Dim* head_dim = nullptr;  // the new K rows' dim 3 (the past's when that is static)
-  bool repeat_kv = false;         // MHA over kv heads repeated Hq / Hkv times
-  std::vector<Projection> qkv;    // kPackedAttention: the Q, K, V projections
-  Value* mask_input = nullptr;    // in place: the attention_mask graph input (B, T)
+  int64_t head_dim = 0;  // the new K rows' dim 3 (the past's when that is static), 0 unknown
+  bool kv_query_length = false;  // the new K rows have the query's length (S == T without cache)
+  bool mask_full = false;        // the mask is (., ., S, T) of Q and K (no Expand needed)
+  bool mask_bs = false;          // the mask has Q's batch (not 1) and S
+  bool mask_t = false;           // ... and K's T
+  bool repeat_kv = false;        // MHA over kv heads repeated Hq / Hkv times
+  std::vector<Projection> qkv;   // kPackedAttention: the Q, K, V projections
+  Value* mask_input = nullptr;   // in place: the attention_mask graph input (B, T)
   // In place without attention_mask (a seq2seq decoder): past_sequence_length (int32 (1)), the
   // tokens in the buffer, the same for every row; T = it + S.
   Value* past_length_input = nullptr;

@@ -1,10 +1,10 @@
-// The attention family's shape helpers (one set for fusion, lowering and the KV cache).
+// The attention family's questions about sizes, asked of the one shape analysis
+// (analysis/shape_facts.h): dtype, rank, a dim, an element of a shape tensor, "the same length".
 //
-// Reasoning about the sizes of attention tensors when shape inference left them symbolic or
-// unknown (it fails on TorchScript head splits, whose Reshape targets are computed from Shape
-// ops). Sizes are read from value types first, then worked out through the ops that produced
-// the value: Transpose, Reshape targets built by Concat/Unsqueeze/Gather(Shape) chains, Slice,
-// elementwise broadcasts.
+// Values of the main graph are answered by the model's memoized ShapeFacts (symbolic dims,
+// Reshape targets computed from Shape ops, -1 resolved, equality of dims through every op it has
+// a rule for); values of subgraphs and functions, which it does not analyse, by their declared
+// types and constants alone.
 #pragma once
 
 #include <cstddef>
@@ -15,37 +15,27 @@
 
 namespace fastopt::passes {
 
-// Size of dimension `axis` (negative counts from the end) of `v`, or nullopt when unknown.
-std::optional<int64_t> resolve_dim(const Value* v, int axis);
-
-// Element `index` of a 1-D int64 shape tensor (a constant, or a Concat of constant and
-// Shape-derived pieces), or nullopt.
-std::optional<int64_t> shape_element(const Value* shape, int index);
-
-// Number of elements of a 1-D shape tensor, or nullopt.
-std::optional<int64_t> shape_length(const Value* shape);
-
-// Element type / rank of `v` from its type, else from its producers (values made by earlier
-// fusions, e.g. a fused RotaryEmbedding's output, carry no type). 0 / -1 when unknown.
+// Element type / rank of `v`; 0 / -1 when unknown.
 int32_t dtype_of(const Value* v);
 int rank_of(const Value* v);
 
-// ---- from value types alone (symbolic dims included) ----
+// Size of dimension `axis` (negative counts from the end) of `v`, or nullopt when not a known
+// number.
+std::optional<int64_t> resolve_dim(const Value* v, int axis);
 
-// Dim `axis` of the type recorded on `v` when that type has `rank` dims, else null.
-const Dim* dim_at(const Value* v, size_t rank, size_t axis);
-// Both dims present and the same (a value, or one symbol); false when either is null.
-bool same_dim(const Dim* a, const Dim* b);
+// Element `index` (negative from the end) of a 1-D integer shape tensor, or nullopt when not a
+// known number.
+std::optional<int64_t> shape_element(const Value* shape, int index);
 
-// ---- through producers ----
+// Number of elements of a shape tensor, or nullopt.
+std::optional<int64_t> shape_length(const Value* shape);
 
-// A node of the default domain ("" or "ai.onnx").
+// Dim `axis_a` of `a` and `axis_b` of `b` are proven equal (the same number, or the same symbolic
+// expression). With `rank` > 0 both values must have that rank. False when either is unknown.
+bool same_length(const Value* a, int axis_a, const Value* b, int axis_b, int rank = 0);
+
+// A node of the default domain ("" or "ai.onnx") with well-typed attributes.
 bool is_standard(const Node* n);
-
-// Which dim a 1-element int64 value copies: the z of Shape(z) with *index set, when `v` is
-// Unsqueeze(Gather(Shape(z), i scalar)), Gather(Shape(z), [i]), Slice(Shape(z), [i], [i+1]) or
-// Shape(z, start=i, end=i+1); else null. (shape_element above gives the value, this the source.)
-const Value* shape_dim_source(const Value* v, int64_t* index);
 
 // Whether only shapes are read from `v`, apart from `replaced` (a node being rewritten): every
 // use is a Shape, or a Reshape (data input) or Transpose whose output is in turn read only for
