@@ -17,9 +17,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 import seq2seq_generation as sg
+from llm_fixtures import PARITY_ATOL
 
 STEPS = 32
-ATOL = {"float32": 1e-4, "float16": 2e-2}  # step logits, by the fixture's dtype
 FIXTURES = sg.seq2seq_fixtures()
 
 
@@ -67,7 +67,7 @@ def test_inplace_decoder_generates_the_same_tokens(fx: sg.Seq2SeqFixture, tmp_pa
     ref = sg.greedy_no_cache(fx.decoder, hidden, mask, start, STEPS)
     got = sg.greedy_inplace(tmp_path / "decoder.onnx", hidden, mask, start, STEPS)
     np.testing.assert_array_equal(got.tokens, ref.tokens)
-    np.testing.assert_allclose(got.logits, ref.logits, atol=ATOL[fx.meta["dtype"]], rtol=0)
+    np.testing.assert_allclose(got.logits, ref.logits, atol=PARITY_ATOL[fx.meta["dtype"]], rtol=0)
     # A longer buffer than the tokens need: its length must not leak into positions or masks.
     longer = sg.greedy_inplace(tmp_path / "decoder.onnx", hidden, mask, start, 8, max_length=80)
     np.testing.assert_array_equal(longer.tokens, ref.tokens[:, :8])
@@ -155,7 +155,7 @@ def test_cross_recomputed_decoder_generates_the_same_tokens(
     generate = sg.greedy_inplace if kv_cache == "inplace" else sg.greedy_cached
     got = generate(out, hidden, mask, start, STEPS)
     np.testing.assert_array_equal(got.tokens, ref.tokens)
-    np.testing.assert_allclose(got.logits, ref.logits, atol=ATOL[fx.meta["dtype"]], rtol=0)
+    np.testing.assert_allclose(got.logits, ref.logits, atol=PARITY_ATOL[fx.meta["dtype"]], rtol=0)
 
 
 def test_genai_whisper_refuses_other_frame_counts(tmp_path: Path) -> None:
@@ -279,4 +279,4 @@ def test_inplace_prompt_then_chunk(fx: sg.Seq2SeqFixture, tmp_path: Path) -> Non
         logits.append(outs[0].numpy())
         cross = {n: v.numpy() for n, v in zip(cross, outs[1:])}
     got = np.concatenate(logits, axis=1)
-    np.testing.assert_allclose(got, ref, atol=ATOL[fx.meta["dtype"]], rtol=0)
+    np.testing.assert_allclose(got, ref, atol=PARITY_ATOL[fx.meta["dtype"]], rtol=0)
