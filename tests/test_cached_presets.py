@@ -69,3 +69,66 @@ def test_cached_export_presets(fx: Fixture, preset: str, target: str, tmp_path: 
         same, diff = kg.compare(ref, got)
         assert same == STEPS, f"first token mismatch at step {same}"
         assert diff <= 1e-4, f"step logits differ by {diff}"
+
+
+def test_present_data_read_by_the_attentions_inputs_is_refused(tmp_path: Path) -> None:
+    """A cached form whose mask reads the present's data (not only its shape): the op's present
+    output cannot replace it (the mask would depend on the op's own output), so lower_attention
+    keeps standard ops, says why in --explain, and the result still matches in ONNX Runtime."""
+    from onnx import TensorProto, helper
+
+    f = TensorProto.FLOAT
+    b, h, s, p, d = 1, 2, 3, 2, 4
+    nodes = [
+        helper.make_node("Concat", ["past_k", "k_new"], ["present_k"], axis=2),
+        helper.make_node("Concat", ["past_v", "v_new"], ["present_v"], axis=2),
+        helper.make_node("Transpose", ["present_k"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q", "kt"], ["qk"]),
+        helper.make_node("Mul", ["qk", "c"], ["scores"]),
+        # (B, H, T, 1) -> (B, H, 1, T): an additive term computed from the keys' values
+        helper.make_node("ReduceSum", ["present_k", "axes"], ["ksum"], keepdims=1),
+        helper.make_node("Transpose", ["ksum"], ["term"], perm=[0, 1, 3, 2]),
+        helper.make_node("Add", ["scores", "term"], ["masked"]),
+        helper.make_node("Softmax", ["masked"], ["probs"], axis=-1),
+        helper.make_node("MatMul", ["probs", "present_v"], ["Y"]),
+    ]
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            vi("q", f, [b, h, s, d]),
+            vi("k_new", f, [b, h, s, d]),
+            vi("v_new", f, [b, h, s, d]),
+            vi("past_k", f, [b, h, p, d]),
+            vi("past_v", f, [b, h, p, d]),
+        ],
+        [
+            vi("Y", f, [b, h, s, d]),
+            vi("present_k", f, [b, h, p + s, d]),
+            vi("present_v", f, [b, h, p + s, d]),
+        ],
+        [
+            helper.make_tensor("c", f, [], [0.5]),
+            helper.make_tensor("axes", TensorProto.INT64, [1], [3]),
+        ],
+    )
+    src = tmp_path / "in.onnx"
+    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    src.write_bytes(onnx_model.SerializeToString())
+    out = tmp_path / "out.onnx"
+    report = fastopt.optimize(
+        src,
+        passes=["infer_shapes", "fuse_attention", "lower_attention"],
+        output=out,
+        explain="lower_attention",
+    )
+    fused = next(p.counters for p in report.passes if p.name == "fuse_attention")
+    assert fused.get("attention") == 1, fused
+    lowered = next(p.counters for p in report.passes if p.name == "lower_attention")
+    assert lowered.get("kept as standard ops") == 1, lowered
+    assert any(
+        "present 'present_k' is read by ReduceSum" in line and "(a cycle)" in line
+        for line in report.explain
+    ), report.explain
+    fastopt.verify(src, out)
