@@ -220,13 +220,24 @@ bool commit(Graph& g, Node* root, const std::vector<Node*>& matched,
 // Why replacing `root`'s outputs by `replacement` would close a cycle (a replacement that
 // depends on a reader of the output it replaces: a code rule's walk, or a Python rewrite, may
 // build from values downstream of the root); empty when it would not. The inputs of the matched
-// nodes (the root and its producers) cannot depend on its outputs: the walk stops there, so a
-// rewrite built from the match's values costs only its new nodes.
+// nodes (the root and its producers) and of the root's nearest producers cannot depend on its
+// outputs: the walk stops there, so a rewrite built from values near the match costs only its
+// new nodes.
 std::string cycle_refusal(const Node* root, const std::vector<Node*>& matched,
                           const std::vector<Value*>& replacement) {
   std::vector<const Value*> upstream(root->inputs().begin(), root->inputs().end());
-  for (const Node* n : matched)
+  for (const Node* n : matched) {
     upstream.insert(upstream.end(), n->inputs().begin(), n->inputs().end());
+  }
+  // And the inputs of the root's nearest producers: rewrites read values a few ops above the
+  // match (a head split's source), whose walk would otherwise cross every earlier layer.
+  constexpr size_t kNearProducers = 64;
+  std::unordered_set<const Node*> near;
+  for (size_t i = 0; i < upstream.size() && near.size() < kNearProducers; ++i) {
+    const Node* p = upstream[i] ? upstream[i]->producer() : nullptr;
+    if (!p || p->graph() != root->graph() || !near.insert(p).second) continue;
+    upstream.insert(upstream.end(), p->inputs().begin(), p->inputs().end());
+  }
   const auto& outs = root->outputs();
   for (size_t i = 0; i < outs.size() && i < replacement.size(); ++i) {
     if (!outs[i] || !replacement[i]) continue;
