@@ -368,3 +368,38 @@ def test_symbolic_dims_bind_once_per_match(x_shape: list, b_shape: list, fires: 
     rewrites, _, lines = fastopt.apply_rules(m, [rule], max_iterations=1, explain_rule="*")
     assert rewrites == int(fires), lines
     m.verify()
+
+
+def test_rewrite_that_would_make_a_cycle_is_rolled_back() -> None:
+    """A rewrite whose replacement depends on a reader of the value it replaces (here
+    Relu(X) -> Identity(Neg(Relu(X)))) would close a cycle: the driver declines it with the
+    reason, and the graph is left as it was."""
+    proto = _model(
+        [
+            helper.make_node("Relu", ["X"], ["r"]),
+            helper.make_node("Neg", ["r"], ["n"]),
+            helper.make_node("Add", ["n", "X"], ["Y"]),
+        ],
+        [_vi("X")],
+        [_vi("Y")],
+    )
+    m = fastopt.from_onnx(proto)
+    p = fastopt.Pattern("relu_from_downstream")
+    p.root(p.op("Relu", [p.var("x")]))
+
+    def rewrite(match: fastopt.Match, rw: fastopt.Rewriter) -> list[fastopt.Value | None]:
+        downstream = m.graph.value("n")
+        assert downstream is not None
+        return rw.op("Identity", [downstream])
+
+    rule = fastopt.Rule("relu_from_downstream", p, rewrite)
+    rewrites, _, lines = fastopt.apply_rules(m, [rule], explain_rule="relu_from_downstream")
+    assert rewrites == 0
+    assert any(
+        "matched, but the rewrite declined: the replacement of 'r' depends on node" in line
+        and "(Neg), which reads it: rewriting would make a cycle" in line
+        for line in lines
+    ), lines
+    m.verify()
+    assert m.op_counts() == {"Relu": 1, "Neg": 1, "Add": 1}
+    np.testing.assert_allclose(_run(m, {"X": X})[0], _run(proto, {"X": X})[0])

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "analysis/shape_facts.h"
 #include "ir/error.h"
@@ -125,6 +126,41 @@ void replace_value(Graph& g, Value* from, Value* to) {
   }
 }
 
+std::vector<Node*> readers_feeding(const Value* from, const Value* to,
+                                   const std::vector<const Value*>& known_upstream) {
+  std::vector<Node*> found;
+  if (!from || !to || from == to || from->uses().empty()) return found;
+  const Graph* g = to->graph();
+  const std::unordered_set<const Value*> stop(known_upstream.begin(), known_upstream.end());
+  std::unordered_set<const Node*> seen;
+  std::vector<Node*> work;
+  auto visit = [&](const Value* v) {
+    if (!v || stop.count(v)) return;
+    Node* p = v->producer();
+    if (p && p->graph() == g && seen.insert(p).second) work.push_back(p);
+  };
+  visit(to);
+  while (!work.empty()) {
+    Node* n = work.back();
+    work.pop_back();
+    bool reads = false;
+    for (Value* in : n->inputs()) {
+      reads = reads || in == from;
+      visit(in);
+    }
+    if (n->has_subgraphs()) {
+      for (Graph* sub : n->subgraphs()) {
+        for (Value* v : sub->outer_references()) {
+          reads = reads || v == from;
+          visit(v);
+        }
+      }
+    }
+    if (reads) found.push_back(n);
+  }
+  return found;
+}
+
 void remove_dead(Graph& g, const std::vector<Node*>& candidates) {
   // Worklist: removing a node can only make the producers of its inputs dead, so only those
   // (when they are candidates) are looked at again.
@@ -179,6 +215,39 @@ bool commit(Graph& g, Node* root, const std::vector<Node*>& matched,
   }
   remove_dead(g, matched);
   return true;
+}
+
+// Why replacing `root`'s outputs by `replacement` would close a cycle (a replacement that
+// depends on a reader of the output it replaces: a code rule's walk, or a Python rewrite, may
+// build from values downstream of the root); empty when it would not. The inputs of the matched
+// nodes (the root and its producers) and of the root's nearest producers cannot depend on its
+// outputs: the walk stops there, so a rewrite built from values near the match costs only its
+// new nodes.
+std::string cycle_refusal(const Node* root, const std::vector<Node*>& matched,
+                          const std::vector<Value*>& replacement) {
+  std::vector<const Value*> upstream(root->inputs().begin(), root->inputs().end());
+  for (const Node* n : matched) {
+    upstream.insert(upstream.end(), n->inputs().begin(), n->inputs().end());
+  }
+  // And the inputs of the root's nearest producers: rewrites read values a few ops above the
+  // match (a head split's source), whose walk would otherwise cross every earlier layer.
+  constexpr size_t kNearProducers = 64;
+  std::unordered_set<const Node*> near;
+  for (size_t i = 0; i < upstream.size() && near.size() < kNearProducers; ++i) {
+    const Node* p = upstream[i] ? upstream[i]->producer() : nullptr;
+    if (!p || p->graph() != root->graph() || !near.insert(p).second) continue;
+    upstream.insert(upstream.end(), p->inputs().begin(), p->inputs().end());
+  }
+  const auto& outs = root->outputs();
+  for (size_t i = 0; i < outs.size() && i < replacement.size(); ++i) {
+    if (!outs[i] || !replacement[i]) continue;
+    std::vector<Node*> readers = readers_feeding(outs[i], replacement[i], upstream);
+    if (!readers.empty()) {
+      return "the replacement of '" + outs[i]->name() + "' depends on " + where(readers[0]) +
+             ", which reads it: rewriting would make a cycle";
+    }
+  }
+  return "";
 }
 
 // A rule of either kind, as the driver dispatches it.
@@ -277,9 +346,15 @@ ApplyStats apply_rules(Model& model, const std::vector<Rule>& rules,
         if (rule.code_rule) {
           matched.assign(1, node);
           matched.insert(matched.end(), cm.nodes.begin(), cm.nodes.end());
+        } else {
+          matched = m->matched_nodes();
         }
-        if (!r ||
-            !commit(*g, node, rule.pattern_rule ? m->matched_nodes() : matched, *r, &readers)) {
+        if (r) {
+          if (std::string cycle = cycle_refusal(node, matched, *r); !cycle.empty()) {
+            r = rw.fail(std::move(cycle));
+          }
+        }
+        if (!r || !commit(*g, node, matched, *r, &readers)) {
           rw.rollback();
           if (explain) {
             options.explain_lines->push_back(

@@ -76,7 +76,7 @@ struct Rule {
 // root's op type, rollback of a declined rewrite, counters and --explain lines.
 struct CodeMatch {
   Node* root = nullptr;
-  std::vector<Node*> nodes;  // matched nodes besides the root: removed when dead after the rewrite
+  std::vector<Node*> nodes;  // matched nodes besides the root (its producers): removed when dead
   std::any found;            // what the match worked out, for the rewrite
 };
 // True when the rule matches at `root` (filling `m`); else false with why.text the reason (left
@@ -120,6 +120,14 @@ void replace_value(Graph& g, Value* from, Value* to);
 // True when replace_value(g, from, to) keeps the graph's interface: `from` is not a graph output,
 // or `to` can take over its name (made by a node of `g`, not itself an input or output).
 bool can_replace(const Graph& g, const Value* from, const Value* to);
+
+// The nodes that `to` depends on and that read `from` (walking back
+// from `to`'s producer in its graph; a node's subgraphs' outer references count as its inputs):
+// replace_value(from, to) would close a cycle through each. The walk does not go past values in
+// `known_upstream` (the caller knows they cannot depend on `from`: inputs of the nodes it
+// replaces). Empty when the replacement is safe.
+std::vector<Node*> readers_feeding(const Value* from, const Value* to,
+                                   const std::vector<const Value*>& known_upstream = {});
 
 // Removes nodes of `candidates` whose outputs have become unused.
 void remove_dead(Graph& g, const std::vector<Node*>& candidates);

@@ -103,22 +103,16 @@ inline std::optional<CachedKV> cached_kv(const Node* attention) {
   return CachedKV{k->first, k->second, in[1], v->first, v->second, in[2]};
 }
 
-// After a lowering built an op with present outputs `pk`, `pv`: they take over the graph outputs
-// `present` (names included) and the Concats go. False, with nothing changed, when they cannot.
-inline bool adopt_presents(Graph& g, const CachedKV& c, Value* pk, Value* pv) {
-  if (!pattern::can_replace(g, c.present_k, pk) || !pattern::can_replace(g, c.present_v, pv)) {
-    return false;
-  }
-  for (auto [from, to] : {std::pair{c.present_k, pk}, std::pair{c.present_v, pv}}) {
-    Node* cat = from->producer();
-    to->type = from->type;
-    pattern::replace_value(g, from, to);
-    if (cat && cat->alive() && from->uses().empty() && !from->is_graph_output()) {
-      g.remove_node(cat);
-    }
-  }
-  return true;
-}
+// After a lowering built an op with present outputs `pk`, `pv` for `attention` (the internal
+// node it lowers): they take over the graph outputs `present` (names included) and the Concats
+// go. A read of a present that the op's inputs depend on would then read the op's own output (a
+// cycle): ALiBi's bias reads the keys' length as Shape(present) (mpt). Those Shape reads are
+// given the shape computed from the past and the new rows (`k3`/`v3`: the new rows as the op
+// reads them, (B, S, H*D), or null); any other such read, or one in place (`inplace`: the
+// present is the max-length buffer), refuses. Empty when done, else why (nothing changed).
+std::string adopt_presents(Graph& g, const CachedKV& c, Value* pk, Value* pv, const Node* attention,
+                           Value* k3 = nullptr, Value* v3 = nullptr,
+                           bool inplace = false);  // cache_presents.cc
 
 // Lowerings of one internal Attention node. Each builds its replacement with `rw` (which inserts
 // before the node and removes what it made when a lowering fails) and returns the value that

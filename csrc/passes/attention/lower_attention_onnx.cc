@@ -53,8 +53,8 @@ pattern::Replacement lower_attention_onnx(Node* node, pattern::Rewriter& rw, Pas
   std::vector<Value*> outs =
       rw.op("Attention", {in[0], cache->k_new, cache->v_new, mask, cache->past_k, cache->past_v},
             std::move(attrs), 3);
-  if (!adopt_presents(rw.graph(), *cache, outs[1], outs[2])) {
-    return rw.fail("the present outputs cannot take over the Concats' graph outputs");
+  if (std::string why = adopt_presents(rw.graph(), *cache, outs[1], outs[2], node); !why.empty()) {
+    return rw.fail(why);
   }
   ctx.counters["Attention-23 with past/present"] += 1;
   return std::vector<Value*>{outs[0]};

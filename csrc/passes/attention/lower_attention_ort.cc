@@ -512,8 +512,10 @@ Replacement lower_attention_ort(Node* node, Rewriter& rw, PassContext& ctx) {
     built = build_mha(rw, p, q3, k3, v3, bias, ctx);
   }
   if (p.cache) {
-    if (!adopt_presents(rw.graph(), *p.cache, built.present_k, built.present_v)) {
-      return rw.fail("the present outputs cannot take over the Concats' graph outputs");
+    if (std::string why = adopt_presents(rw.graph(), *p.cache, built.present_k, built.present_v,
+                                         node, k3, v3, p.inplace);
+        !why.empty()) {
+      return rw.fail(why);
     }
     if (p.inplace) {
       for (Value* x : {p.cache->past_k, p.cache->past_v, built.present_k, built.present_v}) {
