@@ -1,7 +1,7 @@
 """Resident memory of quantizing a float16 model read from its mapping: the pages each weight was
 read from leave the process (csrc/quant/weight_source.cc release), including the pages a fault
 mapped beyond the bytes read. Linux maps a whole large folio of the page cache on a read fault
-(ext4 and others cache files in folios up to 2 MB; kernel 6.18 maps them whole), so releasing
+(ext4 and others cache files in folios up to 2 MB; Linux 6.18 here maps them whole), so releasing
 only the fault-around windows of the bytes read left about a tenth of a 7B model resident
 (1.3 GB of a 13.5 GB fp16 model, 130 MB of a 1 GB one)."""
 

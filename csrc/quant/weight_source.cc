@@ -78,8 +78,8 @@ void WeightSource::release_bytes(uint64_t offset, uint64_t n, bool more_follow) 
   // (tests/test_quant_mapped_reads.py checks in-memory weights survive).
   if (!bytes.buffer || bytes.buffer->fd() < 0 || n == 0) return;
   // A read fault maps more than the page read: the 64 KB-aligned fault-around window around
-  // it (the kernel's default fault_around_bytes), and since Linux 6.18 the whole large folio
-  // the page cache holds it in (ext4 and others cache files in folios up to 2 MB), as far as
+  // it (the kernel's default fault_around_bytes), and on recent Linux (6.18 here) the whole large
+  // folio the page cache holds it in (ext4 and others cache files in folios up to 2 MB), as far as
   // it lies in the same page table. So a fault may map any page of the 2 MB-aligned region
   // around it, before the bytes read as well as after: releasing only the windows of the
   // bytes left a folio's earlier pages mapped once read (1.3 GB of a 13.5 GB fp16 model).
