@@ -150,7 +150,10 @@ void nbits_tile(WeightJob& job, int64_t c0, int64_t c1, TempFile& out, Scratch& 
         }
       }
     }
-    if (!job.src.transposed) job.src.release(r0, rows, c0, cols);
+    // Whole rows, though the tile read some of their columns: consecutive blocks' releases
+    // then cover the weight without gaps, whatever the faults mapped around the bytes read
+    // (weight_source.h); a tile reading the other columns faults its pages in again.
+    if (!job.src.transposed) job.src.release(r0, rows, 0, job.src.N, kb + 1 < kb_count);
   }
   if (job.src.transposed) job.src.release(c0, cols, 0, K);
   if (job.layout == Layout::kQdqRows) {
@@ -214,7 +217,7 @@ void qdq_tile(WeightJob& job, int64_t r0, int64_t r1, TempFile& out, Scratch& s)
           job.qdq_zero_points[static_cast<size_t>(kb * N + c0 + c)] = bq.zero_point(c);
       }
     }
-    job.src.release(br, rows, 0, N);
+    job.src.release(br, rows, 0, N, kb + 1 < kb1);
   }
   const uint64_t data_start = static_cast<uint64_t>(r0 * N) * static_cast<uint64_t>(spec.bits) / 8;
   out.write(job.data_offset + data_start, s.data.data(), s.data.size());

@@ -20,6 +20,11 @@ uint64_t page_size() {
   return size;
 }
 
+// The bytes one page table maps (2 MB with 4 KB pages): a fault never maps a folio across it.
+uint64_t page_table_span() {
+  return page_size() * (page_size() / sizeof(uint64_t));
+}
+
 }  // namespace
 
 void to_float(int32_t dtype, const uint8_t* p, size_t n, float* dst) {
@@ -65,40 +70,64 @@ void WeightSource::read_columns(int64_t c0, int64_t cols, float* dst) const {
            static_cast<size_t>(cols * K), dst);
 }
 
-void WeightSource::release_bytes(uint64_t offset, uint64_t n) const {
+void WeightSource::release_bytes(uint64_t offset, uint64_t n, bool more_follow) const {
   // Only a file mapping gives its pages back unchanged: on anonymous memory (a tensor made by
   // an earlier pass, a model made in memory) MADV_DONTNEED would zero them. The buffers with a
   // file descriptor are read-only mappings of it (FileBuffer, TempFile); a new Buffer with a
   // descriptor and owned bytes would have to say so here
   // (tests/test_quant_mapped_reads.py checks in-memory weights survive).
   if (!bytes.buffer || bytes.buffer->fd() < 0 || n == 0) return;
-  // Whole fault-around windows around the bytes: a page fault maps the 64 KB-aligned window
-  // around it (the kernel's default fault_around_bytes), so pages of rows released before would
-  // stay mapped after the next row's first fault unless the release covers the whole window.
-  // A neighbour's page in it is faulted in again from the page cache when next read (the
-  // mapping is read-only), which costs less than keeping it.
-  const uint64_t window = std::max<uint64_t>(kFaultAroundBytes, page_size());
+  // A read fault maps more than the page read: the 64 KB-aligned fault-around window around
+  // it (the kernel's default fault_around_bytes), and on recent Linux (6.18 here) the whole large
+  // folio the page cache holds it in (ext4 and others cache files in folios up to 2 MB), as far as
+  // it lies in the same page table. So a fault may map any page of the 2 MB-aligned region
+  // around it, before the bytes read as well as after: releasing only the windows of the
+  // bytes left a folio's earlier pages mapped once read (1.3 GB of a 13.5 GB fp16 model).
+  // The release starts at its region's start (pages of earlier rows, already released unless
+  // a fault mapped them again). While more rows follow it ends at the last whole page of the
+  // bytes: the next release starts at or before the rest (contiguous rows), and releasing the
+  // next rows' pages would only have their first read fault the whole folio in again. After
+  // the last rows it ends at the region's end. A neighbour's page in it is faulted in again
+  // from the page cache when next read (the mapping is read-only), which costs less than
+  // keeping it.
+  const uint64_t region = page_table_span();
   const auto map_start = reinterpret_cast<uintptr_t>(bytes.buffer->data());
   const uintptr_t map_end =
       (map_start + bytes.buffer->size() + page_size() - 1) / page_size() * page_size();
   const auto start = reinterpret_cast<uintptr_t>(bytes.data() + offset);
-  const uintptr_t first = std::max<uintptr_t>(start / window * window, map_start);
-  const uintptr_t end = std::min<uintptr_t>((start + n + window - 1) / window * window, map_end);
+  const uintptr_t first = std::max<uintptr_t>(start / region * region, map_start);
+  const uintptr_t end =
+      std::min<uintptr_t>(more_follow ? (start + n) / page_size() * page_size()
+                                      : (start + n + region - 1) / region * region,
+                          map_end);
   if (end <= first) return;
   // Advice only: a failure leaves the pages mapped, which costs memory, not correctness.
   (void)::madvise(reinterpret_cast<void*>(first), end - first, MADV_DONTNEED);
 }
 
-void WeightSource::release(int64_t r0, int64_t rows, int64_t c0, int64_t cols) const {
+void WeightSource::release(int64_t r0, int64_t rows, int64_t c0, int64_t cols,
+                           bool more_follow) const {
   const uint64_t es = element_bytes();
   const int64_t row_len = transposed ? K : N;
   if (c0 == 0 && cols == row_len) {
     release_bytes(static_cast<uint64_t>(r0 * row_len) * es,
-                  static_cast<uint64_t>(rows * row_len) * es);
+                  static_cast<uint64_t>(rows * row_len) * es, more_follow);
     return;
   }
+  // A column strip: only the windows of each row's part (a region-wide release per row would
+  // unmap the strip's next rows, still to be read, again and again).
+  if (!bytes.buffer || bytes.buffer->fd() < 0 || cols == 0) return;
+  const uint64_t window = std::max<uint64_t>(kFaultAroundBytes, page_size());
+  const auto map_start = reinterpret_cast<uintptr_t>(bytes.buffer->data());
+  const uintptr_t map_end =
+      (map_start + bytes.buffer->size() + page_size() - 1) / page_size() * page_size();
   for (int64_t r = r0; r < r0 + rows; ++r) {
-    release_bytes(static_cast<uint64_t>(r * row_len + c0) * es, static_cast<uint64_t>(cols) * es);
+    const auto start =
+        reinterpret_cast<uintptr_t>(bytes.data() + static_cast<uint64_t>(r * row_len + c0) * es);
+    const uintptr_t first = std::max<uintptr_t>(start / window * window, map_start);
+    const uintptr_t end = std::min<uintptr_t>(
+        (start + static_cast<uint64_t>(cols) * es + window - 1) / window * window, map_end);
+    if (end > first) (void)::madvise(reinterpret_cast<void*>(first), end - first, MADV_DONTNEED);
   }
 }
 

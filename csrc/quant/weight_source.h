@@ -37,10 +37,13 @@ struct WeightSource {
   void read_columns(int64_t c0, int64_t cols, float* dst) const;
   // Rows [r0, r0 + rows) x columns [c0, c0 + cols) of the stored layout were read for the last
   // time: the pages they lie on leave the process's mapping (file mappings only; a neighbour
-  // that reads a boundary page again faults it back in from the page cache).
-  void release(int64_t r0, int64_t rows, int64_t c0, int64_t cols) const;
+  // that reads a page again faults it back in from the page cache). Whole rows release the
+  // 2 MB page-table region's pages before them too (a fault maps a whole large folio, pages
+  // already read included), and with `more_follow` false (the caller's last rows) the rest of
+  // the region after them; a column strip releases the fault-around windows of each row's part.
+  void release(int64_t r0, int64_t rows, int64_t c0, int64_t cols, bool more_follow = false) const;
   // The same for bytes [offset, offset + n) of the stored layout.
-  void release_bytes(uint64_t offset, uint64_t n) const;
+  void release_bytes(uint64_t offset, uint64_t n, bool more_follow = false) const;
 
   uint64_t element_bytes() const { return dtype == 1 ? 4 : 2; }
 };
