@@ -6,7 +6,6 @@ whatever the model weighs), and `import fastopt` loads none of numpy / onnx / on
 
 from __future__ import annotations
 
-import json
 import logging
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import fastopt
 import numpy as np
 import onnx
 import pytest
+from mapping_rss import quantize_rss_file
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import QuantType, quantize_dynamic
 from quant_reference import ort_quantize
@@ -102,19 +102,6 @@ def test_int8_dynamic_bytes_equal_onnxruntime(
     assert not int8_reference["w_zero_point"].any() and "w_zero_point" not in got
 
 
-_RSS_CHILD = """
-import json, sys, fastopt
-def rss_file():
-    for line in open("/proc/self/status"):
-        if line.startswith("RssFile:"):
-            return int(line.split()[1]) * 1024
-m = fastopt.load(sys.argv[1])
-before = rss_file()
-fastopt.quantize(m, mode=sys.argv[2], threads=int(sys.argv[3]))
-print(json.dumps({"before": before, "after": rss_file()}))
-"""
-
-
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc (Linux)")
 @pytest.mark.parametrize(
     "mode,threads", [("int4", 2), ("int8", 2), ("int8-dynamic", 1), ("int8-dynamic", 16)]
@@ -123,13 +110,7 @@ def test_read_pages_leave_the_mapping(sources: dict[str, Path], mode: str, threa
     """A 12 MB weight read from the mapping: without the releases its pages stay resident in
     the process (RssFile grows by the weight's size); with them a few fault-around windows at
     most remain."""
-    out = subprocess.run(
-        [sys.executable, "-c", _RSS_CHILD, str(sources["external"]), mode, str(threads)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    rss = json.loads(out.stdout.strip().splitlines()[-1])
+    rss = quantize_rss_file(sources["external"], mode, threads)
     grown = rss["after"] - rss["before"]
     assert grown < 2 << 20, f"{mode}: {grown} bytes of the 12 MB weight stayed mapped"
 

@@ -7,15 +7,13 @@ only the fault-around windows of the bytes read left about a tenth of a 7B model
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+from mapping_rss import quantize_rss_file
 from onnx import TensorProto, helper, numpy_helper
 
 # 16 float16 weights of 8 MB (128 MB): [1024, 4096] tiles span the width, [4096, 1024] ones too;
@@ -56,30 +54,6 @@ def _write_model(path: Path) -> int:
     return total
 
 
-# Peak RssFile of the quantizing process over the pass: sampled by a thread (the pass releases
-# the GIL) every 2 ms, and what is left mapped afterwards.
-_CHILD = """
-import json, sys, threading, time, fastopt
-def rss_file():
-    for line in open("/proc/self/status"):
-        if line.startswith("RssFile:"):
-            return int(line.split()[1]) * 1024
-m = fastopt.load(sys.argv[1])
-before = rss_file()
-peak, done = [before], threading.Event()
-def sample():
-    while not done.is_set():
-        peak[0] = max(peak[0], rss_file())
-        time.sleep(0.002)
-t = threading.Thread(target=sample)
-t.start()
-fastopt.quantize(m, mode="int4", threads=int(sys.argv[2]))
-done.set()
-t.join()
-print(json.dumps({"before": before, "peak": max(peak[0], rss_file()), "after": rss_file()}))
-"""
-
-
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc (Linux)")
 @pytest.mark.parametrize("threads", [1, 2])
 def test_fp16_int4_keeps_a_few_mb_of_the_mapping(tmp_path: Path, threads: int) -> None:
@@ -89,13 +63,7 @@ def test_fp16_int4_keeps_a_few_mb_of_the_mapping(tmp_path: Path, threads: int) -
     model's size. Before the fix 10-13% of the weights stayed mapped."""
     path = tmp_path / "model.onnx"
     weights = _write_model(path)
-    out = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(path), str(threads)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    rss = json.loads(out.stdout.strip().splitlines()[-1])
+    rss = quantize_rss_file(path, "int4", threads)
     left = rss["after"] - rss["before"]
     peak = rss["peak"] - rss["before"]
     assert left < 2 << 20, f"{left} bytes of the {weights}-byte weights stayed mapped"

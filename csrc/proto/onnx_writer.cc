@@ -463,21 +463,10 @@ namespace {
 // tensor with the framing its room was made for, or false: then the save copies (a tensor
 // renamed or dropped after the pass, the file in another folder or taken by an earlier save).
 bool plan_in_place(const Model& model, const std::string& folder, InPlace& plan) {
-  std::map<const AdoptableFile*, uint64_t> bytes_in;
-  model.for_each_graph([&](Graph& g) {
-    for (Value* v : g.initializer_order) {
-      const Tensor& t = *v->initializer();
-      if (t.storage != Tensor::Storage::kRaw) continue;
-      if (const auto* f = dynamic_cast<const AdoptableFile*>(t.raw.buffer.get())) {
-        bytes_in[f] += t.raw.size;
-      }
-    }
-  });
-  const AdoptableFile* file = nullptr;
-  for (const auto& [f, n] : bytes_in) {
-    if (!file || n > bytes_in[file]) file = f;
-  }
-  if (!file || !file->adoptable_in(folder)) return false;
+  // The file an external-data save would take (no alignment, no size cap): the slots below
+  // then say whether the self-contained layout fits it.
+  const AdoptableFile* file = file_to_adopt(model, folder, SaveOptions{});
+  if (!file) return false;
   const std::vector<AdoptableFile::Slot> slots = file->slots();
   if (slots.empty()) return false;
   std::map<uint64_t, size_t> slot_at;  // data offset -> slot
@@ -615,11 +604,11 @@ void write_model_file(const Model& model, const std::string& path, const SaveOpt
   };
 
   if (options.external != SaveOptions::External::kAlways) {
+    // Quantized weights written before the save are already in place in a file laid out as a
+    // model file: written once (one fsync), not copied. (It checks the 2 GB limit itself.)
+    if (write_in_place(model, path, folder, [&](OutputFile& out) { commit(out, {}); })) return;
     wire::Writer w = ModelWriter(model, nullptr, 0).model();
     if (w.size() <= kProtobufLimit) {
-      // Quantized weights written before the save are already in place in a file laid out as
-      // a model file: written once (one fsync), not copied.
-      if (write_in_place(model, path, folder, [&](OutputFile& out) { commit(out, {}); })) return;
       OutputFile out(path);
       write_pieces(out, w);
       commit(out, {});

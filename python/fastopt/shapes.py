@@ -105,7 +105,8 @@ def run_inference(
         engine == ONNX
         or not data_prop
         or strict
-        or (engine == AUTO and (run.unknown_ops or _has_bodies(model)))
+        # (the native analysis covers the graphs and their If/Loop/Scan bodies, not functions)
+        or (engine == AUTO and (bool(run.unknown_ops) or bool(model.functions)))
     )
     if needs_onnx:
         run.changed += apply_inferred_types(model, strict=strict, data_prop=data_prop)
@@ -125,12 +126,6 @@ def _onnx_reason(run: ShapeRun, engine: int, strict: bool, data_prop: bool, mode
     if model.functions:
         ops = ", ".join(filter(None, (ops, "functions")))
     return f"fallback for {ops}"
-
-
-def _has_bodies(model: _C.Model) -> bool:
-    """Functions: the native analysis covers the main graph only (a node with subgraphs is
-    among its unknown ops)."""
-    return bool(model.functions)
 
 
 def apply_inferred_types(model: _C.Model, *, strict: bool = False, data_prop: bool = True) -> int:
