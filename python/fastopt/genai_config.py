@@ -38,7 +38,8 @@ class GenaiConfigError(UnsupportedModelError):
     """The graph lacks what onnxruntime-genai needs (names the missing piece)."""
 
 
-def _int_dim(shape: tuple[int | str | None, ...] | None, axis: int) -> int | None:
+def int_dim(shape: tuple[int | str | None, ...] | None, axis: int) -> int | None:
+    """Dim `axis` of `shape` when it is a positive number, else None."""
     if shape is None or len(shape) <= axis:
         return None
     d = shape[axis]
@@ -62,7 +63,7 @@ def _embedding(graph: _C.Graph) -> tuple[int, int] | None:
         if node.op_type == "Gather" and index == 1:
             w = node.inputs[0]
             if w is not None and w.shape is not None and len(w.shape) == 2:
-                v, h = _int_dim(w.shape, 0), _int_dim(w.shape, 1)
+                v, h = int_dim(w.shape, 0), int_dim(w.shape, 1)
                 if v and h:
                     return v, h
     return None
@@ -74,18 +75,18 @@ def _context_length(graph: _C.Graph) -> int | None:
     for node in graph.nodes:
         if node.op_type == "GroupQueryAttention" and len(node.inputs) > 7:
             cos = node.inputs[7]
-            if cos is not None and _int_dim(cos.shape, 0):
-                return _int_dim(cos.shape, 0)
+            if cos is not None and int_dim(cos.shape, 0):
+                return int_dim(cos.shape, 0)
         if node.op_type == "RotaryEmbedding":
             cos = node.inputs[2] if node.domain == "com.microsoft" else node.inputs[1]
-            if cos is not None and cos.initializer is not None and _int_dim(cos.shape, 0):
-                return _int_dim(cos.shape, 0)
+            if cos is not None and cos.initializer is not None and int_dim(cos.shape, 0):
+                return int_dim(cos.shape, 0)
     pos = graph.value("position_ids")
     if pos is not None:
         for node, index in pos.uses:
             w = node.inputs[0]
             if node.op_type == "Gather" and index == 1 and w is not None and w.initializer:
-                return _int_dim(w.shape, 0)
+                return int_dim(w.shape, 0)
     return None
 
 
@@ -124,13 +125,13 @@ def genai_config(
     if "logits" not in outputs:
         raise GenaiConfigError("output logits is missing")
     present = outputs[PRESENT_KEY % 0].shape
-    kv_heads, head_size = _int_dim(present, 1), _int_dim(present, 3)
+    kv_heads, head_size = int_dim(present, 1), int_dim(present, 3)
     if kv_heads is None or head_size is None:
         raise GenaiConfigError(
             f"present.0.key shape {present} has no numeric kv heads (axis 1) / head size (axis 3)"
         )
     heads = _query_heads(graph) or kv_heads
-    vocab = _int_dim(outputs["logits"].shape, 2)
+    vocab = int_dim(outputs["logits"].shape, 2)
     embedding = _embedding(graph)
     if vocab is None and embedding is not None:
         vocab = embedding[0]

@@ -27,7 +27,7 @@ from typing import Any
 from fastopt import _C
 from fastopt._io import load
 from fastopt.errors import UnsupportedModelError
-from fastopt.genai_config import GENAI_CONFIG, genai_config_bytes
+from fastopt.genai_config import GENAI_CONFIG, int_dim, write_genai_config
 from fastopt.optimize import OptimizeReport, optimize
 
 # onnxruntime-genai 0.18's WhisperState accepts exactly this many audio frames.
@@ -48,17 +48,12 @@ class GenaiWhisperReport:
     config: dict[str, Any]
 
 
-def _dims(v: Any) -> tuple[int | str | None, ...]:
-    return tuple(v.shape) if v is not None and v.shape is not None else ()
-
-
 def _frames(encoder: str | os.PathLike[str]) -> int | None:
     graph = load(encoder).graph
     features = next((v for v in graph.inputs if v is not None and v.name == "input_features"), None)
     if features is None:
         raise UnsupportedModelError(f"{encoder}: no input_features input (a whisper encoder's)")
-    dims = _dims(features)
-    return dims[2] if len(dims) == 3 and isinstance(dims[2], int) else None
+    return int_dim(features.shape, 2) if features.shape and len(features.shape) == 3 else None
 
 
 def whisper_for_genai(
@@ -120,7 +115,8 @@ def whisper_for_genai(
     inplace = "past_sequence_length" in inputs
     if inplace:
         decoder_inputs["past_sequence_length"] = "past_sequence_length"
-    vocab = _dims(outputs.get("logits"))
+    logits = outputs.get("logits")
+    vocab = int_dim(logits.shape, 2) if logits is not None else None
     block = {"head_size": head_size, "hidden_size": hidden, "num_attention_heads": heads}
     encoder_heads = int(config.get("encoder_attention_heads", heads))
     encoder_block = {
@@ -136,7 +132,7 @@ def whisper_for_genai(
             "pad_token_id": int(config.get("pad_token_id", 0)),
             "decoder_start_token_id": int(config.get("decoder_start_token_id", 1)),
             "context_length": context,
-            "vocab_size": int(vocab[2]) if len(vocab) == 3 and isinstance(vocab[2], int) else 0,
+            "vocab_size": vocab or 0,
             "encoder": {
                 "filename": ENCODER_FILE,
                 **encoder_block,
@@ -166,5 +162,5 @@ def whisper_for_genai(
             "top_k": 1,
         },
     }
-    _C.write_file(os.path.join(out, GENAI_CONFIG), genai_config_bytes(genai))
+    write_genai_config(genai, os.path.join(out, GENAI_CONFIG))
     return GenaiWhisperReport(out, enc, dec, genai)
