@@ -18,35 +18,14 @@
 
 #include "ir/constant.h"
 #include "passes/attention/internal_op.h"
+#include "passes/attention/lowering_ops.h"
+#include "passes/attention/masked_rows.h"
 #include "passes/attention/shapes.h"
 #include "passes/fusion_util.h"
 
 namespace fastopt::passes {
 namespace {
 using namespace pattern;
-
-// A scalar (rank 0) of a float dtype; null for other dtypes.
-std::shared_ptr<Tensor> scalar(int32_t dtype, double value) {
-  std::string bytes;
-  if (dtype == kFloat) {
-    const float f = static_cast<float>(value);
-    bytes.assign(reinterpret_cast<const char*>(&f), 4);
-  } else if (dtype == kDouble) {
-    bytes.assign(reinterpret_cast<const char*>(&value), 8);
-  } else if (dtype == kFloat16) {
-    const uint16_t h = float_to_half(static_cast<float>(value));
-    bytes.assign(reinterpret_cast<const char*>(&h), 2);
-  } else if (dtype == kBFloat16) {
-    const float f = static_cast<float>(value);
-    uint32_t x;
-    std::memcpy(&x, &f, 4);
-    const uint16_t b = static_cast<uint16_t>((x + 0x7fff + ((x >> 16) & 1)) >> 16);
-    bytes.assign(reinterpret_cast<const char*>(&b), 2);
-  } else {
-    return nullptr;
-  }
-  return make_tensor(dtype, {}, std::move(bytes));
-}
 
 // (B,Hkv,T,D) -> (B,Hkv*G,T,D) with head h reading kv head h / G (HF repeat_kv).
 Value* repeat_kv(Value* x, int64_t groups, Rewriter& rw) {
@@ -88,8 +67,8 @@ pattern::Replacement decompose_attention(Node* node, pattern::Rewriter& rw, Pass
   if (hq <= 0 || hkv <= 0 || hq % hkv != 0) return rw.fail("bad q_num_heads / kv_num_heads");
   if (!scale_attr || !scale_attr->f) return rw.fail("no scale attribute");
   const int32_t ct = precision && precision != t ? precision : t;  // softmax dtype
-  auto scale_t = scalar(t, *scale_attr->f);
-  if (!scale_t || !scalar(ct, 0.0)) return rw.fail("unsupported dtype " + dtype_name(t));
+  auto scale_t = scalar_tensor(t, *scale_attr->f);
+  if (!scale_t || !scalar_tensor(ct, 0.0)) return rw.fail("unsupported dtype " + dtype_name(t));
   if (hkv != hq) {
     k = repeat_kv(k, hq / hkv, rw);
     v = repeat_kv(v, hq / hkv, rw);
@@ -98,7 +77,7 @@ pattern::Replacement decompose_attention(Node* node, pattern::Rewriter& rw, Pass
   Value* s = rw.op1("MatMul", {q, kt});
   s = rw.op1("Mul", {s, rw.initializer("attention_scale", scale_t)});
   if (const float cap = float_attr(node, "softcap", 0.0f); cap > 0) {  // c * tanh(s / c)
-    Value* c = rw.initializer("attention_softcap", scalar(t, cap));
+    Value* c = rw.initializer("attention_softcap", scalar_tensor(t, cap));
     s = rw.op1("Mul", {rw.op1("Tanh", {rw.op1("Div", {s, c})}), c});
   }
   if (ct != t) s = rw.op1("Cast", {s}, one_attr(attr_int("to", ct)));
@@ -106,19 +85,29 @@ pattern::Replacement decompose_attention(Node* node, pattern::Rewriter& rw, Pass
   Value* neg = nullptr;
   auto constants = [&]() {
     if (!zero) {
-      zero = rw.initializer("attention_zero", scalar(ct, 0.0));
+      zero = rw.initializer("attention_zero", scalar_tensor(ct, 0.0));
       // -inf, not the lowest finite value: a row whose keys are all masked then becomes NaN,
       // which the Where(IsNaN) below turns into the 0 the op specifies (a finite bias would
       // give the mean of V instead).
       neg =
-          rw.initializer("attention_masked", scalar(ct, -std::numeric_limits<double>::infinity()));
+          rw.initializer("attention_masked", scalar_tensor(ct, -std::numeric_limits<double>::infinity()));
     }
   };
   if (mask) {
     Value* bias = mask;
     if (dtype_of(mask) == kBool) {
       constants();
-      bias = rw.op1("Where", {mask, zero, neg});
+      // The export's finite masking value where it had one: its all-masked rows average the
+      // keys rather than give 0 (internal_op.h).
+      Value* masked = neg;
+      if (masked_rows(node) == MaskedRows::kScores) {
+        masked = rw.initializer("attention_masked", scalar_tensor(ct, masked_value(node)));
+      } else if (masked_rows(node) == MaskedRows::kMean) {
+        // A value absorbing the scores in ct (fp16: its lowest; -2^127 is exact in bf16).
+        const double v = ct == kFloat16 ? -65504.0 : -std::ldexp(1.0, 127);
+        masked = rw.initializer("attention_masked", scalar_tensor(ct, v));
+      }
+      bias = rw.op1("Where", {mask, zero, masked});
     } else if (dtype_of(mask) != ct) {
       bias = rw.op1("Cast", {mask}, one_attr(attr_int("to", ct)));
     }

@@ -38,6 +38,7 @@
 #include "analysis/shape_facts.h"
 #include "ir/constant.h"
 #include "passes/attention/alibi.h"
+#include "passes/attention/masked_rows.h"
 #include "passes/attention/disentangled.h"
 #include "passes/attention/internal_op.h"
 #include "passes/attention/shapes.h"
@@ -68,6 +69,8 @@ struct Found {
   Value* mask = nullptr;
   bool mask_bool = false;
   Value* mask_additive = nullptr;  // the Where(c, 0, lowest) a boolean mask was read from
+  double mask_value = 0;           // ... its `lowest` (or masked_fill's value), when finite
+  int32_t mask_value_dtype = 0;    // the dtype it is added in
   // alibi.h: a second additive term (ALiBi's bias), masked_fill's Where(c, value, scores), and
   // flat (B*H, S, T) scores between the Reshapes `scores3` -> `scores4` and `probs4` -> 3-D.
   Value* bias = nullptr;
@@ -271,6 +274,8 @@ class AttentionWalk {
     if (!why.empty()) return fail(why);
     f_.mask = w->inputs()[0];
     f_.masked_value = w->inputs()[1];
+    f_.mask_value = (*constant_doubles(w->inputs()[1], 1))[0];  // checked by the refusal
+    f_.mask_value_dtype = dtype_of(w->outputs()[0]);
     take(w);
     s = w->inputs()[2];
     return true;
@@ -303,6 +308,8 @@ class AttentionWalk {
         f_.mask = cond;
         f_.mask_bool = true;
         f_.mask_additive = m;
+        f_.mask_value = (*neg)[0];
+        f_.mask_value_dtype = dtype_of(m);
         return true;
       }
     }
@@ -583,6 +590,12 @@ Replacement rewrite_attention(const CodeMatch& m, Rewriter& rw, PassContext& ctx
   if (f.softmax_precision) attrs.push_back(attr_int("softmax_precision", f.softmax_precision));
   if (f.softcap) attrs.push_back(attr_float("softcap", static_cast<float>(f.softcap)));
   if (f.bias) attrs.push_back(attr_int("score_bias", 1));
+  // A finite masking value: a row whose every key is masked averages the keys (internal_op.h)
+  if (!f.bias && (f.mask_bool || f.masked_value) && std::isfinite(f.mask_value)) {
+    attrs.push_back(absorbs_scores(f.mask_value, f.mask_value_dtype)
+                        ? attr_int("masked_rows_mean", 1)
+                        : attr_float("masked_value", static_cast<float>(f.mask_value)));
+  }
   Value* y = rw.op1(kInternalAttention, inputs, std::move(attrs), kInternalDomain);
   const int32_t out_dtype = dtype_of(root->outputs()[0]);
   if (out_dtype != t) y = rw.op1("Cast", {y}, one_attr(attr_int("to", out_dtype)));

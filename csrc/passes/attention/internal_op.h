@@ -17,7 +17,7 @@
 //   (B, Hq, S, T).
 //   Y (B, Hq, S, Dv) = softmax(cap(scale * Q K^T) + causal + mask) V, computed in Q's dtype unless
 //   softmax_precision says otherwise; rows whose every key is masked give 0 (as the exporters'
-//   Where(IsNaN(p), 0, p) and Attention-23 do).
+//   Where(IsNaN(p), 0, p) and Attention-23 do), unless masked_rows_mean / masked_value say otherwise.
 // Attributes (always written by stage 1, so lowerings need no defaults):
 //   scale (float): the total factor on Q K^T.
 //   is_causal (int 0/1): causal mask, aligned bottom-right (key j visible to query i iff
@@ -31,6 +31,16 @@
 //   score_bias (int, optional): 1 when the additive mask also carries a bias on the kept keys
 //     (ALiBi, alibi.h), not only 0 / a masking value: Add(bias, m) or masked_fill's
 //     Where(c, value, bias), which add_kv_cache separates (kv_cache_bias.cc).
+//   masked_rows_mean (int 1) or masked_value (float), optional: the export masked with a finite
+//     value v (Where(c, 0, v) or masked_fill's v), so a row whose every key is masked is
+//     softmax(cap(scale * Q K^T) + v) over all T keys there, not 0: the plain mean of V when v
+//     absorbs the scores in the dtype it is added in (finfo.min: masked_rows_mean), else
+//     masked_value = v. Pad queries are such rows; what they give reaches real tokens where an
+//     export's next step reads their keys (gemma2/3's sliding caches with right padding).
+//     Lowerings reproduce the rule (masked_rows.h) or refuse.
+//   masked_rows_unread (int 1, optional): set by add_kv_cache with its own mask: the rows whose
+//     every key is masked are pad queries whose outputs and keys nothing reads, so a lowering
+//     need not reproduce them.
 //
 // The cached form (issue 5, written by add_kv_cache between the stages): K and V are
 //   Concat(past graph input (B, Hkv, P, D), k_new (B, Hkv, S, D), axis 2), whose output is the

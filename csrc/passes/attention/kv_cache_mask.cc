@@ -34,6 +34,14 @@ Value* windowed_mask(KvCacheBuilder& b, SharedMask& m, int64_t window, const Dim
 }  // namespace
 
 void set_attention_mask(Node* att, Value* mask) {
+  // The mask is the rewrite's own: its all-masked rows are pad queries nothing reads.
+  std::vector<Attribute>& attrs = att->attributes;
+  attrs.erase(std::remove_if(attrs.begin(), attrs.end(),
+                             [](const Attribute& a) {
+                               return a.name == "masked_value" || a.name == "masked_rows_unread";
+                             }),
+              attrs.end());
+  attrs.push_back(attr_int("masked_rows_unread", 1));
   if (att->inputs().size() > 3) {
     att->set_input(3, mask);
   } else if (mask) {

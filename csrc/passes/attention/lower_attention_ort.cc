@@ -57,8 +57,9 @@
 // to the dtype's lowest unless provably finite (a row of -inf is NaN in GQA fp16, and a NaN pad
 // row poisons valid rows in the next layer). GQA gets seqlens_k = S-1 and total_sequence_length
 // = S for every batch row, so padding on either side is the bias's job and stays exact. Rows
-// whose every key is masked (pad queries) are the one difference from the internal op: 0 there,
-// a finite average here. MHA's causal mask is top-left aligned, the internal op's bottom-right:
+// whose every key is masked (pad queries) get what the internal op gives there (masked_rows.h):
+// the export's own bias value where the op then sums every key in fp32 as the export did, else
+// a Where on the output. MHA's causal mask is top-left aligned, the internal op's bottom-right:
 // causal MHA needs S == T too (or S == 1, where causal masks nothing).
 //
 // S == T is asked of the shape analysis (shapes.h): TorchScript exports lose the dims in their
@@ -109,6 +110,8 @@
 #include "ir/dtype.h"
 #include "passes/attention/head_split.h"
 #include "passes/attention/internal_op.h"
+#include "passes/attention/lowering_ops.h"
+#include "passes/attention/masked_rows.h"
 #include "passes/attention/ort_plan.h"
 #include "passes/attention/packed_qkv.h"
 #include "passes/attention/shapes.h"
@@ -117,87 +120,6 @@
 namespace fastopt::passes {
 namespace {
 using namespace pattern;
-
-// A constant for the rewrite: an initializer, or a Constant node inside a function body.
-Value* constant(Rewriter& rw, const std::string& base, std::shared_ptr<Tensor> t) {
-  const Graph* top = &rw.graph();
-  while (top->parent()) top = top->parent();
-  if (top == top->model()->graph.get()) return rw.initializer(base, std::move(t));
-  std::vector<Attribute> attrs;
-  attrs.push_back(attr_tensor("value", std::move(t)));
-  return rw.op1("Constant", {}, std::move(attrs));
-}
-
-Value* ints(Rewriter& rw, const std::vector<int64_t>& v, bool scalar = false) {
-  std::vector<int64_t> dims;
-  if (!scalar) dims.push_back(static_cast<int64_t>(v.size()));
-  return constant(rw, "attention_shape", make_int64_tensor(v, dims));
-}
-
-Value* int32_scalar(Rewriter& rw, int32_t x) {
-  std::string bytes(sizeof x, '\0');
-  std::memcpy(bytes.data(), &x, sizeof x);
-  return constant(rw, "attention_one", make_tensor(kInt32, {}, std::move(bytes)));
-}
-
-// Scalar 0 or the lowest finite value of a float dtype.
-Value* float_scalar(Rewriter& rw, int32_t dtype, bool lowest) {
-  std::string bytes;
-  if (dtype == kFloat) {
-    const float x = lowest ? std::numeric_limits<float>::lowest() : 0.0f;
-    bytes.assign(reinterpret_cast<const char*>(&x), sizeof x);
-  } else {  // fp16 -65504 = 0xFBFF; bf16 lowest = 0xFF7F; 0 is 0x0000 in both
-    const uint16_t h = !lowest ? 0 : dtype == kFloat16 ? 0xFBFF : 0xFF7F;
-    bytes.assign(reinterpret_cast<const char*>(&h), sizeof h);
-  }
-  return constant(rw, lowest ? "attention_lowest" : "attention_zero",
-                  make_tensor(dtype, {}, std::move(bytes)));
-}
-
-// True when `a` precedes `b` in `b`'s graph.
-bool precedes(const Node* a, const Node* b) {
-  for (const Node* n = b->prev(); n; n = n->prev()) {
-    if (n == a) return true;
-  }
-  return false;
-}
-
-bool same_constant(const Value* a, const Value* b) {
-  if (a == b) return true;
-  auto ta = constant_tensor(a), tb = constant_tensor(b);
-  if (!ta || !tb || ta->dtype() != tb->dtype() || ta->dims != tb->dims) return false;
-  auto da = constant_doubles(a, 16), db = constant_doubles(b, 16);
-  return da && db && *da == *db;
-}
-
-bool same_attrs(const Node* n, const std::vector<Attribute>& attrs) {
-  if (n->attributes.size() != attrs.size()) return false;
-  for (const Attribute& a : attrs) {
-    const Attribute* b = n->attribute(a.name);
-    if (!b || b->i != a.i || b->f != a.f || b->ints != a.ints) return false;
-  }
-  return true;
-}
-
-// An op on values every layer shares (the mask, its shape): an equal node that an earlier
-// lowering made before this one is reused, so the bias / seqlens_k exist once per graph.
-Value* shared_op(Rewriter& rw, const std::string& op, const std::vector<Value*>& inputs,
-                 std::vector<Attribute> attrs = {}) {
-  for (const Use& u : inputs[0]->uses()) {
-    const Node* n = u.node;
-    if (u.input_index != 0 || n->graph() != &rw.graph() || !n->alive() || n->op_type != op ||
-        !n->domain.value.empty() || n->inputs().size() != inputs.size() ||
-        n->outputs().size() != 1 || !same_attrs(n, attrs) || !precedes(n, rw.root())) {
-      continue;
-    }
-    bool same = true;
-    for (size_t i = 1; i < inputs.size() && same; ++i) {
-      same = n->inputs()[i] && same_constant(n->inputs()[i], inputs[i]);
-    }
-    if (same) return n->outputs()[0];
-  }
-  return rw.op1(op, inputs, std::move(attrs));
-}
 
 // True when every element of `v` is finite for sure (so that no bias row is all -inf).
 bool known_finite(const Value* v, int depth = 0) {
@@ -287,8 +209,10 @@ Value* build_bias(Rewriter& rw, const OrtLoweringPlan& p, Value* q3, Value* k3) 
     m = rw.op1("Expand", {m, shape});
   }
   if (p.mask_dtype == kBool) {
-    m = shared_op(rw, "Where",
-                  {m, float_scalar(rw, p.dtype, false), float_scalar(rw, p.dtype, true)});
+    Value* masked = p.bias_masked_value != 0
+                        ? constant(rw, "attention_masked", scalar_tensor(p.dtype, p.bias_masked_value))
+                        : float_scalar(rw, p.dtype, true);
+    m = shared_op(rw, "Where", {m, float_scalar(rw, p.dtype, false), masked});
   }
   return m;
 }
@@ -510,6 +434,13 @@ Replacement lower_attention_ort(Node* node, Rewriter& rw, PassContext& ctx) {
     built = build_gqa(rw, p, node, q3, k3, v3, bias, ctx);
   } else {
     built = build_mha(rw, p, q3, k3, v3, bias, ctx);
+  }
+  if (p.fix_masked_rows != MaskedRows::kUnread) {
+    // Rows with no visible key: what the internal op gives there (masked_rows.h).
+    Value* v4 = p.cache ? built.present_v : v3 ? nullptr : p.v;
+    built.out3 = fix_masked_rows(rw, built.out3, p.mask, p.fix_masked_rows, v4, v3, p.hq, p.hkv,
+                                 p.dtype, false);
+    ctx.counters["rows with every key masked reproduced"] += 1;
   }
   if (p.cache) {
     if (std::string why = adopt_presents(rw.graph(), *p.cache, built.present_k, built.present_v,

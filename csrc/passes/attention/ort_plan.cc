@@ -257,6 +257,26 @@ OrtLoweringPlan plan_ort_lowering(const Node* node, const Graph& g, const PassCo
   plan.mask_input = mask_input;
   plan.past_length_input = past_length;
   plan.window = int_attr_or(node, "sliding_window", 0);
+
+  // A boolean mask's all-masked rows (masked_rows.h). In place GQA reads no mask.
+  const MaskedRows rule = mask && mask_dtype == kBool && !inplace ? masked_rows(node)
+                                                                   : MaskedRows::kUnread;
+  // Does the op's bias reach every key? GQA is causal with a cache or a causal node. Such an
+  // op (fp32: the export's sums) computes a finite masking value's rows itself.
+  const bool bias_only = !(use_gqa && (causal || cache)) && !mha_causal && !(qkv && causal);
+  if (rule == MaskedRows::kScores) {
+    if (dtype != kFloat || !bias_only) {
+      return refused("rows whose every key is masked are softmax(scores + " +
+                     std::to_string(masked_value(node)) +
+                     ") in the export, which only an fp32 bias on every key reproduces");
+    }
+    plan.bias_masked_value = masked_value(node);
+  } else if (rule == MaskedRows::kMean && dtype == kFloat && bias_only) {
+    // The lowest fp32 bias: the op's own mean (exact, as the export's sum).
+  } else if (rule != MaskedRows::kUnread) {
+    if (std::string why = rows_with_keys_refusal(mask, false); !why.empty()) return refused(why);
+    plan.fix_masked_rows = rule;
+  }
   return plan;
 }
 

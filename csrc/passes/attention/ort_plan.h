@@ -11,6 +11,7 @@
 
 #include "ir/graph.h"
 #include "passes/attention/internal_op.h"
+#include "passes/attention/masked_rows.h"
 #include "passes/attention/packed_qkv.h"
 #include "passes/registry.h"
 
@@ -53,6 +54,11 @@ struct OrtLoweringPlan {
   // (do_rotary), or null.
   const Node* rotary_q = nullptr;
   const Node* rotary_k = nullptr;
+  // Rows whose every key is masked (masked_rows.h): what the op's output there is replaced by
+  // (kUnread: left as the op gives it), and the value a boolean mask's bias masks with (the
+  // export's own where the op then computes the export's row itself: fp32, every key in).
+  MaskedRows fix_masked_rows = MaskedRows::kUnread;
+  double bias_masked_value = 0;  // 0: the dtype's lowest
 };
 
 // Checks every precondition of the internal Attention `node` (in graph `g`) for target ort and

@@ -1,0 +1,58 @@
+// Rows whose every key is masked (pad queries): the internal op gives 0 there, or with
+// masked_value the export's own softmax over all keys (internal_op.h). The ops the lowerings
+// build give something else there: MultiHeadAttention / GroupQueryAttention over a bias, a
+// finite average of the keys their kernels did not exclude; Attention-23 with a bool mask, 0.
+// Where the two differ the lowering keeps the op's rows that see a key and gives the others
+// what the internal op gives:
+//
+//   Where(rows_with_keys(mask), Y, 0 | the mean over T of V)
+//
+// rows_with_keys = ReduceSum(Cast(mask, float), last axis) > 0, built once per mask. A masking
+// value that does not absorb the scores (masked_value) only a lowering adding that value to
+// every key itself reproduces (fp32 MultiHeadAttention's bias, Attention-23's float mask).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ir/graph.h"
+#include "pattern/rewrite.h"
+
+namespace fastopt::passes {
+
+// What a node's all-masked rows must give.
+enum class MaskedRows {
+  kZero,    // 0 (the export masked with -inf)
+  kMean,    // the mean of V over all keys (masked_rows_mean: a value absorbing the scores)
+  kScores,  // softmax(scores + masked_value) over all keys (a value that does not)
+  kUnread,  // anything: add_kv_cache's own mask, whose all-masked rows nothing reads
+};
+MaskedRows masked_rows(const Node* attention);
+// masked_value, or 0 without one.
+double masked_value(const Node* attention);
+
+// True when v added in `dtype` rounds every score to v, so that softmax(scores + v) is the plain
+// mean: fp32 / bf16 for |score| < 2^103 when v <= -2^104 (a score that large overflows exp()
+// anyway); fp16 at its lowest, -65504, for |score| < 16, beyond which fp16's own rounding of
+// the sum is what differs (within fp16's parity bounds).
+bool absorbs_scores(double v, int32_t dtype);
+
+// Why rows_with_keys cannot be built for `mask` in the layout asked (empty when it can): for
+// (B, S, .) outputs a 4-D mask's dim 1 (a 3-D mask's dim 0) must be 1.
+std::string rows_with_keys_refusal(const Value* mask, bool bnsh);
+
+// The output rows that see at least one key (bool): (.., S|1, 1), broadcastable to Y as
+// (B, Hq, S, Dv) with `bnsh`, else to (B, S, Hq*Dv).
+Value* rows_with_keys(pattern::Rewriter& rw, Value* mask, bool bnsh);
+
+// The mean over the keys of V, each query head h reading kv head h / (hq / hkv): from `v4`
+// (B, Hkv, T, Dv) or, when null, `v3` (B, T, Hkv*Dv); (B, Hq, 1, Dv) with `bnsh`, else
+// (B, 1, Hq*Dv).
+Value* mean_values(pattern::Rewriter& rw, Value* v4, Value* v3, int64_t hq, int64_t hkv,
+                   bool bnsh);
+
+// y with the rows that see no key replaced by what `rule` gives (kZero or kMean).
+Value* fix_masked_rows(pattern::Rewriter& rw, Value* y, Value* mask, MaskedRows rule, Value* v4,
+                       Value* v3, int64_t hq, int64_t hkv, int32_t dtype, bool bnsh);
+
+}  // namespace fastopt::passes
