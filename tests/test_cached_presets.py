@@ -16,7 +16,7 @@ import fastopt
 import kv_generation as kg
 import numpy as np
 import pytest
-from llm_fixtures import ALIBI_ARCHS, Fixture, fixtures
+from llm_fixtures import Fixture, fixtures
 
 CACHED = fixtures(cache_export=True)
 STEPS = 6

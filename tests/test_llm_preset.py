@@ -60,6 +60,10 @@ def expected_attention_op(fx: Fixture) -> str:
     MHA."""
     if fx.arch == "deberta_v2" and fx.dtype == "float16":
         return "GroupQueryAttention"
+    if fx.arch == "bert" and fx.exporter == "dynamo" and fx.dtype == "float16":
+        # finfo.min masks: rows with no visible key average V, which packing cannot keep
+        # (masked_rows.h); fp16 self-attention then lowers to GroupQueryAttention.
+        return "GroupQueryAttention"
     if fx.arch in ("modernbert", "deberta_v2"):
         return "MultiHeadAttention"
     if not fx.is_decoder:
@@ -132,7 +136,11 @@ def test_llm_preset_on_corpus(path: Path, target: str) -> None:
     ops = {k.split("::")[-1]: v for k, v in report.ops_after.items()}
     attention = ("Attention",) if target == "onnx" else ATTENTION_ORT
     assert sum(ops.get(t, 0) for t in attention) == layers
-    assert "Softmax" not in ops and "ReduceMean" not in ops
+    # A cached export's causal GroupQueryAttention puts back the mean of V on rows with no
+    # visible key (masked_rows.h): one ReduceMean per layer there, none else (norms fused).
+    lowered = next(p.counters for p in report.passes if p.name == "lower_attention")
+    mean_fixes = lowered.get("rows with every key masked reproduced", 0) if target == "ort" else 0
+    assert "Softmax" not in ops and ops.get("ReduceMean", 0) in (0, mean_fixes), ops
     if meta["arch"] in ROPE_ARCHS:
         assert ops.get("RotaryEmbedding") == 2 * layers
     for dims in (

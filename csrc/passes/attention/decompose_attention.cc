@@ -89,8 +89,8 @@ pattern::Replacement decompose_attention(Node* node, pattern::Rewriter& rw, Pass
       // -inf, not the lowest finite value: a row whose keys are all masked then becomes NaN,
       // which the Where(IsNaN) below turns into the 0 the op specifies (a finite bias would
       // give the mean of V instead).
-      neg =
-          rw.initializer("attention_masked", scalar_tensor(ct, -std::numeric_limits<double>::infinity()));
+      neg = rw.initializer("attention_masked",
+                           scalar_tensor(ct, -std::numeric_limits<double>::infinity()));
     }
   };
   if (mask) {

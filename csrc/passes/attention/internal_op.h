@@ -17,7 +17,8 @@
 //   (B, Hq, S, T).
 //   Y (B, Hq, S, Dv) = softmax(cap(scale * Q K^T) + causal + mask) V, computed in Q's dtype unless
 //   softmax_precision says otherwise; rows whose every key is masked give 0 (as the exporters'
-//   Where(IsNaN(p), 0, p) and Attention-23 do), unless masked_rows_mean / masked_value say otherwise.
+//   Where(IsNaN(p), 0, p) and Attention-23 do), unless masked_rows_mean / masked_value say
+//   otherwise.
 // Attributes (always written by stage 1, so lowerings need no defaults):
 //   scale (float): the total factor on Q K^T.
 //   is_causal (int 0/1): causal mask, aligned bottom-right (key j visible to query i iff

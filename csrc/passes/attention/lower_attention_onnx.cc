@@ -20,6 +20,8 @@
 // inputs, but they cost nothing and document GQA), scale, is_causal, softmax_precision and softcap
 // as set (ORT 1.32 CPU runs softcap, after the scale and before the mask: bench/probe_softcap.py).
 // ORT runs it on CPU since 1.23 (float, fp16; bool or float masks).
+#include <cmath>
+
 #include "passes/attention/internal_op.h"
 #include "passes/attention/lowering_ops.h"
 #include "passes/attention/masked_rows.h"
@@ -41,35 +43,29 @@ pattern::Replacement lower_attention_onnx(Node* node, pattern::Rewriter& rw, Pas
   }
   const std::optional<CachedKV> cache = cached_kv(node);
   std::vector<Value*> in = node->inputs();
-  // ORT's Attention-23 gives the internal op's 0 for rows whose every key is masked (a bool
-  // mask's, or an additive one's at the dtype's lowest: tests/test_masked_rows.py probes it). An
-  // export that masked with a finite value has softmax(scores + v) there (masked_rows.h): the
-  // mean of V when v absorbs the scores, put in by a Where; else, in fp32, v itself as an
-  // additive mask sums as the export did.
-  Value* bool_mask = in.size() > 3 && in[3] && dtype_of(in[3]) == kBool ? in[3] : nullptr;
-  const MaskedRows rule = bool_mask ? masked_rows(node) : MaskedRows::kUnread;
-  const bool put_mean = rule == MaskedRows::kMean;
-  if (rule == MaskedRows::kScores) {
+  // Attention-23 gives the internal op's 0 for rows whose every key a bool mask hides. An export
+  // that masked with a finite value has softmax(scores + v) there (masked_rows.h): its value as
+  // an additive mask sums the same (fp32); where v absorbs the scores, any absorbing value
+  // does, one short of the lowest, which ORT 1.32 reads as -inf (a 0 row:
+  // tests/test_masked_rows.py probes both).
+  if (in.size() > 3 && in[3] && dtype_of(in[3]) == kBool &&
+      masked_rows(node) != MaskedRows::kZero && masked_rows(node) != MaskedRows::kUnread) {
     const int32_t dtype = dtype_of(in[0]);
-    const double v = masked_value(node);
-    if (dtype != kFloat) {
-      return rw.fail("rows whose every key is masked are softmax(scores + " + std::to_string(v) +
+    const bool mean = masked_rows(node) == MaskedRows::kMean;
+    if (!mean && dtype != kFloat) {
+      return rw.fail("rows whose every key is masked are softmax(scores + " +
+                     std::to_string(masked_value(node)) +
                      ") in the export, which only an fp32 mask reproduces");
     }
-    in[3] = rw.op1("Where", {bool_mask, float_scalar(rw, dtype, false),
-                             rw.initializer("attention_masked", scalar_tensor(dtype, v))});
+    const double v = !mean               ? masked_value(node)
+                     : dtype == kFloat16 ? -61440.0
+                                         : -std::ldexp(1.0, 127);
+    in[3] = shared_op(rw, "Where",
+                      {in[3], float_scalar(rw, dtype, false),
+                       rw.initializer("attention_masked", scalar_tensor(dtype, v))});
+    ctx.counters["rows with every key masked reproduced"] += 1;
   }
-  const int64_t hq = int_attr_or(node, "q_num_heads", 0), hkv = int_attr_or(node, "kv_num_heads", 0);
-  auto finish = [&](Value* y, Value* v4) {
-    if (put_mean) {
-      y = fix_masked_rows(rw, y, bool_mask, MaskedRows::kMean, v4, nullptr, hq, hkv,
-                          dtype_of(y), true);
-      ctx.counters["rows with every key masked reproduced"] += 1;
-    }
-    return std::vector<Value*>{y};
-  };
-  if (put_mean && (hq <= 0 || hkv <= 0 || hq % hkv != 0)) return rw.fail("bad q_num_heads / kv_num_heads");
-  if (!cache) return finish(rw.op1("Attention", in, std::move(attrs)), in[2]);
+  if (!cache) return std::vector<Value*>{rw.op1("Attention", in, std::move(attrs))};
 
   if (in.size() > 4) return rw.fail("inputs after the mask");
   // New rows not shown to have the query's length (a cross-attention's cache, kv_cache_cross.cc:
@@ -77,7 +73,7 @@ pattern::Replacement lower_attention_onnx(Node* node, pattern::Rewriter& rw, Pas
   // K, so the op reads the Concats, which stay.
   if (!same_length(in[0], 2, cache->k_new, 2, 4)) {
     ctx.counters["Attention-23 reading a cross cache's Concat"] += 1;
-    return finish(rw.op1("Attention", in, std::move(attrs)), in[2]);
+    return std::vector<Value*>{rw.op1("Attention", in, std::move(attrs))};
   }
   Value* mask = in.size() > 3 ? in[3] : nullptr;
   std::vector<Value*> outs =
@@ -87,7 +83,7 @@ pattern::Replacement lower_attention_onnx(Node* node, pattern::Rewriter& rw, Pas
     return rw.fail(why);
   }
   ctx.counters["Attention-23 with past/present"] += 1;
-  return finish(outs[0], outs[2]);
+  return std::vector<Value*>{outs[0]};
 }
 
 }  // namespace fastopt::passes

@@ -209,9 +209,9 @@ Value* build_bias(Rewriter& rw, const OrtLoweringPlan& p, Value* q3, Value* k3) 
     m = rw.op1("Expand", {m, shape});
   }
   if (p.mask_dtype == kBool) {
-    Value* masked = p.bias_masked_value != 0
-                        ? constant(rw, "attention_masked", scalar_tensor(p.dtype, p.bias_masked_value))
-                        : float_scalar(rw, p.dtype, true);
+    Value* masked = p.bias_masked_value != 0 ? constant(rw, "attention_masked",
+                                                        scalar_tensor(p.dtype, p.bias_masked_value))
+                                             : float_scalar(rw, p.dtype, true);
     m = shared_op(rw, "Where", {m, float_scalar(rw, p.dtype, false), masked});
   }
   return m;
@@ -425,6 +425,12 @@ Replacement lower_attention_ort(Node* node, Rewriter& rw, PassContext& ctx) {
     if (!k3 || !v3) k3 = v3 = nullptr;
   }
   Value* bias = build_bias(rw, p, q3, k3);
+  if (p.zero_masked_queries) {  // ort_plan.h: rows with no visible key average V in the op
+    Value* zero = float_scalar(rw, p.dtype, false);
+    q3 = rw.op1("Where", {rows_with_keys(rw, p.mask, false), q3, zero});
+    bias = shared_op(rw, "Where", {rows_with_keys(rw, p.mask, true), bias, zero});
+    ctx.counters["rows with every key masked reproduced"] += 1;
+  }
 
   BuiltOp built;
   if (p.op == OrtAttentionOp::kPackedAttention) {

@@ -117,7 +117,6 @@ Value* shared_op(Rewriter& rw, const std::string& op, const std::vector<Value*>&
   return rw.op1(op, inputs, std::move(attrs));
 }
 
-
 Value* reduce(Rewriter& rw, const std::string& op, Value* x, const std::vector<int64_t>& axes,
               bool keepdims, bool shared) {
   std::vector<Attribute> attrs;

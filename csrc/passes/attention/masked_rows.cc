@@ -17,7 +17,9 @@ MaskedRows masked_rows(const Node* attention) {
   return attention->attribute("masked_value") ? MaskedRows::kScores : MaskedRows::kZero;
 }
 
-double masked_value(const Node* attention) { return float_attr(attention, "masked_value", 0.0f); }
+double masked_value(const Node* attention) {
+  return float_attr(attention, "masked_value", 0.0f);
+}
 
 bool absorbs_scores(double v, int32_t dtype) {
   if (!std::isfinite(v)) return false;
@@ -71,7 +73,7 @@ Value* fix_masked_rows(Rewriter& rw, Value* y, Value* mask, MaskedRows rule, Val
                        int64_t hq, int64_t hkv, int32_t dtype, bool bnsh) {
   Value* keep = rows_with_keys(rw, mask, bnsh);
   Value* other = rule == MaskedRows::kMean ? mean_values(rw, v4, v3, hq, hkv, bnsh)
-                                             : float_scalar(rw, dtype, false);
+                                           : float_scalar(rw, dtype, false);
   return rw.op1("Where", {keep, y, other});
 }
 

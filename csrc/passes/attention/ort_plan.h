@@ -59,6 +59,9 @@ struct OrtLoweringPlan {
   // export's own where the op then computes the export's row itself: fp32, every key in).
   MaskedRows fix_masked_rows = MaskedRows::kUnread;
   double bias_masked_value = 0;  // 0: the dtype's lowest
+  // kMean through the op itself: those rows' queries and bias become 0, so that the op (its
+  // bias reaching every key) averages V with equal weights. One Where per layer, no mean.
+  bool zero_masked_queries = false;
 };
 
 // Checks every precondition of the internal Attention `node` (in graph `g`) for target ort and
