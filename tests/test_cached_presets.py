@@ -4,9 +4,9 @@ mpt's ALiBi bias reads the keys' length as Shape(present.i.key); the default pre
 once handed the present to MultiHeadAttention, whose inputs then depended on its own output (a
 cycle: "graph 'main_graph' has a cycle through node '.../Shape_3'"). Here every cached fixture
 goes through `default` and `llm` for `ort` and `onnx`: the output must be written, agree with
-the original in ONNX Runtime on a prefill step (every output, presents included) and decode the
-original's greedy tokens and step logits over a past (kv_generation.greedy_cached; right-padded
-rows for the ALiBi families)."""
+the original in ONNX Runtime on a right-padded prefill step (every output, presents and pad
+positions included) and decode the original's greedy tokens and step logits over a past
+(kv_generation.greedy_cached), padded and not."""
 
 from __future__ import annotations
 
@@ -56,12 +56,11 @@ def test_cached_export_presets(fx: Fixture, preset: str, target: str, tmp_path: 
         assert lowered.get("kept as standard ops", 0) == 0, lowered
     rng = np.random.default_rng(0)
     prompts = [list(rng.integers(1, 512, 7)), list(rng.integers(1, 512, 3))]
-    # Unpadded for the output-by-output check: a pad query (every key masked) is where the
-    # fused ops differ by design (internal_op.h), and its hidden state feeds the presents.
-    fastopt.verify(fx.path, out, inputs=_prefill_feed(fx.path, [prompts[0], prompts[0][::-1]]))
-    # Right-padded too: gemma2/3's sliding caches then hold the short row's pad keys, which the
-    # export's next step reads (masked_rows.h: the all-masked pad queries must give what the
-    # export gives).
+    # Every output, presents and pad positions included, on a right-padded batch: a pad query
+    # whose every key is masked gives what the export gives (masked_rows.h), which matters
+    # because gemma2/3's sliding caches then hold the short row's pad keys and the export's
+    # next step reads them.
+    fastopt.verify(fx.path, out, inputs=_prefill_feed(fx.path, prompts))
     batches = [prompts, [prompts[0], prompts[0][::-1]], prompts[1:]]
     for batch in batches:
         ref = kg.greedy_cached(fx.path, batch, STEPS)
