@@ -174,7 +174,7 @@ def greedy_cached(
     if inplace:
         if prefill_chunk:
             raise ValueError(
-                "prefill_chunk: standard cache only (GQA: multi-token steps with past need batch 1)"
+                "prefill_chunk: standard cache only (in place: tests/test_inplace_chunks.py)"
             )
         return _greedy_inplace(
             sess, names, ids, mask, lengths, steps, layers, (kv_heads, head_dim), dtypes, max_length

@@ -85,8 +85,9 @@
 //   kv_cache == 2 (in place): GQA on one max-length buffer per layer (past and present dims
 //     become "max_sequence_length" so a runtime binds one tensor to both; the kernel detects the
 //     sharing by pointer), seqlens_k = ReduceSum(attention_mask, 1) - 1 and total =
-//     Shape(attention_mask)[1] (int32) once for all layers, no bias for a boolean mask: valid
-//     tokens must be contiguous from 0 (right padding), which is what the runtimes feed; a
+//     Shape(attention_mask)[1] (int32) and query_seqlens = min(S, the row's tokens) once for all
+//     layers, so that chunks after a past run for batch > 1; no bias for a boolean mask:
+//     valid tokens must be contiguous from 0 (right padding), which is what the runtimes feed; a
 //     float mask (ALiBi's score bias) is attention_bias at (S, total). RotaryEmbedding
 //     (com.microsoft, full, same cos/sin for Q and K) folds in as do_rotary when the head size is
 //     a multiple of 16 (kernel check); GQA then computes positions past_seqlen + s itself.
@@ -257,6 +258,14 @@ GqaLengths gqa_lengths(Rewriter& rw, const OrtLoweringPlan& p, Value* q3) {
                              one_attr(attr_int("keepdims", 0)));
     Value* valid32 = shared_op(rw, "Cast", {valid}, one_attr(attr_int("to", kInt32)));
     l.seqlens = shared_op(rw, "Sub", {valid32, int32_scalar(rw, 1)});
+    // query_seqlens = S, or a row's tokens where it has fewer (right padding): a chunk after a
+    // past (S > 1, P > 0) then runs for batch > 1 too ("batch_size must be 1 when
+    // sequence_length > 1 and past context is given" without it).
+    Value* ids_shape = shared_op(rw, "Shape", {p.ids_input ? p.ids_input : q3});
+    Value* s =
+        shared_op(rw, "Gather", {ids_shape, ints(rw, {1}, true)}, one_attr(attr_int("axis", 0)));
+    l.query_lens = shared_op(
+        rw, "Min", {valid32, shared_op(rw, "Cast", {s}, one_attr(attr_int("to", kInt32)))});
     return l;
   }
   // seqlens_k = T-1 and total = T for every row: every key is "valid" to GQA and the bias does

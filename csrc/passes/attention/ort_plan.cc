@@ -54,6 +54,14 @@ Value* attention_mask_input(const Graph& g) {
   return nullptr;
 }
 
+// The input_ids graph input (B, S), or null.
+Value* input_ids_input(const Graph& g) {
+  for (Value* v : g.inputs()) {
+    if (v->name() == "input_ids" && (value_rank(v) == 2 || value_rank(v) == -1)) return v;
+  }
+  return nullptr;
+}
+
 // The past_sequence_length graph input (int32 (1)) of an in-place seq2seq decoder, or null.
 Value* past_length_input(const Graph& g) {
   for (Value* v : g.inputs()) {
@@ -261,6 +269,7 @@ OrtLoweringPlan plan_ort_lowering(const Node* node, const Graph& g, const PassCo
   plan.repeat_kv = repeat_kv;
   if (qkv) plan.qkv = std::move(*qkv);
   plan.mask_input = mask_input;
+  plan.ids_input = mask_input ? input_ids_input(g) : nullptr;
   plan.past_length_input = past_length;
   plan.window = int_attr_or(node, "sliding_window", 0);
 

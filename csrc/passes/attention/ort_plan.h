@@ -46,6 +46,7 @@ struct OrtLoweringPlan {
   bool repeat_kv = false;        // MHA over kv heads repeated Hq / Hkv times
   std::vector<Projection> qkv;   // kPackedAttention: the Q, K, V projections
   Value* mask_input = nullptr;   // in place: the attention_mask graph input (B, T)
+  Value* ids_input = nullptr;    // ... and input_ids (B, S), whose shape every layer shares
   // In place without attention_mask (a seq2seq decoder): past_sequence_length (int32 (1)), the
   // tokens in the buffer, the same for every row; T = it + S.
   Value* past_length_input = nullptr;
