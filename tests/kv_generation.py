@@ -176,9 +176,7 @@ def greedy_cached(
             raise ValueError(
                 "prefill_chunk: standard cache only (in place: tests/test_inplace_chunks.py)"
             )
-        return _greedy_inplace(
-            sess, names, ids, mask, lengths, steps, layers, (kv_heads, head_dim), dtypes, max_length
-        )
+        return _greedy_inplace(sess, names, ids, lengths, steps, max_length)
     past = {
         f"past_key_values.{i}.{kv}": np.zeros(
             (batch, kv_heads, 0, head_dim), dtypes[f"past_key_values.{i}.{kv}"]
@@ -240,29 +238,53 @@ def greedy_cached(
     return Generation(np.stack(tokens, axis=1).astype(np.int64), np.stack(step_logits))
 
 
-def _greedy_inplace(
-    sess: ort.InferenceSession,
-    names: set[str],
-    ids: np.ndarray,
-    mask: np.ndarray,
-    lengths: np.ndarray,
-    steps: int,
-    layers: int,
-    kv_shape: tuple[int, int],
-    dtypes: dict[str, type],
-    max_length: int | None,
-) -> Generation:
-    batch = ids.shape[0]
-    max_length = max_length or ids.shape[1] + steps
-    buffers = {
+def inplace_buffers(
+    sess: ort.InferenceSession, batch: int, max_length: int
+) -> dict[tuple[int, str], ort.OrtValue]:
+    """One zeroed (batch, kv_heads, max_length, head_dim) buffer per cache input, bound as both
+    past and present by run_inplace_step (the in-place cache's contract)."""
+    layers, kv_heads, head_dim, dtypes = _cache_layout(sess)
+    return {
         (i, kv): ort.OrtValue.ortvalue_from_numpy(
-            np.zeros(
-                (batch, kv_shape[0], max_length, kv_shape[1]), dtypes[f"past_key_values.{i}.{kv}"]
-            )
+            np.zeros((batch, kv_heads, max_length, head_dim), dtypes[f"past_key_values.{i}.{kv}"])
         )
         for i in range(layers)
         for kv in ("key", "value")
     }
+
+
+def run_inplace_step(
+    sess: ort.InferenceSession,
+    names: set[str],
+    buffers: dict[tuple[int, str], ort.OrtValue],
+    feed: dict[str, np.ndarray],
+) -> np.ndarray:
+    """One step of an in-place model: `feed` (those of its inputs the model takes) and the
+    buffers bound to past and present alike; returns the logits."""
+    io = sess.io_binding()
+    for k, v in feed.items():
+        if k in names:
+            io.bind_cpu_input(k, np.ascontiguousarray(v))
+    io.bind_output("logits")  # first: copy_outputs_to_cpu() returns in binding order
+    for (i, kv), buf in buffers.items():
+        io.bind_ortvalue_input(f"past_key_values.{i}.{kv}", buf)
+        io.bind_ortvalue_output(f"present.{i}.{kv}", buf)
+    sess.run_with_iobinding(io)
+    logits: np.ndarray = io.copy_outputs_to_cpu()[0]
+    return logits
+
+
+def _greedy_inplace(
+    sess: ort.InferenceSession,
+    names: set[str],
+    ids: np.ndarray,
+    lengths: np.ndarray,
+    steps: int,
+    max_length: int | None,
+) -> Generation:
+    batch = ids.shape[0]
+    max_length = max_length or ids.shape[1] + steps
+    buffers = inplace_buffers(sess, batch, max_length)
     tokens, step_logits = [], []
     step_ids = ids
     last = lengths - 1
@@ -272,21 +294,12 @@ def _greedy_inplace(
         cur_mask = (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)
         if width > max_length:
             raise ValueError(f"sequence length {width} exceeds the cache buffer {max_length}")
-        io = sess.io_binding()
         feed = {"input_ids": step_ids, "attention_mask": cur_mask}
         if "position_ids" in names:
             feed["position_ids"] = positions(cur_mask)[:, -step_ids.shape[1] :]
             if step_ids.shape[1] == 1:  # the new token's position is the row's length - 1
                 feed["position_ids"] = (lengths - 1)[:, None].astype(np.int64)
-        for k, v in feed.items():
-            if k in names:
-                io.bind_cpu_input(k, np.ascontiguousarray(v))
-        io.bind_output("logits")  # first: copy_outputs_to_cpu() returns in binding order
-        for (i, kv), buf in buffers.items():
-            io.bind_ortvalue_input(f"past_key_values.{i}.{kv}", buf)
-            io.bind_ortvalue_output(f"present.{i}.{kv}", buf)
-        sess.run_with_iobinding(io)
-        logits = io.copy_outputs_to_cpu()[0]
+        logits = run_inplace_step(sess, names, buffers, feed)
         picked = logits[np.arange(batch), last].astype(np.float32)
         nxt = picked.argmax(axis=-1)
         tokens.append(nxt)

@@ -11,7 +11,6 @@ from pathlib import Path
 import fastopt
 import kv_generation as kg
 import numpy as np
-import onnxruntime as ort
 import pytest
 from llm_fixtures import PARITY_ATOL, Fixture, fixtures, ids
 
@@ -26,33 +25,17 @@ CHUNKS = (4, 3, 1, 2)  # prefill, a chunk after it, a decode step, another chunk
 def _run_chunks(path: Path, ids_: np.ndarray, max_length: int) -> np.ndarray:
     sess = kg.session(path)
     names = {i.name for i in sess.get_inputs()}
-    layers, kv_heads, head_dim, dtypes = kg._cache_layout(sess)
     batch = ids_.shape[0]
-    buffers = {
-        (i, kv): ort.OrtValue.ortvalue_from_numpy(
-            np.zeros((batch, kv_heads, max_length, head_dim), dtypes[f"past_key_values.{i}.{kv}"])
-        )
-        for i in range(layers)
-        for kv in ("key", "value")
-    }
+    buffers = kg.inplace_buffers(sess, batch, max_length)
     logits, done = [], 0
     for size in CHUNKS:
         total = done + size
-        io = sess.io_binding()
         feed = {
             "input_ids": ids_[:, done:total],
             "attention_mask": np.ones((batch, total), np.int64),
             "position_ids": np.tile(np.arange(done, total), (batch, 1)).astype(np.int64),
         }
-        for k, v in feed.items():
-            if k in names:
-                io.bind_cpu_input(k, np.ascontiguousarray(v))
-        io.bind_output("logits")
-        for (i, kv), buf in buffers.items():
-            io.bind_ortvalue_input(f"past_key_values.{i}.{kv}", buf)
-            io.bind_ortvalue_output(f"present.{i}.{kv}", buf)
-        sess.run_with_iobinding(io)
-        logits.append(io.copy_outputs_to_cpu()[0])
+        logits.append(kg.run_inplace_step(sess, names, buffers, feed))
         done = total
     return np.concatenate(logits, axis=1)
 

@@ -103,9 +103,7 @@ pattern::Replacement decompose_attention(Node* node, pattern::Rewriter& rw, Pass
       if (masked_rows(node) == MaskedRows::kScores) {
         masked = rw.initializer("attention_masked", scalar_tensor(ct, masked_value(node)));
       } else if (masked_rows(node) == MaskedRows::kMean) {
-        // A value absorbing the scores in ct (fp16: its lowest; -2^127 is exact in bf16).
-        const double v = ct == kFloat16 ? -65504.0 : -std::ldexp(1.0, 127);
-        masked = rw.initializer("attention_masked", scalar_tensor(ct, v));
+        masked = rw.initializer("attention_masked", scalar_tensor(ct, absorbing_mask_value(ct)));
       }
       bias = rw.op1("Where", {mask, zero, masked});
     } else if (dtype_of(mask) != ct) {

@@ -38,7 +38,8 @@ void set_attention_mask(Node* att, Value* mask) {
   std::vector<Attribute>& attrs = att->attributes;
   attrs.erase(std::remove_if(attrs.begin(), attrs.end(),
                              [](const Attribute& a) {
-                               return a.name == "masked_value" || a.name == "masked_rows_unread";
+                               return a.name == "masked_value" || a.name == "masked_rows_mean" ||
+                                      a.name == "masked_rows_unread";
                              }),
               attrs.end());
   attrs.push_back(attr_int("masked_rows_unread", 1));

@@ -20,8 +20,6 @@
 // inputs, but they cost nothing and document GQA), scale, is_causal, softmax_precision and softcap
 // as set (ORT 1.32 CPU runs softcap, after the scale and before the mask: bench/probe_softcap.py).
 // ORT runs it on CPU since 1.23 (float, fp16; bool or float masks).
-#include <cmath>
-
 #include "passes/attention/internal_op.h"
 #include "passes/attention/lowering_ops.h"
 #include "passes/attention/masked_rows.h"
@@ -47,7 +45,7 @@ pattern::Replacement lower_attention_onnx(Node* node, pattern::Rewriter& rw, Pas
   // that masked with a finite value has softmax(scores + v) there (masked_rows.h): its value as
   // an additive mask sums the same (fp32); where v absorbs the scores any absorbing value does
   // but the dtype's lowest, which ORT 1.32 reads as -inf (a 0 row; tests/test_masked_rows.py
-  // probes both): -2^127, or fp16's -61440 (absorbing as much as its lowest, -65504).
+  // probes both): absorbing_mask_value.
   if (in.size() > 3 && in[3] && dtype_of(in[3]) == kBool &&
       masked_rows(node) != MaskedRows::kZero && masked_rows(node) != MaskedRows::kUnread) {
     const int32_t dtype = dtype_of(in[0]);
@@ -57,9 +55,7 @@ pattern::Replacement lower_attention_onnx(Node* node, pattern::Rewriter& rw, Pas
                      std::to_string(masked_value(node)) +
                      ") in the export, which only an fp32 mask reproduces");
     }
-    const double v = !mean               ? masked_value(node)
-                     : dtype == kFloat16 ? -61440.0
-                                         : -std::ldexp(1.0, 127);
+    const double v = mean ? absorbing_mask_value(dtype) : masked_value(node);
     in[3] = shared_op(rw, "Where",
                       {in[3], float_scalar(rw, dtype, false),
                        rw.initializer("attention_masked", scalar_tensor(dtype, v))});

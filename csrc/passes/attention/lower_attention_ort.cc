@@ -453,8 +453,8 @@ Replacement lower_attention_ort(Node* node, Rewriter& rw, PassContext& ctx) {
   if (p.fix_masked_rows != MaskedRows::kUnread) {
     // Rows with no visible key: what the internal op gives there (masked_rows.h).
     Value* v4 = p.cache ? built.present_v : v3 ? nullptr : p.v;
-    built.out3 = fix_masked_rows(rw, built.out3, p.mask, p.fix_masked_rows, v4, v3, p.hq, p.hkv,
-                                 p.dtype, false);
+    built.out3 =
+        fix_masked_rows(rw, built.out3, p.mask, p.fix_masked_rows, v4, v3, p.hq, p.hkv, p.dtype);
     ctx.counters["rows with every key masked reproduced"] += 1;
   }
   if (p.cache) {

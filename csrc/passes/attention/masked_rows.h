@@ -39,21 +39,23 @@ double masked_value(const Node* attention);
 // not exact: tests/test_masked_rows.py checks real positions only for fp16).
 bool absorbs_scores(double v, int32_t dtype);
 
-// Why rows_with_keys cannot be built for `mask` in the layout asked (empty when it can): for
-// (B, S, .) outputs a 4-D mask's dim 1 (a 3-D mask's dim 0) must be 1.
-std::string rows_with_keys_refusal(const Value* mask, bool bnsh);
+// A finite masking value that absorbs the scores in `dtype` (masked_rows_mean's rows), short of
+// the dtype's lowest, which ORT 1.32's Attention-23 reads as -inf: -2^127 (exact in fp32 and
+// bf16), fp16's -61440 (absorbing as much as its lowest, -65504).
+double absorbing_mask_value(int32_t dtype);
 
-// The output rows that see at least one key (bool): (.., S|1, 1), broadcastable to Y as
-// (B, Hq, S, Dv) with `bnsh`, else to (B, S, Hq*Dv).
+// Why rows_with_keys cannot be built for `mask` broadcasting to (B, S, Hq*Dv) outputs (empty
+// when it can): a 4-D mask's dim 1 (a 3-D mask's dim 0) must be 1.
+std::string rows_with_keys_refusal(const Value* mask);
+
+// The rows that see at least one key (bool): (.., S|1, 1), broadcastable to (B, Hq, S, T) with
+// `bnsh` (the bias), else to (B, S, Hq*Dv) (the 3-D ops' Q and Y).
 Value* rows_with_keys(pattern::Rewriter& rw, Value* mask, bool bnsh);
 
-// The mean over the keys of V, each query head h reading kv head h / (hq / hkv): from `v4`
-// (B, Hkv, T, Dv) or, when null, `v3` (B, T, Hkv*Dv); (B, Hq, 1, Dv) with `bnsh`, else
-// (B, 1, Hq*Dv).
-Value* mean_values(pattern::Rewriter& rw, Value* v4, Value* v3, int64_t hq, int64_t hkv, bool bnsh);
-
-// y with the rows that see no key replaced by what `rule` gives (kZero or kMean).
+// y (B, S, Hq*Dv) with the rows that see no key replaced by what `rule` gives: 0 (kZero) or the
+// mean over the keys of V (kMean), each query head h reading kv head h / (hq / hkv), from `v4`
+// (B, Hkv, T, Dv) or, when null, `v3` (B, T, Hkv*Dv).
 Value* fix_masked_rows(pattern::Rewriter& rw, Value* y, Value* mask, MaskedRows rule, Value* v4,
-                       Value* v3, int64_t hq, int64_t hkv, int32_t dtype, bool bnsh);
+                       Value* v3, int64_t hq, int64_t hkv, int32_t dtype);
 
 }  // namespace fastopt::passes

@@ -156,15 +156,18 @@ OrtLoweringPlan plan_ort_lowering(const Node* node, const Graph& g, const PassCo
   const auto packed_option = ctx.options.find("packed_attention");
   const int64_t packed_mode =
       packed_option != ctx.options.end() ? packed_option->second : (cuda ? 0 : 1);
+  // A boolean mask's all-masked rows (masked_rows.h). In place GQA reads no mask.
+  const MaskedRows rule =
+      mask && mask_dtype == kBool && !inplace ? masked_rows(node) : MaskedRows::kUnread;
   std::optional<std::vector<Projection>> qkv;
-  // A narrower dtype's rows with no visible key average V by a mean read from V (masked_rows.h),
-  // which would keep the V projection that packing removes: MHA takes them.
-  const bool mean_from_v = mask && value_dtype(mask) == kBool && dtype != kFloat &&
-                           masked_rows(node) == MaskedRows::kMean;
-  if (mean_from_v && packed_mode > 0 && !cache) {
-    plan.not_packed = "rows whose every key is masked average V (masked_rows.h)";
-  } else if (!cache && !capped && hq == hkv && packed_mode > 0 && (!causal || packed_mode >= 2)) {
-    qkv = packed_qkv(g, node, hq, dtype, &plan.not_packed);
+  if (!cache && !capped && hq == hkv && packed_mode > 0 && (!causal || packed_mode >= 2)) {
+    // A narrower dtype's rows with no visible key take a mean read from V, which would keep the
+    // V projection that packing removes: MHA/GQA take them.
+    if (rule == MaskedRows::kMean && dtype != kFloat) {
+      plan.not_packed = "rows whose every key is masked average V (masked_rows.h)";
+    } else {
+      qkv = packed_qkv(g, node, hq, dtype, &plan.not_packed);
+    }
   }
   bool use_gqa = qkv             ? false
                  : inplace       ? true
@@ -273,9 +276,6 @@ OrtLoweringPlan plan_ort_lowering(const Node* node, const Graph& g, const PassCo
   plan.past_length_input = past_length;
   plan.window = int_attr_or(node, "sliding_window", 0);
 
-  // A boolean mask's all-masked rows (masked_rows.h). In place GQA reads no mask.
-  const MaskedRows rule =
-      mask && mask_dtype == kBool && !inplace ? masked_rows(node) : MaskedRows::kUnread;
   // Does the op's bias reach every key? GQA is causal with a cache or a causal node. Such an
   // op (fp32: the export's sums) computes a finite masking value's rows itself.
   const bool bias_only = !(use_gqa && (causal || cache)) && !mha_causal && !(qkv && causal);
@@ -289,7 +289,7 @@ OrtLoweringPlan plan_ort_lowering(const Node* node, const Graph& g, const PassCo
   } else if (rule == MaskedRows::kMean && dtype == kFloat && bias_only) {
     // The lowest fp32 bias: the op's own mean (exact, as the export's sum).
   } else if (rule != MaskedRows::kUnread) {
-    if (std::string why = rows_with_keys_refusal(mask, false); !why.empty()) return refused(why);
+    if (std::string why = rows_with_keys_refusal(mask); !why.empty()) return refused(why);
     // fp16/bf16 kernels add the bias in fp32, where no dtype value absorbs the scores.
     if (rule == MaskedRows::kMean && bias_only && !qkv) {
       plan.zero_masked_queries = true;
