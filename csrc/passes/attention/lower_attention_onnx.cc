@@ -59,7 +59,7 @@ pattern::Replacement lower_attention_onnx(Node* node, pattern::Rewriter& rw, Pas
     in[3] = shared_op(rw, "Where",
                       {in[3], float_scalar(rw, dtype, false),
                        rw.initializer("attention_masked", scalar_tensor(dtype, v))});
-    ctx.counters["rows with every key masked reproduced"] += 1;
+    ctx.counters["rows with every key masked: an additive mask"] += 1;
   }
   if (!cache) return std::vector<Value*>{rw.op1("Attention", in, std::move(attrs))};
 

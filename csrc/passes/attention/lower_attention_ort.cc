@@ -438,7 +438,7 @@ Replacement lower_attention_ort(Node* node, Rewriter& rw, PassContext& ctx) {
     Value* zero = float_scalar(rw, p.dtype, false);
     q3 = rw.op1("Where", {rows_with_keys(rw, p.mask, false), q3, zero});
     bias = shared_op(rw, "Where", {rows_with_keys(rw, p.mask, true), bias, zero});
-    ctx.counters["rows with every key masked reproduced"] += 1;
+    ctx.counters["rows with every key masked: averaged over zeroed queries"] += 1;
   }
 
   BuiltOp built;
@@ -455,7 +455,9 @@ Replacement lower_attention_ort(Node* node, Rewriter& rw, PassContext& ctx) {
     Value* v4 = p.cache ? built.present_v : v3 ? nullptr : p.v;
     built.out3 =
         fix_masked_rows(rw, built.out3, p.mask, p.fix_masked_rows, v4, v3, p.hq, p.hkv, p.dtype);
-    ctx.counters["rows with every key masked reproduced"] += 1;
+    ctx.counters[p.fix_masked_rows == MaskedRows::kMean
+                     ? "rows with every key masked: the mean of V put back"
+                     : "rows with every key masked: set to 0"] += 1;
   }
   if (p.cache) {
     if (std::string why = adopt_presents(rw.graph(), *p.cache, built.present_k, built.present_v,
