@@ -165,10 +165,10 @@ def _cp(src_dir: Path, out: Path, fsync: bool) -> list[float]:
     return [time.perf_counter() - t0]
 
 
-def _fastopt(src: Path, out: Path) -> list[float]:
+def _fastopt(src: Path, out: Path, python: str = sys.executable) -> list[float]:
     """[total, load, passes] inside the child (the rest of the total is the save)."""
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(src), str(out / "model.onnx")],
+        [python, "-c", _CHILD, str(src), str(out / "model.onnx")],
         check=True,
         capture_output=True,
         text=True,
@@ -176,8 +176,8 @@ def _fastopt(src: Path, out: Path) -> list[float]:
     return [float(x) for x in done.stdout.strip().splitlines()[-1].split()]
 
 
-def save_vs_cp(rounds: int) -> list[str]:
-    modes = ("cp", "fastopt", "cp+fsync")
+def save_vs_cp(rounds: int, against: str | None = None) -> list[str]:
+    modes = ("cp", "fastopt", "cp+fsync", *(("against",) if against else ()))
     times: dict[str, list[list[float]]] = {m: [] for m in modes}
     work = Path(tempfile.mkdtemp(prefix="gw-save-", dir=str(LARGE.parent.parent)))
     try:
@@ -189,6 +189,8 @@ def save_vs_cp(rounds: int) -> list[str]:
                 subprocess.run(["sync"], check=True)
                 if mode == "fastopt":
                     t = _fastopt(LARGE, out)
+                elif mode == "against":
+                    t = _fastopt(LARGE, out, against or "")
                 else:
                     t = _cp(LARGE.parent, out, fsync=mode == "cp+fsync")
                 if i:
@@ -221,6 +223,15 @@ def save_vs_cp(rounds: int) -> list[str]:
         f"- fastopt / cp: ratio of medians {med['fastopt'] / med['cp']:.2f}x, per round "
         f"{', '.join(f'{r:.2f}' for r in ratios)} (target <= {SAVE_TARGET}x); fastopt / "
         f"(cp + fsync) {med['fastopt'] / med['cp+fsync']:.2f}x",
+        *(
+            [
+                f"- the same under `{against}` (--against, interleaved): median "
+                f"{med['against']:.2f} s ({runs('against')}); this fastopt / that one "
+                f"{med['fastopt'] / med['against']:.2f}x"
+            ]
+            if against
+            else []
+        ),
         "",
     ]
 
@@ -231,6 +242,12 @@ def main() -> None:
     ap.add_argument("--save-repeat", type=int, default=3)
     ap.add_argument("--only", choices=["fixtures", "large", "save"], action="append")
     ap.add_argument("--label", default="")
+    ap.add_argument(
+        "--against",
+        metavar="PYTHON",
+        help="save: also time the child under this interpreter (another fastopt build), "
+        "interleaved in the same rounds",
+    )
     ap.add_argument("--out", default=str(HERE / "results" / "graph_work.md"))
     a = ap.parse_args()
     parts = a.only or ["fixtures", "large", "save"]
@@ -250,7 +267,7 @@ def main() -> None:
     if "large" in parts and LARGE.exists():
         lines += large(a.repeat)
     if "save" in parts and LARGE.exists():
-        lines += save_vs_cp(a.save_repeat)
+        lines += save_vs_cp(a.save_repeat, a.against)
     Path(a.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

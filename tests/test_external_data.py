@@ -599,3 +599,46 @@ def test_typed_field_tensors_move_to_external_data(tmp_path: Path) -> None:
     np.testing.assert_array_equal(
         numpy_helper.to_array(loaded.graph.initializer[0]), np.full((3, 400), 0.25, np.float32)
     )
+
+
+def _striped(n: int, seed: int) -> np.ndarray:
+    """n float32 values that differ in every 4 KiB page (a misplaced chunk cannot compare equal)."""
+    return (np.arange(n, dtype=np.float64) * 0.25 + seed * 1e6).astype(np.float32)
+
+
+@pytest.mark.parametrize("source", ["file", "memory"])
+def test_save_streams_tensors_across_writeback_chunks(tmp_path: Path, source: str) -> None:
+    """The save hands its output to writeback in 32 MiB chunks as it appends (output_files.cc:
+    copy_file_range and write at most a chunk per call). Tensors larger than a chunk, at odd
+    offsets in the input and in the output, from a file (copied in the kernel) or from memory
+    (written), come out byte for byte."""
+    sizes = {"big_a": 11_000_003, "big_b": 9_000_001, "tail": 257}  # 44 + 36 MB + 1 KiB
+    arrays = {name: _striped(n, k) for k, (name, n) in enumerate(sizes.items())}
+    nodes = [helper.make_node("Identity", [n], [f"out_{n}"], name=f"id_{n}") for n in sizes]
+    graph = helper.make_graph(
+        nodes,
+        "striped",
+        [],
+        [
+            helper.make_tensor_value_info(f"out_{n}", TensorProto.FLOAT, [k])
+            for n, k in sizes.items()
+        ],
+        [numpy_helper.from_array(a, n) for n, a in arrays.items()],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    if source == "file":
+        (tmp_path / "in").mkdir()
+        src = tmp_path / "in" / "model.onnx"
+        # An odd first offset: the input's tensors do not start on a page.
+        onnx.save_model(proto, str(src), save_as_external_data=True, size_threshold=0)
+        m = fastopt.load(str(src))
+        assert all(m.graph.initializer(n).is_external for n in sizes)
+    else:
+        m = fastopt.from_onnx(proto)
+    out = tmp_path / "out" / "model.onnx"
+    m.save(str(out), external_data=True, size_threshold=2048)  # "tail" (1 KiB) stays inline
+    data = out.parent / "model.onnx.data"
+    assert data.stat().st_size == sum(a.nbytes for n, a in arrays.items() if n != "tail")
+    saved = onnx.load(str(out))
+    for t in saved.graph.initializer:
+        np.testing.assert_array_equal(numpy_helper.to_array(t), arrays[t.name], strict=True)

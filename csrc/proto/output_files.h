@@ -117,6 +117,8 @@ class OutputFile {
 
  private:
   friend void commit_outputs(OutputFile* model, const std::vector<OutputFile*>& data);
+  static constexpr uint64_t kWritebackChunk = 32ull << 20;  // see appended()
+  void appended(uint64_t n);  // size_ += n; starts the writeback of what is complete
   void sync();
   void name();  // links the file under final_ (which must not exist)
   void read_from(int src, uint64_t offset, uint64_t n, const std::string& src_path);
@@ -124,6 +126,7 @@ class OutputFile {
   std::string final_, temp_;  // temp_: the named temporary of the fallback, else empty
   int fd_ = -1;
   uint64_t size_ = 0;
+  uint64_t flushed_ = 0;  // bytes [0, flushed_) handed to writeback (appended)
   bool committed_ = false;
   bool can_copy_range_ = true;
   const AdoptableFile* adopted_ = nullptr;  // the file taken, if any
