@@ -108,8 +108,11 @@ class Generation:
 def _decoder_feeds(
     sess: ort.InferenceSession, ids: np.ndarray, hidden: np.ndarray, mask: np.ndarray | None
 ) -> dict[str, np.ndarray]:
-    feeds = {"input_ids": ids, "encoder_hidden_states": hidden}
-    if mask is not None and any(i.name == "encoder_attention_mask" for i in sess.get_inputs()):
+    names = {i.name for i in sess.get_inputs()}
+    feeds = {"input_ids": ids}
+    if "encoder_hidden_states" in names:  # not when the encoder computes the cross cache
+        feeds["encoder_hidden_states"] = hidden
+    if mask is not None and "encoder_attention_mask" in names:
         feeds["encoder_attention_mask"] = mask
     return feeds
 
@@ -138,12 +141,16 @@ def greedy_cached(
     mask: np.ndarray | None,
     start: int,
     steps: int,
+    cross: dict[str, np.ndarray] | None = None,
 ) -> Generation:
+    """`cross`: the cross cache an encoder computed (past_key_values.<i>.encoder.*, bound at
+    every step), for a decoder without encoder_hidden_states."""
     sess = session(decoder)
     batch = hidden.shape[0]
+    cross = cross or {}
     pasts: dict[str, np.ndarray] = {}
     for i in sess.get_inputs():
-        if i.name.startswith("past_key_values."):
+        if i.name.startswith("past_key_values.") and i.name not in cross:
             heads, dim = int(i.shape[1]), int(i.shape[3])
             pasts[i.name] = np.zeros((batch, heads, 0, dim), hidden.dtype)
     outputs = [o.name for o in sess.get_outputs()]
@@ -151,7 +158,7 @@ def greedy_cached(
     tokens, picked = [], []
     states = hidden
     for _ in range(steps):
-        outs = sess.run(outputs, {**_decoder_feeds(sess, ids, states, mask), **pasts})
+        outs = sess.run(outputs, {**_decoder_feeds(sess, ids, states, mask), **cross, **pasts})
         got = dict(zip(outputs, outs))
         last = np.asarray(got["logits"])[:, -1].astype(np.float32)
         picked.append(last)
@@ -174,14 +181,16 @@ def greedy_inplace(
     start: int,
     steps: int,
     max_length: int | None = None,
+    encoder_cross: dict[str, np.ndarray] | None = None,
 ) -> Generation:
+    """`encoder_cross` as greedy_cached's `cross`."""
     sess = session(decoder)
     batch = hidden.shape[0]
     max_length = max_length or steps
     buffers: dict[str, ort.OrtValue] = {}  # self-attention: one buffer, past and present
     cross: dict[str, np.ndarray] = {}
     for i in sess.get_inputs():
-        if not i.name.startswith("past_key_values."):
+        if not i.name.startswith("past_key_values.") or i.name in (encoder_cross or {}):
             continue
         heads, dim = int(i.shape[1]), int(i.shape[3])
         if ".decoder." in i.name:
@@ -200,7 +209,9 @@ def greedy_inplace(
         io.bind_ortvalue_input(n, buf)
         io.bind_ortvalue_output(n.replace("past_key_values.", "present.", 1), buf)
     names = {i.name for i in sess.get_inputs()}
-    fixed = {"encoder_hidden_states": hidden, **cross}
+    fixed = {**cross, **(encoder_cross or {})}
+    if "encoder_hidden_states" in names:
+        fixed["encoder_hidden_states"] = hidden
     if mask is not None and "encoder_attention_mask" in names:
         fixed["encoder_attention_mask"] = mask
     for k, v in fixed.items():

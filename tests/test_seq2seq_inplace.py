@@ -184,18 +184,32 @@ def whisper_3000(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("cross_cache", ["encoder", "recompute"])
 @pytest.mark.parametrize("kv_cache", ["standard", "inplace"])
-def test_genai_runs_whisper(whisper_3000: Path, kv_cache: str, tmp_path: Path) -> None:
+def test_genai_runs_whisper(
+    whisper_3000: Path, kv_cache: str, cross_cache: str, tmp_path: Path
+) -> None:
     """onnxruntime-genai 0.18 on CPU runs the folder (og.Model, audio features in): its greedy
-    tokens equal the original encoder + no-cache decoder's."""
+    tokens equal the original encoder + no-cache decoder's, with the cross cache computed by
+    the encoder (genai binds it to the decoder) or recomputed by the decoder at every step."""
     og = pytest.importorskip("onnxruntime_genai")
     from fastopt.genai_whisper import whisper_for_genai
 
     fx = sg.Seq2SeqFixture(whisper_3000)
     config = fx.meta["config"]
     folder = tmp_path / "genai"
-    report = whisper_for_genai(fx.encoder, fx.decoder, folder, config, kv_cache=kv_cache)
+    report = whisper_for_genai(
+        fx.encoder, fx.decoder, folder, config, kv_cache=kv_cache, cross_cache=cross_cache
+    )
     assert report.config["search"]["past_present_share_buffer"] == (kv_cache == "inplace")
+    decoder_inputs = {i.name for i in onnx.load(str(folder / "decoder.onnx")).graph.input}
+    encoder_outputs = {o.name for o in onnx.load(str(folder / "encoder.onnx")).graph.output}
+    from_encoder = cross_cache == "encoder"
+    assert ("encoder_hidden_states" in decoder_inputs) == (not from_encoder)
+    assert ("present.0.encoder.key" in encoder_outputs) == from_encoder
+    assert ("cross_present_key_names" in report.config["model"]["encoder"]["outputs"]) == (
+        from_encoder
+    )
     features = sg.encoder_feeds(fx)["input_features"][:1]
     hidden = sg.encode(fx, {"input_features": features})
     start = int(fx.meta["decoder_start_token_id"])

@@ -14,6 +14,7 @@
 
 #include "bindings/handles.h"
 #include "ir/error.h"
+#include "passes/attention/cross_cache_split.h"
 #include "passes/attention/internal_op.h"
 #include "passes/fold_constants.h"
 #include "passes/fusion_util.h"
@@ -120,6 +121,18 @@ void bind_passes(py::module_& m) {
       py::arg("progress") = py::none(),
       "Runs a C++ pass; returns (rewrites, result). `progress(done, total, what)` is called "
       "during long passes (quantization)");
+
+  m.def(
+      "move_cross_projections",
+      [](Model& encoder, const std::string& hidden, Model& decoder) {
+        return passes::kv_cache::move_cross_projections(encoder, hidden, decoder);
+      },
+      py::arg("encoder"), py::arg("hidden"), py::arg("decoder"),
+      "Moves the cross cache's projections from a decoder that add_kv_cache gave "
+      "cross_attention_cache 2 into the encoder, which reads its output `hidden` for "
+      "encoder_hidden_states and gives present.<i>.encoder.key|value (weights shared, not "
+      "copied); ModelError with the reason, and neither model changed, when it cannot. Returns "
+      "the number of outputs moved");
 
   // For the Python pass fold_constants_ort: its walks over every node, in C++.
   m.def(

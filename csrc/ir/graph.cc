@@ -377,6 +377,13 @@ void Graph::add_output(Value* v) {
   ++v->graph_output_count_;
 }
 
+void Graph::remove_output(size_t index) {
+  note_edit_of(this);
+  if (index >= output_entries.size()) throw ModelError("graph output index out of range");
+  if (Value* v = output_entries[index].value) --v->graph_output_count_;
+  output_entries.erase(output_entries.begin() + static_cast<std::ptrdiff_t>(index));
+}
+
 void Graph::remove_input(size_t index) {
   note_edit_of(this);
   if (index >= input_entries.size()) throw ModelError("graph input index out of range");

@@ -224,6 +224,8 @@ class Graph {
   void set_initializer(Value* v, std::shared_ptr<Tensor> t);
   void remove_initializer(Value* v);
   void add_output(Value* v);
+  // Removes graph output `index` (its value stays, with its producer and uses).
+  void remove_output(size_t index);
   void add_input(Value* v);
   // Removes graph input `index` (its value must be unused and not an initializer).
   void remove_input(size_t index);

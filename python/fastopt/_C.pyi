@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import typing
 import typing_extensions
-__all__: list[str] = ['Bytes', 'FACT_ATTENTION_FUSED', 'FACT_NO_INTERNAL_OPS', 'FOLD_MAX_BYTES', 'FOLD_MAX_EXPAND_BYTES', 'FUSED_OPS_OPSET', 'Function', 'Graph', 'INTERNAL_DOMAIN', 'KV_PAST_PREFIX', 'KV_PRESENT_PREFIX', 'Match', 'Model', 'ModelError', 'Node', 'OptionInfo', 'PassInfo', 'PassResult', 'Pattern', 'PatternNode', 'QuantRecord', 'Rewriter', 'Rule', 'ShapeFacts', 'Tensor', 'Value', 'analyze_shapes', 'apply_rules', 'constant_nodes_model', 'cpp_passes', 'dtype_name', 'load', 'load_bytes', 'load_skeleton', 'make_tensor', 'native_fold_ops', 'native_fold_unsupported', 'nested_graphs', 'ort_fold_candidates', 'run_pass', 'shape_analysis_summary', 'shape_facts', 'write_file']
+__all__: list[str] = ['Bytes', 'FACT_ATTENTION_FUSED', 'FACT_NO_INTERNAL_OPS', 'FOLD_MAX_BYTES', 'FOLD_MAX_EXPAND_BYTES', 'FUSED_OPS_OPSET', 'Function', 'Graph', 'INTERNAL_DOMAIN', 'KV_PAST_PREFIX', 'KV_PRESENT_PREFIX', 'Match', 'Model', 'ModelError', 'Node', 'OptionInfo', 'PassInfo', 'PassResult', 'Pattern', 'PatternNode', 'QuantRecord', 'Rewriter', 'Rule', 'ShapeFacts', 'Tensor', 'Value', 'analyze_shapes', 'apply_rules', 'constant_nodes_model', 'cpp_passes', 'dtype_name', 'load', 'load_bytes', 'load_skeleton', 'make_tensor', 'move_cross_projections', 'native_fold_ops', 'native_fold_unsupported', 'nested_graphs', 'ort_fold_candidates', 'run_pass', 'shape_analysis_summary', 'shape_facts', 'write_file']
 class ModelError(Exception):
     pass
 class Tensor:
@@ -628,6 +628,10 @@ def load_skeleton(data: bytes, original: Model) -> Model:
 def make_tensor(dtype: typing.SupportsInt | typing.SupportsIndex, dims: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], data: bytes) -> Tensor:
     """
     A new tensor owning a copy of `data`
+    """
+def move_cross_projections(encoder: Model, hidden: str, decoder: Model) -> int:
+    """
+    Moves the cross cache's projections from a decoder that add_kv_cache gave cross_attention_cache 2 into the encoder, which reads its output `hidden` for encoder_hidden_states and gives present.<i>.encoder.key|value (weights shared, not copied); ModelError with the reason, and neither model changed, when it cannot. Returns the number of outputs moved
     """
 def native_fold_ops() -> list[str]:
     """

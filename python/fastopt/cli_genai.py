@@ -27,6 +27,13 @@ def add_parser(sub: Any) -> None:
         default="inplace",
         help="the decoder's self-attention cache (default inplace: one max-length buffer)",
     )
+    p.add_argument(
+        "--cross-cache",
+        choices=("encoder", "recompute"),
+        default="encoder",
+        help="encoder (default): the encoder also computes the cross-attention cache, which every "
+        "decoder step reads; recompute: the decoder projects encoder_hidden_states at every step",
+    )
     p.add_argument("--max-length", type=int, default=None, help="search.max_length")
     p.set_defaults(func=_cmd_genai_whisper)
 
@@ -48,12 +55,17 @@ def _cmd_genai_whisper(args: Any) -> int:
         config,
         kv_cache=args.kv_cache,
         max_length=args.max_length,
+        cross_cache=args.cross_cache,
     )
     out = console()
     out.print(
         f"wrote {escape(report.folder)}: encoder {report.encoder.nodes_before} -> "
         f"{report.encoder.nodes_after} nodes, decoder {report.decoder.nodes_before} -> "
         f"{report.decoder.nodes_after} nodes ({args.kv_cache} self-attention cache, "
-        "cross-attention recomputed from encoder_hidden_states each step)"
+        + (
+            "cross-attention cache computed by the encoder)"
+            if args.cross_cache == "encoder"
+            else "cross-attention recomputed from encoder_hidden_states each step)"
+        )
     )
     return 0

@@ -9,12 +9,23 @@ frames (max_source_positions 1500). When the encoder has no ``present_key_cross_
 genai feeds its ``encoder_hidden_states`` output to every decoder step and binds only the
 decoder's self-attention cache (``past_key_names`` / ``present_key_names``; with
 search.past_present_share_buffer one max-length buffer per layer as both, and the input
-``past_sequence_length`` (int32 (1)) set to the tokens it holds). So the decoder written here has
-no cross cache (add_kv_cache's option cross_attention_cache 0: the cross-attention's keys and
-values are recomputed from encoder_hidden_states at every step) and a standard or in-place
-self-attention cache. genai's other form, an encoder that also computes the cross cache
-(present_key_cross_%d), needs the decoder's cross projections moved into the encoder graph:
-fastopt rewrites one graph at a time and does not write it.
+``past_sequence_length`` (int32 (1)) set to the tokens it holds).
+
+The folder holds one of genai's two forms:
+
+- ``cross_cache="encoder"`` (default): the encoder also computes the cross-attention cache.
+  The decoder is optimized with add_kv_cache's cross_attention_cache 2: its cross-attentions read
+  ``past_key_values.<i>.encoder.key|value`` inputs, and the projections of
+  ``encoder_hidden_states`` that computed them become ``present.<i>.encoder.*`` outputs.
+  ``_C.move_cross_projections`` then moves those projections into the encoder graph, reading its
+  ``last_hidden_state``. The weights are shared, not copied: the encoder's cross weights are
+  views of the decoder's data, written once into each output. genai binds the encoder's outputs
+  (``cross_present_key_names``) to the decoder's inputs (``cross_past_key_names``) and feeds the
+  decoder no ``encoder_hidden_states``. Each step then reads the cached keys and values instead
+  of projecting 1500 encoder rows again in every layer.
+- ``cross_cache="recompute"``: the encoder gives ``encoder_hidden_states`` alone. genai feeds it
+  to every decoder step, and the decoder's cross-attentions project it again each time
+  (cross_attention_cache 0).
 """
 
 from __future__ import annotations
@@ -26,8 +37,8 @@ from typing import Any
 
 from fastopt import _C
 from fastopt._io import load
-from fastopt.errors import UnsupportedModelError
-from fastopt.genai_config import GENAI_CONFIG, int_dim, write_genai_config
+from fastopt.errors import OptionError, UnsupportedModelError
+from fastopt.genai_config import GENAI_CONFIG, genai_config_bytes, int_dim
 from fastopt.optimize import OptimizeReport, optimize
 
 # onnxruntime-genai 0.18's WhisperState accepts exactly this many audio frames.
@@ -38,6 +49,12 @@ SELF_PAST_KEY = _C.KV_PAST_PREFIX + "%d.decoder.key"
 SELF_PAST_VALUE = _C.KV_PAST_PREFIX + "%d.decoder.value"
 SELF_PRESENT_KEY = _C.KV_PRESENT_PREFIX + "%d.decoder.key"
 SELF_PRESENT_VALUE = _C.KV_PRESENT_PREFIX + "%d.decoder.value"
+CROSS_PAST_KEY = _C.KV_PAST_PREFIX + "%d.encoder.key"
+CROSS_PAST_VALUE = _C.KV_PAST_PREFIX + "%d.encoder.value"
+CROSS_PRESENT_KEY = _C.KV_PRESENT_PREFIX + "%d.encoder.key"
+CROSS_PRESENT_VALUE = _C.KV_PRESENT_PREFIX + "%d.encoder.value"
+ENCODER_HIDDEN = "last_hidden_state"  # optimum's encoder output, the decoder's cross input
+CROSS_CACHE_FORMS = ("encoder", "recompute")
 
 
 @dataclass
@@ -64,12 +81,18 @@ def whisper_for_genai(
     *,
     kv_cache: str = "inplace",
     max_length: int | None = None,
+    cross_cache: str = "encoder",
 ) -> GenaiWhisperReport:
     """Optimizes ``encoder`` and ``decoder`` (preset llm, target ort) into ``folder`` with a
     genai_config.json for onnxruntime-genai's whisper (see the module docstring). ``config``:
     the model's transformers config (token ids, layers, heads, max_target_positions).
+    ``cross_cache``: "encoder" or "recompute" (the module docstring).
     Refused (UnsupportedModelError, nothing written) when the encoder does not take exactly 3000
     frames, which is all onnxruntime-genai 0.18 feeds a whisper encoder."""
+    if cross_cache not in CROSS_CACHE_FORMS:
+        raise OptionError(
+            f"cross_cache must be one of {', '.join(CROSS_CACHE_FORMS)}, not {cross_cache!r}"
+        )
     frames = _frames(encoder)
     if frames != GENAI_WHISPER_FRAMES:
         raise UnsupportedModelError(
@@ -86,16 +109,17 @@ def whisper_for_genai(
         raise UnsupportedModelError(
             "config lacks decoder_layers / decoder_attention_heads / d_model"
         )
-    out = os.fspath(folder)
-    os.makedirs(out, exist_ok=True)
-    enc = optimize(os.fspath(encoder), output=os.path.join(out, ENCODER_FILE), preset="llm")
+    from_encoder = cross_cache == "encoder"
+    enc = optimize(os.fspath(encoder), preset="llm")
     dec = optimize(
         os.fspath(decoder),
-        output=os.path.join(out, DECODER_FILE),
         preset="llm",
         kv_cache=kv_cache,  # type: ignore[arg-type]
-        options={"cross_attention_cache": 0},
+        options={"cross_attention_cache": 2 if from_encoder else 0},
     )
+    assert enc.model is not None and dec.model is not None
+    if from_encoder:
+        _C.move_cross_projections(enc.model, ENCODER_HIDDEN, dec.model)
     assert dec.model is not None
     graph = dec.model.graph
     inputs = {v.name: v for v in graph.inputs if v is not None}
@@ -108,10 +132,21 @@ def whisper_for_genai(
     context = int(config.get("max_target_positions", 448))
     decoder_inputs = {
         "input_ids": "input_ids",
-        "encoder_hidden_states": "encoder_hidden_states",
         "past_key_names": SELF_PAST_KEY,
         "past_value_names": SELF_PAST_VALUE,
     }
+    encoder_outputs = {"encoder_hidden_states": ENCODER_HIDDEN}
+    if from_encoder:
+        for i in range(layers):
+            for name in (CROSS_PAST_KEY % i, CROSS_PAST_VALUE % i):
+                if name not in inputs:
+                    raise UnsupportedModelError(f"the cached decoder has no input {name}")
+        decoder_inputs["cross_past_key_names"] = CROSS_PAST_KEY
+        decoder_inputs["cross_past_value_names"] = CROSS_PAST_VALUE
+        encoder_outputs["cross_present_key_names"] = CROSS_PRESENT_KEY
+        encoder_outputs["cross_present_value_names"] = CROSS_PRESENT_VALUE
+    else:
+        decoder_inputs["encoder_hidden_states"] = "encoder_hidden_states"
     inplace = "past_sequence_length" in inputs
     if inplace:
         decoder_inputs["past_sequence_length"] = "past_sequence_length"
@@ -138,7 +173,7 @@ def whisper_for_genai(
                 **encoder_block,
                 "num_hidden_layers": int(config.get("encoder_layers", layers)),
                 "inputs": {"audio_features": "input_features"},
-                "outputs": {"encoder_hidden_states": "last_hidden_state"},
+                "outputs": encoder_outputs,
             },
             "decoder": {
                 "filename": DECODER_FILE,
@@ -162,5 +197,16 @@ def whisper_for_genai(
             "top_k": 1,
         },
     }
-    write_genai_config(genai, os.path.join(out, GENAI_CONFIG))
+    out = os.fspath(folder)
+    # The config is committed with the decoder, the last file written: a folder missing any of
+    # the three is never mistaken for a complete one.
+    enc.model.save(os.path.join(out, ENCODER_FILE))
+    dec.model.save(
+        os.path.join(out, DECODER_FILE), side_files={GENAI_CONFIG: genai_config_bytes(genai)}
+    )
+    for report, name in ((enc, ENCODER_FILE), (dec, DECODER_FILE)):
+        assert report.model is not None
+        report.output = os.path.join(out, name)
+        report.ops_after = report.model.op_counts()
+        report.nodes_after = sum(report.ops_after.values())
     return GenaiWhisperReport(out, enc, dec, genai)

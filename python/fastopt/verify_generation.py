@@ -95,7 +95,7 @@ def _encoder_feeds(sess: Any, seed: int) -> dict[str, np.ndarray]:
 def _feed(sess: Any, ids: list[int], past_len: int) -> dict[str, np.ndarray]:
     names = {i.name for i in sess.get_inputs()}
     total = past_len + len(ids)
-    feed = {
+    feed: dict[str, np.ndarray] = {
         "input_ids": np.array([ids], np.int64),
         "attention_mask": np.ones((1, total), np.int64),
         "position_ids": np.arange(past_len, total, dtype=np.int64)[None, :],

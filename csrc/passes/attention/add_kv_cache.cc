@@ -434,9 +434,10 @@ const PassRegistrar kRegister{{
       "an encoder-decoder's decoder: 1 caches the cross-attention's keys and values (computed "
       "at the first step, passed through after), 0 recomputes them from encoder_hidden_states at "
       "every step (the decoder onnxruntime-genai's whisper runs when the encoder gives no cross "
-      "cache)",
+      "cache), 2 reads them from inputs the encoder computes (its projections become outputs, "
+      "which fastopt.genai_whisper moves into the encoder)",
       1,
-      {{0, "recompute"}, {1, "cached"}}}},
+      {{0, "recompute"}, {1, "cached"}, {2, "from_encoder"}}}},
 }};
 
 }  // namespace

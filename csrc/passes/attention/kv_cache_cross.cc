@@ -45,10 +45,21 @@
 // projections of encoder_hidden_states, fed whole at every step. That is the decoder
 // onnxruntime-genai's whisper runs when its encoder has no present_key_cross_* outputs (it then
 // feeds encoder_hidden_states to every decoder step and only binds the self-attention cache).
+//
+// Option cross_attention_cache 2 (from the encoder): each cross-attention reads its keys and
+// values from the graph inputs past_key_values.<i>.encoder.key|value (B, H, E, D), which nothing
+// in the decoder writes; the projections of encoder_hidden_states that computed them become the
+// graph outputs present.<i>.encoder.key|value, for move_cross_projections (cross_cache_split.h)
+// to move into the encoder. That pair is onnxruntime-genai's other whisper form: the encoder
+// computes the cross cache once, every decoder step reads it, and the decoder has no
+// encoder_hidden_states.
 #include "passes/attention/kv_cache_cross.h"
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -57,12 +68,14 @@
 #include "ir/constant.h"
 #include "ir/dtype.h"
 #include "ir/error.h"
+#include "passes/attention/head_split.h"
 #include "passes/attention/shapes.h"
 #include "passes/fusion_util.h"
 
 namespace fastopt::passes::kv_cache {
 namespace {
 using pattern::attr_int;
+using pattern::attr_ints;
 
 std::string cross_name(const char* prefix, size_t layer, bool encoder, bool value) {
   return prefix + std::to_string(layer) + (encoder ? ".encoder" : ".decoder") +
@@ -306,6 +319,50 @@ void cache_kv(Graph& g, KvCacheBuilder& b, Node* att, size_t layer, bool encoder
   }
 }
 
+// The nodes that compute `v` for its one reader alone: its producer, and theirs while the value
+// between has one use (what an edit replacing `v` leaves dead).
+std::vector<Node*> exclusive_producers(const Value* v) {
+  std::vector<Node*> nodes;
+  std::vector<const Value*> todo = {v};
+  while (!todo.empty()) {
+    const Value* x = todo.back();
+    todo.pop_back();
+    Node* p = x ? x->producer() : nullptr;
+    if (!p || x->uses().size() != 1 || x->is_graph_output()) continue;
+    if (std::find(nodes.begin(), nodes.end(), p) != nodes.end()) continue;
+    nodes.push_back(p);
+    for (const Value* in : p->inputs()) todo.push_back(in);
+  }
+  return nodes;
+}
+
+// Option cross_attention_cache 2: the cross-attention `att` reads K and V from graph inputs; the
+// projections (B, E, H*D) they were split from (`sources`, checked before any edit) get a head
+// split of their own, Reshape [0, 0, H, D] + Transpose(0,2,1,3), as graph outputs. The export's
+// split may take its sizes from the decoder's states (bart's view(bsz, -1, H, D)); this one reads
+// nothing but the projection, so the encoder can compute it. The old split goes with the edit.
+void cross_from_inputs(Graph& g, KvCacheBuilder& b, Node* att, const std::array<Value*, 2>& sources,
+                       size_t layer, const Dim& batch) {
+  const KvShape s = kv_shape(att);
+  const std::string length = "encoder_sequence_length_out";
+  for (int kv = 0; kv < 2; ++kv) {
+    const std::vector<Node*> old_split = exclusive_producers(att->inputs()[1 + kv]);
+    const int64_t d = kv ? s.dv : s.dk;
+    Value* split = b.op(
+        "Reshape",
+        {sources[static_cast<size_t>(kv)], b.constant("kv_cross_heads", {0, 0, s.heads, d}, {4})},
+        "kv_cross_split", att);
+    Value* present = b.op("Transpose", {split}, cross_name(kPresentPrefix, layer, true, kv == 1),
+                          att, one_attr(attr_ints("perm", {0, 2, 1, 3})));
+    present->type =
+        tensor_type(s.dtype, {batch, value_dim(s.heads), param_dim(length), value_dim(d)});
+    g.add_output(present);
+    att->set_input(1 + kv, add_past(g, cross_name(kPastPrefix, layer, true, kv == 1), s, kv == 1,
+                                    batch, length));
+    pattern::remove_dead(g, old_split);
+  }
+}
+
 // In place: P (int64 scalar) from the new input past_sequence_length (int32 (1)).
 Value* past_length_input(Graph& g, KvCacheBuilder& b, Node* head) {
   Value* p = g.create_value(kPastSequenceLength);
@@ -323,7 +380,9 @@ int64_t add_cross_cache(Model& m, const std::vector<Node*>& attentions, int64_t 
   Graph& g = *m.graph;
   const bool inplace = mode == 2;
   const auto cross_option = ctx.options.find("cross_attention_cache");
-  const bool cross_cached = cross_option == ctx.options.end() || cross_option->second != 0;
+  const int64_t cross_mode = cross_option == ctx.options.end() ? 1 : cross_option->second;
+  const bool cross_cached = cross_mode == 1;
+  const bool cross_inputs = cross_mode == 2;
   Value* input_ids = graph_input(g, "input_ids");
   Value* hidden = graph_input(g, kEncoderHiddenStates);
   Value* encoder_mask = graph_input(g, "encoder_attention_mask");
@@ -344,14 +403,25 @@ int64_t add_cross_cache(Model& m, const std::vector<Node*>& attentions, int64_t 
   if (default_opset(m) < 13) refuse("the model's opset is below 13");
   std::vector<BiasedLayer> biased;
   const std::vector<Pair> pairs = pair_layers(g, attentions, hidden, input_ids, biased);
+  std::unordered_map<const Node*, std::array<Value*, 2>> cross_sources;  // option 2: K, V (B,E,HD)
   for (const Pair& p : pairs) {
     if (p.cross->inputs().size() > 3 && p.cross->inputs()[3] && !encoder_mask) {
       refuse("cross-attention '" + p.cross->name.value +
              "' has a mask but the decoder has no encoder_attention_mask input");
     }
+    for (int kv = 1; cross_inputs && kv <= 2; ++kv) {
+      const Value* x = p.cross->inputs()[static_cast<size_t>(kv)];
+      Value* x3 = bsd_source(g, x, dtype_of(x));
+      if (!x3 || projected_input(x3) != hidden) {
+        refuse("cross-attention '" + p.cross->name.value + "' reads " + (kv == 1 ? "K" : "V") +
+               " '" + x->name() + "', not proven a head split of a (B, E, H*D) projection of " +
+               "encoder_hidden_states: the encoder could not compute it alone");
+      }
+      cross_sources[p.cross][static_cast<size_t>(kv - 1)] = x3;
+    }
   }
   for (size_t i = 0; i < pairs.size(); ++i) {
-    for (bool encoder : {false, cross_cached}) {
+    for (bool encoder : {false, cross_mode != 0}) {
       for (const char* prefix : {kPastPrefix, kPresentPrefix}) {
         for (bool value : {false, true}) {
           const std::string n = cross_name(prefix, i, encoder, value);
@@ -372,6 +442,9 @@ int64_t add_cross_cache(Model& m, const std::vector<Node*>& attentions, int64_t 
   for (size_t i = 0; i < pairs.size(); ++i) {
     cache_kv(g, b, pairs[i].self, i, false, batch);
     if (cross_cached) cache_kv(g, b, pairs[i].cross, i, true, batch);
+    if (cross_inputs) {
+      cross_from_inputs(g, b, pairs[i].cross, cross_sources.at(pairs[i].cross), i, batch);
+    }
   }
   Node* head = g.first();
   Value* zero = b.constant("kv_zero", {0}, {});
@@ -417,8 +490,12 @@ int64_t add_cross_cache(Model& m, const std::vector<Node*>& attentions, int64_t 
   use_relative_biases(g, b, biased, q_col, k_pos, causal, ctx);
   offset_positions(b, ranges, past_len, ctx);
   ctx.counters["seq2seq decoder layers cached"] += static_cast<int64_t>(pairs.size());
-  if (!cross_cached) {
+  if (cross_mode == 0) {
     ctx.counters["cross-attentions reading encoder_hidden_states every step"] +=
+        static_cast<int64_t>(pairs.size());
+  }
+  if (cross_inputs) {
+    ctx.counters["cross-attentions reading a cross cache the encoder computes"] +=
         static_cast<int64_t>(pairs.size());
   }
   return static_cast<int64_t>(pairs.size());
