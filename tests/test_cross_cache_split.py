@@ -133,3 +133,33 @@ def test_genai_whisper_rejects_an_unknown_cross_cache_form(tmp_path: Path) -> No
             fx.encoder, fx.decoder, tmp_path / "g", fx.meta["config"], cross_cache="both"
         )
     assert not (tmp_path / "g").exists()
+
+
+def test_refused_when_the_decoder_still_needs_encoder_hidden_states() -> None:
+    """The decoder loses encoder_hidden_states, so nothing else in it may read it: neither
+    directly nor through a node the cross cache shares with the rest of the decoder."""
+    fx = sg.seq2seq_fixtures("bart")[0]
+    enc = fastopt.optimize(str(fx.encoder), preset="llm").model
+    assert enc is not None
+    direct = _with_cross_outputs(fx, "standard")
+    g = direct.graph
+    hidden = g.value("encoder_hidden_states")
+    assert hidden is not None
+    g.add_output(g.add_node("Identity", [hidden], ["also_hidden"]).outputs[0])
+    before = _counts(enc), _counts(direct)
+    with pytest.raises(fastopt.ModelError, match=r"also feeds Identity .* would still need it"):
+        _C.move_cross_projections(enc, "last_hidden_state", direct)
+    assert (_counts(enc), _counts(direct)) == before
+
+    shared = _with_cross_outputs(fx, "standard")
+    g = shared.graph
+    hidden = g.value("encoder_hidden_states")
+    assert hidden is not None
+    reader = next(
+        u for u in g.nodes if any(v is not None and v.name == hidden.name for v in u.inputs)
+    )
+    g.add_output(g.add_node("Identity", [reader.outputs[0]], ["also_projected"]).outputs[0])
+    before = _counts(enc), _counts(shared)
+    with pytest.raises(fastopt.ModelError, match=r"for the rest of the decoder"):
+        _C.move_cross_projections(enc, "last_hidden_state", shared)
+    assert (_counts(enc), _counts(shared)) == before

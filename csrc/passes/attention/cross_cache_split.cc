@@ -125,6 +125,27 @@ int64_t move_cross_projections(Model& encoder, const std::string& hidden, Model&
                    "', which does not compute the cross cache: the decoder would still need it");
     }
   }
+  // Cone nodes the decoder still needs after the move (read outside the cone, or feeding one
+  // that is) stay; none of them may read encoder_hidden_states, which the decoder then loses.
+  const std::unordered_set<const Value*> present_set(presents.begin(), presents.end());
+  std::unordered_set<const Node*> staying;
+  for (auto it = cone.nodes.rbegin(); it != cone.nodes.rend(); ++it) {
+    const Node* n = *it;
+    for (const Value* o : n->outputs()) {
+      if (!o) continue;
+      bool kept = o->is_graph_output() && !present_set.count(o);
+      for (const Use& u : o->uses()) kept = kept || !moved.count(u.node) || staying.count(u.node);
+      if (kept) staying.insert(n);
+    }
+  }
+  for (const Node* n : staying) {
+    for (const Value* x : n->inputs()) {
+      if (x == fed) {
+        refuse_split(n->op_type + " '" + n->name.value + "' reads encoder_hidden_states for " +
+                     "the cross cache and for the rest of the decoder, which would still need it");
+      }
+    }
+  }
   std::vector<OpsetId> imports;
   for (const Node* n : cone.nodes) {
     const std::string& domain = canonical_domain(n->domain.value);
@@ -157,7 +178,6 @@ int64_t move_cross_projections(Model& encoder, const std::string& hidden, Model&
     to[c] = eg.add_initializer(c->name(), std::make_shared<Tensor>(*c->initializer()));
     to[c]->type = c->type;
   }
-  const std::unordered_set<const Value*> present_set(presents.begin(), presents.end());
   std::unordered_set<std::string> node_names;
   for (const Node* n = eg.first(); n; n = n->next()) node_names.insert(n->name.value);
   for (const Node* n : cone.nodes) {
