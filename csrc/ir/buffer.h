@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -26,6 +27,14 @@ class Buffer {
   // Throws ModelError when bytes [0, end) can no longer be read as they were loaded (a file
   // truncated or rewritten since: touching its mapping past the new end would raise SIGBUS).
   virtual void check_unchanged(uint64_t end) const { (void)end; }
+  // Hands bytes [offset, offset + n) to `sink` in order, piece by piece, without data(): for
+  // buffers whose bytes are made when read (ColumnConcatBuffer), so that a save streams them
+  // instead of holding them all. false when this buffer cannot (the caller reads data()).
+  using Sink = std::function<void(const uint8_t* piece, uint64_t size)>;
+  virtual bool stream(uint64_t offset, uint64_t n, const Sink& sink) const {
+    (void)offset, (void)n, (void)sink;
+    return false;
+  }
 };
 
 // Bytes owned in memory (serialized models handed over from Python, tensors made by passes).

@@ -14,7 +14,7 @@ UninitBuffer::~UninitBuffer() {
 }
 
 std::shared_ptr<Tensor> make_tensor(int32_t dtype, std::vector<int64_t> dims,
-                                    std::shared_ptr<UninitBuffer> buffer) {
+                                    std::shared_ptr<const Buffer> buffer) {
   auto t = std::make_shared<Tensor>();
   t->data_type = dtype;
   t->dims = std::move(dims);

@@ -34,6 +34,6 @@ class UninitBuffer final : public Buffer {
 // A raw tensor over all of `buffer`, which the caller has filled; ModelError when its size is
 // not the shape's.
 std::shared_ptr<Tensor> make_tensor(int32_t dtype, std::vector<int64_t> dims,
-                                    std::shared_ptr<UninitBuffer> buffer);
+                                    std::shared_ptr<const Buffer> buffer);
 
 }  // namespace fastopt

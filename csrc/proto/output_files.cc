@@ -238,8 +238,11 @@ void OutputFile::read_from(int src, uint64_t offset, uint64_t n, const std::stri
 void OutputFile::copy(const ByteRef& ref) {
   if (ref.size == 0) return;
   const int src = ref.buffer->fd();
-  if (src < 0) {  // bytes in memory
-    write(ref.data(), ref.size);
+  if (src < 0) {  // bytes in memory, or made as they are read
+    if (!ref.buffer->stream(ref.offset, ref.size,
+                            [this](const uint8_t* p, uint64_t n) { write(p, n); })) {
+      write(ref.data(), ref.size);
+    }
     return;
   }
   ref.buffer->check_unchanged(ref.offset + ref.size);

@@ -26,9 +26,9 @@
 // kernel launches on GPUs, small-M decode on some backends); -1 turns packing off.
 // Split needs sizes as an input, so packing needs default opset >= 13.
 #include <algorithm>
-#include <cstring>
 #include <map>
 
+#include "ir/column_concat.h"
 #include "ir/constant.h"
 #include "ir/uninit_buffer.h"
 #include "passes/fusion_util.h"
@@ -72,27 +72,19 @@ Node* bias_add(const Node* mm, int64_t n, int32_t dtype, std::shared_ptr<const T
   return add;
 }
 
-// Concatenates row-major [rows, n_i] tensors along their last axis into new bytes, written
-// once in order (a row of each source in turn): no zero-fill, sequential stores.
-std::shared_ptr<UninitBuffer> concat_columns(const std::vector<std::shared_ptr<const Tensor>>& ts,
+// Row-major [rows, n_i] tensors side by side along their last axis, as bytes made when read
+// (column_concat.h: a save streams them from the sources; typed-field tensors: decoded copies,
+// kept alive by the buffer).
+std::shared_ptr<const Buffer> concat_columns(const std::vector<std::shared_ptr<const Tensor>>& ts,
                                              int64_t rows, uint64_t elem) {
-  std::vector<ByteRef> src;  // views (typed-field tensors: decoded copies, kept alive here)
+  std::vector<ByteRef> src;
   std::vector<uint64_t> row_bytes;
-  uint64_t total_row = 0;
   for (const auto& t : ts) {
     src.push_back(t->bytes());
     row_bytes.push_back(static_cast<uint64_t>(t->dims.back()) * elem);
-    total_row += row_bytes.back();
   }
-  auto out = std::make_shared<UninitBuffer>(total_row * static_cast<uint64_t>(rows));
-  uint8_t* dst = out->mutable_data();
-  for (int64_t r = 0; r < rows; ++r) {
-    for (size_t i = 0; i < ts.size(); ++i) {
-      std::memcpy(dst, src[i].data() + static_cast<uint64_t>(r) * row_bytes[i], row_bytes[i]);
-      dst += row_bytes[i];
-    }
-  }
-  return out;
+  return std::make_shared<ColumnConcatBuffer>(std::move(src), std::move(row_bytes),
+                                              static_cast<uint64_t>(rows));
 }
 
 // The group reordered as GQA's (query, key, value) when its outputs are exactly those three
