@@ -46,7 +46,8 @@ import sys, time, fastopt
 t0 = time.perf_counter()
 model = fastopt.load(sys.argv[1])
 t1 = time.perf_counter()
-r = fastopt.optimize(model, output=sys.argv[2], preset="llm", kv_cache="inplace")
+kw = {} if sys.argv[3] == "1" else {"fsync": False}  # (--against builds may predate it)
+r = fastopt.optimize(model, output=sys.argv[2], preset="llm", kv_cache="inplace", **kw)
 t2 = time.perf_counter()
 print(t2 - t0, t1 - t0, sum(p.seconds for p in r.passes))
 """
@@ -165,10 +166,10 @@ def _cp(src_dir: Path, out: Path, fsync: bool) -> list[float]:
     return [time.perf_counter() - t0]
 
 
-def _fastopt(src: Path, out: Path, python: str = sys.executable) -> list[float]:
+def _fastopt(src: Path, out: Path, python: str = sys.executable, fsync: bool = True) -> list[float]:
     """[total, load, passes] inside the child (the rest of the total is the save)."""
     done = subprocess.run(
-        [python, "-c", _CHILD, str(src), str(out / "model.onnx")],
+        [python, "-c", _CHILD, str(src), str(out / "model.onnx"), "1" if fsync else "0"],
         check=True,
         capture_output=True,
         text=True,
@@ -177,7 +178,7 @@ def _fastopt(src: Path, out: Path, python: str = sys.executable) -> list[float]:
 
 
 def save_vs_cp(rounds: int, against: str | None = None) -> list[str]:
-    modes = ("cp", "fastopt", "cp+fsync", *(("against",) if against else ()))
+    modes = ("cp", "fastopt", "cp+fsync", "no-fsync", *(("against",) if against else ()))
     times: dict[str, list[list[float]]] = {m: [] for m in modes}
     work = Path(tempfile.mkdtemp(prefix="gw-save-", dir=str(LARGE.parent.parent)))
     try:
@@ -189,6 +190,8 @@ def save_vs_cp(rounds: int, against: str | None = None) -> list[str]:
                 subprocess.run(["sync"], check=True)
                 if mode == "fastopt":
                     t = _fastopt(LARGE, out)
+                elif mode == "no-fsync":
+                    t = _fastopt(LARGE, out, fsync=False)
                 elif mode == "against":
                     t = _fastopt(LARGE, out, against or "")
                 else:
@@ -223,6 +226,10 @@ def save_vs_cp(rounds: int, against: str | None = None) -> list[str]:
         f"- fastopt / cp: ratio of medians {med['fastopt'] / med['cp']:.2f}x, per round "
         f"{', '.join(f'{r:.2f}' for r in ratios)} (target <= {SAVE_TARGET}x); fastopt / "
         f"(cp + fsync) {med['fastopt'] / med['cp+fsync']:.2f}x",
+        f"- fastopt with fsync=False (`--no-fsync`: no writeback, no fsync, as cp): median "
+        f"{med['no-fsync']:.2f} s ({runs('no-fsync')}); / cp: ratio of medians "
+        f"{med['no-fsync'] / med['cp']:.2f}x, per round "
+        f"{', '.join(f'{f / c:.2f}' for f, c in zip(total['no-fsync'], total['cp']))}",
         *(
             [
                 f"- the same under `{against}` (--against, interleaved): median "

@@ -606,12 +606,15 @@ def _striped(n: int, seed: int) -> np.ndarray:
     return (np.arange(n, dtype=np.float64) * 0.25 + seed * 1e6).astype(np.float32)
 
 
+@pytest.mark.parametrize("fsync", [True, False])
 @pytest.mark.parametrize("source", ["file", "memory"])
-def test_save_streams_tensors_across_writeback_chunks(tmp_path: Path, source: str) -> None:
+def test_save_streams_tensors_across_writeback_chunks(
+    tmp_path: Path, source: str, fsync: bool
+) -> None:
     """The save hands its output to writeback in 32 MiB chunks as it appends (output_files.cc:
     copy_file_range and write at most a chunk per call). Tensors larger than a chunk, at odd
     offsets in the input and in the output, from a file (copied in the kernel) or from memory
-    (written), come out byte for byte."""
+    (written), come out byte for byte; with fsync=False too (no writeback, no fsync)."""
     sizes = {"big_a": 11_000_003, "big_b": 9_000_001, "tail": 257}  # 44 + 36 MB + 1 KiB
     arrays = {name: _striped(n, k) for k, (name, n) in enumerate(sizes.items())}
     nodes = [helper.make_node("Identity", [n], [f"out_{n}"], name=f"id_{n}") for n in sizes]
@@ -636,9 +639,56 @@ def test_save_streams_tensors_across_writeback_chunks(tmp_path: Path, source: st
     else:
         m = fastopt.from_onnx(proto)
     out = tmp_path / "out" / "model.onnx"
-    m.save(str(out), external_data=True, size_threshold=2048)  # "tail" (1 KiB) stays inline
+    m.save(str(out), external_data=True, size_threshold=2048, fsync=fsync)  # "tail" stays inline
     data = out.parent / "model.onnx.data"
     assert data.stat().st_size == sum(a.nbytes for n, a in arrays.items() if n != "tail")
     saved = onnx.load(str(out))
     for t in saved.graph.initializer:
         np.testing.assert_array_equal(numpy_helper.to_array(t), arrays[t.name], strict=True)
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
+def test_fsync_false_makes_no_sync_calls(tmp_path: Path) -> None:
+    """The default save fsyncs each file and hands its chunks to writeback; fsync=False makes
+    neither call (counted by strace in a child process)."""
+    data = np.arange(9_000_000, dtype=np.float32)  # 36 MB: more than one writeback chunk
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["w"], ["y"])],
+        "g",
+        [],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [data.size])],
+        [numpy_helper.from_array(data, "w")],
+    )
+    src = tmp_path / "in.onnx"
+    onnx.save_model(helper.make_model(graph), str(src), save_as_external_data=True)
+    counts = {}
+    for fsync in (True, False):
+        out = tmp_path / f"out_{fsync}" / "model.onnx"
+        code = (
+            "import fastopt, sys; "
+            f"fastopt.load(sys.argv[1]).save(sys.argv[2], external_data=True, fsync={fsync})"
+        )
+        done = subprocess.run(
+            [
+                "strace",
+                "-f",
+                "-qq",
+                "-e",
+                "trace=fsync,sync_file_range",
+                "-o",
+                str(tmp_path / f"trace_{fsync}"),
+                sys.executable,
+                "-c",
+                code,
+                str(src),
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0 and "ptrace" in done.stderr:
+            pytest.skip("strace cannot trace here: " + done.stderr.strip())
+        assert done.returncode == 0, done.stderr
+        counts[fsync] = (tmp_path / f"trace_{fsync}").read_text().count("(")
+        assert np.array_equal(numpy_helper.to_array(onnx.load(str(out)).graph.initializer[0]), data)
+    assert counts[True] >= 3 and counts[False] == 0, counts  # 2 files + their folder; chunks

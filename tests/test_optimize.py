@@ -137,6 +137,18 @@ def test_cli_optimize_report_and_explain(model_path: Path, tmp_path: Path) -> No
     np.testing.assert_array_equal(sess.run(None, {"X": x})[0], -np.maximum(x, 0))
 
 
+def test_cli_optimize_no_fsync(model_path: Path, tmp_path: Path) -> None:
+    """--no-fsync (Model.save(fsync=False)): the same output, written without waiting for the
+    disk (tests/test_external_data.py counts the calls it skips)."""
+    outs = []
+    for flags in ([], ["--no-fsync"]):
+        out = tmp_path / f"out{len(outs)}.onnx"
+        r = _cli("optimize", str(model_path), "-o", str(out), "--verify", *flags)
+        assert r.returncode == 0, r.stderr
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+
+
 def test_cli_errors(model_path: Path, tmp_path: Path) -> None:
     r = _cli("optimize", str(model_path), "-o", str(model_path))
     assert r.returncode == 2 and "must differ" in r.stderr

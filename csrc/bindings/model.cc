@@ -202,8 +202,10 @@ fastopt._C.load_skeleton(bytes, model) or apply its types with Model.apply_types
           "save",
           [](const Model& mm, const py::object& path, const py::object& external_data,
              const std::string& location, uint64_t size_threshold, uint64_t align,
-             uint64_t max_file_bytes, const std::map<std::string, py::bytes>& side_files) {
+             uint64_t max_file_bytes, const std::map<std::string, py::bytes>& side_files,
+             bool fsync) {
             SaveOptions o;
+            o.durable = fsync;
             for (const auto& [name, bytes] : side_files) o.side_files.emplace_back(name, bytes);
             o.location = location;
             if (external_data.is_none()) {
@@ -227,6 +229,7 @@ fastopt._C.load_skeleton(bytes, model) or apply its types with Model.apply_types
           py::arg("path"), py::arg("external_data") = py::none(), py::kw_only(),
           py::arg("location") = "", py::arg("size_threshold") = 1024, py::arg("align") = 0,
           py::arg("max_file_bytes") = 0, py::arg("side_files") = std::map<std::string, py::bytes>{},
+          py::arg("fsync") = true,
           R"doc(Writes the model: complete or absent at every instant, never over the loaded model's files.
 
 Files are written unnamed and named at the end, data files before the model file (the old
@@ -241,7 +244,10 @@ external data otherwise; True always moves tensors of at least size_threshold by
 2 GB); a string is True with that location. align pads each tensor's offset in the data file to
 a multiple of it (4096 lets runtimes mmap tensors); max_file_bytes > 0 splits the data into
 several files. side_files ({name: bytes}) are written beside the model and committed with it
-(genai_config.json: never beside another model file).)doc");
+(genai_config.json: never beside another model file). fsync=False writes as cp does: no
+writeback while writing and no fsync, so the save returns before the bytes reach the disk; the
+files are still complete or absent for every reader and if this process dies, but a power loss
+may leave them partial.)doc");
 
   m.def(
       "write_file",

@@ -147,6 +147,7 @@ class DataFiles {
     inputs_.check_output(path, "external data file");
     files_.push_back({name, files_.empty() && adopt_ ? std::make_unique<OutputFile>(path, *adopt_)
                                                      : std::make_unique<OutputFile>(path)});
+    files_.back().file->set_durable(opt_.durable);
   }
   uint64_t padded(uint64_t n) const {
     return opt_.align > 1 ? (n + opt_.align - 1) / opt_.align * opt_.align : n;
@@ -503,7 +504,7 @@ bool plan_in_place(const Model& model, const std::string& folder, InPlace& plan)
 // the room around the tensors' bytes, which stay where the pass wrote them, and the rest of the
 // model is appended. False (nothing written) when the model does not fit the file's layout.
 bool write_in_place(const Model& model, const std::string& path, const std::string& folder,
-                    const std::function<void(OutputFile&)>& commit) {
+                    bool durable, const std::function<void(OutputFile&)>& commit) {
   InPlace plan;
   if (!plan_in_place(model, folder, plan)) return false;
   wire::Writer w = ModelWriter(model, nullptr, 0).model_graph_first(plan);
@@ -519,6 +520,7 @@ bool write_in_place(const Model& model, const std::string& path, const std::stri
   }
   if (pos < own) return false;
   OutputFile out(path, *plan.file);
+  out.set_durable(durable);
   pos = 0;
   for (const auto& piece : w.pieces()) {
     if (pos >= own) {
@@ -595,6 +597,7 @@ void write_model_file(const Model& model, const std::string& path, const SaveOpt
   std::vector<std::unique_ptr<OutputFile>> side;
   for (const auto& [name, bytes] : options.side_files) {
     side.push_back(std::make_unique<OutputFile>(folder + "/" + name));
+    side.back()->set_durable(options.durable);
     side.back()->write(bytes.data(), bytes.size());
   }
   auto commit = [&](OutputFile& out, std::vector<OutputFile*> files) {
@@ -606,10 +609,14 @@ void write_model_file(const Model& model, const std::string& path, const SaveOpt
   if (options.external != SaveOptions::External::kAlways) {
     // Quantized weights written before the save are already in place in a file laid out as a
     // model file: written once (one fsync), not copied. (It checks the 2 GB limit itself.)
-    if (write_in_place(model, path, folder, [&](OutputFile& out) { commit(out, {}); })) return;
+    if (write_in_place(model, path, folder, options.durable,
+                       [&](OutputFile& out) { commit(out, {}); })) {
+      return;
+    }
     wire::Writer w = ModelWriter(model, nullptr, 0).model();
     if (w.size() <= kProtobufLimit) {
       OutputFile out(path);
+      out.set_durable(options.durable);
       write_pieces(out, w);
       commit(out, {});
       return;
@@ -625,6 +632,7 @@ void write_model_file(const Model& model, const std::string& path, const SaveOpt
                      " bytes, over protobuf's 2 GB limit, even with external data");
   }
   OutputFile out(path);
+  out.set_durable(options.durable);
   write_pieces(out, w);
   commit(out, data.files());
 }

@@ -22,6 +22,9 @@ struct SaveOptions {
   // Small files written beside the model (name in the output folder, bytes), committed with
   // the data files: e.g. genai_config.json, which must never describe another model file.
   std::vector<std::pair<std::string, std::string>> side_files;
+  // false: no writeback, no fsync (as cp writes): the files are still complete or absent for
+  // every reader and after a crash of this process, but a power loss may leave them partial.
+  bool durable = true;
 };
 
 // Writes the model file, its data files and side files: complete or absent at every instant

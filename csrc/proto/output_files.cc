@@ -269,6 +269,7 @@ void OutputFile::copy(const ByteRef& ref) {
 // pages a save leaves stay bounded instead of throttling every writer on the machine.
 void OutputFile::appended(uint64_t n) {
   size_ += n;
+  if (!durable_) return;
   while (size_ - flushed_ >= kWritebackChunk) {
     const auto at = static_cast<off64_t>(flushed_);
     const auto len = static_cast<off64_t>(kWritebackChunk);
@@ -284,6 +285,7 @@ void OutputFile::appended(uint64_t n) {
 }
 
 void OutputFile::sync() {
+  if (!durable_) return;
   if (::fsync(fd_) != 0) throw ModelError("cannot write '" + final_ + "': " + errno_text());
 }
 
@@ -298,6 +300,7 @@ void OutputFile::name() {
     // The unnamed file cannot be linked here (no capability, no /proc): copy it to a named
     // temporary, then rename. Only this rare path can leave a temporary if killed.
     OutputFile named(final_, /*unnamed=*/false);
+    named.durable_ = durable_;
     named.read_from(fd_, 0, size_, final_);
     named.sync();
     named.name();
@@ -346,7 +349,8 @@ class KillSwitch {
 // Commit order. Killed at any step, or looked at by a reader at any instant, the folder holds
 // the old output, the new one, or no model file; never the old model file beside new data
 // (which would load without error, with wrong weights), never a partial or temporary file:
-//   1. every new file is complete and fsynced while it is still unnamed (O_TMPFILE);
+//   1. every new file is complete and fsynced while it is still unnamed (O_TMPFILE; a save with
+//      SaveOptions::durable false skips the fsyncs, so only steps 2-4 hold after a power loss);
 //   2. the old model file is removed: from here on no model file names old data;
 //   3. each data file: the old one is removed and the new one linked under its name;
 //   4. the new model file is linked under its name, last: it appears only with all its data;
@@ -373,7 +377,8 @@ void commit_outputs(OutputFile* model, const std::vector<OutputFile*>& data) {
     model->committed_ = true;
     kill.step();  // 4
   }
-  sync_folder(dirname_of(model ? model->final_ : data.front()->final_));
+  if (!model || model->durable_)
+    sync_folder(dirname_of(model ? model->final_ : data.front()->final_));
   kill.step();  // 5
 }
 

@@ -114,6 +114,8 @@ class OutputFile {
   // kernel where it can), never through its mapping: a source that shrank since the load is a
   // ModelError, not a SIGBUS.
   void copy(const ByteRef& ref);
+  // false (before any write): no writeback while writing and no fsync at commit (SaveOptions).
+  void set_durable(bool durable) { durable_ = durable; }
 
  private:
   friend void commit_outputs(OutputFile* model, const std::vector<OutputFile*>& data);
@@ -128,6 +130,7 @@ class OutputFile {
   uint64_t size_ = 0;
   uint64_t flushed_ = 0;  // bytes [0, flushed_) handed to writeback (appended)
   bool committed_ = false;
+  bool durable_ = true;
   bool can_copy_range_ = true;
   const AdoptableFile* adopted_ = nullptr;  // the file taken, if any
   uint64_t adopted_size_ = 0;               // its own bytes

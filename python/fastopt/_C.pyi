@@ -257,7 +257,7 @@ class Model:
         """
         Bytes of all initializers (subgraphs included)
         """
-    def save(self, path: typing.Any, external_data: typing.Any = None, *, location: str = '', size_threshold: typing.SupportsInt | typing.SupportsIndex = 1024, align: typing.SupportsInt | typing.SupportsIndex = 0, max_file_bytes: typing.SupportsInt | typing.SupportsIndex = 0, side_files: collections.abc.Mapping[str, bytes] = {}) -> None:
+    def save(self, path: typing.Any, external_data: typing.Any = None, *, location: str = '', size_threshold: typing.SupportsInt | typing.SupportsIndex = 1024, align: typing.SupportsInt | typing.SupportsIndex = 0, max_file_bytes: typing.SupportsInt | typing.SupportsIndex = 0, side_files: collections.abc.Mapping[str, bytes] = {}, fsync: bool = True) -> None:
         """
         Writes the model: complete or absent at every instant, never over the loaded model's files.
         
@@ -273,7 +273,10 @@ class Model:
         2 GB); a string is True with that location. align pads each tensor's offset in the data file to
         a multiple of it (4096 lets runtimes mmap tensors); max_file_bytes > 0 splits the data into
         several files. side_files ({name: bytes}) are written beside the model and committed with it
-        (genai_config.json: never beside another model file).
+        (genai_config.json: never beside another model file). fsync=False writes as cp does: no
+        writeback while writing and no fsync, so the save returns before the bytes reach the disk; the
+        files are still complete or absent for every reader and if this process dies, but a power loss
+        may leave them partial.
         """
     def self_contained_size(self) -> int:
         """

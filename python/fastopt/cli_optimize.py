@@ -47,6 +47,12 @@ def add_parser(sub: Any) -> None:
         help="auto: external data only when the model is over 2 GB",
     )
     opt.add_argument(
+        "--no-fsync",
+        action="store_true",
+        help="write as cp does: return before the output reaches the disk (still complete or "
+        "absent for readers; a power loss may leave it partial)",
+    )
+    opt.add_argument(
         "--verify", action="store_true", help="compare outputs of input and output in ONNX Runtime"
     )
     opt.add_argument(
@@ -149,6 +155,7 @@ def run_command(args: argparse.Namespace) -> int:
             target=args.target,
             output=args.output,
             external_data=external,
+            fsync=not args.no_fsync,
             explain=args.explain,
             progress=on_pass,
             options=options,

@@ -103,6 +103,7 @@ def optimize(
     output: str | os.PathLike[str] | None = None,
     *,
     external_data: bool | str | None = None,
+    fsync: bool = True,
     explain: str | None = None,
     max_iterations: int = 10,
     progress: ProgressFn | None = None,
@@ -117,7 +118,8 @@ def optimize(
     place). ``preset`` (default "default": the LLM fusions, and the classic CNN fusions where
     they match; see ``fastopt.PRESETS``) names the passes to run; ``passes`` overrides it.
     ``target`` is "ort" (ONNX Runtime, contrib ops allowed) or "onnx" (standard ops only).
-    ``output`` saves the result (atomically; external data as in ``Model.save``). ``explain``
+    ``output`` saves the result (atomically; external data as in ``Model.save``; ``fsync`` False
+    returns before the bytes reach the disk, as ``Model.save(fsync=False)``). ``explain``
     names a rule ("*" for all) whose non-matches are explained in ``report.explain``.
     ``options`` are settings for the passes (``ctx.options``),
     e.g. ``{"opset": 18}`` for convert_version or ``{"fold_max_bytes": 1 << 16}``, checked
@@ -209,7 +211,7 @@ def optimize(
             # the model, so an old config never sits beside the new model.
             config = genai_config(model, os.path.basename(out_path), inplace=kv_cache == "inplace")
             side_files[GENAI_CONFIG] = genai_config_bytes(config)
-        model.save(out_path, external_data, side_files=side_files)
+        model.save(out_path, external_data, side_files=side_files, fsync=fsync)
     return OptimizeReport(
         passes=reports,
         nodes_before=sum(ops_before.values()),
