@@ -17,6 +17,7 @@ import onnxruntime as ort
 import pytest
 import seq2seq_generation as sg
 from fastopt import _C
+from fastopt.verify_generation import verify_generation
 from llm_fixtures import PARITY_ATOL
 
 STEPS = 16
@@ -163,3 +164,28 @@ def test_refused_when_the_decoder_still_needs_encoder_hidden_states() -> None:
     with pytest.raises(fastopt.ModelError, match=r"for the rest of the decoder"):
         _C.move_cross_projections(enc, "last_hidden_state", shared)
     assert (_counts(enc), _counts(shared)) == before
+
+
+VERIFIED = [fx for fx in FIXTURES if fx.name.endswith("_ts_float32")]
+
+
+@pytest.mark.parametrize("cross_mode", [1, 2])
+@pytest.mark.parametrize("kv_cache", ["standard", "inplace"])
+@pytest.mark.parametrize("fx", VERIFIED, ids=[fx.name for fx in VERIFIED])
+def test_verify_generation_reads_the_cross_cache_it_primed(
+    fx: sg.Seq2SeqFixture, kv_cache: str, cross_mode: int, tmp_path: Path
+) -> None:
+    """`--verify` on a cached decoder: one run on empty pasts gives the cross cache (Concat(empty,
+    projection) for option 1, the projection itself for 2), which every step then reads. Option 2
+    failed before (its cross pasts were taken for an in-place buffer of zeros)."""
+    out = tmp_path / "decoder.onnx"
+    fastopt.optimize(
+        str(fx.decoder),
+        output=str(out),
+        preset="llm",
+        kv_cache=kv_cache,  # type: ignore[arg-type]
+        options={"cross_attention_cache": cross_mode},
+    )
+    report = verify_generation(str(fx.decoder), str(out))
+    assert report.ok and report.inplace == (kv_cache == "inplace")
+    assert report.tokens_cached == report.tokens_original

@@ -9,8 +9,10 @@ back as the next pasts. The generated tokens must be equal and each step's logit
 dtype's tolerance (float32 1e-3, float16 2e-2: a cache changes the accumulation order).
 
 An encoder-decoder's decoder (an ``encoder_hidden_states`` input) decodes over random encoder
-states (batch 1, 8 rows, encoder_attention_mask all ones): the cached model gets them on the
-first step and 0 rows after, its cross cache holding them (add_kv_cache's seq2seq form).
+states (batch 1, 8 rows, encoder_attention_mask all ones). A cached decoder with a cross cache
+gets it from one run on empty pasts (its present.<i>.encoder.* outputs), then reads it at every
+step with 0 encoder rows: add_kv_cache's seq2seq form, and its cross_attention_cache 2 (the
+decoder half of genai whisper's form, whose cross cache the encoder computes).
 """
 
 from __future__ import annotations
@@ -127,7 +129,11 @@ def verify_generation(
     geometry = cache_geometry(cached)
     # In place: past and present share the buffer's length dim (a seq2seq decoder's cross cache
     # stays standard beside in-place self-attention buffers).
-    in_place = {p.name for p, o in zip(pasts, _presents(sess, pasts)) if p.shape[2] == o.shape[2]}
+    in_place = {
+        p.name
+        for p, o in zip(pasts, _presents(sess, pasts))
+        if p.shape[2] == o.shape[2] and not _is_cross(p.name)
+    }
     report.inplace = bool(in_place)
     total = prompt_length + steps
     cache: dict[str, np.ndarray] = {}
@@ -140,10 +146,12 @@ def verify_generation(
         cache[p.name] = np.zeros((1, heads, total if inplace else 0, size), _NUMPY[p.type])
 
     encoder = _encoder_feeds(ref_sess, seed)
-    cross = dict(encoder)  # what the cached model gets: the encoder states on the first step only
+    cross = dict(encoder)  # what the cached model gets
     seq = list(prompt)
     past_len = 0
     step_ids = list(prompt)
+    if any(_is_cross(p.name) for p in pasts):
+        _prime_cross_cache(sess, outputs, pasts, cache, cross, _feed(sess, step_ids, 0), report)
     for _ in range(steps):
         try:
             (ref,) = ref_sess.run(["logits"], {**_feed(ref_sess, seq, 0), **encoder})
@@ -162,16 +170,57 @@ def verify_generation(
         report.tokens_original.append(int(want.argmax()))
         report.tokens_cached.append(int(have.argmax()))
         for p in pasts:
-            cache[p.name] = got[_present(p.name)]
+            if not _is_cross(p.name):  # (the cross cache stays what the priming run gave)
+                cache[p.name] = got[_present(p.name)]
         past_len += len(step_ids)
         step_ids = [report.tokens_original[-1]]  # both continue from the reference token
         seq.append(step_ids[0])
-        # The cross cache holds them now (a decoder without one reads them at every step).
-        if "encoder_hidden_states" in cross and any(".encoder." in p.name for p in pasts):
-            cross["encoder_hidden_states"] = encoder["encoder_hidden_states"][:, :0]
     if not report.ok:
         raise VerifyError(str(report), report)  # type: ignore[arg-type]
     return report
+
+
+def _prime_cross_cache(
+    sess: Any,
+    outputs: list[str],
+    pasts: list[Any],
+    cache: dict[str, np.ndarray],
+    cross: dict[str, np.ndarray],
+    feed: dict[str, np.ndarray],
+    report: GenerationReport,
+) -> None:
+    """Puts the cross cache into `cache`, once, from the encoder states in `cross`: one run gives
+    it as present.<i>.encoder.*, which every step then reads.
+
+    add_kv_cache's cross_attention_cache 1 appends the projection of encoder_hidden_states to its
+    past (a past of another length than its present): the run gets empty pasts, and later steps
+    0 encoder rows. Option 2 reads the past as given, of the present's length (the projection is
+    an output only; genai whisper's encoder computes it): the run gets zeros of the encoder's
+    length, whose logits are not used, and the states stay whole."""
+    by_name = {o.name: o for o in sess.get_outputs()}
+    crossed = [p for p in pasts if _is_cross(p.name)]
+    appends = any(p.shape[2] != by_name[_present(p.name)].shape[2] for p in crossed)
+    rows = cross["encoder_hidden_states"].shape[1]
+    for p in crossed:
+        shape = cache[p.name].shape
+        cache[p.name] = np.zeros(
+            (shape[0], shape[1], 0 if appends else rows, shape[3]), cache[p.name].dtype
+        )
+    try:
+        primed = dict(zip(outputs, sess.run(outputs, {**feed, **cross, **cache})))
+    except Exception as e:
+        raise OutputRejectedError(
+            f"the cached model does not run (a fastopt bug): {e}",
+            report,  # type: ignore[arg-type]
+        ) from e
+    for p in crossed:
+        cache[p.name] = primed[_present(p.name)]
+    if appends:
+        cross["encoder_hidden_states"] = cross["encoder_hidden_states"][:, :0]
+
+
+def _is_cross(past: str) -> bool:
+    return ".encoder." in past  # past_key_values.<i>.encoder.key|value: a seq2seq cross cache
 
 
 def _present(past: str) -> str:
