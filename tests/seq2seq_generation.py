@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import fastopt
 import numpy as np
 import onnxruntime as ort
 from kv_generation import session
@@ -90,6 +91,26 @@ def encoder_feeds(fx: Seq2SeqFixture, seed: int = 0) -> dict[str, np.ndarray]:
     mask[1, 6:] = 0
     ids[1, 6:] = int(meta["config"].get("pad_token_id") or 0)
     return {"input_ids": ids, "attention_mask": mask}
+
+
+def cached_decoder(
+    fx: Seq2SeqFixture,
+    kv_cache: str,
+    cross_attention_cache: int,
+    output: str | os.PathLike[str] | None = None,
+) -> fastopt.Model:
+    """fx's decoder optimized with preset llm, a `kv_cache` self-attention cache and add_kv_cache's
+    option cross_attention_cache (0 recompute, 1 cached, 2 from the encoder), saved to `output`
+    when given."""
+    report = fastopt.optimize(
+        str(fx.decoder),
+        output=None if output is None else str(output),
+        preset="llm",
+        kv_cache=kv_cache,  # type: ignore[arg-type]
+        options={"cross_attention_cache": cross_attention_cache},
+    )
+    assert report.model is not None
+    return report.model
 
 
 def encode(

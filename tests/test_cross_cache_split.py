@@ -30,14 +30,7 @@ def _layers(fx: sg.Seq2SeqFixture) -> int:
 
 
 def _with_cross_outputs(fx: sg.Seq2SeqFixture, kv_cache: str) -> fastopt.Model:
-    dec = fastopt.optimize(
-        str(fx.decoder),
-        preset="llm",
-        kv_cache=kv_cache,  # type: ignore[arg-type]
-        options={"cross_attention_cache": 2},
-    ).model
-    assert dec is not None
-    return dec
+    return sg.cached_decoder(fx, kv_cache, 2)
 
 
 def _split(fx: sg.Seq2SeqFixture, kv_cache: str) -> tuple[fastopt.Model, fastopt.Model, int]:
@@ -175,17 +168,12 @@ VERIFIED = [fx for fx in FIXTURES if fx.name.endswith("_ts_float32")]
 def test_verify_generation_reads_the_cross_cache_it_primed(
     fx: sg.Seq2SeqFixture, kv_cache: str, cross_mode: int, tmp_path: Path
 ) -> None:
-    """`--verify` on a cached decoder: one run on empty pasts gives the cross cache (Concat(empty,
-    projection) for option 1, the projection itself for 2), which every step then reads. Option 2
-    failed before (its cross pasts were taken for an in-place buffer of zeros)."""
+    """`--verify` on a cached decoder: one priming run gives the cross cache (on empty pasts,
+    Concat(empty, projection), for option 1; on zeros of the encoder's length, the projection
+    itself, for 2), which every step then reads. Option 2 failed before (its cross pasts were
+    taken for an in-place buffer of zeros)."""
     out = tmp_path / "decoder.onnx"
-    fastopt.optimize(
-        str(fx.decoder),
-        output=str(out),
-        preset="llm",
-        kv_cache=kv_cache,  # type: ignore[arg-type]
-        options={"cross_attention_cache": cross_mode},
-    )
+    sg.cached_decoder(fx, kv_cache, cross_mode, out)
     report = verify_generation(str(fx.decoder), str(out))
     assert report.ok and report.inplace == (kv_cache == "inplace")
     assert report.tokens_cached == report.tokens_original

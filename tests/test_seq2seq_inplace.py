@@ -140,13 +140,7 @@ def test_cross_recomputed_decoder_generates_the_same_tokens(
     mask = feeds.get("attention_mask")
     start = int(fx.meta["decoder_start_token_id"])
     out = tmp_path / "decoder.onnx"
-    fastopt.optimize(
-        str(fx.decoder),
-        output=str(out),
-        preset="llm",
-        kv_cache=kv_cache,  # type: ignore[arg-type]
-        options={"cross_attention_cache": 0},
-    )
+    sg.cached_decoder(fx, kv_cache, 0, out)
     m = onnx.load(str(out))
     names = {i.name for i in m.graph.input} | {o.name for o in m.graph.output}
     assert not any(".encoder." in n for n in names), names

@@ -377,8 +377,8 @@ void commit_outputs(OutputFile* model, const std::vector<OutputFile*>& data) {
     model->committed_ = true;
     kill.step();  // 4
   }
-  if (!model || model->durable_)
-    sync_folder(dirname_of(model ? model->final_ : data.front()->final_));
+  const OutputFile* named_last = model ? model : data.front();
+  if (named_last->durable_) sync_folder(dirname_of(named_last->final_));
   kill.step();  // 5
 }
 

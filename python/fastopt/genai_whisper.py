@@ -120,12 +120,12 @@ def whisper_for_genai(
     assert enc.model is not None and dec.model is not None
     if from_encoder:
         _C.move_cross_projections(enc.model, ENCODER_HIDDEN, dec.model)
-    assert dec.model is not None
     graph = dec.model.graph
     inputs = {v.name: v for v in graph.inputs if v is not None}
     outputs = {v.name: v for v in graph.outputs if v is not None}
+    pasts = [SELF_PAST_KEY, SELF_PAST_VALUE] + ([CROSS_PAST_KEY, CROSS_PAST_VALUE] * from_encoder)
     for i in range(layers):
-        for name in (SELF_PAST_KEY % i, SELF_PAST_VALUE % i):
+        for name in (p % i for p in pasts):
             if name not in inputs:
                 raise UnsupportedModelError(f"the cached decoder has no input {name}")
     head_size = hidden // heads
@@ -137,10 +137,6 @@ def whisper_for_genai(
     }
     encoder_outputs = {"encoder_hidden_states": ENCODER_HIDDEN}
     if from_encoder:
-        for i in range(layers):
-            for name in (CROSS_PAST_KEY % i, CROSS_PAST_VALUE % i):
-                if name not in inputs:
-                    raise UnsupportedModelError(f"the cached decoder has no input {name}")
         decoder_inputs["cross_past_key_names"] = CROSS_PAST_KEY
         decoder_inputs["cross_past_value_names"] = CROSS_PAST_VALUE
         encoder_outputs["cross_present_key_names"] = CROSS_PRESENT_KEY

@@ -10,9 +10,9 @@ dtype's tolerance (float32 1e-3, float16 2e-2: a cache changes the accumulation 
 
 An encoder-decoder's decoder (an ``encoder_hidden_states`` input) decodes over random encoder
 states (batch 1, 8 rows, encoder_attention_mask all ones). A cached decoder with a cross cache
-gets it from one run on empty pasts (its present.<i>.encoder.* outputs), then reads it at every
-step with 0 encoder rows: add_kv_cache's seq2seq form, and its cross_attention_cache 2 (the
-decoder half of genai whisper's form, whose cross cache the encoder computes).
+gets it from one priming run (its present.<i>.encoder.* outputs; _prime_cross_cache), then reads
+it at every step: add_kv_cache's seq2seq form, and its cross_attention_cache 2 (the decoder half
+of genai whisper's form, whose cross cache the encoder computes).
 """
 
 from __future__ import annotations
@@ -157,14 +157,9 @@ def verify_generation(
             (ref,) = ref_sess.run(["logits"], {**_feed(ref_sess, seq, 0), **encoder})
         except Exception as e:
             raise InputRejectedError(f"the original model does not run: {e}", report) from e  # type: ignore[arg-type]
-        try:
-            outs = sess.run(outputs, {**_feed(sess, step_ids, past_len), **cross, **cache})
-        except Exception as e:
-            raise OutputRejectedError(
-                f"the cached model does not run (the original does: a fastopt bug): {e}",
-                report,  # type: ignore[arg-type]
-            ) from e
-        got = dict(zip(outputs, outs))
+        got = _run_cached(
+            sess, outputs, {**_feed(sess, step_ids, past_len), **cross, **cache}, report
+        )
         want, have = ref[0, -1].astype(np.float64), got["logits"][0, -1].astype(np.float64)
         report.max_abs_err = max(report.max_abs_err, float(np.max(np.abs(want - have))))
         report.tokens_original.append(int(want.argmax()))
@@ -197,26 +192,31 @@ def _prime_cross_cache(
     0 encoder rows. Option 2 reads the past as given, of the present's length (the projection is
     an output only; genai whisper's encoder computes it): the run gets zeros of the encoder's
     length, whose logits are not used, and the states stay whole."""
-    by_name = {o.name: o for o in sess.get_outputs()}
     crossed = [p for p in pasts if _is_cross(p.name)]
-    appends = any(p.shape[2] != by_name[_present(p.name)].shape[2] for p in crossed)
+    appends = any(p.shape[2] != o.shape[2] for p, o in zip(crossed, _presents(sess, crossed)))
     rows = cross["encoder_hidden_states"].shape[1]
     for p in crossed:
         shape = cache[p.name].shape
         cache[p.name] = np.zeros(
             (shape[0], shape[1], 0 if appends else rows, shape[3]), cache[p.name].dtype
         )
-    try:
-        primed = dict(zip(outputs, sess.run(outputs, {**feed, **cross, **cache})))
-    except Exception as e:
-        raise OutputRejectedError(
-            f"the cached model does not run (a fastopt bug): {e}",
-            report,  # type: ignore[arg-type]
-        ) from e
+    primed = _run_cached(sess, outputs, {**feed, **cross, **cache}, report)
     for p in crossed:
         cache[p.name] = primed[_present(p.name)]
     if appends:
         cross["encoder_hidden_states"] = cross["encoder_hidden_states"][:, :0]
+
+
+def _run_cached(
+    sess: Any, outputs: list[str], feeds: dict[str, np.ndarray], report: GenerationReport
+) -> dict[str, np.ndarray]:
+    try:
+        return dict(zip(outputs, sess.run(outputs, feeds)))
+    except Exception as e:
+        raise OutputRejectedError(
+            f"the cached model does not run (the original does: a fastopt bug): {e}",
+            report,  # type: ignore[arg-type]
+        ) from e
 
 
 def _is_cross(past: str) -> bool:

@@ -103,10 +103,7 @@ int64_t move_cross_projections(Model& encoder, const std::string& hidden, Model&
                  "<i>.encoder.key|value outputs (add_kv_cache's cross_attention_cache 2 "
                  "writes them)");
   }
-  Value* fed = nullptr;
-  for (Value* v : dg.inputs()) {
-    if (v && v->name() == kEncoderHiddenStates) fed = v;
-  }
+  Value* fed = graph_input(dg, kEncoderHiddenStates);
   if (!fed) refuse_split("the decoder has no encoder_hidden_states input");
   Value* source = graph_output(eg, hidden);
   if (!source) refuse_split("the encoder has no output '" + hidden + "'");
@@ -118,15 +115,9 @@ int64_t move_cross_projections(Model& encoder, const std::string& hidden, Model&
 
   const Cone cone = cone_of(dg, presents, fed);
   const std::unordered_set<const Node*> moved(cone.nodes.begin(), cone.nodes.end());
-  for (const Use& u : fed->uses()) {
-    if (!moved.count(u.node)) {
-      refuse_split("encoder_hidden_states also feeds " + u.node->op_type + " '" +
-                   u.node->name.value +
-                   "', which does not compute the cross cache: the decoder would still need it");
-    }
-  }
   // Cone nodes the decoder still needs after the move (read outside the cone, or feeding one
-  // that is) stay; none of them may read encoder_hidden_states, which the decoder then loses.
+  // that is) stay. The decoder loses encoder_hidden_states, so only moved nodes that do not stay
+  // may read it.
   const std::unordered_set<const Value*> present_set(presents.begin(), presents.end());
   std::unordered_set<const Node*> staying;
   for (auto it = cone.nodes.rbegin(); it != cone.nodes.rend(); ++it) {
@@ -138,12 +129,15 @@ int64_t move_cross_projections(Model& encoder, const std::string& hidden, Model&
       if (kept) staying.insert(n);
     }
   }
-  for (const Node* n : staying) {
-    for (const Value* x : n->inputs()) {
-      if (x == fed) {
-        refuse_split(n->op_type + " '" + n->name.value + "' reads encoder_hidden_states for " +
-                     "the cross cache and for the rest of the decoder, which would still need it");
-      }
+  for (const Use& u : fed->uses()) {
+    const Node* n = u.node;
+    if (!moved.count(n)) {
+      refuse_split("encoder_hidden_states also feeds " + n->op_type + " '" + n->name.value +
+                   "', which does not compute the cross cache: the decoder would still need it");
+    }
+    if (staying.count(n)) {
+      refuse_split(n->op_type + " '" + n->name.value + "' reads encoder_hidden_states for " +
+                   "the cross cache and for the rest of the decoder, which would still need it");
     }
   }
   std::vector<OpsetId> imports;
