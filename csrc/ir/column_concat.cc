@@ -80,4 +80,9 @@ bool ColumnConcatBuffer::stream(uint64_t offset, uint64_t n, const Sink& sink) c
   return true;
 }
 
+const ColumnConcatBuffer* whole_column_concat(const ByteRef& ref) {
+  const auto* packed = dynamic_cast<const ColumnConcatBuffer*>(ref.buffer.get());
+  return packed && ref.offset == 0 && ref.size == packed->size() ? packed : nullptr;
+}
+
 }  // namespace fastopt

@@ -29,6 +29,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "ir/column_concat.h"
 #include "ir/constant.h"
 #include "ir/error.h"
 #include "passes/fusion_util.h"
@@ -355,6 +356,10 @@ class PrecisionConverter {
     j.name = name;
     j.src = t.bytes();
     j.numel = t.numel();
+    // A packed weight is read as its rows, block by block from its sources (no packed copy).
+    if (whole_column_concat(j.src) && t.dims.size() == 2 && t.dims[1] > 0) {
+      j.row_elems = static_cast<uint64_t>(t.dims[1]);
+    }
     j.to = to_;
     return j;
   }

@@ -45,11 +45,17 @@ void run_convert_jobs(std::vector<ConvertJob>& jobs, TempFile& out, int threads,
   };
   std::vector<Tile> tiles;
   std::vector<uint64_t> work;
+  std::vector<WeightSource> sources;
   for (size_t j = 0; j < jobs.size(); ++j) {
-    WeightSource{jobs[j].src, 1, static_cast<int64_t>(jobs[j].numel), 1}.check_readable();
+    const uint64_t row = jobs[j].row_elems;
+    sources.emplace_back(jobs[j].src, 1, static_cast<int64_t>(jobs[j].numel / row),
+                         static_cast<int64_t>(row));
+    sources.back().check_readable();
     jobs[j].offset = out.reserve(jobs[j].data_bytes(), jobs[j].framing);
-    for (uint64_t b = 0; b < jobs[j].numel; b += kTileFloats) {
-      tiles.push_back({j, b, std::min(jobs[j].numel, b + kTileFloats)});
+    // Tiles of whole rows (elements when flat).
+    const uint64_t step = std::max<uint64_t>(1, kTileFloats / row) * row;
+    for (uint64_t b = 0; b < jobs[j].numel; b += step) {
+      tiles.push_back({j, b, std::min(jobs[j].numel, b + step)});
       work.push_back((tiles.back().end - b) * 4);
     }
   }
@@ -67,15 +73,16 @@ void run_convert_jobs(std::vector<ConvertJob>& jobs, TempFile& out, int threads,
         ConvertJob& job = jobs[t.job];
         Scratch& s = scratch[static_cast<size_t>(w)];
         const int64_t n = static_cast<int64_t>(t.end - t.begin);
-        // The tensor as [numel, 1]: rows [begin, end) are one contiguous read.
-        const WeightSource src{job.src, 1, static_cast<int64_t>(job.numel), 1};
+        const WeightSource& src = sources[t.job];
+        const auto row = static_cast<int64_t>(job.row_elems);
+        const int64_t r0 = static_cast<int64_t>(t.begin) / row, rows = n / row;
         s.y.resize(static_cast<size_t>(n));
         const float* x = src.in_place();
         if (x) {
           x += t.begin;
         } else {
           s.x.resize(static_cast<size_t>(n));
-          src.read(static_cast<int64_t>(t.begin), n, 0, 1, s.x.data());
+          src.read(r0, rows, 0, row, s.x.data());
           x = s.x.data();
         }
         uint64_t clamped = 0;
@@ -95,7 +102,7 @@ void run_convert_jobs(std::vector<ConvertJob>& jobs, TempFile& out, int threads,
           }
         }
         err.count = static_cast<uint64_t>(n);
-        src.release_bytes(t.begin * 4, static_cast<uint64_t>(n) * 4);
+        src.release(r0, rows, 0, row);
         out.write(job.offset + t.begin * 2, s.y.data(), static_cast<uint64_t>(n) * 2);
         std::lock_guard<std::mutex> lock(mu);
         job.clamped += clamped;

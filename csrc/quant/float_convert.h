@@ -25,6 +25,9 @@ struct ConvertJob {
   std::string name;
   ByteRef src;  // float32 elements
   uint64_t numel = 0;
+  // Read as [numel / row_elems, row_elems] in whole rows: a packed weight's last dim, so that
+  // its column blocks are read from their sources (quant/weight_source.h); 1 = flat.
+  uint64_t row_elems = 1;
   int32_t to = 10;  // 10 float16, 16 bfloat16
 
   uint64_t data_bytes() const { return numel * 2; }

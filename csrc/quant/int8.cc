@@ -308,7 +308,8 @@ void run_int8_jobs(std::vector<Int8Job>& jobs, TempFile& out, int threads,
   std::vector<Task> first, codes;
   for (size_t j = 0; j < jobs.size(); ++j) {
     const Int8Job& job = jobs[j];
-    if (!job.transposed && job.data_bytes() * 4 <= whole_limit) {
+    // Whole only where it is read in place: a staged copy of it would be anonymous memory.
+    if (!job.transposed && job.src.in_place() && job.data_bytes() * 4 <= whole_limit) {
       first.push_back({j, 0, job.rows(), true});
       continue;
     }

@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
+#include "ir/column_concat.h"
 #include "ir/constant.h"
 #include "quant/blockwise.h"
 
@@ -41,27 +43,67 @@ void to_float(int32_t dtype, const uint8_t* p, size_t n, float* dst) {
   }
 }
 
+WeightSource::WeightSource(ByteRef bytes_in, int32_t dtype_in, int64_t K_in, int64_t N_in,
+                           bool transposed_in)
+    : bytes(std::move(bytes_in)), dtype(dtype_in), K(K_in), N(N_in), transposed(transposed_in) {
+  const ColumnConcatBuffer* packed = transposed ? nullptr : whole_column_concat(bytes);
+  if (!packed) return;
+  const uint64_t es = element_bytes();
+  std::vector<Block> blocks;
+  int64_t column = 0;
+  for (size_t i = 0; i < packed->sources().size(); ++i) {
+    const uint64_t row_bytes = packed->row_bytes()[i];
+    // Blocks that do not tile the rows as [K, N] elements are read through the made copy.
+    if (row_bytes % es != 0 || packed->sources()[i].size != row_bytes * static_cast<uint64_t>(K))
+      return;
+    const auto cols = static_cast<int64_t>(row_bytes / es);
+    blocks.push_back({WeightSource(packed->sources()[i], dtype, K, cols), column});
+    column += cols;
+  }
+  if (column == N) blocks_ = std::move(blocks);
+}
+
+template <typename F>
+void WeightSource::each_block(int64_t c0, int64_t cols, F f) const {
+  for (const Block& b : blocks_) {
+    const int64_t first = std::max(c0, b.column);
+    const int64_t last = std::min(c0 + cols, b.column + b.source.N);
+    if (first < last) f(b.source, first - b.column, last - first, first - c0);
+  }
+}
+
 void WeightSource::check_readable() const {
-  if (bytes.buffer) bytes.buffer->check_unchanged(bytes.offset + bytes.size);
+  if (!blocks_.empty()) {
+    for (const Block& b : blocks_) b.source.check_readable();
+  } else if (bytes.buffer) {
+    bytes.buffer->check_unchanged(bytes.offset + bytes.size);
+  }
 }
 
 const float* WeightSource::in_place() const {
-  if (dtype != 1) return nullptr;
+  if (dtype != 1 || !blocks_.empty()) return nullptr;
   const uint8_t* p = bytes.data();
   if (reinterpret_cast<uintptr_t>(p) % alignof(float) != 0) return nullptr;
   return reinterpret_cast<const float*>(p);
 }
 
-void WeightSource::read(int64_t r0, int64_t rows, int64_t c0, int64_t cols, float* dst) const {
+void WeightSource::read(int64_t r0, int64_t rows, int64_t c0, int64_t cols, float* dst,
+                        int64_t ld) const {
+  if (!blocks_.empty()) {
+    each_block(c0, cols, [&](const WeightSource& b, int64_t bc0, int64_t n, int64_t at) {
+      b.read(r0, rows, bc0, n, dst + at, ld);
+    });
+    return;
+  }
   const uint64_t es = element_bytes();
   const uint8_t* base = bytes.data();
-  if (cols == N) {
+  if (cols == N && ld == N) {
     to_float(dtype, base + static_cast<uint64_t>(r0 * N) * es, static_cast<size_t>(rows * N), dst);
     return;
   }
   for (int64_t r = 0; r < rows; ++r) {
     to_float(dtype, base + static_cast<uint64_t>((r0 + r) * N + c0) * es, static_cast<size_t>(cols),
-             dst + r * cols);
+             dst + r * ld);
   }
 }
 
@@ -107,6 +149,12 @@ void WeightSource::release_bytes(uint64_t offset, uint64_t n, bool more_follow) 
 
 void WeightSource::release(int64_t r0, int64_t rows, int64_t c0, int64_t cols,
                            bool more_follow) const {
+  if (!blocks_.empty()) {
+    each_block(c0, cols, [&](const WeightSource& b, int64_t bc0, int64_t n, int64_t) {
+      b.release(r0, rows, bc0, n, more_follow);
+    });
+    return;
+  }
   const uint64_t es = element_bytes();
   const int64_t row_len = transposed ? K : N;
   if (c0 == 0 && cols == row_len) {

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "ir/buffer.h"
 
@@ -17,22 +18,30 @@ namespace fastopt::quant {
 
 // A row-major [K, N] float weight (float32, float16 or bfloat16 elements), or with `transposed`
 // one stored as [N, K] (an embedding table [vocab, hidden], quantized along hidden like the
-// lm_head that reads its transpose).
+// lm_head that reads its transpose). A weight made of column blocks side by side (pack_matmuls'
+// packed Q/K/V, ir/column_concat.h) is read block by block from its sources, so that quantizing
+// it never makes the packed copy (1.6 GB of packed Q/K/V on a 7B-class fp16 model).
 struct WeightSource {
   ByteRef bytes;
   int32_t dtype = 1;
   int64_t K = 0, N = 0;
   bool transposed = false;
 
+  WeightSource() = default;
+  WeightSource(ByteRef bytes, int32_t dtype, int64_t K, int64_t N, bool transposed = false);
+
   // ModelError when the file behind the bytes shrank or changed since the load (touching its
   // mapping would raise SIGBUS or show other bytes). Call once before reading.
   void check_readable() const;
   // The float32 elements in place (element i of the stored layout at [i]), or null when they
-  // cannot be read in place (float16 / bfloat16, or not 4-byte aligned in the file).
+  // cannot be read in place (float16 / bfloat16, not 4-byte aligned in the file, or column
+  // blocks).
   const float* in_place() const;
   // Rows [r0, r0 + rows) x columns [c0, c0 + cols) as floats into dst (row stride cols).
   // Not for transposed sources.
-  void read(int64_t r0, int64_t rows, int64_t c0, int64_t cols, float* dst) const;
+  void read(int64_t r0, int64_t rows, int64_t c0, int64_t cols, float* dst) const {
+    read(r0, rows, c0, cols, dst, cols);
+  }
   // Transposed sources: columns [c0, c0 + cols), all of K, as floats into dst ([cols, K]).
   void read_columns(int64_t c0, int64_t cols, float* dst) const;
   // Rows [r0, r0 + rows) x columns [c0, c0 + cols) of the stored layout were read for the last
@@ -42,10 +51,26 @@ struct WeightSource {
   // already read included), and with `more_follow` false (the caller's last rows) the rest of
   // the region after them; a column strip releases the fault-around windows of each row's part.
   void release(int64_t r0, int64_t rows, int64_t c0, int64_t cols, bool more_follow = false) const;
-  // The same for bytes [offset, offset + n) of the stored layout.
+  // The same for bytes [offset, offset + n) of the stored layout (not for column blocks).
   void release_bytes(uint64_t offset, uint64_t n, bool more_follow = false) const;
 
   uint64_t element_bytes() const { return dtype == 1 ? 4 : 2; }
+
+ private:
+  void read(int64_t r0, int64_t rows, int64_t c0, int64_t cols, float* dst, int64_t ld) const;
+  // Calls f(block, c0 within the block, cols, column of the first one within [c0, c0 + cols))
+  // for each column block [c0, c0 + cols) overlaps.
+  template <typename F>
+  void each_block(int64_t c0, int64_t cols, F f) const;
+
+  // Column blocks, each [K, its N] with its first column at `column`; empty for one block.
+  struct Block;
+  std::vector<Block> blocks_;
+};
+
+struct WeightSource::Block {
+  WeightSource source;
+  int64_t column = 0;
 };
 
 // n elements of `dtype` (1 float32, 10 float16, 16 bfloat16) at p as floats.
