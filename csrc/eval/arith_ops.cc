@@ -1,4 +1,4 @@
-// The evaluator's arithmetic: Cast/CastLike, Neg/Abs/Not and the elementwise binary ops
+// The evaluator's arithmetic: Cast/CastLike, Neg/Abs/Not/Sqrt and the elementwise binary ops
 // (arithmetic, comparisons, logic, Min/Max), bit-exact with ONNX Runtime's CPU kernels or
 // declined (float16 arithmetic goes to the ONNX Runtime fallback).
 #include <algorithm>
@@ -89,14 +89,20 @@ Result Evaluator::unary() {
   const std::string& op = n_.op_type;
   const int32_t dt = x->dtype;
   if (!fits(dt, x->dims)) return std::nullopt;
-  const bool ok =
-      op == "Not" ? dt == kBool : (dt == kFloat || dt == kDouble || (is_int(dt) && dt != kBool));
+  const bool floats = dt == kFloat || dt == kDouble;
+  const bool ok = op == "Not"    ? dt == kBool
+                  : op == "Sqrt" ? floats
+                                 : floats || (is_int(dt) && dt != kBool);
   if (!ok) return unsupported();
   std::string bytes;
   for (uint64_t i = 0; i < x->numel; ++i) {
     if (op == "Not") {
       put_int(bytes, dt, x->i64(i) == 0);
-    } else if (dt == kFloat || dt == kDouble) {
+    } else if (op == "Sqrt") {
+      // IEEE square roots are correctly rounded: float's own, not a rounded double's.
+      const double v = x->f(i);
+      put_float(bytes, dt, dt == kFloat ? std::sqrt(static_cast<float>(v)) : std::sqrt(v));
+    } else if (floats) {
       const double v = x->f(i);
       put_float(bytes, dt, op == "Neg" ? -v : std::fabs(v));
     } else {

@@ -82,6 +82,7 @@ class Evaluator {
   Result slice();
   Result where();
   Result expand();
+  Result one_hot();
   Result constant_of_shape();
   Result range();
 

@@ -333,6 +333,42 @@ Result Evaluator::where() {
   return one(owned(a->dtype, std::move(*out), std::move(bytes)));
 }
 
+// OneHot (opset 9, 11): indices and depth int64, values [off, on] int64 or float (combinations
+// ONNX Runtime's CPU kernel registers); an index outside [-depth, depth) gives a row of `off`
+// (negative ones count from the end from opset 11 on).
+Result Evaluator::one_hot() {
+  auto idx = in(0), depth = in(1), values = in(2);
+  if (!idx || !depth || !values || opset_ < 9) return std::nullopt;
+  if (idx->dtype != kInt64 || depth->dtype != kInt64 ||
+      (values->dtype != kInt64 && values->dtype != kFloat)) {
+    return unsupported();
+  }
+  if (depth->numel != 1 || values->numel != 2) return std::nullopt;
+  const int64_t d = depth->i64(0);
+  const int64_t rank = static_cast<int64_t>(idx->dims.size());
+  const auto ax = axis(attr_i("axis").value_or(-1), rank + 1);
+  if (d <= 0 || !ax || rank == 0) return std::nullopt;  // indices of rank 0: invalid
+  Dims dims = idx->dims;
+  dims.insert(dims.begin() + *ax, d);
+  if (!fits(values->dtype, dims)) return std::nullopt;
+  // Output [outer, d, inner]: indices [outer, inner] split at the new axis.
+  const uint64_t inner = product(idx->dims, *ax), outer = idx->numel / std::max<uint64_t>(inner, 1);
+  const auto on = reinterpret_cast<const char*>(values->at(1));
+  const auto off = reinterpret_cast<const char*>(values->at(0));
+  std::string bytes;
+  bytes.reserve(static_cast<size_t>(outer * static_cast<uint64_t>(d) * inner * values->esize));
+  for (uint64_t o = 0; o < outer; ++o) {
+    for (int64_t k = 0; k < d; ++k) {
+      for (uint64_t i = 0; i < inner; ++i) {
+        int64_t v = idx->i64(o * inner + i);
+        if (v < 0 && opset_ >= 11) v += d;
+        bytes.append(v == k ? on : off, values->esize);
+      }
+    }
+  }
+  return one(owned(values->dtype, std::move(dims), std::move(bytes)));
+}
+
 Result Evaluator::expand() {
   auto x = in(0);
   auto shape = ints_in(1);

@@ -20,7 +20,7 @@ namespace fastopt::quant {
 // one stored as [N, K] (an embedding table [vocab, hidden], quantized along hidden like the
 // lm_head that reads its transpose). A weight made of column blocks side by side (pack_matmuls'
 // packed Q/K/V, ir/column_concat.h) is read block by block from its sources, so that quantizing
-// it never makes the packed copy (1.6 GB of packed Q/K/V on a 7B-class fp16 model).
+// it never makes the packed copy (on the 0.5B export, int4's peak RSS 234 -> 134 MB).
 struct WeightSource {
   ByteRef bytes;
   int32_t dtype = 1;

@@ -1,7 +1,7 @@
 """``fold_constants_ort``: constant folding through ONNX Runtime, for what fold_constants leaves.
 
 fold_constants (C++) evaluates the ops of shape computations natively. Nodes whose inputs are
-all constants but whose op it does not implement (Sqrt, Pow, Trilu, Split, float Range, float16
+all constants but whose op it does not implement (Pow, Trilu, Split, float Range, float16
 arithmetic, ...) are evaluated here: all such nodes of a graph, and the natively foldable nodes
 that depend on them, go into one small model (``_C.constant_nodes_model``) that ONNX Runtime runs
 once; if that fails, nodes are tried one by one. A Div / Mod by a divisor computed in the batch
