@@ -24,27 +24,30 @@ from onnx import TensorProto, helper, numpy_helper
 K, N = 1024, 4096  # three [K, N] fp32 weights sharing their input: 48 MB packed
 
 # VmHWM, not ru_maxrss: exec keeps the parent's ru_maxrss (pytest's, with the weights in it).
-_CHILD = """
+_PEAK = """
 import json, sys, fastopt
 def peak():
     for line in open("/proc/self/status"):
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
+"""
+
+_CHILD = (
+    _PEAK
+    + """
 m = fastopt.load(sys.argv[1])
 before = peak()
 r = fastopt.optimize(m, passes=["pack_matmuls"], options={"pack_matmuls": 1})
 r.model.save(sys.argv[2], external_data=True)
 print(json.dumps({"growth": peak() - before, "ops": r.ops_after}))
 """
+)
 
 # Quantizes argv[1] into argv[2] (argv[3]: mode, argv[4]: target) on one thread, after packing
 # its weights when argv[5] is "1"; prints the peak RSS growth from the load on.
-_QUANT_CHILD = """
-import json, sys, fastopt
-def peak():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
+_QUANT_CHILD = (
+    _PEAK
+    + """
 m = fastopt.load(sys.argv[1])
 before = peak()
 if sys.argv[5] == "1":
@@ -53,6 +56,7 @@ fastopt.quantize(m, sys.argv[2], mode=sys.argv[3], target=sys.argv[4], external_
                  threads=1)
 print(json.dumps({"growth": peak() - before}))
 """
+)
 
 
 def _model(path: Path) -> dict[str, np.ndarray]:
