@@ -254,6 +254,7 @@ ROPE_ARCHS = (
     "llama",
     "mistral",
     "qwen2",
+    "qwen3",
     "phi3",
     "gemma",
     "gemma3",

@@ -30,6 +30,7 @@ def test_fixture_set_is_complete() -> None:
         "qwen2_moe",
         "olmoe",
         "qwen2",
+        "qwen3",
         "phi3",
         "gemma",
         "gemma3",

@@ -16,10 +16,10 @@ from onnx import TensorProto, helper
 F, H = TensorProto.FLOAT, TensorProto.FLOAT16
 D = 8
 RMS_ARCHS = ("llama", "mistral", "qwen2", "phi3", "gemma", "gemma3", "glm", "glm4", "phi3_longrope")
-RMS_ARCHS += ("gemma2", *MOE_ARCHS)
+RMS_ARCHS += ("gemma2", "qwen3", *MOE_ARCHS)
 # Norms per layer: gemma3 has four around its blocks and q/k norms; gptj and cohere one (attention
-# and MLP in parallel); gemma2 four around its blocks; olmoe q/k norms besides its two; the
-# others two.
+# and MLP in parallel); gemma2 four around its blocks; olmoe and qwen3 q/k norms besides their
+# two; the others two.
 NORMS_PER_LAYER = {
     "gemma3": 6,
     "glm4": 4,
@@ -28,6 +28,7 @@ NORMS_PER_LAYER = {
     "gemma2": 4,
     "falcon": 1,
     "olmoe": 4,
+    "qwen3": 4,
 }
 DEFAULT = fastopt.registry.preset("classic")
 ORT_PASSES = [
@@ -58,8 +59,8 @@ def expected_ort(fx: Fixture) -> dict[str, int]:
             "SkipSimplifiedLayerNormalization": 2 * n,
         }
     # glm4, gemma2: post-norms end each block, pre-norms take the residual; olmoe: q/k norms
-    # (over the whole projection) read no residual
-    if fx.arch in ("glm4", "gemma2", "olmoe"):
+    # (over the whole projection), qwen3: q/k norms (per head), read no residual
+    if fx.arch in ("glm4", "gemma2", "olmoe", "qwen3"):
         return {
             "SimplifiedLayerNormalization": 2 * n + 1,
             "SkipSimplifiedLayerNormalization": 2 * n,

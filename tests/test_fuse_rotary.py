@@ -54,9 +54,9 @@ def test_fixture(fx: Fixture, target: str) -> None:
     assert all(a.get("interleaved", 0) == interleaved for a in attrs)
     if fx.arch == "gpt_neox":  # rotary_pct 0.5 of head 16, on a slice of the fused qkv: 4-D
         assert all(a["rotary_embedding_dim"] == 8 and a["num_heads"] == 4 for a in attrs)
-    elif fx.arch in ("gemma3", "falcon", "modernbert"):
-        # gemma3: after the q/k norms; falcon, modernbert: on heads sliced / split from the
-        # exported packed QKV: 4-D
+    elif fx.arch in ("gemma3", "qwen3", "falcon", "modernbert"):
+        # gemma3, qwen3: after the per-head q/k norms; falcon, modernbert: on heads sliced /
+        # split from the exported packed QKV: 4-D
         assert all("rotary_embedding_dim" not in a and "num_heads" not in a for a in attrs)
     else:  # 3-D on the projection, then the head split (gptj: partial 16 of 32, glm 8 of 16)
         partial = PARTIAL_DIM.get(fx.arch)

@@ -273,8 +273,9 @@ E2E = [
 ]
 CHUNKED = fixtures(decoder=True, dtype="float32", kv_cache=True)
 # Architectures whose rotary covers the whole head (gpt_neox rotates a quarter of it: GQA's
-# do_rotary cannot take that, the RotaryEmbedding stays).
-FULL_ROTARY = {"llama", "mistral", "qwen2", "phi3", "gemma"}
+# do_rotary cannot take that, the RotaryEmbedding stays); qwen3 and gemma3 rotate their heads
+# after a per-head norm (a 4-D rotary), which folds in as well.
+FULL_ROTARY = {"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma3"}
 
 
 def _optimize_with_cache(src: Path, out: Path, target: str, mode: str) -> None:

@@ -27,7 +27,7 @@ from llm_fixtures import (
 
 ALL = fixtures(fused_attention=True)
 RMS_ARCHS = {"llama", "mistral", "qwen2", "phi3", "gemma", "gemma3", "glm", "glm4", "phi3_longrope"}
-RMS_ARCHS |= {"gemma2", *MOE_ARCHS}
+RMS_ARCHS |= {"gemma2", "qwen3", *MOE_ARCHS}
 
 NORMS_ORT = (
     "SimplifiedLayerNormalization",
@@ -45,8 +45,9 @@ def expected_norms(fx: Fixture) -> int:
     # Two per layer plus the final one; bert: the embeddings' norm instead of a final one.
     # gemma3: four around the blocks (pre/post attention, pre/post MLP) and the q/k norms.
     # glm4: pre and post norms around both blocks. gptj, cohere, falcon: attention and MLP in
-    # parallel after one norm. gemma2: four around the blocks. olmoe: q/k norms too.
+    # parallel after one norm. gemma2: four around the blocks. olmoe, qwen3: q/k norms too.
     norms = {"gemma3": 6, "glm4": 4, "gptj": 1, "cohere": 1, "gemma2": 4, "falcon": 1, "olmoe": 4}
+    norms["qwen3"] = 4
     per_layer = norms.get(fx.arch, 2)
     embedding_norm = 1 if fx.arch == "bloom" else 0  # bloom: word_embeddings_layernorm too
     return per_layer * fx.layers + 1 + embedding_norm

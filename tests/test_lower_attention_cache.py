@@ -28,11 +28,15 @@ class Case:
     dtype: int = TensorProto.FLOAT
     rotary: bool = False  # com.microsoft RotaryEmbedding on q3/k3 (position_ids input)
     layers: int = 2
+    # Qwen3 / Gemma3: a per-head RMS norm after the head split, then the rotary on the BNSH
+    # heads (4-D) instead of on q3/k3.
+    head_norm: bool = False
 
 
 def build(c: Case, opset: int = 23) -> onnx.ModelProto:
     """q3/k3/v3 (B,S,H*D) -> [RotaryEmbedding] -> Reshape -> Transpose -> Concat(past, .) ->
-    internal Attention(q, present_k, present_v, mask) -> Transpose -> Reshape -> y.{i}."""
+    internal Attention(q, present_k, present_v, mask) -> Transpose -> Reshape -> y.{i}.
+    head_norm: q/k -> Reshape -> RMSNormalization -> Transpose -> RotaryEmbedding."""
     f, vi = c.dtype, helper.make_tensor_value_info
     b, s, p, t = "batch", "sequence_length", "past_sequence_length", "total_sequence_length"
     inputs = [
@@ -58,7 +62,7 @@ def build(c: Case, opset: int = 23) -> onnx.ModelProto:
         ang = np.arange(64)[:, None] * inv[None, :]
         for name, x in (("cos", np.cos(ang)), ("sin", np.sin(ang))):
             inits.append(onnx.numpy_helper.from_array(x.astype(NP[f]), name))
-        for x, heads in (("q3", c.hq), ("k3", c.hkv)):
+        for x, heads in (("q3", c.hq), ("k3", c.hkv)) if not c.head_norm else ():
             nodes.append(
                 helper.make_node(
                     "RotaryEmbedding",
@@ -68,7 +72,10 @@ def build(c: Case, opset: int = 23) -> onnx.ModelProto:
                     num_heads=heads,
                 )
             )
-        q_in, k_in = "q3_rot", "k3_rot"
+        q_in, k_in = ("q3", "k3") if c.head_norm else ("q3_rot", "k3_rot")
+    if c.head_norm:
+        for w, x in (("qnorm_w", 0.5), ("knorm_w", 1.5)):
+            inits.append(onnx.numpy_helper.from_array(np.linspace(x, 2 * x, c.d).astype(NP[f]), w))
     # The shared mask: allowed[b,s,t] = t <= P + s and attention_mask[b,t] != 0.
     nodes += [
         helper.make_node("Shape", ["past_key_values.0.key"], ["pshape"]),
@@ -89,12 +96,18 @@ def build(c: Case, opset: int = 23) -> onnx.ModelProto:
         inits.append(helper.make_tensor(f"{name}_shape", TensorProto.INT64, [4], [0, 0, heads, -1]))
     for i in range(c.layers):
         for name, src, heads in (("q", q_in, c.hq), ("k", k_in, c.hkv), ("v", "v3", c.hkv)):
-            nodes.append(helper.make_node("Reshape", [src, f"{name}_shape"], [f"{name}{i}_bshd"]))
-            nodes.append(
-                helper.make_node(
-                    "Transpose", [f"{name}{i}_bshd"], [f"{name}{i}"], perm=[0, 2, 1, 3]
-                )
-            )
+            bshd, bnsh = f"{name}{i}_bshd", f"{name}{i}"
+            nodes.append(helper.make_node("Reshape", [src, f"{name}_shape"], [bshd]))
+            if c.head_norm and name != "v":
+                nodes.append(helper.make_node(
+                    "RMSNormalization", [bshd, f"{name}norm_w"], [bshd + "_n"], axis=-1,
+                    epsilon=1e-6))  # fmt: skip
+                bshd, bnsh = bshd + "_n", f"{name}{i}_heads"
+            nodes.append(helper.make_node("Transpose", [bshd], [bnsh], perm=[0, 2, 1, 3]))
+            if bnsh != f"{name}{i}":
+                nodes.append(helper.make_node(
+                    "RotaryEmbedding", [bnsh, "position_ids", "cos", "sin"], [f"{name}{i}"],
+                    domain="com.microsoft"))  # fmt: skip
             vinfo.append(vi(f"{name}{i}", f, [b, heads, s, c.d]))
         for kv in ("key", "value"):
             past, present = f"past_key_values.{i}.{kv}", f"present.{i}.{kv}"
@@ -257,6 +270,9 @@ INPLACE = {
     "fp16_rotary": Case(rotary=True, dtype=TensorProto.FLOAT16),
     "fp32_mha_heads": Case(hkv=4),
     "fp32_rotary_d8": Case(rotary=True, d=8),  # head size % 16 != 0: RoPE stays outside
+    # the rotary on the normed BNSH heads (4-D) folds in too: GQA reads the norm's output
+    "fp32_rotary_head_norm": Case(rotary=True, head_norm=True),
+    "fp32_rotary_head_norm_d8": Case(rotary=True, head_norm=True, d=8),
 }
 
 
@@ -268,7 +284,8 @@ def test_inplace_gqa_matches_standard_decoding(case: str) -> None:
     o = ops(out)
     assert o.count("GroupQueryAttention") == c.layers and "Concat" not in o
     folded = c.rotary and c.d % 16 == 0
-    assert o.count("RotaryEmbedding") == (0 if folded else 2 * c.rotary)
+    rotaries = (2 * c.layers if c.head_norm else 2) if c.rotary else 0  # one per head split
+    assert o.count("RotaryEmbedding") == (0 if folded else rotaries)
     assert o.count("ReduceSum") == 1  # seqlens_k once for all layers
     for v in list(out.graph.input)[4:] + list(out.graph.output)[c.layers :]:
         if v.name.startswith(("past", "present")):

@@ -29,7 +29,7 @@ def test_fixtures_pack_all(fx):
     # nemotron (no gate) and deberta_v2 (biases) pack Q/K/V; falcon packs its exported QKV
     # with the parallel MLP's up projection; modernbert exports both packed already.
     packed_per_layer = {"llama": 2, "mistral": 2, "qwen2": 2, "gemma": 2, "gemma3": 2}
-    packed_per_layer |= {"gemma2": 2}
+    packed_per_layer |= {"gemma2": 2, "qwen3": 2}
     packed_per_layer |= {
         "bert": 1,
         "clip": 1,
@@ -43,7 +43,7 @@ def test_fixtures_pack_all(fx):
         "falcon": 1,
     }
     removed_per_layer = {"llama": 3, "mistral": 3, "qwen2": 3, "gemma": 3, "gemma3": 3}
-    removed_per_layer |= {"gemma2": 3}
+    removed_per_layer |= {"gemma2": 3, "qwen3": 3}
     removed_per_layer |= {
         "bert": 2,
         "clip": 2,

@@ -89,8 +89,9 @@
 //     layers, so that chunks after a past run for batch > 1; no bias for a boolean mask:
 //     valid tokens must be contiguous from 0 (right padding), which is what the runtimes feed; a
 //     float mask (ALiBi's score bias) is attention_bias at (S, total). RotaryEmbedding
-//     (com.microsoft, full, same cos/sin for Q and K) folds in as do_rotary when the head size is
-//     a multiple of 16 (kernel check); GQA then computes positions past_seqlen + s itself.
+//     (com.microsoft, full, same cos/sin for Q and K; on the 3-D projections or on the BNSH
+//     heads) folds in as do_rotary when the head size is a multiple of 16 (kernel check); GQA
+//     then computes positions past_seqlen + s itself.
 //
 // Fails (the driver then writes standard ops) when: the dtype is not fp32/fp16/bf16; S == T is
 // needed and not shown; GQA does not fit and MHA cannot stand in (fp16, or no static head size
@@ -320,8 +321,14 @@ BuiltOp build_gqa(Rewriter& rw, const OrtLoweringPlan& p, const Node* node, Valu
     const Node *rot_q = p.rotary_q, *rot_k = p.rotary_k;
     a.push_back(attr_int("do_rotary", 1));
     a.push_back(attr_int("rotary_interleaved", int_attr_or(rot_q, "interleaved", 0)));
-    gq = rot_q->inputs()[0];
-    gk = rot_k->inputs()[0];
+    // A 4-D rotary's BNSH input goes in as (B, S, H*D): its Transpose then meets the head
+    // split's and both fold away.
+    auto operand = [&](const Node* rot) {
+      Value* x = rot->inputs()[0];
+      return rank_of(x) == 4 ? to_bsd(rw, x, p.dtype) : x;
+    };
+    gq = operand(rot_q);
+    gk = operand(rot_k);
     cos = rot_q->inputs()[2];
     sin = rot_q->inputs()[3];
     ctx.counters["rotary folded into GroupQueryAttention"] += 1;

@@ -46,6 +46,16 @@ const Node* foldable_rotary(const Value* x3) {
   return r;
 }
 
+// The rotary GroupQueryAttention can apply instead of the one on the BNSH operand `x4`: a 3-D
+// one that made x4's (B, S, H*D) source, or a 4-D one that made x4 itself (a per-head norm
+// between the head split and the rotary: Qwen3, Gemma3, OLMoE), whose BNSH input GQA then
+// reads as (B, S, H*D).
+const Node* foldable_rotary_of(const Graph& g, const Value* x4, int32_t dtype) {
+  if (const Node* r = foldable_rotary(bsd_source(g, x4, dtype))) return r;
+  const Node* r = foldable_rotary(x4);
+  return r && rank_of(r->inputs()[0]) == 4 && dtype_of(r->inputs()[0]) == dtype ? r : nullptr;
+}
+
 // The attention_mask graph input (B, T) of the cached form (kv_cache contract), or null.
 Value* attention_mask_input(const Graph& g) {
   for (Value* v : g.inputs()) {
@@ -233,8 +243,8 @@ OrtLoweringPlan plan_ort_lowering(const Node* node, const Graph& g, const PassCo
   }
 
   // In place: RoPE goes into GQA (do_rotary) when both rotaries can fold there.
-  const Node* rot_q = inplace ? foldable_rotary(bsd_source(g, q, dtype)) : nullptr;
-  const Node* rot_k = inplace ? foldable_rotary(bsd_source(g, kn, dtype)) : nullptr;
+  const Node* rot_q = inplace ? foldable_rotary_of(g, q, dtype) : nullptr;
+  const Node* rot_k = inplace ? foldable_rotary_of(g, kn, dtype) : nullptr;
   if (rot_q && rot_k && *head_dim % 16 == 0 && rot_q->inputs()[2] == rot_k->inputs()[2] &&
       rot_q->inputs()[3] == rot_k->inputs()[3] &&
       int_attr_or(rot_q, "interleaved", 0) == int_attr_or(rot_k, "interleaved", 0)) {

@@ -51,8 +51,8 @@ struct OrtLoweringPlan {
   // tokens in the buffer, the same for every row; T = it + S.
   Value* past_length_input = nullptr;
   int64_t window = 0;  // sliding_window (the keys a query sees), 0 for none
-  // In place: the com.microsoft RotaryEmbeddings on the 3-D Q and K that GQA applies instead
-  // (do_rotary), or null.
+  // In place: the com.microsoft RotaryEmbeddings on Q and K (3-D, or 4-D on the BNSH heads)
+  // that GQA applies instead (do_rotary), or null.
   const Node* rotary_q = nullptr;
   const Node* rotary_k = nullptr;
   // Rows whose every key is masked (masked_rows.h): what the op's output there is replaced by
