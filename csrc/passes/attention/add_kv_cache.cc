@@ -212,7 +212,7 @@ std::vector<Layer> check_layers(const Graph& g, const std::vector<Node*>& attent
   for (Node* att : attentions) {
     const std::vector<Value*>& in = att->inputs();
     if (in.size() < 3 || !in[0] || !in[1] || !in[2]) refuse("an attention without Q, K or V");
-    if (in.size() > 4 || att->outputs().size() != 1) {
+    if (in.size() > 5 || att->outputs().size() != 1) {  // (input 4: sinks, kept)
       refuse("attention '" + att->name.value + "' has past/present already");
     }
     const int64_t hkv = int_attr_or(att, "kv_num_heads", 0);

@@ -21,6 +21,7 @@
 #include "passes/attention/lowering_ops.h"
 #include "passes/attention/masked_rows.h"
 #include "passes/attention/shapes.h"
+#include "passes/attention/sinks.h"
 #include "passes/fusion_util.h"
 
 namespace fastopt::passes {
@@ -58,6 +59,8 @@ pattern::Replacement decompose_attention(Node* node, pattern::Rewriter& rw, Pass
   if (in.size() < 3) return rw.fail("Attention has fewer than 3 inputs");
   Value *q = in[0], *k = in[1], *v = in[2];
   Value* mask = in.size() > 3 ? in[3] : nullptr;
+  Value* sinks = in.size() > 4 ? in[4] : nullptr;
+  if (in.size() > 5) return rw.fail("Attention has inputs after the sinks");
   if (default_opset(*rw.graph().model()) < 13) return rw.fail("opset < 13");
   const int32_t t = dtype_of(q);
   const int64_t hq = int_attr_or(node, "q_num_heads", 0),
@@ -115,7 +118,8 @@ pattern::Replacement decompose_attention(Node* node, pattern::Rewriter& rw, Pass
     constants();
     s = rw.op1("Add", {s, rw.op1("Where", {causal_mask(q, k, rw), zero, neg})});
   }
-  Value* p = rw.op1("Softmax", {s}, one_attr(attr_int("axis", -1)));
+  Value* p = sinks ? attention_sinks::softmax_with_sinks(rw, s, sinks)
+                   : rw.op1("Softmax", {s}, one_attr(attr_int("axis", -1)));
   // Rows whose every key is masked: -inf masks make them NaN, the op's semantics make them 0.
   constants();
   p = rw.op1("Where", {rw.op1("IsNaN", {p}), zero, p});

@@ -14,8 +14,10 @@
 //                                                                    |
 //                                            [Where(IsNaN(p), 0, p)]? -> [Cast]? -> MatMul <-
 //                                            [Cast]?
+//   (gpt-oss: the Softmax reads Concat(scores, sink column) and is sliced back to the keys:
+//    sinks.h)
 //
-//   ==>  ai.fastopt.internal::Attention(q, k, v, mask?) [-> Cast]
+//   ==>  ai.fastopt.internal::Attention(q, k, v, mask?, sinks?) [-> Cast]
 //
 // Both PyTorch exporters decompose F.scaled_dot_product_attention (what HF's sdpa attention
 // calls) this way: TorchScript and dynamo split sqrt(scale) onto Q and K, dynamo transposes K
@@ -42,6 +44,7 @@
 #include "passes/attention/internal_op.h"
 #include "passes/attention/masked_rows.h"
 #include "passes/attention/shapes.h"
+#include "passes/attention/sinks.h"
 #include "passes/attention/softcap.h"
 #include "passes/fusion_util.h"
 #include "passes/norm_util.h"
@@ -82,7 +85,8 @@ struct Found {
   Value* q3 = nullptr;       // flat Q (B*H, S, D): what Shape reads of the flat output are given
   Value *scores3 = nullptr, *scores4 = nullptr, *probs4 = nullptr, *probs3 = nullptr;
   double scale = 1.0;
-  double softcap = 0;  // c of c * tanh(scale * QK^T / c), 0 for none
+  double softcap = 0;            // c of c * tanh(scale * QK^T / c), 0 for none
+  Value* sink_logits = nullptr;  // sinks.h: the constant (1, H, 1, 1) per-head sink logits
   int32_t softmax_precision = 0;
   int64_t hq = 0, hkv = 0;
   std::vector<Node*> nodes;           // matched nodes (removed when dead after the rewrite)
@@ -320,6 +324,22 @@ class AttentionWalk {
     return true;
   }
 
+  // Attention sinks (sinks.h) in the forms the internal op states: one logit per query head in
+  // Q's dtype, the softmax in it too, no score bias, and rows whose every key is masked giving
+  // 0 (the sink takes them: -inf, or a masking value that absorbs the scores).
+  bool sinks_fit(int32_t t) {
+    if (!attention_sinks::head_logits(f_.sink_logits, t, f_.hq)) {
+      return fail("attention sinks: not one logit per query head in Q's dtype");
+    }
+    if (f_.softmax_precision) return fail("attention sinks with a softmax in a wider dtype");
+    if (f_.bias || f_.flat) return fail("attention sinks with a score bias");
+    if ((f_.mask_bool || f_.masked_value) && std::isfinite(f_.mask_value) &&
+        !absorbs_scores(f_.mask_value, f_.mask_value_dtype)) {
+      return fail("attention sinks with a masking value that does not absorb the scores");
+    }
+    return true;
+  }
+
   bool match(Node* root) {
     model_ = root->graph()->model();
     Value* p = root->inputs()[0];
@@ -337,6 +357,7 @@ class AttentionWalk {
       p = c->inputs()[0];
     }
     Node* softmax = nullptr;
+    Value* sink_scores = nullptr;  // the scores joined to the sink column (sinks.h)
     if (Node* w = producer_of(p, "Where")) {
       if (w->inputs().size() != 3) return fail("a Where without three inputs");
       Node* isnan = producer_of(w->inputs()[0], "IsNaN");
@@ -354,12 +375,18 @@ class AttentionWalk {
         if (u.node != isnan && u.node != w) return fail("the softmax output has other uses");
       }
       f_.nodes.push_back(softmax);
-    } else {
-      softmax = producer_of(p, "Softmax");
-      if (!softmax) return fail("the first MatMul input is not a softmax");
+    } else if ((softmax = producer_of(p, "Softmax"))) {
       take(softmax);
+    } else {
+      std::string why;
+      auto sinks = attention_sinks::match_sinks(p, why);
+      if (!sinks) return fail(why.empty() ? "the first MatMul input is not a softmax" : why);
+      for (Node* n : sinks->nodes) take(n);
+      softmax = sinks->softmax;
+      f_.sink_logits = sinks->logits;
+      sink_scores = sinks->scores;
     }
-    Value* s = softmax->inputs()[0];
+    Value* s = sink_scores ? sink_scores : softmax->inputs()[0];
     const int sr = rank_of(s);
     const int64_t axis = int_attr_or(softmax, "axis", -1);
     if (sr != 4) return fail("the scores are not 4-D");
@@ -463,6 +490,7 @@ class AttentionWalk {
     if (*hkv <= 0 || *hq % *hkv != 0) return fail("query heads are not a multiple of kv heads");
     f_.hq = *hq;
     f_.hkv = *hkv;
+    if (f_.sink_logits && !sinks_fit(t)) return false;
     // Nothing computed inside may be used outside (Shape reads of the repeated K excepted:
     // torchlib's K^T reshapes read them, and they only need the shape).
     std::set<const Node*> inside(f_.nodes.begin(), f_.nodes.end());
@@ -488,12 +516,15 @@ class AttentionWalk {
   Model* model_ = nullptr;
 };
 
-// Cheap filter: attention's second MatMul reads a softmax (through Cast / Where).
+// Cheap filter: attention's second MatMul reads a softmax (through Cast / Where / the Slice that
+// drops a sink's column).
 bool reads_softmax(const Node* n) {
   if (n->op_type != "MatMul" || !n->domain.value.empty() || n->inputs().size() != 2) return false;
   const Node* p = n->inputs()[0]->producer();
   for (int i = 0; i < 2 && p && p->op_type != "Softmax"; ++i) {
-    if (p->op_type == "Cast" || p->op_type == "Where") {
+    if (p->op_type == "Slice" && !p->inputs().empty() && p->inputs()[0]) {
+      p = p->inputs()[0]->producer();
+    } else if (p->op_type == "Cast" || p->op_type == "Where") {
       p = p->inputs().back()->producer();
     } else {
       p = nullptr;
@@ -582,6 +613,11 @@ Replacement rewrite_attention(const CodeMatch& m, Rewriter& rw, PassContext& ctx
     }
     inputs.push_back(mask);
   }
+  if (f.sink_logits) {  // input 4, after the mask (or its empty slot)
+    inputs.resize(4);
+    inputs.push_back(
+        rw.initializer("attention_sinks", attention_sinks::head_logits(f.sink_logits, t, f.hq)));
+  }
   std::vector<Attribute> attrs;
   attrs.push_back(attr_float("scale", static_cast<float>(f.scale)));
   attrs.push_back(attr_int("is_causal", 0));
@@ -590,8 +626,9 @@ Replacement rewrite_attention(const CodeMatch& m, Rewriter& rw, PassContext& ctx
   if (f.softmax_precision) attrs.push_back(attr_int("softmax_precision", f.softmax_precision));
   if (f.softcap) attrs.push_back(attr_float("softcap", static_cast<float>(f.softcap)));
   if (f.bias) attrs.push_back(attr_int("score_bias", 1));
-  // A finite masking value: a row whose every key is masked averages the keys (internal_op.h)
-  if (!f.bias && (f.mask_bool || f.masked_value) && std::isfinite(f.mask_value)) {
+  // A finite masking value: a row whose every key is masked averages the keys (internal_op.h);
+  // with sinks it gives 0 (the sink takes the row: sinks_fit).
+  if (!f.bias && !f.sink_logits && (f.mask_bool || f.masked_value) && std::isfinite(f.mask_value)) {
     attrs.push_back(absorbs_scores(f.mask_value, f.mask_value_dtype)
                         ? attr_int("masked_rows_mean", 1)
                         : attr_float("masked_value", static_cast<float>(f.mask_value)));
@@ -614,6 +651,7 @@ Replacement rewrite_attention(const CodeMatch& m, Rewriter& rw, PassContext& ctx
   if (f.hkv != f.hq) ctx.counters["grouped kv heads"] += 1;
   if (f.mask) ctx.counters[f.mask_bool || f.masked_value ? "boolean mask" : "additive mask"] += 1;
   if (f.softcap) ctx.counters["soft-capped"] += 1;
+  if (f.sink_logits) ctx.counters["attention sinks"] += 1;
   if (f.bias) {
     ctx.counters[f.position_terms ? "disentangled position terms" : "attention bias (ALiBi)"] += 1;
   }

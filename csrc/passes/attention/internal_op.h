@@ -3,7 +3,7 @@
 // Stage 1 (fuse_attention) recognises the many exporter variants of scaled dot-product attention
 // (head split, repeat_kv, scale placement, mask forms) and replaces each with one node
 //
-//   ai.fastopt.internal::Attention(Q, K, V, mask?) -> Y
+//   ai.fastopt.internal::Attention(Q, K, V, mask?, sinks?) -> Y
 //
 // Stage 2 (lower_attention) turns that node into what the target runs: MultiHeadAttention or
 // GroupQueryAttention (target "ort"), Attention-23 (target "onnx"), or, when no lowering's
@@ -15,6 +15,9 @@
 //   kv head h / (Hq / Hkv) (what HF's repeat_kv computes).
 //   mask (optional): bool, true = attend, or additive, of Q's dtype; broadcastable to
 //   (B, Hq, S, T).
+//   sinks (optional, input 4; gpt-oss, sinks.h): (Hq) logits of Q's dtype, one per query head,
+//   that join each row's softmax and are dropped after it: the softmax below is over
+//   [scores, sinks[h]]. Rows whose every key is masked then give 0 (no masked_rows_* then).
 //   Y (B, Hq, S, Dv) = softmax(cap(scale * Q K^T) + causal + mask) V, computed in Q's dtype unless
 //   softmax_precision says otherwise; rows whose every key is masked give 0 (as the exporters'
 //   Where(IsNaN(p), 0, p) and Attention-23 do), unless masked_rows_mean / masked_value say

@@ -34,6 +34,7 @@ pattern::Replacement lower_attention_onnx(Node* node, pattern::Rewriter& rw, Pas
     return rw.fail("the model's opset is " + std::to_string(opset) +
                    " (Attention needs 23: run convert_version with opset=23 first)");
   }
+  if (node->inputs().size() > 4) return rw.fail("attention sinks: Attention-23 has no sink input");
   std::vector<Attribute> attrs;
   for (const char* name :
        {"scale", "is_causal", "q_num_heads", "kv_num_heads", "softmax_precision", "softcap"}) {

@@ -25,6 +25,7 @@
 //   options cuda=1              -> GQA only for fp16/bf16, causal, without mask (CUDA rejects
 //                                  GQA's attention_bias); everything else MHA (repeated kv heads
 //                                  when Hkv < Hq)
+//   sinks (gpt-oss, sinks.h)    -> GroupQueryAttention's head_sink, as softcap below.
 //   softcap (gemma2)            -> GroupQueryAttention's softcap, whatever the dtype (MHA and
 //                                  packed Attention cannot cap); standard ops when GQA does not fit
 // GQA fits when T == S is shown (it takes K/V of the query's length) and the head size is
@@ -343,7 +344,7 @@ BuiltOp build_gqa(Rewriter& rw, const OrtLoweringPlan& p, const Node* node, Valu
   Value* past_k = p.cache ? p.cache->past_k : none;
   Value* past_v = p.cache ? p.cache->past_v : none;
   std::vector<Value*> inputs = {gq,      gk,   v3,   past_k, past_v,      l.seqlens,
-                                l.total, cos,  sin,  none,   bias,        none,
+                                l.total, cos,  sin,  none,   bias,        p.sinks,
                                 none,    none, none, none,   l.query_lens};
   while (!inputs.back()) inputs.pop_back();
   std::vector<Value*> outs = rw.op("GroupQueryAttention", inputs, std::move(a), 3, kMsDomain);

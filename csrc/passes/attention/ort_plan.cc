@@ -90,7 +90,8 @@ OrtLoweringPlan plan_ort_lowering(const Node* node, const Graph& g, const PassCo
   };
   const std::vector<Value*>& in = node->inputs();
   if (in.size() < 3 || !in[0] || !in[1] || !in[2]) return refused("Q, K or V is missing");
-  if (in.size() > 4) return refused("inputs after the mask (past key/value) are not supported");
+  if (in.size() > 5) return refused("inputs after the sinks are not supported");
+  Value* sinks = in.size() > 4 ? in[4] : nullptr;  // sinks.h: GroupQueryAttention's head_sink
   if (node->outputs().size() != 1) return refused("outputs after Y are not supported");
   Value *q = in[0], *k = in[1], *v = in[2];
   Value* mask = in.size() > 3 ? in[3] : nullptr;
@@ -113,6 +114,9 @@ OrtLoweringPlan plan_ort_lowering(const Node* node, const Graph& g, const PassCo
   const float softcap = float_attr(node, "softcap", 0.0f);
   if (!std::isfinite(softcap) || softcap < 0) return refused("softcap is negative or not finite");
   const bool capped = softcap > 0;
+  // Of the ort ops only GroupQueryAttention caps and takes sinks.
+  const bool needs_gqa = capped || sinks;
+  const std::string why_gqa = capped ? "soft-capping" : "attention sinks";
   const bool causal = int_attr_or(node, "is_causal", 0) != 0;
   const int64_t hq = int_attr_or(node, "q_num_heads", 0);
   const int64_t hkv = int_attr_or(node, "kv_num_heads", 0);
@@ -170,7 +174,7 @@ OrtLoweringPlan plan_ort_lowering(const Node* node, const Graph& g, const PassCo
   const MaskedRows rule =
       mask && mask_dtype == kBool && !inplace ? masked_rows(node) : MaskedRows::kUnread;
   std::optional<std::vector<Projection>> qkv;
-  if (!cache && !capped && hq == hkv && packed_mode > 0 && (!causal || packed_mode >= 2)) {
+  if (!cache && !needs_gqa && hq == hkv && packed_mode > 0 && (!causal || packed_mode >= 2)) {
     // A narrower dtype's rows with no visible key take a mean read from V, which would keep the
     // V projection that packing removes: MHA/GQA take them.
     if (rule == MaskedRows::kMean && dtype != kFloat) {
@@ -181,7 +185,7 @@ OrtLoweringPlan plan_ort_lowering(const Node* node, const Graph& g, const PassCo
   }
   bool use_gqa = qkv             ? false
                  : inplace       ? true
-                 : capped        ? true
+                 : needs_gqa     ? true
                  : cuda && cache ? false  // CUDA GQA rejects the cache's bias
                  : cuda          ? dtype != kFloat && causal && !mask
                                  : dtype != kFloat || hkv != hq;
@@ -189,15 +193,15 @@ OrtLoweringPlan plan_ort_lowering(const Node* node, const Graph& g, const PassCo
   // rejects), MHA takes any dtype (CPU runs fp16 too): over repeated kv heads without a cache;
   // with one only Hkv == Hq (present has Hkv) and no causal mask (MHA's is top-left aligned).
   const bool mha_fits = cache ? hkv == hq && !mha_causal : hkv == hq || static_head;
-  if (use_gqa && !inplace && !capped && !gqa_fits && mha_fits) use_gqa = false;
+  if (use_gqa && !inplace && !needs_gqa && !gqa_fits && mha_fits) use_gqa = false;
   const bool repeat_kv = !use_gqa && hkv != hq;
 
   if (inplace && cuda && dtype == kFloat) {
     return refused("in-place cache: GroupQueryAttention has no fp32 CUDA kernel");
   }
-  if (capped && cuda && !inplace && (dtype == kFloat || mask || cache)) {
-    return refused(
-        "soft-capping needs GroupQueryAttention, which on CUDA takes neither fp32 nor a bias");
+  if (needs_gqa && cuda && !inplace && (dtype == kFloat || mask || cache)) {
+    return refused(why_gqa +
+                   " needs GroupQueryAttention, which on CUDA takes neither fp32 nor a bias");
   }
   if (use_gqa && !same_len) {
     return refused("GroupQueryAttention (" + dtype_name(dtype) +
@@ -208,7 +212,7 @@ OrtLoweringPlan plan_ort_lowering(const Node* node, const Graph& g, const PassCo
                           : ") needs S == T, not shown by the shapes of Q and K nor by the graph"));
   }
   if (use_gqa && !gqa_fits) {
-    return refused(std::string(capped ? "soft-capping needs GroupQueryAttention: " : "") +
+    return refused((needs_gqa ? why_gqa + " needs GroupQueryAttention: " : std::string()) +
                    "GroupQueryAttention needs a static head size, a multiple of 8, the same for "
                    "K and V");
   }
@@ -266,6 +270,7 @@ OrtLoweringPlan plan_ort_lowering(const Node* node, const Graph& g, const PassCo
   plan.cuda = cuda;
   plan.scale = scale;
   plan.softcap = softcap;
+  plan.sinks = sinks;
   plan.causal = causal;
   plan.mha_causal = mha_causal;
   plan.hq = hq;

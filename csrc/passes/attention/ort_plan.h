@@ -50,7 +50,8 @@ struct OrtLoweringPlan {
   // In place without attention_mask (a seq2seq decoder): past_sequence_length (int32 (1)), the
   // tokens in the buffer, the same for every row; T = it + S.
   Value* past_length_input = nullptr;
-  int64_t window = 0;  // sliding_window (the keys a query sees), 0 for none
+  int64_t window = 0;      // sliding_window (the keys a query sees), 0 for none
+  Value* sinks = nullptr;  // GroupQueryAttention's head_sink (sinks.h), or null
   // In place: the com.microsoft RotaryEmbeddings on Q and K (3-D, or 4-D on the BNSH heads)
   // that GQA applies instead (do_rotary), or null.
   const Node* rotary_q = nullptr;
