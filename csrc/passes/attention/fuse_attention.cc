@@ -32,6 +32,7 @@
 #include <any>
 #include <cmath>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <utility>
@@ -85,8 +86,9 @@ struct Found {
   Value* q3 = nullptr;       // flat Q (B*H, S, D): what Shape reads of the flat output are given
   Value *scores3 = nullptr, *scores4 = nullptr, *probs4 = nullptr, *probs3 = nullptr;
   double scale = 1.0;
-  double softcap = 0;            // c of c * tanh(scale * QK^T / c), 0 for none
-  Value* sink_logits = nullptr;  // sinks.h: the constant (1, H, 1, 1) per-head sink logits
+  double softcap = 0;             // c of c * tanh(scale * QK^T / c), 0 for none
+  Value* sink_logits = nullptr;   // sinks.h: the constant (1, H, 1, 1) per-head sink logits
+  std::shared_ptr<Tensor> sinks;  // ... as the internal op's (Hq) input, once they fit
   int32_t softmax_precision = 0;
   int64_t hq = 0, hkv = 0;
   std::vector<Node*> nodes;           // matched nodes (removed when dead after the rewrite)
@@ -328,7 +330,8 @@ class AttentionWalk {
   // Q's dtype, the softmax in it too, no score bias, and rows whose every key is masked giving
   // 0 (the sink takes them: -inf, or a masking value that absorbs the scores).
   bool sinks_fit(int32_t t) {
-    if (!attention_sinks::head_logits(f_.sink_logits, t, f_.hq)) {
+    f_.sinks = attention_sinks::head_logits(f_.sink_logits, t, f_.hq);
+    if (!f_.sinks) {
       return fail("attention sinks: not one logit per query head in Q's dtype");
     }
     if (f_.softmax_precision) return fail("attention sinks with a softmax in a wider dtype");
@@ -613,10 +616,9 @@ Replacement rewrite_attention(const CodeMatch& m, Rewriter& rw, PassContext& ctx
     }
     inputs.push_back(mask);
   }
-  if (f.sink_logits) {  // input 4, after the mask (or its empty slot)
+  if (f.sinks) {  // input 4, after the mask (or its empty slot)
     inputs.resize(4);
-    inputs.push_back(
-        rw.initializer("attention_sinks", attention_sinks::head_logits(f.sink_logits, t, f.hq)));
+    inputs.push_back(rw.initializer("attention_sinks", f.sinks));
   }
   std::vector<Attribute> attrs;
   attrs.push_back(attr_float("scale", static_cast<float>(f.scale)));
@@ -628,7 +630,7 @@ Replacement rewrite_attention(const CodeMatch& m, Rewriter& rw, PassContext& ctx
   if (f.bias) attrs.push_back(attr_int("score_bias", 1));
   // A finite masking value: a row whose every key is masked averages the keys (internal_op.h);
   // with sinks it gives 0 (the sink takes the row: sinks_fit).
-  if (!f.bias && !f.sink_logits && (f.mask_bool || f.masked_value) && std::isfinite(f.mask_value)) {
+  if (!f.bias && !f.sinks && (f.mask_bool || f.masked_value) && std::isfinite(f.mask_value)) {
     attrs.push_back(absorbs_scores(f.mask_value, f.mask_value_dtype)
                         ? attr_int("masked_rows_mean", 1)
                         : attr_float("masked_value", static_cast<float>(f.mask_value)));
@@ -651,7 +653,7 @@ Replacement rewrite_attention(const CodeMatch& m, Rewriter& rw, PassContext& ctx
   if (f.hkv != f.hq) ctx.counters["grouped kv heads"] += 1;
   if (f.mask) ctx.counters[f.mask_bool || f.masked_value ? "boolean mask" : "additive mask"] += 1;
   if (f.softcap) ctx.counters["soft-capped"] += 1;
-  if (f.sink_logits) ctx.counters["attention sinks"] += 1;
+  if (f.sinks) ctx.counters["attention sinks"] += 1;
   if (f.bias) {
     ctx.counters[f.position_terms ? "disentangled position terms" : "attention bias (ALiBi)"] += 1;
   }

@@ -127,6 +127,18 @@ bool is_standard(const Node* n) {
   return (n->domain.value.empty() || n->domain.value == "ai.onnx") && mistyped_reason(n).empty();
 }
 
+Node* standard_producer(const Value* v, const char* op, size_t arity) {
+  Node* p = v ? v->producer() : nullptr;
+  if (!p || p->op_type != op || !(p->domain.value.empty() || p->domain.value == "ai.onnx") ||
+      (arity && p->inputs().size() != arity) || p->outputs().size() != 1) {
+    return nullptr;
+  }
+  for (const Value* in : p->inputs()) {
+    if (!in) return nullptr;
+  }
+  return p;
+}
+
 namespace {
 bool read_only_for_shape_rec(const Value* v, const Node* replaced, int depth) {
   if (depth > 4 || v->is_graph_output()) return false;

@@ -37,6 +37,10 @@ bool same_length(const Value* a, int axis_a, const Value* b, int axis_b, int ran
 // A node of the default domain ("" or "ai.onnx") with well-typed attributes.
 bool is_standard(const Node* n);
 
+// The producer of `v` when it is a default-domain `op` with one output and no omitted inputs
+// (and `arity` inputs, when not 0), else null.
+Node* standard_producer(const Value* v, const char* op, size_t arity = 0);
+
 // Whether only shapes are read from `v`, apart from `replaced` (a node being rewritten): every
 // use is a Shape, or a Reshape (data input) or Transpose whose output is in turn read only for
 // its shape.

@@ -14,15 +14,6 @@ namespace fastopt::passes::attention_sinks {
 namespace {
 using pattern::attr_int;
 
-Node* standard_producer(const Value* v, const char* op) {
-  Node* p = v ? v->producer() : nullptr;
-  if (!p || p->op_type != op || !is_standard(p) || p->outputs().size() != 1) return nullptr;
-  for (const Value* in : p->inputs()) {
-    if (!in) return nullptr;
-  }
-  return p;
-}
-
 bool is_last_axis(const std::optional<std::vector<int64_t>>& axes) {
   return axes && axes->size() == 1 && ((*axes)[0] == -1 || (*axes)[0] == 3);
 }
@@ -114,15 +105,15 @@ Value* softmax_with_sinks(pattern::Rewriter& rw, Value* s, Value* sinks) {
   if (const int32_t t = dtype_of(s); t != dtype_of(sinks)) {
     column = rw.op1("Cast", {column}, one_attr(attr_int("to", t)));
   }
-  Value* leading = rw.op1("Slice", {rw.op1("Shape", {s}), ints("attention_zero_1d", {0}),
-                                    ints("attention_three_1d", {3})});
+  Value* zero = ints("attention_zero_1d", {0});
+  Value* leading = rw.op1("Slice", {rw.op1("Shape", {s}), zero, ints("attention_three_1d", {3})});
   Value* target =
       rw.op1("Concat", {leading, ints("attention_one_1d", {1})}, one_attr(attr_int("axis", 0)));
   column = rw.op1("Expand", {column, target});
   Value* p = rw.op1("Softmax", {rw.op1("Concat", {s, column}, one_attr(attr_int("axis", -1)))},
                     one_attr(attr_int("axis", -1)));
-  return rw.op1("Slice", {p, ints("attention_zero_1d", {0}), ints("attention_minus_one_1d", {-1}),
-                          ints("attention_last_axis", {-1})});
+  return rw.op1("Slice",
+                {p, zero, ints("attention_minus_one_1d", {-1}), ints("attention_last_axis", {-1})});
 }
 
 }  // namespace fastopt::passes::attention_sinks

@@ -4,21 +4,10 @@
 #include <cmath>
 
 #include "ir/constant.h"
+#include "passes/attention/shapes.h"
 
 namespace fastopt::passes::attention_softcap {
 namespace {
-
-Node* standard_producer(const Value* v, const char* op, size_t arity) {
-  Node* p = v ? v->producer() : nullptr;
-  if (!p || p->op_type != op || !(p->domain.value.empty() || p->domain.value == "ai.onnx") ||
-      p->inputs().size() != arity || p->outputs().size() != 1) {
-    return nullptr;
-  }
-  for (const Value* in : p->inputs()) {
-    if (!in) return nullptr;
-  }
-  return p;
-}
 
 // A positive finite constant with one element (a rank-0 or one-element factor: broadcasting it
 // changes no shape of the 4-D scores).
