@@ -108,8 +108,9 @@ std::optional<DimExpr> DimExpr::div_exact(const DimExpr& a, const DimExpr& b) {
   const Term& d = b.terms_[0];
   DimExpr r;
   for (const Term& t : a.terms_) {
-    if (t.coeff % d.coeff != 0) return std::nullopt;
+    // INT64_MIN / -1 overflows (and traps, in % too): checked first.
     if (d.coeff == -1 && t.coeff == INT64_MIN) return std::nullopt;
+    if (t.coeff % d.coeff != 0) return std::nullopt;
     Term q{t.symbols, t.coeff / d.coeff};
     // Remove d's symbols (a multiset) from t's.
     for (int32_t s : d.symbols) {

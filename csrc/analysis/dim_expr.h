@@ -98,7 +98,9 @@ std::string DimExpr::str(NameFn name) const {
       out += t.coeff < 0 ? "-" : "+";
     else if (t.coeff < 0)
       out += "-";
-    const int64_t c = t.coeff < 0 ? -t.coeff : t.coeff;
+    // |coeff| as unsigned: -INT64_MIN overflows int64.
+    const uint64_t c =
+        t.coeff < 0 ? uint64_t{0} - static_cast<uint64_t>(t.coeff) : static_cast<uint64_t>(t.coeff);
     std::string m;
     for (int32_t s : t.symbols) m += (m.empty() ? "" : "*") + name(s);
     if (m.empty())

@@ -3,6 +3,7 @@
 // shape values (Add/Sub/Mul/Div, Equal, Where) carries the elements exporters compute shapes
 // with.
 #include <algorithm>
+#include <climits>
 
 #include "analysis/rule_util.h"
 #include "ir/dtype.h"
@@ -33,6 +34,11 @@ bool broadcast_out(RuleContext& ctx, std::vector<Facts>& out, int32_t dtype) {
   return true;
 }
 
+bool fits_int32(const DimExpr& e) {
+  auto c = e.constant_value();
+  return !c || (*c >= INT32_MIN && *c <= INT32_MAX);
+}
+
 template <std::optional<DimExpr> (*Fn)(const DimExpr&, const DimExpr&)>
 bool arith(const Node&, RuleContext& ctx, std::vector<Facts>& out) {
   if (ctx.num_inputs() != 2) return false;
@@ -40,7 +46,11 @@ bool arith(const Node&, RuleContext& ctx, std::vector<Facts>& out) {
   const int32_t t = out[0].dtype;
   if ((t == kInt64 || t == kInt32) && ctx.num_inputs() == 2 && out[0].ranked &&
       out[0].dims.size() <= 1) {
-    if (auto v = elementwise_value(ctx.in(0), ctx.in(1), Fn)) {
+    auto v = elementwise_value(ctx.in(0), ctx.in(1), Fn);
+    // An int32 number past int32's range: ONNX Runtime wraps (or traps, INT32_MIN / -1);
+    // unknown here. (int64 overflow already makes the expression unknown.)
+    if (v && t == kInt32 && !std::all_of(v->begin(), v->end(), fits_int32)) v.reset();
+    if (v) {
       out[0].has_value = true;
       out[0].value = std::move(*v);
     }

@@ -5,6 +5,7 @@
 #include <climits>
 
 #include "analysis/rule_util.h"
+#include "eval/ort_semantics.h"
 #include "ir/constant.h"
 #include "ir/dtype.h"
 
@@ -232,25 +233,16 @@ std::optional<DimExpr> slice_length(const DimExpr& n, const DimExpr& start, cons
                                     const std::vector<DimExpr>* elems) {
   auto cn = n.constant_value(), cs = start.constant_value(), ce = end.constant_value();
   if (cn && cs && ce) {
-    const int64_t len = *cn;
-    int64_t s = *cs < 0 ? *cs + len : *cs, e = *ce < 0 ? *ce + len : *ce;
-    if (step == INT64_MIN) return std::nullopt;
-    int64_t count = 0;
-    if (step > 0) {
-      s = std::clamp(s, int64_t{0}, len);
-      e = std::clamp(e, int64_t{0}, len);
-      count = e > s ? (e - s - 1) / step + 1 : 0;
-    } else if (len > 0) {  // the spec clamps start into [0, len-1], end into [-1, len-1]
-      s = std::clamp(s, int64_t{0}, len - 1);
-      e = std::clamp(e, int64_t{-1}, len - 1);
-      count = s > e ? (s - e - 1) / -step + 1 : 0;
-    }
-    if (picked && elems && elems->size() == static_cast<size_t>(len)) {
-      for (int64_t k = 0, i = s; k < count; ++k, i += step) {
-        picked->push_back((*elems)[static_cast<size_t>(i)]);
+    // ONNX Runtime's selection; unknown where ONNX's spec selects otherwise (the model's
+    // meaning is then the runtime's choice, not a fact).
+    const eval::ort::SliceAxis a = eval::ort::slice_axis(*cn, *cs, *ce, step);
+    if (!a.spec_agrees) return std::nullopt;
+    if (picked && elems && elems->size() == static_cast<size_t>(*cn)) {
+      for (int64_t k = 0; k < a.count; ++k) {  // a.start + k * step stays in [0, n)
+        picked->push_back((*elems)[static_cast<size_t>(a.start + k * step)]);
       }
     }
-    return DimExpr::constant(count);
+    return DimExpr::constant(a.count);
   }
   if (step != 1) return std::nullopt;
   // x[0:end] with end >= n (INT_MAX style), or x[0:n]: the whole dim.
@@ -537,10 +529,9 @@ bool range(const Node&, RuleContext& ctx, std::vector<Facts>& out) {
   std::optional<DimExpr> len;
   if (start && limit && delta) {
     auto cs = start->constant_value(), cl = limit->constant_value(), cd = delta->constant_value();
-    if (cs && cl && cd && *cd != 0) {
-      const int64_t span = *cl - *cs;
-      int64_t n = span / *cd + ((span % *cd) != 0 && ((span < 0) == (*cd < 0)) ? 1 : 0);
-      len = DimExpr::constant(std::max<int64_t>(n, 0));
+    if (cs && cl && cd) {
+      // ONNX Runtime's length (in doubles); unknown where it is undefined (overflow).
+      if (auto n = eval::ort::range_count(o.dtype, *cs, *cl, *cd)) len = DimExpr::constant(*n);
     } else if (cd && *cd == 1) {
       // limit - start elements when limit >= start; proven when start is 0 and limit a size.
       if (cs && *cs == 0 && ctx.symbols().nonneg(*limit)) len = *limit;
@@ -554,10 +545,16 @@ bool cast(const Node& n, RuleContext& ctx, std::vector<Facts>& out) {
   auto to = attr_i(n, "to");
   if (!to) return false;
   const Facts& x = ctx.in(0);
-  out[0] = same_as(x, static_cast<int32_t>(*to));
-  if (x.has_value && int_type(static_cast<int32_t>(*to)) && int_type(x.dtype)) {
+  const int32_t t = static_cast<int32_t>(*to);
+  out[0] = same_as(x, t);
+  if (x.has_value && int_type(t) && int_type(x.dtype)) {
     out[0].has_value = true;
     out[0].value = x.value;
+    // A number narrowed to int32 wraps, as in ONNX Runtime (INT64_MAX -> -1). Symbolic
+    // elements (sizes) are assumed to fit, as exporters that cast shapes to int32 assume.
+    for (DimExpr& e : out[0].value) {
+      if (auto c = e.constant_value()) e = DimExpr::constant(eval::ort::wrap_to(t, *c));
+    }
   }
   return true;
 }

@@ -215,11 +215,17 @@ Result Evaluator::elementwise() {
         continue;
       }
       if (op == "Div") {
-        if (b == 0 || (acc == std::numeric_limits<int64_t>::min() && b == -1)) {
+        // Truncates toward zero, as the runtime's integer division; it fails on a zero divisor
+        // and traps on INT_MIN / -1.
+        auto q = ort::divide(dt, acc, b);
+        if (!q) {
           failed = true;
+          refuse(b == 0 ? "division_by_zero" : "int_min_by_minus_1",
+                 b == 0 ? "integer division by zero (ONNX Runtime fails)"
+                        : "INT_MIN / -1 (ONNX Runtime traps: SIGFPE)");
           return;
         }
-        acc = acc / b;  // truncates toward zero, as the runtime's integer division
+        acc = *q;
       } else {
         const uint64_t r = op == "Add" ? ua + ub : op == "Sub" ? ua - ub : ua * ub;
         acc = static_cast<int64_t>(r);

@@ -58,7 +58,8 @@ const std::vector<std::string>& native_fold_ops() {
 
 std::optional<std::vector<std::shared_ptr<Tensor>>> evaluate_node(const Node& n, int64_t opset,
                                                                   const FoldLimits& limits,
-                                                                  bool* unsupported) {
+                                                                  bool* unsupported,
+                                                                  Refusal* refused) {
   if (unsupported) *unsupported = false;
   if (!standard_domain(n) || !n.subgraphs().empty() || n.outputs().size() != 1) {
     return std::nullopt;
@@ -69,6 +70,7 @@ std::optional<std::vector<std::shared_ptr<Tensor>>> evaluate_node(const Node& n,
   try {
     auto r = e.run();
     if (unsupported) *unsupported = e.declined_for_types();
+    if (refused && !r && e.refusal()) *refused = *e.refusal();
     return r;
   } catch (const ModelError&) {
     return std::nullopt;  // undecodable input bytes: leave the node alone

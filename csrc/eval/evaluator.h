@@ -25,6 +25,14 @@ struct FoldLimits {
   }
 };
 
+// Why evaluate_node declined a node whose value it could compute: ONNX Runtime fails or traps on
+// it, or its result is undefined or differs from ONNX's spec. `code` names the reason in counters
+// ("refused_<Op>(<code>)"), `text` explains it (--explain).
+struct Refusal {
+  std::string code;
+  std::string text;
+};
+
 // Op types (ai.onnx) that evaluate_node implements.
 const std::vector<std::string>& native_fold_ops();
 
@@ -33,10 +41,12 @@ const std::vector<std::string>& native_fold_ops();
 // otherwise. Results are bit-exact with ONNX Runtime's CPU kernels: ops whose rounding could
 // differ (float16 arithmetic, float Range) are left to the ONNX Runtime fallback: for those,
 // `unsupported` (if given) is set to true, while the outputs were found to be within `limits`.
-// Reshape-like ops return views of their input's bytes.
+// Reshape-like ops return views of their input's bytes. Values on which ONNX Runtime fails,
+// traps or disagrees with ONNX's spec are not folded: `refused` (if given) then says why.
 std::optional<std::vector<std::shared_ptr<Tensor>>> evaluate_node(const Node& n, int64_t opset,
                                                                   const FoldLimits& limits,
-                                                                  bool* unsupported = nullptr);
+                                                                  bool* unsupported = nullptr,
+                                                                  Refusal* refused = nullptr);
 
 // evaluate_node on the given input tensors (one per input of `n`, null for an absent one) instead
 // of its constant inputs; nullopt also where evaluate_node would defer to ONNX Runtime.

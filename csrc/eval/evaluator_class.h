@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "eval/evaluator.h"
+#include "eval/ort_semantics.h"
 #include "eval/tensor_data.h"
 
 namespace fastopt::eval {
@@ -20,6 +21,7 @@ class Evaluator {
       : n_(n), opset_(opset), limits_(limits), given_(given) {}
 
   bool declined_for_types() const { return unsupported_; }
+  const std::optional<Refusal>& refusal() const { return refusal_; }
 
   Result run();
 
@@ -61,6 +63,11 @@ class Evaluator {
     unsupported_ = true;
     return std::nullopt;
   }
+  // Declines values whose result ONNX Runtime does not define, or defines otherwise than ONNX.
+  std::nullopt_t refuse(std::string code, std::string text) {
+    refusal_ = Refusal{std::move(code), std::move(text)};
+    return std::nullopt;
+  }
   // Normalizes an axis of a rank-`rank` tensor; nullopt when out of range.
   static std::optional<int64_t> axis(int64_t a, int64_t rank) {
     if (a < -rank || a >= rank) return std::nullopt;
@@ -100,6 +107,7 @@ class Evaluator {
   std::vector<std::shared_ptr<const Tensor>> inputs_;
   uint64_t in_bytes_ = 0;
   bool unsupported_ = false;
+  std::optional<Refusal> refusal_;
 };
 
 }  // namespace fastopt::eval

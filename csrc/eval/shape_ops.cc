@@ -283,19 +283,14 @@ Result Evaluator::slice() {
     }
     seen[*ax] = true;
     const int64_t dim = x->dims[*ax];
-    int64_t s = (*starts)[i], e = (*ends)[i];
-    if (s < 0) s += dim;
-    if (e < 0) e += dim;
-    int64_t count = 0;
-    if (st > 0) {
-      s = std::clamp(s, int64_t{0}, dim);
-      e = std::clamp(e, int64_t{0}, dim);
-      if (e > s) count = (e - s - 1) / st + 1;
-    } else if (dim > 0) {
-      s = std::clamp(s, int64_t{0}, dim - 1);
-      e = std::clamp(e, int64_t{-1}, dim - 1);
-      if (s > e) count = (s - e - 1) / (-st) + 1;
+    const ort::SliceAxis a = ort::slice_axis(dim, (*starts)[i], (*ends)[i], st);
+    if (!a.spec_agrees) {
+      return refuse("onnx_and_ort_differ",
+                    "Slice bounds on which ONNX's spec and ONNX Runtime select different "
+                    "elements (an end of INT_MAX with a negative step, or a negative step over "
+                    "an empty axis)");
     }
+    const int64_t s = a.start, count = a.count;
     begin[*ax] = s;
     step[*ax] = st;
     out[*ax] = count;
@@ -412,23 +407,29 @@ Result Evaluator::range() {
     return std::nullopt;
   }
   const bool integral = dt == kInt16 || dt == kInt32 || dt == kInt64;
-  const long double start_f = integral ? s->i64(0) : s->f(0),
-                    limit_f = integral ? l->i64(0) : l->f(0),
-                    delta_f = integral ? d->i64(0) : d->f(0);
-  if (delta_f == 0 || !std::isfinite(start_f) || !std::isfinite(limit_f) ||
-      !std::isfinite(delta_f)) {
-    return std::nullopt;
+  if (!integral) {
+    const double start = s->f(0), limit = l->f(0), delta = d->f(0);
+    if (delta == 0 || !std::isfinite(start) || !std::isfinite(limit) || !std::isfinite(delta)) {
+      return std::nullopt;
+    }
+    const double steps = std::ceil((limit - start) / delta);
+    Dims out{steps > 0 ? static_cast<int64_t>(std::min(steps, 1e12)) : 0};
+    if (!fits(dt, out)) return std::nullopt;
+    // ONNX Runtime accumulates float ranges in their own precision: its fallback folds them.
+    return unsupported();
   }
-  const long double steps = std::ceil((limit_f - start_f) / delta_f);
-  const int64_t count = steps > 0 ? static_cast<int64_t>(std::min<long double>(steps, 1e12)) : 0;
-  Dims out{count};
-  if (!fits(dt, out)) return std::nullopt;
-  // Integer ranges only: ONNX Runtime accumulates float ranges in their own precision.
-  if (!integral) return unsupported();
   const int64_t start = s->i64(0), delta = d->i64(0);
+  // Exact, as ONNX Runtime counts, also where limit - start overflows the type.
+  auto count = ort::range_count(dt, start, l->i64(0), delta);
+  if (!count) {
+    return refuse("undefined_range",
+                  "Range with delta 0 (ONNX Runtime fails) or a length past int64");
+  }
+  Dims out{*count};
+  if (!fits(dt, out)) return std::nullopt;
   std::string bytes;
-  for (int64_t i = 0; i < count; ++i) {
-    const uint64_t v =
+  for (int64_t i = 0; i < *count; ++i) {  // between start and limit; i * delta alone may
+    const uint64_t v =                    // overflow: modulo 2^64
         static_cast<uint64_t>(start) + static_cast<uint64_t>(i) * static_cast<uint64_t>(delta);
     put_int(bytes, dt, static_cast<int64_t>(v));
   }

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <limits>
 
+#include "eval/ort_semantics.h"
+
 namespace fastopt::eval {
 
 std::optional<Arr> to_arr(std::shared_ptr<const Tensor> t, bool need_bytes) {
@@ -45,16 +47,7 @@ void put_int(std::string& out, int32_t dt, int64_t v) {
 }
 
 int64_t wrap(int32_t dt, int64_t v) {
-  switch (dt) {
-    case kInt8: return static_cast<int8_t>(v);
-    case kUint8: return static_cast<uint8_t>(v);
-    case kInt16: return static_cast<int16_t>(v);
-    case kUint16: return static_cast<uint16_t>(v);
-    case kInt32: return static_cast<int32_t>(v);
-    case kUint32: return static_cast<uint32_t>(v);
-    case kBool: return v != 0;
-    default: return v;
-  }
+  return ort::wrap_to(dt, v);
 }
 
 void put_float(std::string& out, int32_t dt, double v) {

@@ -11,9 +11,11 @@
 //
 // What folds: ai.onnx nodes without subgraphs whose inputs are initializers that are not graph
 // inputs, or Constant outputs; deterministic ops only; outputs within the size limits
-// (options fold_max_bytes, fold_max_expand_bytes). Constant nodes themselves become
-// initializers (zero copy), except in function bodies, which cannot hold initializers, in
-// models of IR version < 4, whose initializers are all graph inputs, and for graph outputs.
+// (options fold_max_bytes, fold_max_expand_bytes); values on which ONNX Runtime fails, traps or
+// differs from ONNX's spec stay (counter refused_<Op>(<why>), --explain fold_constants).
+// Constant nodes themselves become initializers (zero copy), except in function bodies, which
+// cannot hold initializers, in models of IR version < 4, whose initializers are all graph
+// inputs, and for graph outputs.
 // Identity of a constant forwards the constant.
 #include "passes/fold_constants.h"
 
@@ -100,7 +102,14 @@ struct Folder {
         ++rewrites;
         continue;
       }
-      auto outs = evaluate_node(*n, opset, limits);
+      eval::Refusal refused;
+      auto outs = evaluate_node(*n, opset, limits, nullptr, &refused);
+      if (!outs && !refused.code.empty()) {
+        // Values ONNX Runtime fails on or computes otherwise than ONNX: left to run time.
+        ++ctx.counters["refused_" + n->op_type + "(" + refused.code + ")"];
+        ctx.explain("fold_constants", (n->name.value.empty() ? n->op_type : n->name.value) +
+                                          ": not folded: " + refused.text);
+      }
       if (!outs || outs->size() != n->outputs().size()) continue;
       for (size_t i = 0; i < outs->size(); ++i) {
         Value* v = n->outputs()[i];

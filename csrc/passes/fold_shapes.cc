@@ -33,6 +33,7 @@
 #include <unordered_set>
 
 #include "analysis/shape_facts.h"
+#include "eval/ort_semantics.h"
 #include "ir/constant.h"
 #include "ir/dtype.h"
 #include "passes/fold_constants.h"
@@ -93,7 +94,9 @@ std::optional<std::vector<int64_t>> pick(const KnownDims& dims,
 }
 
 // Positions a 1-D Slice(starts, ends, axes, steps) of a length-n vector selects.
-std::optional<std::vector<int64_t>> slice_positions(int64_t n, const Node& slice, int64_t opset) {
+// Sets `differs` where ONNX's spec and ONNX Runtime select differently (then nullopt).
+std::optional<std::vector<int64_t>> slice_positions(int64_t n, const Node& slice, int64_t opset,
+                                                    bool* differs) {
   auto ints = [&](size_t i) -> std::optional<std::vector<int64_t>> {
     if (i >= slice.inputs().size() || !slice.inputs()[i]) return std::nullopt;
     return constant_ints(slice.inputs()[i], 8);
@@ -119,19 +122,13 @@ std::optional<std::vector<int64_t>> slice_positions(int64_t n, const Node& slice
   if (axes && (axes->size() != 1 || ((*axes)[0] != 0 && (*axes)[0] != -1))) return std::nullopt;
   const int64_t step = steps ? (steps->size() == 1 ? (*steps)[0] : 0) : 1;
   if (step == 0 || step == std::numeric_limits<int64_t>::min()) return std::nullopt;
-  int64_t s = (*starts)[0], e = (*ends)[0];
-  if (s < 0) s += n;
-  if (e < 0) e += n;
-  std::vector<int64_t> out;
-  if (step > 0) {
-    s = std::clamp(s, int64_t{0}, n);
-    e = std::clamp(e, int64_t{0}, n);
-    for (int64_t i = s; i < e; i += step) out.push_back(i);
-  } else if (n > 0) {
-    s = std::clamp(s, int64_t{0}, n - 1);
-    e = std::clamp(e, int64_t{-1}, n - 1);
-    for (int64_t i = s; i > e; i += step) out.push_back(i);
+  const eval::ort::SliceAxis a = eval::ort::slice_axis(n, (*starts)[0], (*ends)[0], step);
+  if (!a.spec_agrees) {  // ONNX and ONNX Runtime select different dims: not folded
+    *differs = true;
+    return std::nullopt;
   }
+  std::vector<int64_t> out;
+  for (int64_t k = 0; k < a.count; ++k) out.push_back(a.start + k * step);  // in [0, n)
   return out;
 }
 
@@ -185,7 +182,14 @@ struct ShapeFolder {
         if (!d) continue;
         if (n->op_type == "Gather") folded = gather(*n, *d);
         if (n->op_type == "Slice") {
-          auto positions = slice_positions(static_cast<int64_t>(d->size()), *n, opset);
+          bool differs = false;
+          auto positions = slice_positions(static_cast<int64_t>(d->size()), *n, opset, &differs);
+          if (differs) {
+            ++ctx.counters["refused_Slice(Shape)(onnx_and_ort_differ)"];
+            ctx.explain("fold_shapes", n->op_type + " '" + n->name.value +
+                                           "': not folded: ONNX's spec and ONNX Runtime select "
+                                           "different dims (an end of INT_MAX, negative step)");
+          }
           if (positions) {
             if (auto v = pick(*d, *positions)) {
               folded.emplace(*v, std::vector<int64_t>{int64_t(v->size())});
