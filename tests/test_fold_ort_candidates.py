@@ -49,7 +49,7 @@ def reference_candidates(
             and not _C.native_fold_unsupported(node, max_bytes, max_expand_bytes)
         ):
             continue
-        if fco._safe_division(node):
+        if fco._defined_in_ort(node):
             found.append(node)
             origin = sum(in_bytes(v) for v in inputs)
             computed.update((v, origin) for v in node.outputs if v is not None)
@@ -126,7 +126,7 @@ def test_candidates_match_the_python_walk(seed: int) -> None:
         for graph in _C.nested_graphs(model):
             want, want_origin = reference_candidates(graph, max_bytes, max_expand)
             got, got_origin = _C.ort_fold_candidates(
-                graph, max_bytes, max_expand, fco._SKIP, fco._safe_division
+                graph, max_bytes, max_expand, fco._SKIP, fco._defined_in_ort
             )
             assert got == want
             assert got_origin == want_origin
@@ -165,7 +165,7 @@ def test_division_by_a_zero_constant_is_not_a_candidate() -> None:
         )
     )
     got, origin = _C.ort_fold_candidates(
-        model.graph, 1 << 20, 1 << 16, fco._SKIP, fco._safe_division
+        model.graph, 1 << 20, 1 << 16, fco._SKIP, fco._defined_in_ort
     )
     want, want_origin = reference_candidates(model.graph, 1 << 20, 1 << 16)
     assert got == want

@@ -68,6 +68,8 @@ def test_folding_matches_onnx_runtime(case: Case, results: dict[str, Any]) -> No
             if not same(ref["outputs"][name], value)
         ]
         assert not wrong, f"{pipeline}: " + "; ".join(wrong[:5])
+        if case.keeps:
+            assert case.keeps in got["ops"], f"{pipeline}: {case.keeps} folded, undefined in ORT"
         if case.folds and pipeline == "fold_constants":
             assert got["ops"] == {}, f"expected every node folded, left {got['ops']}"
 

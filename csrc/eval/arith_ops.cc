@@ -39,10 +39,14 @@ Result Evaluator::cast() {
       } else if (to == kBool) {
         put_int(bytes, to, v != 0 || std::isnan(v));
       } else {
-        // Out of range (or NaN) is undefined behaviour in the runtime's static_cast.
-        if (!std::isfinite(v)) return std::nullopt;
+        // Out of range (or NaN) is undefined behaviour in the runtime's static_cast (x86 gives
+        // INT_MIN, other machines saturate).
         const double t = std::trunc(v);
-        if (!in_range(t, to)) return std::nullopt;
+        if (!std::isfinite(v) || !in_range(t, to)) {
+          return refuse("undefined_cast",
+                        "a float out of the integer type's range (or NaN): ONNX Runtime's "
+                        "result is machine-dependent");
+        }
         if (to == kUint64)
           put_int(bytes, to, static_cast<int64_t>(static_cast<uint64_t>(t)));
         else

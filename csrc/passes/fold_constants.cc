@@ -312,8 +312,8 @@ std::vector<Node*> ort_fold_candidates(const Model& model, Graph& g, const FoldL
       evaluate_node(*n, opset, limits, &unsupported);
       if (!unsupported) continue;
     }
-    if ((n->op_type == "Div" || n->op_type == "Mod") && n->inputs().size() >= 2 &&
-        !safe_division(n)) {
+    if ((n->op_type == "Div" || n->op_type == "Mod" || n->op_type == "Pow") &&
+        n->inputs().size() >= 2 && !safe_division(n)) {
       continue;
     }
     found.push_back(n);

@@ -45,7 +45,7 @@ std::string constant_nodes_model(const Model& model, const std::vector<Node*>& n
 // standard-domain nodes without subgraphs, not in `skip`, with at least one input, every input a
 // constant of at most limits.max_bytes or an output of an earlier such node; a native op on
 // plain constants only when fold_constants declined it for its types (evaluate_node's
-// `unsupported`); Div and Mod only when `safe_division` accepts them. `origin` gets, for every
+// `unsupported`); Div, Mod and Pow only when `safe_division` accepts them. `origin` gets, for every
 // output of those nodes, the bytes of the constants it is computed from. The walk the Python pass
 // did node by node, without a call into Python per node.
 std::vector<Node*> ort_fold_candidates(const Model& model, Graph& g, const FoldLimits& limits,

@@ -64,9 +64,9 @@ def _candidates(graph: _C.Graph, limits: _Limits) -> tuple[list[_C.Node], dict[_
     from (what "not expanding a small constant" compares against). A native op on plain
     constants counts only when fold_constants declined it for its types (then ONNX Runtime may
     fold it), not for its limits or values (then no one should). The walk runs in C++
-    (``_C.ort_fold_candidates``); only Div and Mod call back here."""
+    (``_C.ort_fold_candidates``); only Div, Mod and Pow call back here."""
     found, computed = _C.ort_fold_candidates(
-        graph, limits.max_bytes, limits.max_expand_bytes, _SKIP, _safe_division
+        graph, limits.max_bytes, limits.max_expand_bytes, _SKIP, _defined_in_ort
     )
     return found, computed
 
@@ -80,20 +80,47 @@ def _input_bytes(v: _C.Value, computed: dict[_C.Value, int]) -> int:
 _FLOAT_TYPES = frozenset({1, 10, 11, 16})
 
 
-def _safe_division(node: _C.Node) -> bool:
-    """Integer division by zero crashes the runtime: only divisors known to be non-zero."""
-    if node.op_type not in ("Div", "Mod") or len(node.inputs) < 2:
+def _defined_in_ort(node: _C.Node) -> bool:
+    """Integer division by zero crashes the runtime: only divisors known to be non-zero. An
+    integer Pow computes in doubles and casts back: a result past the type is undefined (x86
+    gives INT_MIN, other machines saturate), so only constant operands whose results fit."""
+    if node.op_type not in ("Div", "Mod", "Pow") or len(node.inputs) < 2:
         return True
     # Both operands have one type (T): a float dividend or divisor makes the division float
     # (falcon's 1 / sqrt(head_dim) scale divides by a computed Sqrt).
-    if any(v is not None and v.dtype in _FLOAT_TYPES for v in node.inputs[:2]):
+    if node.op_type != "Pow" and any(
+        v is not None and v.dtype in _FLOAT_TYPES for v in node.inputs[:2]
+    ):
         return True
+    if node.op_type == "Pow":
+        return _pow_fits(node)
     divisor = node.inputs[1]
     t = divisor.constant if divisor is not None else None
     if t is None:
         return False  # computed by another folded node: unknown until run
     arr = t.numpy()
     return bool(np.issubdtype(arr.dtype, np.floating) or np.all(arr != 0))
+
+
+def _pow_fits(node: _C.Node) -> bool:
+    """A float Pow, or an integer one on constants whose every result is a value of T."""
+    base, exponent = (v.constant if v is not None else None for v in node.inputs[:2])
+    base_type = base.dtype if base is not None else node.inputs[0].dtype if node.inputs[0] else 0
+    if base_type in _FLOAT_TYPES:
+        return True
+    if base is None or exponent is None:
+        return False  # computed by another folded node (or of unknown type): unknown until run
+    b, e = base.numpy(), exponent.numpy()
+    if not np.issubdtype(b.dtype, np.integer):
+        return False
+    try:
+        with np.errstate(all="ignore"):
+            r = np.power(b.astype(np.float64), e.astype(np.float64))
+    except ValueError:
+        return False  # shapes that do not broadcast: ONNX Runtime refuses the node
+    info = np.iinfo(b.dtype)
+    # float(info.max) rounds up to 2^63 for int64: the bound is exclusive there.
+    return bool(np.all(np.isfinite(r) & (r >= float(info.min)) & (r < float(info.max) + 1)))
 
 
 def _run(nodes: list[_C.Node], outputs: list[_C.Value] | None = None) -> dict[str, Any]:
