@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import fastopt
 import numpy as np
 import pytest
 from fold_semantics_cases import CASES, PIPELINES, Case
@@ -80,3 +81,16 @@ def test_refusals_are_counted(results: dict[str, Any]) -> None:
     assert got["fold_constants"]["ops"].get("Slice") == 2
     counters = got["fold_constants"]["counters"]
     assert counters.get("refused_Slice(onnx_and_ort_differ)") == 2, counters
+
+
+def test_cli_keeps_int_min_by_minus_1(tmp_path: Path) -> None:
+    """Div(INT64_MIN, -1) on constants: the CLI died of SIGFPE in shape inference (rc 136)."""
+    case = next(c for c in CASES if c.name == "Div_int64_-9223372036854775808_by_minus_1")
+    model = tmp_path / "div.onnx"
+    model.write_bytes(case.model().SerializeToString())
+    out = tmp_path / "out.onnx"
+    args = [sys.executable, "-m", "fastopt", "optimize", str(model), "-o", str(out)]
+    proc = subprocess.run([*args, "--explain", "fold_constants"], capture_output=True, text=True)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    assert "fold_constants: Div: not folded: INT_MIN / -1" in proc.stdout
+    assert fastopt.load(out).op_counts().get("Div") == 1

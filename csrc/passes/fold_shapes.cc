@@ -168,8 +168,8 @@ struct ShapeFolder {
           int64_t size = 1;
           bool known = true;
           for (const auto& x : *d) {
-            known = known && x;
-            if (x) size *= *x;
+            known = known && x;  // a product past int64 (absurd dims in a type): not folded
+            if (x && __builtin_mul_overflow(size, *x, &size)) known = false;
           }
           if (known) folded.emplace(std::vector<int64_t>{size}, std::vector<int64_t>{});
         }
