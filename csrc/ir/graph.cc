@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <unordered_set>
 
 #include "ir/error.h"
 
@@ -354,19 +355,32 @@ void Graph::set_initializer(Value* v, std::shared_ptr<Tensor> t) {
 }
 
 void Graph::remove_initializer(Value* v) {
+  remove_initializers({v});
+}
+
+void Graph::remove_initializers(const std::vector<Value*>& values) {
   note_edit_of(this);
-  if (!v->initializer_) return;
-  v->initializer_.reset();
-  initializer_order.erase(std::remove(initializer_order.begin(), initializer_order.end(), v),
-                          initializer_order.end());
-  if (v->is_graph_input_ && initializers_are_inputs(*this)) {
-    // The input entry only existed because IR < 4 lists every initializer as an input.
-    input_entries.erase(std::remove_if(input_entries.begin(), input_entries.end(),
-                                       [v](const ValueInfoEntry& e) { return e.value == v; }),
-                        input_entries.end());
-    v->is_graph_input_ = false;
+  std::unordered_set<const Value*> gone, gone_inputs;
+  const bool as_inputs = initializers_are_inputs(*this);
+  for (Value* v : values) {
+    if (!v->initializer_ || !gone.insert(v).second) continue;
+    v->initializer_.reset();
+    if (v->is_graph_input_ && as_inputs) {
+      // The input entry only existed because IR < 4 lists every initializer as an input.
+      gone_inputs.insert(v);
+      v->is_graph_input_ = false;
+    }
+    if (!v->is_graph_input_) scope_.erase(v->name_);
   }
-  if (!v->is_graph_input_) scope_.erase(v->name_);
+  if (gone.empty()) return;
+  initializer_order.erase(std::remove_if(initializer_order.begin(), initializer_order.end(),
+                                         [&](const Value* v) { return gone.count(v) != 0; }),
+                          initializer_order.end());
+  if (gone_inputs.empty()) return;
+  input_entries.erase(
+      std::remove_if(input_entries.begin(), input_entries.end(),
+                     [&](const ValueInfoEntry& e) { return gone_inputs.count(e.value) != 0; }),
+      input_entries.end());
 }
 
 void Graph::add_output(Value* v) {

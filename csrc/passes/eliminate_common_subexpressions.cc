@@ -300,7 +300,7 @@ struct Counts {
 void cse_graph(Graph& g, Counts& counts) {
   std::unordered_map<ConstantKey, Value*, ConstantKeyHash> constants;
   // Initializers first: they are visible to every node, so they make the best representatives.
-  std::vector<Value*> initializers = g.initializer_order;
+  std::vector<Value*> initializers = g.initializer_order, merged;
   for (Value* v : initializers) {
     if (!fixed_initializer(v) || v->is_graph_input()) continue;  // keep the interface
     auto key = constant_key(*v->initializer());
@@ -309,11 +309,12 @@ void cse_graph(Graph& g, Counts& counts) {
     if (inserted) continue;
     bool changed = merge_value(g, v, it->second);
     if (unused(v)) {
-      g.remove_initializer(v);
+      merged.push_back(v);
       changed = true;
     }
     counts.initializers += changed;
   }
+  g.remove_initializers(merged);  // one sweep (one by one is quadratic)
   std::vector<Node*> order = topological_order(g);
   NodeTable table(order.size());
   for (Node* n : order) {

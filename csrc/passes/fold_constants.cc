@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -74,9 +75,11 @@ struct Folder {
     int64_t rewrites = 0;
     for (Graph* g : graphs) rewrites += fold_graph(*g);
     // Constants made here that later folds left unused.
+    std::map<Graph*, std::vector<Value*>> unused;
     for (auto [g, v] : created) {
-      if (v->initializer() && v->uses().empty() && !v->is_graph_output()) g->remove_initializer(v);
+      if (v->initializer() && v->uses().empty() && !v->is_graph_output()) unused[g].push_back(v);
     }
+    for (auto& [g, vs] : unused) g->remove_initializers(vs);
     return rewrites;
   }
 

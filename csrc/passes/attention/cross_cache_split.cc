@@ -203,9 +203,11 @@ int64_t move_cross_projections(Model& encoder, const std::string& hidden, Model&
   for (const Value* p : presents) eg.add_output(to.at(p));
   for (auto it = present_slots.rbegin(); it != present_slots.rend(); ++it) dg.remove_output(*it);
   pattern::remove_dead(dg, cone.nodes);
+  std::vector<Value*> unused_constants;
   for (Value* c : cone.constants) {
-    if (c->uses().empty() && !c->is_graph_output()) dg.remove_initializer(c);
+    if (c->uses().empty() && !c->is_graph_output()) unused_constants.push_back(c);
   }
+  dg.remove_initializers(unused_constants);
   const std::vector<Value*> inputs = dg.inputs();
   for (size_t i = inputs.size(); i-- > 0;) {
     if (inputs[i] == fed) dg.remove_input(i);
