@@ -12,14 +12,42 @@
 
 namespace fastopt {
 
+// A readable descriptor lent by Buffer::hold_fd: open while this object lives (get() < 0: none).
+class HeldFd {
+ public:
+  HeldFd() = default;
+  HeldFd(int fd, std::function<void()> release) : fd_(fd), release_(std::move(release)) {}
+  HeldFd(HeldFd&& o) noexcept : fd_(o.fd_), release_(std::move(o.release_)) {
+    o.fd_ = -1;
+    o.release_ = nullptr;
+  }
+  HeldFd(const HeldFd&) = delete;
+  HeldFd& operator=(const HeldFd&) = delete;
+  HeldFd& operator=(HeldFd&&) = delete;
+  ~HeldFd() {
+    if (release_) release_();
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+  std::function<void()> release_;
+};
+
 class Buffer {
  public:
   virtual ~Buffer() = default;
   virtual const uint8_t* data() const = 0;
   virtual uint64_t size() const = 0;
-  // A readable file descriptor whose byte 0 is data()[0], or -1. Lets the writer copy
-  // unchanged bytes file-to-file in the kernel (copy_file_range) instead of through memory.
+  // A readable file descriptor whose byte 0 is data()[0], or -1, open as long as the buffer.
+  // FileBuffer has none (see hold_fd).
   virtual int fd() const { return -1; }
+  // A readable descriptor whose byte 0 is data()[0] (get() < 0: none), open while the result
+  // lives. Lets the writer copy unchanged bytes file-to-file in the kernel (copy_file_range)
+  // instead of through memory. FileBuffer opens its file on demand, as one of a bounded number.
+  virtual HeldFd hold_fd() const { return HeldFd(fd(), nullptr); }
+  // Whether data() is a read-only mapping of a file: its pages can be dropped and read again.
+  virtual bool file_backed() const { return fd() >= 0; }
   virtual const std::string& path() const {
     static const std::string empty;
     return empty;
@@ -51,6 +79,12 @@ class OwnedBuffer final : public Buffer {
 // A read-only regular file. The mapping is created on first access to data(), so external data
 // files that no one reads are never mapped; size() and the modification time come from fstat
 // at open, and check_unchanged() compares them with the file's current ones.
+//
+// Its descriptor is not kept for its lifetime: a model may have thousands of external data files
+// (torch.onnx writes one per tensor above 2 GB) and the usual limit is 1,024 descriptors. Open
+// descriptors are pooled, the least recently used closed beyond a bound (a quarter of
+// RLIMIT_NOFILE, at most 256; none while held, see hold_fd); a mapping stays valid without one.
+// A file opened again must be the one loaded (device and inode), else a ModelError.
 class FileBuffer final : public Buffer {
  public:
   // Opens `path`; throws ModelError naming the file when it cannot be opened or is not a
@@ -62,7 +96,8 @@ class FileBuffer final : public Buffer {
 
   const uint8_t* data() const override;
   uint64_t size() const override { return size_; }
-  int fd() const override { return fd_; }
+  HeldFd hold_fd() const override;
+  bool file_backed() const override { return true; }
   const std::string& path() const override { return path_; }
   void check_unchanged(uint64_t end) const override;
   // Identity of the underlying file, to detect the same file reached by two names.
@@ -70,9 +105,12 @@ class FileBuffer final : public Buffer {
   uint64_t inode() const { return ino_; }
 
  private:
+  friend class FdPool;
   FileBuffer() = default;
   std::string path_;
-  int fd_ = -1;
+  mutable int fd_ = -1;        // open or -1; guarded by the pool's mutex (file_buffer.cc)
+  mutable int holds_ = 0;      // HeldFds lent; the pool never closes a held descriptor
+  mutable uint64_t used_ = 0;  // the pool's clock at the last hold (least recent closes first)
   uint64_t size_ = 0;
   uint64_t dev_ = 0, ino_ = 0;
   int64_t mtime_sec_ = 0, mtime_nsec_ = 0;

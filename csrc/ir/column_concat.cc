@@ -31,7 +31,8 @@ void ColumnConcatBuffer::fill(uint8_t* dst, uint64_t row0, uint64_t count,
     const ByteRef& s = sources_[i];
     const uint64_t rb = row_bytes_[i], begin = s.offset + row0 * rb, n = count * rb;
     const uint8_t* rows = nullptr;
-    if (const int fd = s.buffer->fd(); fd >= 0) {
+    const HeldFd held = s.buffer->hold_fd();
+    if (const int fd = held.get(); fd >= 0) {
       scratch.resize(n);
       for (uint64_t got = 0; got < n;) {
         const ssize_t r =

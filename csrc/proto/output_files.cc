@@ -237,7 +237,8 @@ void OutputFile::read_from(int src, uint64_t offset, uint64_t n, const std::stri
 
 void OutputFile::copy(const ByteRef& ref) {
   if (ref.size == 0) return;
-  const int src = ref.buffer->fd();
+  const HeldFd held = ref.buffer->hold_fd();
+  const int src = held.get();
   if (src < 0) {  // bytes in memory, or made as they are read
     if (!ref.buffer->stream(ref.offset, ref.size,
                             [this](const uint8_t* p, uint64_t n) { write(p, n); })) {

@@ -115,10 +115,10 @@ void WeightSource::read_columns(int64_t c0, int64_t cols, float* dst) const {
 void WeightSource::release_bytes(uint64_t offset, uint64_t n, bool more_follow) const {
   // Only a file mapping gives its pages back unchanged: on anonymous memory (a tensor made by
   // an earlier pass, a model made in memory) MADV_DONTNEED would zero them. The buffers with a
-  // file descriptor are read-only mappings of it (FileBuffer, TempFile); a new Buffer with a
-  // descriptor and owned bytes would have to say so here
+  // file behind them are read-only mappings of it (file_backed: FileBuffer, TempFile); a new
+  // Buffer with a descriptor and owned bytes would have to say so there
   // (tests/test_quant_mapped_reads.py checks in-memory weights survive).
-  if (!bytes.buffer || bytes.buffer->fd() < 0 || n == 0) return;
+  if (!bytes.buffer || !bytes.buffer->file_backed() || n == 0) return;
   // A read fault maps more than the page read: the 64 KB-aligned fault-around window around
   // it (the kernel's default fault_around_bytes), and on recent Linux (6.18 here) the whole large
   // folio the page cache holds it in (ext4 and others cache files in folios up to 2 MB), as far as
@@ -164,7 +164,7 @@ void WeightSource::release(int64_t r0, int64_t rows, int64_t c0, int64_t cols,
   }
   // A column strip: only the windows of each row's part (a region-wide release per row would
   // unmap the strip's next rows, still to be read, again and again).
-  if (!bytes.buffer || bytes.buffer->fd() < 0 || cols == 0) return;
+  if (!bytes.buffer || !bytes.buffer->file_backed() || cols == 0) return;
   const uint64_t window = std::max<uint64_t>(kFaultAroundBytes, page_size());
   const auto map_start = reinterpret_cast<uintptr_t>(bytes.buffer->data());
   const uintptr_t map_end =
