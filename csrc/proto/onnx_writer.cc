@@ -594,6 +594,7 @@ void write_model_file(const Model& model, const std::string& path, const SaveOpt
     inputs.check_output(folder + "/" + name, "output");
   }
   CreatedFolders folders(folder);  // -o new/dir/model.onnx creates new/dir
+  OutputLock lock(path);           // another save to this output fails here, before any write
   std::vector<std::unique_ptr<OutputFile>> side;
   for (const auto& [name, bytes] : options.side_files) {
     side.push_back(std::make_unique<OutputFile>(folder + "/" + name));

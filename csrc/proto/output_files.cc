@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -106,6 +107,46 @@ CreatedFolders::CreatedFolders(const std::string& folder) {
 
 CreatedFolders::~CreatedFolders() {
   for (auto it = created_.rbegin(); it != created_.rend(); ++it) ::rmdir(it->c_str());
+}
+
+// ---- the lock on an output ----
+
+OutputLock::OutputLock(const std::string& path)
+    : lock_path_(dirname_of(path) + "/." + basename_of(path) + ".lock") {
+  for (;;) {
+    const int fd = ::open(lock_path_.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd < 0) {
+      throw ModelError("cannot lock output '" + path + "': cannot create '" + lock_path_ +
+                       "': " + errno_text());
+    }
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      ::close(fd);
+      if (err == EINTR) continue;
+      if (err == EWOULDBLOCK) {
+        throw ModelError("output '" + path + "' is being written by another save (it holds '" +
+                         lock_path_ + "'); nothing was written: wait for that save to finish " +
+                         "or choose another output path");
+      }
+      if (err == ENOLCK || err == EOPNOTSUPP) return;  // no locks on this filesystem: unguarded
+      throw ModelError("cannot lock output '" + path + "': " + std::strerror(err));
+    }
+    // The save before this one may have removed the file between our open and our flock: this
+    // lock is then on a file no later save opens. Lock whatever the name holds now instead.
+    struct stat held{}, named{};
+    if (::fstat(fd, &held) == 0 && ::stat(lock_path_.c_str(), &named) == 0 &&
+        held.st_dev == named.st_dev && held.st_ino == named.st_ino) {
+      fd_ = fd;
+      return;
+    }
+    ::close(fd);
+  }
+}
+
+OutputLock::~OutputLock() {
+  if (fd_ < 0) return;
+  ::unlink(lock_path_.c_str());  // while still held: see the check in the constructor
+  ::close(fd_);
 }
 
 // ---- files written before the save ----
@@ -322,11 +363,21 @@ void remove_old(const std::string& path) {
   }
 }
 
+// The new names are in place when this runs: a failure here leaves the new output readable,
+// but whether its names survive a crash or power loss is unknown, which a save must not hide.
 void sync_folder(const std::string& folder) {
   int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return;  // durability is best effort where the folder cannot be opened
-  ::fsync(fd);
+  const int rc = ::fsync(fd);
+  const int err = errno;
   ::close(fd);
+  // EINVAL: a filesystem that cannot sync folders (some FUSE ones), where there is nothing to wait
+  // for.
+  if (rc != 0 && err != EINVAL && err != ENOTSUP) {
+    throw ModelError("cannot sync the output folder '" + folder + "': " + std::strerror(err) +
+                     "; the new files are in place but may not survive a crash or power loss " +
+                     "(the save is uncertain): check the disk and save again");
+  }
 }
 
 // Test hook: FASTOPT_TEST_KILL_AT_STEP=k kills the process right after step k of a commit.
@@ -392,6 +443,7 @@ void write_output_file(const std::string& path, const std::string& bytes) {
         (S_ISDIR(st.st_mode) ? "a directory" : "a FIFO, socket or device; it is never replaced"));
   }
   CreatedFolders folders(dirname_of(path));
+  OutputLock lock(path);
   OutputFile out(path);
   out.write(bytes.data(), bytes.size());
   commit_outputs(&out, {});

@@ -50,6 +50,24 @@ class CreatedFolders {
   std::vector<std::string> created_;  // outermost first
 };
 
+// An exclusive lock on the output `path` for the length of a save, so that two saves to one
+// output never interleave their commits (one's model file beside the other's data, which loads
+// without error with wrong weights). It is a flock on '.<file name>.lock' in the output folder,
+// removed when the lock is released; a process killed holding it leaves that empty file, which
+// the next save takes and removes. A save that finds the lock held fails at once, before it
+// writes anything: a ModelError naming the output.
+class OutputLock {
+ public:
+  explicit OutputLock(const std::string& path);
+  ~OutputLock();
+  OutputLock(const OutputLock&) = delete;
+  OutputLock& operator=(const OutputLock&) = delete;
+
+ private:
+  std::string lock_path_;
+  int fd_ = -1;
+};
+
 // Bytes written for a save before the save, in an unnamed file (O_TMPFILE) in the folder the
 // output will be written to: the quantization passes put their quantized weights there. A save
 // with external data into that folder can take the file as its first data file (write_model_file:
