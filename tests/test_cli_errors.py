@@ -110,7 +110,10 @@ def test_sigint_in_a_real_process_is_130(tmp_path: Path) -> None:
             r"no option named 'fold_max_byte' \(did you mean 'fold_max_bytes'",
         ),
         (["--option", "packed_attention=5"], r"packed_attention must be 0 \(off\), 1 .* or 2"),
-        (["--option", "rotary_max_positions=-3"], r"rotary_max_positions must be an integer >= 1"),
+        (
+            ["--option", "rotary_max_positions=-3"],
+            r"rotary_max_positions must be an integer in \[1, 1048576\]",
+        ),
         (["--option", "strict_shapes=maybe"], r"strict_shapes must be a boolean"),
         (["--option", "opset"], r"--option takes KEY=VALUE"),
         (
@@ -267,3 +270,98 @@ def test_default_preset_still_fuses_conv_bn_relu(tmp_path: Path) -> None:
     report = fastopt.optimize(src, output=tmp_path / "o.onnx")
     assert report.ops_after == {"com.microsoft::FusedConv": 1}, report.ops_after
     fastopt.verify(src, tmp_path / "o.onnx")
+
+
+# --- values beyond int64 or a declared maximum, file names that are not UTF-8 -------------------
+
+
+@pytest.mark.parametrize(
+    ("option", "pattern"),
+    [
+        # pybind's TypeError converting to int64_t before
+        ("opset=99999999999999999999", r"opset must be an integer in \[1, 1000\]"),
+        (
+            "fold_max_bytes=99999999999999999999",
+            r"fold_max_bytes must be an integer >= 0 \(and <= 9223372036854775807\)",
+        ),
+        ("fold_max_expand_bytes=-99999999999999999999", r"fold_max_expand_bytes must be"),
+        # std::bad_alloc making a billion-row cos/sin cache before
+        ("rotary_max_positions=1000000000", r"rotary_max_positions must be an integer in \[1, "),
+    ],
+)
+def test_option_values_beyond_their_range_are_one_line(
+    option: str, pattern: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = cli(capsys, "optimize", LLAMA, "-o", tmp_path / "o.onnx", "--option", option)
+    assert code == 2, err
+    assert_one_line_error(err)
+    assert re.search(pattern, err), err
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_every_integer_option_has_a_range_within_int64() -> None:
+    """Each integer option refuses what int64_t cannot hold, whatever range it declares."""
+    for spec in fastopt.OPTIONS.values():
+        if spec.kind != "int":
+            continue
+        for value in (2**63, -(2**63) - 1, 10**30):
+            with pytest.raises(fastopt.OptionError, match=f"{spec.name} must be"):
+                spec.check(str(value))
+            with pytest.raises(fastopt.OptionError):
+                spec.check(value)
+
+
+BAD = os.fsdecode(b"bad-\xff\xfe.onnx")  # what Python makes of a non-UTF-8 file name
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["optimize", LLAMA, "-o", "{tmp}/" + BAD],  # pybind's RuntimeError before
+        ["optimize", "{tmp}/" + BAD, "-o", "{tmp}/o.onnx"],
+        ["optimize", LLAMA, "-o", "{tmp}/o.onnx", "--report", "{tmp}/" + BAD],
+        ["quantize", LLAMA, "-o", "{tmp}/" + BAD, "--mode", "int8"],
+        ["info", "{tmp}/" + BAD],
+        ["check", "{tmp}/" + BAD],
+        ["check", LLAMA, "--json", "{tmp}/" + BAD],
+        ["bench", "{tmp}/" + BAD, "--runs", "1"],
+        ["genai-whisper", "{tmp}/" + BAD, "{tmp}/d.onnx", "-o", "{tmp}/w", "--config", "c.json"],
+    ],
+)
+def test_non_utf8_paths_are_one_line_errors(
+    args: list[object], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file name that is not UTF-8 is refused naming its bytes, before any work, by every
+    subcommand: it reached onnx, ORT and pybind as a string they cannot encode."""
+    (tmp_path / BAD).write_bytes(LLAMA.read_bytes())  # an input by that name exists
+    argv = [str(a).replace("{tmp}", str(tmp_path)) for a in args]
+    code, _, err = cli(capsys, *argv)
+    assert code == 2, err
+    assert_one_line_error(err)
+    assert "is not valid UTF-8" in err and "\\xff\\xfe" in err, err
+    assert sorted(os.listdir(tmp_path)) == [BAD]
+
+
+def test_non_utf8_output_in_a_real_process(tmp_path: Path) -> None:
+    out = os.fsencode(tmp_path) + b"/\xff.onnx"
+    proc = subprocess.run(
+        [sys.executable, "-m", "fastopt", "optimize", os.fsencode(LLAMA), "-o", out],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert_one_line_error(proc.stderr)
+    assert os.listdir(tmp_path) == []
+
+
+def test_python_api_refuses_non_utf8_paths(tmp_path: Path) -> None:
+    model = fastopt.load(LLAMA)
+    for call in (
+        lambda: model.save(str(tmp_path / BAD)),
+        lambda: model.save(os.fsencode(tmp_path) + b"/\xff.onnx"),
+        lambda: fastopt.load(tmp_path / BAD),
+    ):
+        with pytest.raises(fastopt.ModelError, match="is not valid UTF-8"):
+            call()
+    assert os.listdir(tmp_path) == []

@@ -19,8 +19,28 @@
 namespace fastopt::bindings {
 namespace {
 
+// A path as the C++ side takes it: UTF-8 text. A file name that is not (bytes that do not decode,
+// which Python hands over as lone surrogates) is refused with a ModelError: messages and
+// Model.path are text, and pybind's own cast failed with a RuntimeError.
 std::string fspath(const py::object& p) {
-  return py::module_::import("os").attr("fspath")(p).cast<std::string>();
+  py::module_ os = py::module_::import("os");
+  py::object path = os.attr("fspath")(p);
+  if (py::isinstance<py::str>(path)) {
+    Py_ssize_t n = 0;
+    if (const char* utf8 = PyUnicode_AsUTF8AndSize(path.ptr(), &n)) return std::string(utf8, n);
+    PyErr_Clear();
+  } else if (py::isinstance<py::bytes>(path)) {
+    std::string bytes = path.cast<std::string>();
+    py::object text = py::reinterpret_steal<py::object>(
+        PyUnicode_DecodeUTF8(bytes.data(), static_cast<Py_ssize_t>(bytes.size()), "strict"));
+    if (text) return bytes;
+    PyErr_Clear();
+  } else {
+    return path.cast<std::string>();  // os.fspath returned neither: pybind's TypeError
+  }
+  throw ModelError("path " + py::repr(os.attr("fsencode")(path)).cast<std::string>() +
+                   " is not valid UTF-8; fastopt takes UTF-8 file names (rename the file or " +
+                   "folder)");
 }
 
 }  // namespace

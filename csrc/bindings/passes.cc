@@ -16,6 +16,7 @@
 #include "ir/error.h"
 #include "passes/attention/cross_cache_split.h"
 #include "passes/attention/internal_op.h"
+#include "passes/attention/rotary_cache.h"
 #include "passes/fold_constants.h"
 #include "passes/fusion_util.h"
 #include "passes/registry.h"
@@ -28,6 +29,7 @@ void bind_passes(py::module_& m) {
   m.attr("FOLD_MAX_BYTES") = passes::FoldLimits{}.max_bytes;
   m.attr("FOLD_MAX_EXPAND_BYTES") = passes::FoldLimits{}.max_expand_bytes;
   m.attr("FUSED_OPS_OPSET") = passes::kFusedOpsOpset;
+  m.attr("ROTARY_MAX_POSITIONS_LIMIT") = passes::rotary::kMaxPositionsLimit;
   m.attr("INTERNAL_DOMAIN") = passes::kInternalDomain;
   m.attr("KV_PAST_PREFIX") = passes::kPastPrefix;
   m.attr("KV_PRESENT_PREFIX") = passes::kPresentPrefix;

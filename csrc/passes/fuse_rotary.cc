@@ -481,8 +481,9 @@ std::vector<Rule> rules(PassContext& ctx) {
     }
     if (c->kind == rotary::CosSinSource::Kind::kFrequencies) {
       auto it = ctx.options.find("rotary_max_positions");
-      if (it != ctx.options.end() && it->second <= 0) {
-        return rw.fail("option rotary_max_positions must be positive");
+      if (it != ctx.options.end() && (it->second <= 0 || it->second > rotary::kMaxPositionsLimit)) {
+        return rw.fail("option rotary_max_positions must be in [1, " +
+                       std::to_string(rotary::kMaxPositionsLimit) + "]");
       }
     }
     // Last check: caches() adds its initializers only when both caches could be made.

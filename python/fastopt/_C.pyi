@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import typing
 import typing_extensions
-__all__: list[str] = ['Bytes', 'FACT_ATTENTION_FUSED', 'FACT_NO_INTERNAL_OPS', 'FOLD_MAX_BYTES', 'FOLD_MAX_EXPAND_BYTES', 'FUSED_OPS_OPSET', 'Function', 'Graph', 'INTERNAL_DOMAIN', 'KV_PAST_PREFIX', 'KV_PRESENT_PREFIX', 'Match', 'Model', 'ModelError', 'Node', 'OptionInfo', 'PassInfo', 'PassResult', 'Pattern', 'PatternNode', 'QuantRecord', 'Rewriter', 'Rule', 'ShapeFacts', 'Tensor', 'Value', 'analyze_shapes', 'apply_rules', 'constant_nodes_model', 'cpp_passes', 'dtype_name', 'load', 'load_bytes', 'load_skeleton', 'make_tensor', 'move_cross_projections', 'native_fold_ops', 'native_fold_unsupported', 'nested_graphs', 'ort_fold_candidates', 'run_pass', 'shape_analysis_summary', 'shape_facts', 'write_file']
+__all__: list[str] = ['Bytes', 'FACT_ATTENTION_FUSED', 'FACT_NO_INTERNAL_OPS', 'FOLD_MAX_BYTES', 'FOLD_MAX_EXPAND_BYTES', 'FUSED_OPS_OPSET', 'Function', 'Graph', 'INTERNAL_DOMAIN', 'KV_PAST_PREFIX', 'KV_PRESENT_PREFIX', 'Match', 'Model', 'ModelError', 'Node', 'OptionInfo', 'PassInfo', 'PassResult', 'Pattern', 'PatternNode', 'QuantRecord', 'ROTARY_MAX_POSITIONS_LIMIT', 'Rewriter', 'Rule', 'ShapeFacts', 'Tensor', 'Value', 'analyze_shapes', 'apply_rules', 'constant_nodes_model', 'cpp_passes', 'dtype_name', 'load', 'load_bytes', 'load_skeleton', 'make_tensor', 'move_cross_projections', 'native_fold_ops', 'native_fold_unsupported', 'nested_graphs', 'ort_fold_candidates', 'run_pass', 'shape_analysis_summary', 'shape_facts', 'write_file']
 class ModelError(Exception):
     pass
 class Tensor:
@@ -680,3 +680,4 @@ FUSED_OPS_OPSET: int = 23
 INTERNAL_DOMAIN: str = 'ai.fastopt.internal'
 KV_PAST_PREFIX: str = 'past_key_values.'
 KV_PRESENT_PREFIX: str = 'present.'
+ROTARY_MAX_POSITIONS_LIMIT: int = 1048576

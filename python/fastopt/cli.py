@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -223,7 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line. Exit status: 0 success, 1 a failed check or verification, 2 bad
     input (one line ``error: ...`` on stderr, never a traceback), 130 interrupted."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        _check_utf8(argv)
         args = build_parser().parse_args(argv)
         return int(args.func(args))
     except KeyboardInterrupt:
@@ -234,6 +237,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"error: {_one_line(str(msg))}", file=sys.stderr)
         return 2
+
+
+def _check_utf8(argv: Sequence[str]) -> None:
+    """Refuses an argument that is not UTF-8 (a file name's undecodable bytes reach Python as
+    lone surrogates): paths and names are text for fastopt, onnx and ONNX Runtime alike, and
+    each failed on them with its own traceback."""
+    for arg in argv:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            raise fastopt.ModelError(
+                f"argument {os.fsencode(arg)!r} is not valid UTF-8; fastopt takes UTF-8 file "
+                "names and values (rename the file or folder)"
+            ) from None
 
 
 def _one_line(text: str) -> str:

@@ -29,6 +29,10 @@ from fastopt.errors import OptionError, UnknownNameError
 Kind = Literal["int", "bool"]
 OptionValue = Union[int, bool]
 
+# Every integer option reaches the passes as a C++ int64_t: a value outside it is refused here
+# (it made pybind raise TypeError), whatever range the option declares.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -60,10 +64,10 @@ class OptionSpec:
         if self.minimum is not None and self.maximum is not None:
             return f"an integer in [{self.minimum}, {self.maximum}]"
         if self.minimum is not None:
-            return f"an integer >= {self.minimum}"
+            return f"an integer >= {self.minimum} (and <= {INT64_MAX})"
         if self.maximum is not None:
-            return f"an integer <= {self.maximum}"
-        return "an integer"
+            return f"an integer <= {self.maximum} (and >= {INT64_MIN})"
+        return f"an integer in [{INT64_MIN}, {INT64_MAX}]"
 
     def check(self, value: object) -> OptionValue:
         """`value` as the passes read it; :class:`OptionError` when it is not one this option
@@ -77,6 +81,8 @@ class OptionSpec:
             if self.minimum is not None and int(parsed) < self.minimum:
                 ok = False
             if self.maximum is not None and int(parsed) > self.maximum:
+                ok = False
+            if not INT64_MIN <= int(parsed) <= INT64_MAX:
                 ok = False
         if not ok or parsed is None:
             raise OptionError(f"{self.name} must be {self.values_text()}, not {value!r}")
@@ -152,6 +158,10 @@ def check_options(options: Mapping[str, object]) -> dict[str, OptionValue]:
     return out
 
 
+# No opset of the default domain is near it (onnx's converter refuses any it does not know); a
+# bound so that every integer option has one.
+MAX_OPSET = 1000
+
 # --- the built-in passes' options (grep for ctx.options / option(ctx, in csrc/passes and
 # python/fastopt/passes; tests/test_options.py checks that every name read is declared) -------
 
@@ -161,6 +171,7 @@ register_option(
     "the opset convert_version converts the default domain to",
     passes=("convert_version",),
     minimum=1,
+    maximum=MAX_OPSET,
 )
 register_option(
     "strict_shapes",
@@ -211,6 +222,7 @@ register_option(
     passes=("fuse_rotary",),
     default=4096,
     minimum=1,
+    maximum=_C.ROTARY_MAX_POSITIONS_LIMIT,
 )
 
 
@@ -298,5 +310,6 @@ register_option(
     "quantizing threads (0: all cores)",
     passes=_QUANT_PASSES,
     minimum=0,
+    maximum=4096,
     internal=True,
 )

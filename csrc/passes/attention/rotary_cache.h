@@ -25,6 +25,11 @@
 
 namespace fastopt::passes::rotary {
 
+// The most rows options["rotary_max_positions"] may ask for (2^20): the on-the-fly caches are
+// (rows, rotary_dim / 2) twice, 512 MB in fp32 at rotary_dim 128. A larger value is refused
+// before any pass runs (python/fastopt/options.py), not an allocation that fails.
+constexpr int64_t kMaxPositionsLimit = int64_t{1} << 20;
+
 // The producer of `v` when it is the standard op `op` with well-typed attributes, else null: a
 // node ORT refuses is never traced through (its attributes would read as the defaults), so the
 // caches never replace it.
