@@ -311,6 +311,17 @@ def test_every_integer_option_has_a_range_within_int64() -> None:
                 spec.check(value)
 
 
+def test_quantize_threads_beyond_int64_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    big = "99999999999999999999"  # pybind's TypeError passing it to the pass before
+    code, _, err = cli(capsys, "quantize", LLAMA, "-o", tmp_path / "q.onnx", "--mode", "int4",
+                       "--threads", big)  # fmt: skip
+    assert code == 2, err
+    assert_one_line_error(err)
+    assert "threads must be 0 (all cores) up to 4096" in err
+
+
 BAD = os.fsdecode(b"bad-\xff\xfe.onnx")  # what Python makes of a non-UTF-8 file name
 
 

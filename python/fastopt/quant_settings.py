@@ -90,8 +90,8 @@ class QuantSettings:
             )
         if self.keep_io_types and self.mode not in ("fp16", "bf16"):
             raise _C.ModelError("keep_io_types applies to fp16 and bf16")
-        if self.threads < 0:
-            raise _C.ModelError(f"threads must be 0 (all cores) or more, not {self.threads}")
+        if not 0 <= self.threads <= 4096:  # csrc/quant/options.cc's bound (and int64's)
+            raise _C.ModelError(f"threads must be 0 (all cores) up to 4096, not {self.threads}")
         for g in self.exclude:
             if not g or "," in g:
                 raise _C.ModelError(f"exclude patterns must be non-empty, without ',': {g!r}")
