@@ -70,7 +70,7 @@ def test_impossible_conversion_raises() -> None:
     with pytest.raises(fastopt.ModelError, match="version conversion to opset 9"):
         fastopt.optimize(fastopt.from_onnx(model), passes=["convert_version"], options={"opset": 9})
     # options are checked against their declarations (strings, as the CLI gives, are parsed)
-    with pytest.raises(ValueError, match="opset must be an integer >= 1"):
+    with pytest.raises(ValueError, match=r"opset must be an integer in \[1, 1000\]"):
         fastopt.optimize(
             fastopt.from_onnx(model), passes=["convert_version"], options={"opset": "eighteen"}
         )
