@@ -139,20 +139,41 @@ def test_two_saves_to_one_output_never_mix(tmp_path: Path) -> None:
     # The lock: A (holding it) finished, B failed before writing, naming the output.
     assert codes == (0, 2), (codes, err_a, err_b)
     assert matches == ["a"]
-    assert "is being written by another save" in err_b and str(out) in err_b, err_b
+    assert f"output '{out}' is being written by another save" in err_b, err_b
     assert sorted(os.listdir(out.parent)) == ["model.onnx", "model.onnx.data"]
 
 
-def test_a_lock_left_by_a_killed_save_is_taken_and_removed(tmp_path: Path) -> None:
-    """The lock file of a save killed while holding it is only a name: the next save takes it."""
+def test_the_lock_is_per_output_and_leaves_nothing(tmp_path: Path) -> None:
+    """While save A holds its output's lock (stopped at its barrier), a save to another file in
+    the same folder runs; a save killed holding the lock leaves no file behind (the lock is an
+    abstract socket name, freed with the process), and the next save to that output runs."""
     import fastopt
 
     src = make_model(tmp_path / "src", seed=1)
     out = tmp_path / "out"
     out.mkdir()
-    (out / ".model.onnx.lock").write_bytes(b"")
+    a = traced(
+        tmp_path / "trace_a",
+        "inject=linkat:signal=SIGSTOP:when=1",
+        str(src),
+        str(out / "model.onnx"),
+    )
+    try:
+        wait_for(
+            "save A to stop", lambda: stopped_pid(tmp_path / "trace_a") or a.poll() is not None
+        )
+        assert a.poll() is None, a.communicate()
+        fastopt.load(src).save(str(out / "other.onnx"), external_data=True, size_threshold=0)
+        pid = stopped_pid(tmp_path / "trace_a")
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)  # killed holding the lock; strace ends with it
+        a.wait(timeout=60)
+    finally:
+        if a.poll() is None:
+            a.kill()
     fastopt.load(src).save(str(out / "model.onnx"), external_data=True, size_threshold=0)
-    assert sorted(os.listdir(out)) == ["model.onnx", "model.onnx.data"]
+    names = sorted(os.listdir(out))
+    assert names == ["model.onnx", "model.onnx.data", "other.onnx", "other.onnx.data"], names
 
 
 @pytest.mark.parametrize("external", [False, True])

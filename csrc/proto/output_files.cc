@@ -2,11 +2,14 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/file.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -111,42 +114,45 @@ CreatedFolders::~CreatedFolders() {
 
 // ---- the lock on an output ----
 
-OutputLock::OutputLock(const std::string& path)
-    : lock_path_(dirname_of(path) + "/." + basename_of(path) + ".lock") {
-  for (;;) {
-    const int fd = ::open(lock_path_.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0666);
-    if (fd < 0) {
-      throw ModelError("cannot lock output '" + path + "': cannot create '" + lock_path_ +
-                       "': " + errno_text());
-    }
-    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-      const int err = errno;
-      ::close(fd);
-      if (err == EINTR) continue;
-      if (err == EWOULDBLOCK) {
-        throw ModelError("output '" + path + "' is being written by another save (it holds '" +
-                         lock_path_ + "'); nothing was written: wait for that save to finish " +
-                         "or choose another output path");
-      }
-      if (err == ENOLCK || err == EOPNOTSUPP) return;  // no locks on this filesystem: unguarded
-      throw ModelError("cannot lock output '" + path + "': " + std::strerror(err));
-    }
-    // The save before this one may have removed the file between our open and our flock: this
-    // lock is then on a file no later save opens. Lock whatever the name holds now instead.
-    struct stat held{}, named{};
-    if (::fstat(fd, &held) == 0 && ::stat(lock_path_.c_str(), &named) == 0 &&
-        held.st_dev == named.st_dev && held.st_ino == named.st_ino) {
-      fd_ = fd;
-      return;
-    }
-    ::close(fd);
+namespace {
+// FNV-1a: a hash that every build and process computes alike (std::hash need not).
+uint64_t stable_hash(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+}  // namespace
+
+OutputLock::OutputLock(const std::string& path) {
+  struct stat folder{};
+  if (::stat(dirname_of(path).c_str(), &folder) != 0) return;  // the save reports it next
+  // The folder by identity (any spelling of it) and the file name in it.
+  char name[96];
+  const int len = std::snprintf(name, sizeof(name), "fastopt-save/%llx/%llx/%016llx",
+                                static_cast<unsigned long long>(folder.st_dev),
+                                static_cast<unsigned long long>(folder.st_ino),
+                                static_cast<unsigned long long>(stable_hash(basename_of(path))));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path + 1, name, static_cast<size_t>(len));  // sun_path[0] = 0: abstract
+  fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd_ < 0) return;  // no sockets here (a sandbox): unguarded, as before
+  const auto size = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + len);
+  if (::bind(fd_, reinterpret_cast<const sockaddr*>(&addr), size) == 0) return;
+  const int err = errno;
+  ::close(fd_);
+  fd_ = -1;
+  if (err == EADDRINUSE) {
+    throw ModelError("output '" + path + "' is being written by another save; nothing was " +
+                     "written: wait for that save to finish or choose another output path");
   }
 }
 
 OutputLock::~OutputLock() {
-  if (fd_ < 0) return;
-  ::unlink(lock_path_.c_str());  // while still held: see the check in the constructor
-  ::close(fd_);
+  if (fd_ >= 0) ::close(fd_);  // frees the name
 }
 
 // ---- files written before the save ----

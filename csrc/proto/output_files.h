@@ -52,10 +52,12 @@ class CreatedFolders {
 
 // An exclusive lock on the output `path` for the length of a save, so that two saves to one
 // output never interleave their commits (one's model file beside the other's data, which loads
-// without error with wrong weights). It is a flock on '.<file name>.lock' in the output folder,
-// removed when the lock is released; a process killed holding it leaves that empty file, which
-// the next save takes and removes. A save that finds the lock held fails at once, before it
-// writes anything: a ModelError naming the output.
+// without error with wrong weights). It is an abstract unix socket bound to a name made of the
+// output folder's identity (device, inode) and the file name: binding is exclusive, nothing is
+// written to the disk, and the kernel frees the name when the process ends, however it ends
+// (a lock file would outlive a killed save). A save that finds the name taken fails at once,
+// before it writes anything: a ModelError naming the output. Saves in other network namespaces
+// (containers sharing a volume) do not see each other's locks.
 class OutputLock {
  public:
   explicit OutputLock(const std::string& path);
@@ -64,8 +66,7 @@ class OutputLock {
   OutputLock& operator=(const OutputLock&) = delete;
 
  private:
-  std::string lock_path_;
-  int fd_ = -1;
+  int fd_ = -1;  // the bound socket
 };
 
 // Bytes written for a save before the save, in an unnamed file (O_TMPFILE) in the folder the
