@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from typing import Any
 
 from rich.console import Console
@@ -18,6 +19,7 @@ from fastopt.cli_output import console, print_table
 from fastopt.optimize import DEFAULT_PRESET, OptimizeReport
 from fastopt.options import check_options
 from fastopt.registry import PRESET_DESCRIPTIONS, get_pass, preset
+from fastopt.run_check import RunCheckError
 from fastopt.summary import human_bytes
 
 # Ops whose appearance means a fusion happened: the summary names them.
@@ -51,6 +53,12 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="write as cp does: return before the output reaches the disk (still complete or "
         "absent for readers; a power loss may leave it partial)",
+    )
+    opt.add_argument(
+        "--no-run-check",
+        action="store_true",
+        help="write the output without first loading and running it once in ONNX Runtime "
+        "(CPU, batch 1 x 2 tokens)",
     )
     opt.add_argument(
         "--verify", action="store_true", help="compare outputs of input and output in ONNX Runtime"
@@ -148,21 +156,26 @@ def run_command(args: argparse.Namespace) -> int:
         def on_pass(i: int, n: int, name: str) -> None:
             progress.update(task, total=n, completed=i, description=name or "saving")
 
-        report = fastopt.optimize(
-            args.model,
-            preset=args.preset,
-            passes=passes,
-            target=args.target,
-            output=args.output,
-            external_data=external,
-            fsync=not args.no_fsync,
-            explain=args.explain,
-            progress=on_pass,
-            options=options,
-            kv_cache=args.kv_cache,
-            quantize=quantize,
-            work_progress=work_progress(progress, task),
-        )
+        try:
+            report = fastopt.optimize(
+                args.model,
+                preset=args.preset,
+                passes=passes,
+                target=args.target,
+                output=args.output,
+                external_data=external,
+                fsync=not args.no_fsync,
+                explain=args.explain,
+                progress=on_pass,
+                options=options,
+                kv_cache=args.kv_cache,
+                quantize=quantize,
+                work_progress=work_progress(progress, task),
+                run_check=not args.no_run_check,
+            )
+        except RunCheckError as e:  # ORT cannot run fastopt's output: a failed check, exit 1
+            print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+            return 1
     out = console()
     if args.explain:
         for line in report.explain:
@@ -248,6 +261,8 @@ def print_summary(report: OptimizeReport, out: Console, input_path: str) -> None
     print_table(out, passes)
     for line in report.shape_inference:
         out.print(f"shape inference, {line}", markup=False, highlight=False)
+    if report.run_check:
+        out.print(f"run check: {report.run_check}", markup=False, highlight=False)
 
     ops = Table(title="operators (changed)", show_edge=False)
     for col in ("op", "before", "after"):

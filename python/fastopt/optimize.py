@@ -26,6 +26,7 @@ from fastopt.registry import (
     place,
     preset,
 )
+from fastopt.run_check import run_check as check_runs
 
 # An encoder-decoder's cached decoder (add_kv_cache's seq2seq form) has optimum's names.
 SEQ2SEQ_PRESENT_KEY = "present.%d.decoder.key"
@@ -68,6 +69,9 @@ class OptimizeReport:
     shape_inference: list[str] = field(default_factory=list)
     # One entry per weight a quantization pass looked at (empty without quantize=...).
     quantization: list[WeightQuantization] = field(default_factory=list)
+    # The run check before the save (fastopt.run_check): "ran in N s", "skipped: why", or ""
+    # when it did not apply (no output, or run_check=False).
+    run_check: str = ""
     # The optimized model (not part of to_dict()).
     model: _C.Model | None = field(default=None, repr=False, compare=False)
 
@@ -111,6 +115,7 @@ def optimize(
     kv_cache: KvCache | None = None,
     quantize: QuantSettings | None = None,
     work_progress: WorkProgressFn | None = None,
+    run_check: bool = True,
 ) -> OptimizeReport:
     """Optimizes a model and reports, per pass, the rewrites made and the time taken.
 
@@ -136,6 +141,9 @@ def optimize(
     after the fusions, the KV-cache rewrite and pack_matmuls (packed projections are quantized
     packed); ``report.quantization`` lists every weight it looked at. ``work_progress(done,
     total, what)`` reports progress inside long passes.
+    ``run_check`` (default on): before ``output`` is written, ONNX Runtime loads the result and
+    runs it once on small inputs (fastopt.run_check); an output it cannot run is not written and
+    :class:`fastopt.run_check.RunCheckError` (an ``OutputRejectedError``) names ORT's message.
     """
     if target not in ("ort", "onnx"):
         raise OptionError(f"target must be 'ort' or 'onnx', not {target!r}")
@@ -179,6 +187,12 @@ def optimize(
     if any(op.startswith(_INTERNAL_DOMAIN + "::") for op in ctx.model.op_counts()):
         # A pass list that fused attention without lowering it: internal ops never leave.
         reports.append(_run_pass(finishing_pass(NO_INTERNAL_OPS), ctx))
+        left = [op for op in ctx.model.op_counts() if op.startswith(_INTERNAL_DOMAIN + "::")]
+        if left:  # a bug: no runtime knows these ops, so no output may hold one
+            raise _C.ModelError(
+                f"internal error: {', '.join(left)} could not be lowered (see --explain "
+                "lower_attention); nothing was written"
+            )
     if quantize is not None:
         if progress is not None:
             progress(len(names), len(names) + 1, quantize.pass_name)
@@ -200,6 +214,11 @@ def optimize(
         _check_inplace(model, seq2seq)
     ops_after = model.op_counts()
     out_path = None
+    checked = ""
+    if output is not None and run_check:
+        original = os.fspath(model_or_path) if not isinstance(model_or_path, _C.Model) else None
+        result = check_runs(model, original or model.path or None, _not_for_cpu(ctx, quantize))
+        checked = f"ran in {result.seconds:.2f} s" if result.ran else result.note
     if output is not None:
         out_path = os.fspath(output)
         side_files: dict[str, bytes] = {}
@@ -225,8 +244,19 @@ def optimize(
         explain=list(ctx.explain_lines),
         shape_inference=[f"{name}: {run.describe()}" for name, run in ctx.shape_runs],
         quantization=[WeightQuantization.from_record(r) for r in ctx.quant_records],
+        run_check=checked,
         model=model,
     )
+
+
+def _not_for_cpu(ctx: PassContext, quantize: QuantSettings | None) -> str:
+    """Why the output is not meant for ONNX Runtime's CPU provider (the run check's skip
+    note), or ""."""
+    if ctx.options.get("cuda"):
+        return "skipped: made for CUDA (option cuda=1)"
+    if quantize is not None and quantize.mode == "bf16":
+        return "skipped: bf16 (ONNX Runtime's CPU provider has no bfloat16 kernels)"
+    return ""
 
 
 def _run_pass(name: str, ctx: PassContext) -> PassReport:

@@ -11,10 +11,13 @@
 // The cached form (internal_op.h) needs nothing special: K/V are the Concat'd (B,Hkv,P+S,D), the
 // causal Range starts at T - S = P, and repeat_kv's Reshape takes Shape(k) (T, not S).
 //
-// Needs opset >= 13 (Softmax over the last axis only, Unsqueeze with an axes input).
+// Any opset from kDecomposeOpset (11: Range): Softmax(-1) is over the last axis alone at every
+// opset (before 13 it flattens from the axis given, here the last); Unsqueeze takes its axes as
+// an attribute before 13, and LessOrEqual (12) is Not(Greater) before 12.
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 
 #include "ir/constant.h"
 #include "passes/attention/internal_op.h"
@@ -28,28 +31,35 @@ namespace fastopt::passes {
 namespace {
 using namespace pattern;
 
+// Unsqueeze(x, [axis]) in the form of the model's opset (axes an input from 13).
+Value* unsqueeze(Value* x, int64_t axis, int64_t opset, Rewriter& rw) {
+  if (opset < 13) return rw.op1("Unsqueeze", {x}, one_attr(attr_ints("axes", {axis})));
+  const std::string name = "attention_unsqueeze_axis" + std::to_string(axis);
+  return rw.op1("Unsqueeze", {x, rw.initializer(name, make_int64_tensor({axis}, {1}))});
+}
+
 // (B,Hkv,T,D) -> (B,Hkv*G,T,D) with head h reading kv head h / G (HF repeat_kv).
-Value* repeat_kv(Value* x, int64_t groups, Rewriter& rw) {
-  Value* axes = rw.initializer("attention_unsqueeze_axes", make_int64_tensor({2}, {1}));
+Value* repeat_kv(Value* x, int64_t groups, int64_t opset, Rewriter& rw) {
   Value* expand =
       rw.initializer("attention_kv_expand", make_int64_tensor({1, 1, groups, 1, 1}, {5}));
   Value* factor = rw.initializer("attention_kv_heads", make_int64_tensor({1, groups, 1, 1}, {4}));
-  Value* x5 = rw.op1("Expand", {rw.op1("Unsqueeze", {x, axes}), expand});
+  Value* x5 = rw.op1("Expand", {unsqueeze(x, 2, opset, rw), expand});
   Value* shape = rw.op1("Mul", {rw.op1("Shape", {x}), factor});
   return rw.op1("Reshape", {x5, shape});
 }
 
 // Bool (S,T): key j visible to query i iff j <= i + T - S (bottom-right aligned, Attention-23).
-Value* causal_mask(Value* q, Value* k, Rewriter& rw) {
+Value* causal_mask(Value* q, Value* k, int64_t opset, Rewriter& rw) {
   Value* two = rw.initializer("attention_dim2", make_int64_tensor({2}, {}));
   Value* zero = rw.initializer("attention_zero", make_int64_tensor({0}, {}));
   Value* step = rw.initializer("attention_one", make_int64_tensor({1}, {}));
-  Value* axis1 = rw.initializer("attention_axis1", make_int64_tensor({1}, {1}));
   Value* s = rw.op1("Gather", {rw.op1("Shape", {q}), two}, one_attr(attr_int("axis", 0)));
   Value* t = rw.op1("Gather", {rw.op1("Shape", {k}), two}, one_attr(attr_int("axis", 0)));
   Value* rows = rw.op1("Range", {rw.op1("Sub", {t, s}), t, step});  // i + T - S
   Value* cols = rw.op1("Range", {zero, t, step});
-  return rw.op1("LessOrEqual", {cols, rw.op1("Unsqueeze", {rows, axis1})});
+  rows = unsqueeze(rows, 1, opset, rw);
+  if (opset < 12) return rw.op1("Not", {rw.op1("Greater", {cols, rows})});
+  return rw.op1("LessOrEqual", {cols, rows});
 }
 
 }  // namespace
@@ -61,7 +71,8 @@ pattern::Replacement decompose_attention(Node* node, pattern::Rewriter& rw, Pass
   Value* mask = in.size() > 3 ? in[3] : nullptr;
   Value* sinks = in.size() > 4 ? in[4] : nullptr;
   if (in.size() > 5) return rw.fail("Attention has inputs after the sinks");
-  if (default_opset(*rw.graph().model()) < 13) return rw.fail("opset < 13");
+  const int64_t opset = default_opset(*rw.graph().model());
+  if (opset < kDecomposeOpset) return rw.fail("opset " + std::to_string(opset) + " < 11");
   const int32_t t = dtype_of(q);
   const int64_t hq = int_attr_or(node, "q_num_heads", 0),
                 hkv = int_attr_or(node, "kv_num_heads", 0);
@@ -73,8 +84,8 @@ pattern::Replacement decompose_attention(Node* node, pattern::Rewriter& rw, Pass
   auto scale_t = scalar_tensor(t, *scale_attr->f);
   if (!scale_t || !scalar_tensor(ct, 0.0)) return rw.fail("unsupported dtype " + dtype_name(t));
   if (hkv != hq) {
-    k = repeat_kv(k, hq / hkv, rw);
-    v = repeat_kv(v, hq / hkv, rw);
+    k = repeat_kv(k, hq / hkv, opset, rw);
+    v = repeat_kv(v, hq / hkv, opset, rw);
   }
   Value* kt = rw.op1("Transpose", {k}, one_attr(attr_ints("perm", {0, 1, 3, 2})));
   Value* s = rw.op1("MatMul", {q, kt});
@@ -116,7 +127,7 @@ pattern::Replacement decompose_attention(Node* node, pattern::Rewriter& rw, Pass
   }
   if (int_attr_or(node, "is_causal", 0) != 0) {
     constants();
-    s = rw.op1("Add", {s, rw.op1("Where", {causal_mask(q, k, rw), zero, neg})});
+    s = rw.op1("Add", {s, rw.op1("Where", {causal_mask(q, k, opset, rw), zero, neg})});
   }
   Value* p = sinks ? attention_sinks::softmax_with_sinks(rw, s, sinks)
                    : rw.op1("Softmax", {s}, one_attr(attr_int("axis", -1)));

@@ -391,9 +391,18 @@ class AttentionWalk {
     }
     Value* s = sink_scores ? sink_scores : softmax->inputs()[0];
     const int sr = rank_of(s);
-    const int64_t axis = int_attr_or(softmax, "axis", -1);
     if (sr != 4) return fail("the scores are not 4-D");
-    if (axis != -1 && axis != 3) return fail("Softmax is not over the last axis");
+    // Softmax-13 normalizes over `axis` (default -1); before opset 13 it flattens the input to
+    // 2-D at `axis` (default 1) and normalizes over the flattened tail, which is the last axis
+    // alone only when axis is the last one.
+    const int64_t opset = default_opset(*model_);
+    const int64_t axis = int_attr_or(softmax, "axis", opset < 13 ? 1 : -1);
+    if (axis != -1 && axis != 3) {
+      return fail(opset < 13 ? "Softmax (opset " + std::to_string(opset) + ") with axis " +
+                                   std::to_string(axis) +
+                                   " normalizes over the flattened axes from it, not the keys"
+                             : std::string("Softmax is not over the last axis"));
+    }
     const int32_t score_dtype = dtype_of(s);
     // Scores side: [Add(mask)] / [Cast] / [Mul|Div c] in any order, down to MatMul(q', Kt').
     Node* mm = nullptr;
@@ -543,6 +552,11 @@ bool match_attention(Node* root, CodeMatch& m, MatchFailure& why, PassContext& c
     ctx.counters["not fused"] += 1;
     return false;
   };
+  // The internal op must always be able to go back to standard ops (decompose_attention).
+  if (const int64_t opset = default_opset(*root->graph()->model()); opset < kDecomposeOpset) {
+    return refuse("opset " + std::to_string(opset) + ": standard ops for the attention need " +
+                  std::to_string(kDecomposeOpset) + " (Range)");
+  }
   Found f;
   AttentionWalk walk(f);
   if (!walk.match(root)) return refuse(walk.error);

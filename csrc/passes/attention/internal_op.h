@@ -65,6 +65,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -135,7 +136,9 @@ pattern::Replacement lower_attention_ort(Node* attention, pattern::Rewriter& rw,
                                          PassContext& ctx);  // lower_attention_ort.cc
 pattern::Replacement lower_attention_onnx(Node* attention, pattern::Rewriter& rw,
                                           PassContext& ctx);  // lower_attention_onnx.cc
-// Standard ops (MatMul, Softmax, ...; opset >= 13): always possible.
+// Standard ops (MatMul, Softmax, ...): always possible from opset kDecomposeOpset (Range), which
+// fuse_attention checks before it makes an internal op, so that none can outlive the pass.
+inline constexpr int64_t kDecomposeOpset = 11;
 pattern::Replacement decompose_attention(Node* attention, pattern::Rewriter& rw,
                                          PassContext& ctx);  // decompose_attention.cc
 

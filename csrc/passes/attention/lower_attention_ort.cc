@@ -14,7 +14,9 @@
 // (rotary before or after) and merge them back with the inverse pair. The lowering reads the 3-D
 // projection when the Reshape provably keeps (B, S) (else inserts Transpose + Reshape), and hands
 // the 3-D output to the merging Reshape's readers when Y's only readers are that pair (else returns
-// Y as Reshape + Transpose of it). MHA takes K/V as BNSH when they have no 3-D source.
+// Y as Reshape + Transpose of it). MHA takes K/V as BNSH when they have no 3-D source, unless
+// V's head size is not K's (multi-latent attention), which ORT 1.32's MHA takes only as 3-D K/V
+// (with a cache, whose past_value must have K's head size, the node stays standard ops).
 //
 // Which op, per node (latencies in bench/results/lower_attention_ort.md):
 //   fp16 / bf16                 -> GroupQueryAttention (CPU fp16; CUDA fp16/bf16), or MHA when
@@ -360,13 +362,16 @@ BuiltOp build_mha(Rewriter& rw, const OrtLoweringPlan& p, Value* q3, Value* k3, 
   if (p.repeat_kv) {
     // (B, Hkv, T, D) -> (B, Hkv, G, T, D) -> (B, Hq, T, D): query head h reads kv head h/G.
     Value* expand = ints(rw, {1, 1, p.hq / p.hkv, 1, 1});
-    Value* target = ints(rw, {0, p.hq, -1, p.head_dim});
-    auto repeat = [&](Value* x) {
+    auto repeat = [&](Value* x, int64_t head_dim) {
       Value* x5 = rw.op1("Unsqueeze", {x, ints(rw, {2})});
-      return rw.op1("Reshape", {rw.op1("Expand", {x5, expand}), target});
+      return rw.op1("Reshape", {rw.op1("Expand", {x5, expand}), ints(rw, {0, p.hq, -1, head_dim})});
     };
-    kx = repeat(p.k);
-    vx = repeat(p.v);
+    kx = repeat(p.k, p.head_dim);
+    vx = repeat(p.v, p.v_head_dim ? p.v_head_dim : p.head_dim);
+    if (p.kv_bsd) {
+      kx = to_bsd(rw, kx, p.dtype);
+      vx = to_bsd(rw, vx, p.dtype);
+    }
   }
   std::vector<Attribute> a;
   a.push_back(attr_int("num_heads", p.hq));
@@ -440,6 +445,10 @@ Replacement lower_attention_ort(Node* node, Rewriter& rw, PassContext& ctx) {
     k3 = bsd_source(rw.graph(), p.k, p.dtype);
     v3 = bsd_source(rw.graph(), p.v, p.dtype);
     if (!k3 || !v3) k3 = v3 = nullptr;
+    if (!k3 && p.kv_bsd) {  // V's head size is not K's: 3-D K/V (ort_plan.h)
+      k3 = to_bsd(rw, p.k, p.dtype);
+      v3 = to_bsd(rw, p.v, p.dtype);
+    }
   }
   Value* bias = build_bias(rw, p, q3, k3);
   if (p.zero_masked_queries) {  // ort_plan.h: rows with no visible key average V in the op

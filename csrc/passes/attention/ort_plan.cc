@@ -155,6 +155,8 @@ OrtLoweringPlan plan_ort_lowering(const Node* node, const Graph& g, const PassCo
   const std::optional<int64_t> head_dim = head_size(kn, cache ? cache->past_k : nullptr);
   const std::optional<int64_t> v_head_dim = head_size(vn, cache ? cache->past_v : nullptr);
   const bool static_head = head_dim.has_value();
+  // Multi-latent attention (DeepSeek-V2/V3): V heads narrower than Q/K's.
+  const bool heads_differ = head_dim && v_head_dim && *head_dim != *v_head_dim;
   // S == T from the shape analysis (symbolic dims through head splits, rotaries, norms). With a
   // cache: the new rows have the query's length (T = P + S is the ops' business).
   const bool same_len = same_length(q, 2, kn, 2, 4);
@@ -224,6 +226,12 @@ OrtLoweringPlan plan_ort_lowering(const Node* node, const Graph& g, const PassCo
         "causal MultiHeadAttention needs S == T (its causal mask is top-left "
         "aligned), not shown by the shapes of Q and K nor by the graph");
   }
+  if (cache && !use_gqa && heads_differ) {
+    // ORT 1.32 checks past_value's dim 3 against the head size of Q/K (bench: "Input
+    // 'past_value' dimension 3 should be same as head_size").
+    return refused("MultiHeadAttention with a cache needs one head size for K and V (" +
+                   std::to_string(*head_dim) + " and " + std::to_string(*v_head_dim) + ")");
+  }
   if (cache && repeat_kv) {
     return refused("a grouped cache (Hkv < Hq) needs GroupQueryAttention, which does not fit");
   }
@@ -278,6 +286,8 @@ OrtLoweringPlan plan_ort_lowering(const Node* node, const Graph& g, const PassCo
   plan.dtype = dtype;
   plan.mask_dtype = mask_dtype;
   plan.head_dim = head_dim.value_or(0);
+  plan.v_head_dim = v_head_dim.value_or(0);
+  plan.kv_bsd = heads_differ;
   plan.kv_query_length = same_len;
   // The mask's (S, T) and batch against Q's and K's, for the bias and GQA's lengths.
   plan.mask_full = mask && same_length(mask, 2, q, 2, 4) && same_length(mask, 3, k, 2, 4);
