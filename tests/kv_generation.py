@@ -177,12 +177,16 @@ def greedy_cached(
                 "prefill_chunk: standard cache only (in place: tests/test_inplace_chunks.py)"
             )
         return _greedy_inplace(sess, names, ids, lengths, steps, max_length)
+    # Each past's own head size: multi-latent attention's values are narrower than its keys.
+    dims = {i.name: i.shape[3] for i in sess.get_inputs() if i.name.startswith("past_key_values.")}
     past = {
         f"past_key_values.{i}.{kv}": np.zeros(
-            (batch, kv_heads, 0, head_dim), dtypes[f"past_key_values.{i}.{kv}"]
+            (batch, kv_heads, 0, dims[name] if isinstance(dims[name], int) else head_dim),
+            dtypes[name],
         )
         for i in range(layers)
         for kv in ("key", "value")
+        for name in [f"past_key_values.{i}.{kv}"]
     }
     out_names = ["logits"] + [f"present.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
 

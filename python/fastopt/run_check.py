@@ -10,20 +10,28 @@ Only when the output fails is the original run too, on its own inputs made the s
 cannot run the original on CPU either (a model for a GPU provider, a custom op library), the
 check is skipped with a note, as it is for outputs made for CUDA (``options cuda=1``, bf16).
 
-Cost: session creation plus one run at batch 1 x 2 tokens, on the model serialized in memory
-(no file is written). Past protobuf's 2 GB the model goes to ORT as its skeleton with the
-weights handed over as OrtValues over the mapped bytes (zero-copy), so it costs no extra write.
+Cost: session creation without MLAS weight prepacking and one run at batch 1 x 2 tokens, on the
+model serialized in memory up to 64 MiB (milliseconds on the test fixtures). Above, ORT loads the
+model's skeleton with zeros for its large tensors from a sparse file (nothing copied, nothing
+read: the check is about the graph, not the values). Above 1 GiB the session is created but not
+run: a run touches every weight's pages (figures: bench/results/run_check.md). Serializing
+a 1.5 GB model instead took 20-50 s; handing ORT the mapped weights as OrtValues was tried too:
+add_external_initializers copies them (5x slower than loading the file) and add_initializer
+leaves them graph inputs that ORT then wants fed.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fastopt import _C
 from fastopt._lazy import lazy_module
-from fastopt.check import _INLINE_LIMIT, onnxruntime, summarize_error
+from fastopt.check import onnxruntime, summarize_error
 from fastopt.errors import UnsupportedModelError
 from fastopt.verify_inputs import _synthesize
 from fastopt.verify_report import OutputRejectedError, VerifyReport
@@ -35,7 +43,19 @@ else:
 
 # The smallest inputs that still exercise attention across positions.
 RUN_CHECK_DIMS = {"batch": 1, "sequence": 2, "past": 0}
-_SKELETON_LOCATION = "*fastopt-skeleton*"
+# Up to this the model goes to ORT serialized in memory, as it is; above, as its skeleton with
+# zeros for the tensors of _SKELETON_THRESHOLD bytes or more (small ones, shapes and indices
+# among them, keep their values).
+_SERIALIZE_LIMIT = 64 << 20
+_SKELETON_THRESHOLD = 64 << 10
+_ZEROS = "zeros.data"
+# Above this only the session is created: one run reads every weight once (the zeros' pages get
+# allocated as they are touched), seconds for a 1.5 GB model on a loaded 2-core machine.
+_RUN_LIMIT = 1 << 30
+
+
+class _Skip(Exception):
+    """The check cannot be made (the note says why)."""
 
 
 class RunCheckError(OutputRejectedError):
@@ -53,84 +73,105 @@ class RunCheck:
     seconds: float = 0.0
 
 
-def _session(model: _C.Model) -> Any:
-    """A CPU session of `model`, optimizations off, without writing a file."""
+def _session(model: _C.Model, stack: ExitStack) -> Any:
+    """A CPU session of `model`, optimizations off, without writing a copy of its weights."""
     ort = onnxruntime()
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.log_severity_level = 3
-    weights: list[Any] = []  # OrtValues over the model's bytes: alive until the session is
-    if model.self_contained_size() <= _INLINE_LIMIT:
-        data: bytes = model.serialize()
-    else:
-        data = _skeleton_with_weights(model, so, weights)
-    return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+    # One run: packing every MatMul weight for MLAS would copy the whole model once more.
+    so.add_session_config_entry("session.disable_prepacking", "1")
+    providers = ["CPUExecutionProvider"]
+    if model.self_contained_size() <= _SERIALIZE_LIMIT:
+        return ort.InferenceSession(model.serialize(), so, providers=providers)
+    return ort.InferenceSession(_zero_weights(model, stack), so, providers=providers)
 
 
-def _skeleton_with_weights(model: _C.Model, so: Any, values: list[Any]) -> bytes:
-    """The skeleton of a model past 2 GB, its main graph's large initializers handed to ORT as
-    OrtValues over their bytes (SessionOptions.add_external_initializers: no copy)."""
+def _zero_weights(model: _C.Model, stack: ExitStack) -> str:
+    """A file of `model`'s skeleton whose large tensors read zeros from a sparse data file
+    beside it: the check proves that ORT loads and runs the graph, which the values do not
+    change, so the weights are neither copied nor read (ORT maps the holes)."""
     import onnx
 
-    ort = onnxruntime()
     proto = onnx.ModelProto()
-    proto.ParseFromString(model.skeleton())
-    tensors = {t.name: t for t in model.graph.initializers}
-    kept = []
-    names: list[str] = []
-    for init in proto.graph.initializer:
-        if any(e.key == "location" and e.value == _SKELETON_LOCATION for e in init.external_data):
-            names.append(init.name)
-            values.append(ort.OrtValue.ortvalue_from_numpy(tensors[init.name].numpy()))
-        else:
-            kept.append(init)
-    del proto.graph.initializer[:]
-    proto.graph.initializer.extend(kept)
-    data = proto.SerializeToString()
-    if _SKELETON_LOCATION.encode() in data:
-        # A large tensor outside the main graph's initializers (a Constant, a body's): no way
-        # to hand it over without writing the model.
-        raise _Skip("a large tensor outside the main graph's initializers")
-    so.add_external_initializers(names, values)
-    return data
+    proto.ParseFromString(model.skeleton(_SKELETON_THRESHOLD))
+    folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="fastopt-run-check-"))
+    offset = 0
+    for tensor in _placeholders(proto):
+        size = int(next(e.value for e in tensor.external_data if e.key == "length"))
+        del tensor.external_data[:]
+        for key, value in (("location", _ZEROS), ("offset", offset), ("length", size)):
+            tensor.external_data.add(key=key, value=str(value))
+        offset += (size + 4095) // 4096 * 4096
+    with open(os.path.join(folder, _ZEROS), "wb") as f:
+        f.truncate(offset)  # holes: no bytes written
+    path = os.path.join(folder, "model.onnx")
+    with open(path, "wb") as f:
+        f.write(proto.SerializeToString())
+    return path
 
 
-class _Skip(Exception):
-    pass
+def _placeholders(proto: Any) -> list[Any]:
+    """The skeleton's placeholder tensors: initializers of the graph and its bodies, and tensor
+    attributes (Constant values)."""
+    out = []
+
+    def walk(graph: Any) -> None:
+        for t in graph.initializer:
+            if t.external_data:
+                out.append(t)
+        for node in graph.node:
+            for a in node.attribute:
+                if a.HasField("t") and a.t.external_data:
+                    out.append(a.t)
+                out.extend(t for t in a.tensors if t.external_data)
+                if a.HasField("g"):
+                    walk(a.g)
+                for g in a.graphs:
+                    walk(g)
+
+    walk(proto.graph)
+    return out
 
 
-def _run_once(model: _C.Model) -> None:
+def _run_once(model: _C.Model) -> str:
+    """Creates the session and runs it; "" when it ran, else what was left out."""
     try:
         feeds = _synthesize(model, RUN_CHECK_DIMS, seed=0)
     except (UnsupportedModelError, ValueError) as e:
         raise _Skip(f"no inputs can be made for it ({e})") from e
-    sess = _session(model)
-    wanted = [i.name for i in sess.get_inputs()]
-    sess.run(None, {n: feeds[n] for n in wanted})
+    with ExitStack() as stack:
+        sess = _session(model, stack)
+        if model.self_contained_size() > _RUN_LIMIT:
+            return "session created, not run (over 1 GiB: the run would touch every weight)"
+        # (a rank-0 input is a numpy scalar, which ORT takes only as an array)
+        sess.run(None, {i.name: np.asarray(feeds[i.name]) for i in sess.get_inputs()})
+    return ""
 
 
-def _original_runs(original: str | None) -> str | None:
-    """None when ORT runs the original (its file) on CPU, else why not."""
+def _original_runs(original: str | bytes | None) -> str | None:
+    """None when ORT runs the original (its file, or its serialized bytes) on CPU, else why
+    not."""
     if original is None:
         return "the original is not a file, so it was not tried"
-    from fastopt._io import load
+    from fastopt._io import load, load_bytes
 
     try:
-        _run_once(load(original))
+        _run_once(load_bytes(original) if isinstance(original, bytes) else load(original))
     except Exception as e:  # whatever ORT or input synthesis says: the original cannot run
         return summarize_error(str(e))
     return None
 
 
-def run_check(model: _C.Model, original: str | None, skip_reason: str = "") -> RunCheck:
+def run_check(model: _C.Model, original: str | bytes | None, skip_reason: str = "") -> RunCheck:
     """Loads and runs `model` once in ORT (CPU); raises RunCheckError when that fails and the
-    original (`original`: its file, or None) runs, or could not be tried. `skip_reason`: the
-    output is not meant for the CPU provider (the check is skipped with it as the note)."""
+    original (`original`: its file, its bytes, or None) runs, or could not be tried.
+    `skip_reason`: the output is not meant for the CPU provider (skipped with it as the note)."""
     start = time.perf_counter()
     if skip_reason:
         return RunCheck(False, skip_reason)
     try:
-        _run_once(model)
+        left_out = _run_once(model)
     except _Skip as e:
         return RunCheck(False, f"skipped: {e}", time.perf_counter() - start)
     except Exception as e:
@@ -145,6 +186,7 @@ def run_check(model: _C.Model, original: str | None, skip_reason: str = "") -> R
             text += " (the original runs: a fastopt bug, please report it)"
         else:
             text += f" ({why_not})"
-        report = VerifyReport(original or "<fastopt.Model>", "<optimized>", error=text)
+        label = original if isinstance(original, str) else "<fastopt.Model>"
+        report = VerifyReport(label, "<optimized>", error=text)
         raise RunCheckError(text, report) from e
-    return RunCheck(True, "", time.perf_counter() - start)
+    return RunCheck(True, left_out, time.perf_counter() - start)

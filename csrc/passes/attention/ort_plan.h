@@ -38,7 +38,7 @@ struct OrtLoweringPlan {
   bool mha_causal = false;  // MHA's unidirectional: causal with more than one query row
   int64_t hq = 0, hkv = 0;
   int32_t dtype = 0, mask_dtype = 0;
-  int64_t head_dim = 0;  // the new K rows' dim 3 (the past's when that is static), 0 unknown
+  int64_t head_dim = 0;    // the new K rows' dim 3 (the past's when that is static), 0 unknown
   int64_t v_head_dim = 0;  // the same for V (multi-latent attention: not K's), 0 unknown
   // MHA reads K/V as 3-D (B, T, H*D): the only form in which ORT 1.32's MultiHeadAttention takes
   // a V head size other than K's (BNSH K/V must have one shape).
