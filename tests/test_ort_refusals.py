@@ -257,3 +257,24 @@ def test_run_check_cli_prints_one_line(tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert "run check: ran in" in r.stdout
+
+
+@pytest.mark.parametrize("fx", MLA[:1], ids=MLA_IDS[:1])
+def test_run_check_large_model_paths(
+    fx: Fixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the in-memory limit ORT loads the skeleton with zeros for the large tensors (a sparse
+    file): it runs; past the run limit only the session is created. Both still refuse an
+    output ORT cannot run (here the BNSH K/V of different head sizes main used to write)."""
+    import fastopt.run_check as rc
+
+    monkeypatch.setattr(rc, "_SERIALIZE_LIMIT", 0)
+    report = fastopt.optimize(fx.path, preset="llm", output=tmp_path / "a" / "model.onnx")
+    assert report.run_check.startswith("ran in"), report.run_check
+    monkeypatch.setattr(rc, "_RUN_LIMIT", 0)
+    report = fastopt.optimize(fx.path, preset="llm", output=tmp_path / "b" / "model.onnx")
+    assert report.run_check.startswith("session created, not run"), report.run_check
+    src = tmp_path / "in.onnx"
+    onnx.save(_relu_model(), src)
+    with pytest.raises(RunCheckError, match="NoSuchOp"):
+        fastopt.optimize(src, passes=["test_run_check_breaker"], output=tmp_path / "c.onnx")
