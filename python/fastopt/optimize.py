@@ -263,12 +263,12 @@ def optimize(
 
 
 def _not_for_cpu(ctx: PassContext, quantize: QuantSettings | None) -> str:
-    """Why the output is not meant for ONNX Runtime's CPU provider (the run check's skip
-    note), or ""."""
+    """Why the output is not meant for ONNX Runtime's CPU provider (a run check that fails is
+    then a note, not an error), or ""."""
     if ctx.options.get("cuda"):
-        return "skipped: made for CUDA (option cuda=1)"
+        return "made for CUDA (option cuda=1)"
     if quantize is not None and quantize.mode == "bf16":
-        return "skipped: bf16 (ONNX Runtime's CPU provider has no bfloat16 kernels)"
+        return "bf16 (ONNX Runtime's CPU provider has few bfloat16 kernels)"
     return ""
 
 

@@ -583,6 +583,10 @@ bool match_flat_attention(Node* root, CodeMatch& m, MatchFailure& why, PassConte
     ctx.counters["not fused"] += 1;
     return false;
   };
+  if (const int64_t opset = default_opset(*root->graph()->model()); opset < kDecomposeOpset) {
+    return refuse("opset " + std::to_string(opset) + ": standard ops for the attention need " +
+                  std::to_string(kDecomposeOpset) + " (Range)");
+  }
   const Value* flat = mm->outputs()[0];
   if (std::string r = alibi::flat_output_refusal(flat, root); !r.empty()) return refuse(r);
   Found f;
@@ -610,6 +614,8 @@ Replacement rewrite_attention(const CodeMatch& m, Rewriter& rw, PassContext& ctx
   const Found& f = std::any_cast<const Found&>(m.found);
   Graph& g = rw.graph();
   Node* root = m.root;
+  // Every rule's match checks it first (match_attention says why); this covers them all.
+  if (default_opset(*g.model()) < kDecomposeOpset) return rw.fail("opset below 11");
   const int32_t t = dtype_of(f.q);
   Value* k = f.k;
   if (f.k_bshd) k = rw.op1("Transpose", {k}, one_attr(attr_ints("perm", {0, 2, 1, 3})));
