@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import fastopt
@@ -197,8 +198,8 @@ def _relu_model(domain_op: tuple[str, str] | None = None) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=opsets)
 
 
-@fastopt.register_pass("test_run_check_breaker", "puts an op ORT does not know before each Relu")
 def _breaker(ctx: fastopt.PassContext) -> int:
+    """Puts an op ORT does not know before each Relu."""
     g = ctx.model.graph
     relus = [n for n in g.nodes if n.op_type == "Relu"]
     for relu in relus:
@@ -207,7 +208,15 @@ def _breaker(ctx: fastopt.PassContext) -> int:
     return len(relus)
 
 
-def test_run_check_refuses_an_output_ort_cannot_load(tmp_path: Path) -> None:
+@pytest.fixture
+def breaker() -> Iterator[str]:
+    """The pass test_run_check_breaker, registered for one test (others list every pass)."""
+    fastopt.register_pass("test_run_check_breaker", "an op ORT does not know")(_breaker)
+    yield "test_run_check_breaker"
+    fastopt.unregister_pass("test_run_check_breaker")
+
+
+def test_run_check_refuses_an_output_ort_cannot_load(tmp_path: Path, breaker: str) -> None:
     src = tmp_path / "in.onnx"
     onnx.save(_relu_model(), src)
     out = tmp_path / "out" / "model.onnx"
@@ -221,7 +230,7 @@ def test_run_check_refuses_an_output_ort_cannot_load(tmp_path: Path) -> None:
     assert report.run_check == "" and onnx.load(out).graph.node[0].op_type == "NoSuchOp"
 
 
-def test_run_check_cli_exits_1_and_writes_nothing(tmp_path: Path) -> None:
+def test_run_check_cli_exits_1_and_writes_nothing(tmp_path: Path, breaker: str) -> None:
     src = tmp_path / "in.onnx"
     onnx.save(_relu_model(), src)
     out = tmp_path / "model.onnx"
@@ -261,7 +270,7 @@ def test_run_check_cli_prints_one_line(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("fx", MLA[:1], ids=MLA_IDS[:1])
 def test_run_check_large_model_paths(
-    fx: Fixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    fx: Fixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, breaker: str
 ) -> None:
     """Past the in-memory limit ORT loads the skeleton with zeros for the large tensors (a sparse
     file): it runs; past the run limit only the session is created. Both still refuse an
@@ -290,3 +299,19 @@ def test_run_check_bf16_output_is_a_note(tmp_path: Path) -> None:
     report = fastopt.optimize(fx.path, preset="llm", output=out, quantize=QuantSettings("bf16"))
     assert report.run_check.startswith("skipped: bf16"), report.run_check
     assert out.exists()
+
+
+@pytest.mark.parametrize("name", ["bart_ts_float32", "t5_dynamo_float32"])
+def test_seq2seq_cached_decoder_target_onnx_runs_several_tokens(name: str, tmp_path: Path) -> None:
+    """Found by the run check: ORT 1.32's Attention-23 wants the mask's query axis to be S, so the
+    cross-attention's (B, 1, 1, T) encoder mask failed any decoder step of 2+ tokens (a forced
+    prefix) while the original runs it; lower_attention_onnx expands it over the queries."""
+    from fastopt.verify_inputs import _synthesize
+
+    src = FIXTURES / "models" / name / "decoder.onnx"
+    out = tmp_path / "decoder.onnx"
+    report = fastopt.optimize(src, preset="llm", target="onnx", kv_cache="standard", output=out)
+    assert report.run_check.startswith("ran"), report.run_check
+    dims = {"batch": 2, "decoder_sequence_length": 3, "encoder_sequence_length": 5, "past": 0}
+    feeds = _synthesize(fastopt.load(out), dims, 0)
+    kg.session(out).run(None, feeds)

@@ -40,8 +40,6 @@ KvCache = Literal["standard", "inplace"]
 # ctx.options["kv_cache"] values read by add_kv_cache and the cache-aware lowerings.
 _KV_CACHE_MODES: dict[str, int] = {"standard": 1, "inplace": 2}
 KV_CACHE_PASS = "add_kv_cache"
-# A Model optimized in place is kept as bytes up to this size for the run check.
-ORIGINAL_BYTES_LIMIT = 64 << 20
 
 
 @dataclass
@@ -164,16 +162,11 @@ def optimize(
         names = _with_kv_cache(names, kv_cache, target)
         pass_options["kv_cache"] = _KV_CACHE_MODES[kv_cache]
     model = model_or_path if isinstance(model_or_path, _C.Model) else load(model_or_path)
-    # The original as the run check may need it (only if the output fails): its file, or for a
-    # Model edited in place its bytes now while that is cheap, else its path.
-    original: str | bytes | None = None
-    if output is not None and run_check:
-        if not isinstance(model_or_path, _C.Model):
-            original = os.fspath(model_or_path)
-        elif model.self_contained_size() <= ORIGINAL_BYTES_LIMIT:
-            original = model.serialize()
-        else:
-            original = model.path or None
+    # The original as the run check may need it (only if the output fails): its file; a Model
+    # optimized in place has only the file it was loaded from (a copy would cost its size).
+    original = model.path or None
+    if not isinstance(model_or_path, _C.Model):
+        original = os.fspath(model_or_path)
     if output is not None and model.path:
         check_output_path(model.path, output)  # before the work; save checks the data files
     ops_before = model.op_counts()

@@ -91,6 +91,7 @@ def quantize(
     options: Mapping[str, object] | None = None,
     external_data: bool | str | None = None,
     progress: WorkProgressFn | None = None,
+    run_check: bool = True,
 ) -> QuantizeReport:
     """Quantizes a model (a path, never modified, or a Model, changed in place).
 
@@ -104,7 +105,8 @@ def quantize(
     target onnx: DequantizeLinear(axis 1) + Gather).
     ``threads``: 0 = all cores. ``verify`` compares the output with the original (needs a
     path and ``output``; fastopt.quant_verify). ``progress(done, total, what)``: bytes
-    quantized so far.
+    quantized so far. ``run_check``: as optimize's (ORT runs the output once before it is
+    written).
     """
     settings = QuantSettings(
         mode=mode,
@@ -139,6 +141,7 @@ def quantize(
         options=options,
         quantize=settings,
         work_progress=progress,
+        run_check=run_check,
     )
     seconds = time.perf_counter() - start
     vreport = None

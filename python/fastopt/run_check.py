@@ -12,7 +12,7 @@ check is skipped with a note, as it is when an output made for CUDA (``options c
 does not run on CPU.
 
 Cost: session creation without MLAS weight prepacking and one run at batch 1 x 2 tokens, on the
-model serialized in memory up to 64 MiB (milliseconds on the test fixtures). Above, ORT loads the
+model serialized in memory up to 4 MiB (milliseconds on the test fixtures). Above, ORT loads the
 model's skeleton with zeros for its large tensors from a sparse file (nothing copied, nothing
 read: the check is about the graph, not the values). Above 1 GiB the session is created but not
 run: a run touches every weight's pages (figures: bench/results/run_check.md). Serializing
@@ -46,8 +46,9 @@ else:
 RUN_CHECK_DIMS = {"batch": 1, "sequence": 2, "past": 0}
 # Up to this the model goes to ORT serialized in memory, as it is; above, as its skeleton with
 # zeros for the tensors of _SKELETON_THRESHOLD bytes or more (small ones, shapes and indices
-# among them, keep their values).
-_SERIALIZE_LIMIT = 64 << 20
+# among them, keep their values): serialized, a model costs twice its size in memory (the bytes
+# and ORT's copy), mapped zeros only the pages a run touches.
+_SERIALIZE_LIMIT = 4 << 20
 _SKELETON_THRESHOLD = 64 << 10
 _ZEROS = "zeros.data"
 # Above this only the session is created: one run reads every weight once (the zeros' pages get

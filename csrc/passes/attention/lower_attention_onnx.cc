@@ -27,6 +27,24 @@
 #include "passes/fusion_util.h"
 
 namespace fastopt::passes {
+namespace {
+
+// ORT 1.32's Attention-23 (CPU) wants the mask's query axis to be S itself, not 1 broadcast to
+// it ("attn_mask->Shape()[-2] == Q->Shape()[2]"): a cross-attention's (B, 1, 1, T) encoder mask
+// with a decoder step of several tokens. Such a mask is expanded over the queries.
+Value* mask_over_queries(pattern::Rewriter& rw, Value* mask, Value* q) {
+  const int r = value_rank(mask);
+  if (r < 2 || same_length(mask, r - 2, q, 2)) return mask;
+  Value* s = rw.op1("Slice", {rw.op1("Shape", {q}), ints(rw, {2}), ints(rw, {3})});
+  std::vector<Value*> parts;
+  if (r > 2) parts.push_back(ints(rw, std::vector<int64_t>(static_cast<size_t>(r - 2), 1)));
+  parts.push_back(s);
+  parts.push_back(ints(rw, {1}));
+  Value* target = rw.op1("Concat", parts, one_attr(pattern::attr_int("axis", 0)));
+  return rw.op1("Expand", {mask, target});
+}
+
+}  // namespace
 
 pattern::Replacement lower_attention_onnx(Node* node, pattern::Rewriter& rw, PassContext& ctx) {
   const int64_t opset = default_opset(*rw.graph().model());
@@ -62,6 +80,7 @@ pattern::Replacement lower_attention_onnx(Node* node, pattern::Rewriter& rw, Pas
                        rw.initializer("attention_masked", scalar_tensor(dtype, v))});
     ctx.counters["rows with every key masked: an additive mask"] += 1;
   }
+  if (in.size() > 3 && in[3]) in[3] = mask_over_queries(rw, in[3], in[0]);
   if (!cache) return std::vector<Value*>{rw.op1("Attention", in, std::move(attrs))};
 
   if (in.size() > 4) return rw.fail("inputs after the mask");
