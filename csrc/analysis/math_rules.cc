@@ -91,7 +91,8 @@ bool comparison(const Node& n, RuleContext& ctx, std::vector<Facts>& out) {
   const size_t na = a.value.size(), nb = b.value.size();
   if (na != nb && na != 1 && nb != 1) return true;
   std::vector<DimExpr> v;
-  for (size_t i = 0; i < std::max(na, nb); ++i) {
+  const size_t count = na == 0 || nb == 0 ? 0 : std::max(na, nb);  // (0) with (1) is (0)
+  for (size_t i = 0; i < count; ++i) {
     const DimExpr &x = a.value[na == 1 ? 0 : i], &y = b.value[nb == 1 ? 0 : i];
     auto r = equal_fn(x, y);
     if (!r) {

@@ -63,7 +63,8 @@ std::optional<std::vector<DimExpr>> elementwise_value(const Facts& a, const Fact
   if (!a.has_value || !b.has_value) return std::nullopt;
   const size_t na = a.value.size(), nb = b.value.size();
   if (na != nb && na != 1 && nb != 1) return std::nullopt;
-  const size_t n = std::max(na, nb);
+  // An empty operand broadcasts the other's one element away: (0) op (1) is (0).
+  const size_t n = na == 0 || nb == 0 ? 0 : std::max(na, nb);
   std::vector<DimExpr> out;
   for (size_t i = 0; i < n; ++i) {
     auto r = fn(a.value[na == 1 ? 0 : i], b.value[nb == 1 ? 0 : i]);
