@@ -27,6 +27,7 @@ KNOWN: dict[tuple[str, str], tuple[str, bool]] = {
     ("token_shift", _KV): (_A + " (token shift)", False),
     ("sequence_conv", _KV): (_A + " (causal conv over the sequence)", False),
     ("repeat_kv_grouping", _KV): (_A_ATTN + " (repeat_kv with another grouping)", True),
+    ("repeat_kv_grouping", "*/kv=[si]*/q=[!n]*"): (_A_ATTN + " (repeat_kv, quantized)", False),
     ("scale_after_softmax", _KV): (_A_ATTN + " (probabilities scaled after the softmax)", True),
     ("softmax_manual", _KV): (_A_ATTN + " (softmax written out)", True),
     ("softmax_axis", _KV): (_A_ATTN + " (softmax over the queries)", True),
