@@ -34,9 +34,6 @@ KNOWN: dict[tuple[str, str], tuple[str, bool]] = {
     ("softmax_in_double", _KV): (_A_ATTN + " (softmax in float64)", True),
     ("softcap_mismatch", _KV): (_A_ATTN + " (soft-cap constants differ)", True),
     ("softcap_other_constant", _KV): (_A_ATTN + " (one layer with another soft-cap)", False),
-    # Triage needed: interleaved rotate_half slices in one layer; if part A's whole-decoder
-    # proof does not refuse it, this is a new finding (reported in the branch's note).
-    ("rotary_interleaved_slices", _KV): (_A_ATTN + " (one layer's rotary not fused)", True),
     ("opset_12_softmax_default_axis", "llm/*/q=none"): (_C_SOFTMAX, True),
     ("probe_div_int_min", "*"): (_B_DIV, True),
     ("probe_narrowing_cast", "*"): (_B_CAST, True),
