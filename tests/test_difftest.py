@@ -23,7 +23,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `tests.difftest`
 from tests.difftest import oracle
-from tests.difftest.cases import Case, Mode, sample
+from tests.difftest.cases import FIXTURE_DIR, Case, Mode, sample
 from tests.difftest.known import known_reason
 from tests.difftest.mutations import MUTATIONS, TAGS, apply
 from tests.difftest.regressions import recipes
@@ -65,7 +65,7 @@ DEFAULT_MODES = tuple(
 
 @functools.cache
 def _fixture_bytes(fixture: str) -> bytes:
-    return (oracle.FIXTURE_DIR / fixture / "model.onnx").read_bytes()
+    return (FIXTURE_DIR / fixture / "model.onnx").read_bytes()
 
 
 KV_MODES = tuple(
@@ -135,11 +135,14 @@ def test_difftest_long(worker: Worker, case: Case) -> None:
 
 @pytest.mark.parametrize("recipe", recipes(), ids=[r["case"] for r in recipes()])
 def test_difftest_regression(worker: Worker, recipe: dict) -> None:  # type: ignore[type-arg]
+    """A saved finding: fixed (no finding), or still one of the KNOWN classes (xfail)."""
     case = Case.parse(recipe["case"])
+    outcome = worker.run(case)
     known = known_reason(case)
-    if known:
-        pytest.xfail(known[0])
-    _check(worker, case)
+    if outcome.finding and known:
+        pytest.xfail(f"{known[0]}: {outcome.detail}")
+    assert outcome.status != "error", f"the tester failed: {outcome.detail}"
+    assert not outcome.finding, f"{case.key} [{outcome.stage}] {outcome.detail}"
 
 
 def test_default_run_covers_every_kind_and_mode_family() -> None:
@@ -183,7 +186,7 @@ def _planted(monkeypatch: pytest.MonkeyPatch, bug: str) -> oracle.Outcome:
         return report
 
     monkeypatch.setattr(fastopt, "optimize", buggy)
-    data = onnx.load(str(oracle.FIXTURE_DIR / "llama_ts_float32" / "model.onnx"))
+    data = onnx.load(str(FIXTURE_DIR / "llama_ts_float32" / "model.onnx"))
     case = Case("llama_ts_float32", "none", Mode(), 0)
     return oracle.judge(data.SerializeToString(), case)
 
@@ -216,3 +219,19 @@ def test_worker_reports_a_crash_with_its_stage() -> None:
     else:  # part B's fix: not folded (ORT itself traps on the mutant: not a finding)
         assert crash.status in ("invalid", "refused", "ok"), crash
     assert after.status == "ok", after
+
+
+def test_minimize_moves_a_probe_finding_to_the_bare_model(tmp_path: Path) -> None:
+    """A folding-probe finding minimizes to the bare pseudo-fixture (a model of about 1 kB),
+    which save_regression writes with its recipe; a finding that only the export shows stays."""
+    from tests.difftest.regressions import minimize, save_regression
+
+    case = Case.parse("llama_ts_float32:probe_narrowing_cast:cleanup/ort/kv=none/q=none:1")
+    found = oracle.Outcome("finding", "difftest_probe: shape (6,) != (5,)", "compare")
+    small, outcome = minimize(case, found, lambda c: found)
+    assert small.fixture == "bare" and outcome is found
+    path = save_regression(small, outcome, tmp_path)
+    assert path.stat().st_size < 4096 and path.with_suffix(".json").is_file()
+    onnx.checker.check_model(onnx.load(str(path)))
+    clean = oracle.Outcome("ok")
+    assert minimize(case, found, lambda c: clean) == (case, found)

@@ -2,7 +2,7 @@
 
     python -m tests.difftest --runs 300 --seed 7            # a sampled campaign
     python -m tests.difftest --case KEY                     # one case again (KEY as printed)
-    python -m tests.difftest --case KEY --save DIR          # keep it as a regression model
+    python -m tests.difftest --case KEY --save DIR          # minimize it, keep it as a model
     python -m tests.difftest --kinds cumsum_over_sequence --modes 'llm/ort/kv=*/q=none' --runs 20
 
 Prints one line per case (status, key, detail) and a summary; exits 1 when a run had a finding
@@ -19,7 +19,7 @@ from fnmatch import fnmatch
 
 from .cases import Case, sample
 from .known import known_reason
-from .regressions import save_regression
+from .regressions import minimize, save_regression
 from .worker import Worker
 
 
@@ -62,8 +62,9 @@ def main(argv: list[str] | None = None) -> int:
                 status = "known" if reason else "FINDING"
                 unexpected += reason is None
                 if args.save:
-                    path = save_regression(case, outcome, args.save)
-                    print(f"  saved {path}")
+                    small, small_outcome = minimize(case, outcome, worker.run)
+                    path = save_regression(small, small_outcome, args.save)
+                    print(f"  saved {path} ({small.key})")
             counts[status] += 1
             print(
                 f"{status:8} {case.key}  [{outcome.stage}] {outcome.detail}"

@@ -14,6 +14,8 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper
 
 from .mutations import MUTATIONS
 
@@ -79,8 +81,30 @@ class Case:
         return f"python -m tests.difftest --case '{self.key}'"
 
 
+# A pseudo-fixture for minimized findings: the decoder inputs and one integer output, all that
+# the folding probes need (a finding there saves as a model of a few hundred bytes).
+BARE = "bare"
+
+
+def bare_model() -> onnx.ModelProto:
+    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])
+    mask = helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"])
+    out = helper.make_tensor_value_info("ids_and_mask", TensorProto.INT64, ["batch", "seq"])
+    node = helper.make_node("Add", ["input_ids", "attention_mask"], ["ids_and_mask"])
+    graph = helper.make_graph([node], "bare", [ids, mask], [out])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def load_fixture(name: str) -> onnx.ModelProto:
+    if name == BARE:
+        return bare_model()
+    return onnx.load(str(FIXTURE_DIR / name / "model.onnx"))
+
+
 @cache
 def fixture_meta(name: str) -> dict:  # type: ignore[type-arg]
+    if name == BARE:
+        return {"kind": "bare", "arch": BARE, "dtype": "float32", "config": {"vocab_size": 512}}
     return dict(json.loads((FIXTURE_DIR / name / "meta.json").read_text()))
 
 

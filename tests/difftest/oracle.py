@@ -36,7 +36,7 @@ import onnxruntime as ort
 from fastopt.quant_settings import QuantSettings
 from fastopt.quant_verify import THRESHOLDS, _accuracy
 
-from .cases import FIXTURE_DIR, Case, fixture_meta
+from .cases import Case, fixture_meta, load_fixture
 from .mutations import apply
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: kv_generation
@@ -71,7 +71,7 @@ class BelowGate(Exception):
 
 
 def mutant(case: Case) -> tuple[onnx.ModelProto, str | None]:
-    model = onnx.load(str(FIXTURE_DIR / case.fixture / "model.onnx"))
+    model = load_fixture(case.fixture)
     return model, apply(model, case.mutation, case.seed)
 
 
