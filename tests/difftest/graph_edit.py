@@ -141,8 +141,10 @@ class Edit:
         """The outputs of the nodes added since the graph had `start` nodes."""
         return {o for n in self.graph.node[start:] for o in n.output}
 
-    def add_output(self, name: str, elem_type: int) -> None:
-        self.graph.output.append(helper.make_tensor_value_info(name, elem_type, None))
+    def add_output(self, name: str, elem_type: int, rank: int = 1) -> None:
+        """A graph output of that type and rank (dims unnamed: onnx's checker wants a shape)."""
+        shape: list[int | str | None] = [None] * rank
+        self.graph.output.append(helper.make_tensor_value_info(name, elem_type, shape))
 
     def finish(self) -> None:
         """Topological order (mutations append nodes that earlier nodes now read)."""
