@@ -44,11 +44,17 @@ std::string shape_error(const std::vector<Dim>& in, const std::vector<Dim>& skip
   if (skip.size() == in.size()) {
     for (size_t i = 0; i + 1 < in.size(); ++i) {
       const bool batch_one = in.size() == 3 && i == 0 && skip[0].value && *skip[0].value == 1;
-      if (!batch_one && !norm::may_equal(in[i], skip[i])) return "input and skip shapes differ";
+      if (batch_one) continue;
+      if (!norm::may_equal(in[i], skip[i])) return "input and skip shapes differ";
+      // The Add broadcasts a 1 against a dim that may be larger; the kernels do not.
+      if (is_one(skip[i]) != is_one(in[i])) return "the Add broadcasts a dim of 1";
     }
     return "";
   }
-  if (in.size() == 3 && skip.size() == 2 && norm::may_equal(in[1], skip[0])) return "";
+  if (in.size() == 3 && skip.size() == 2 && norm::may_equal(in[1], skip[0]) &&
+      is_one(in[1]) == is_one(skip[0])) {
+    return "";
+  }
   return "the skip does not broadcast to the input as the Skip kernels allow";
 }
 

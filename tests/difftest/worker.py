@@ -15,6 +15,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,6 +30,8 @@ class Worker:
         self.timeout = timeout
         self.proc: subprocess.Popen[bytes] | None = None
         self._buf = b""
+        # The child's stderr, for the last words of a crash; closed in close().
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115
 
     def _start(self) -> subprocess.Popen[bytes]:
         if self.proc is None or self.proc.poll() is not None:
@@ -38,10 +41,12 @@ class Worker:
                 cwd=ROOT,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
+                stderr=self._stderr,
                 env=env,
             )
             self._buf = b""
+            self._stderr.seek(0)
+            self._stderr.truncate()
         return self.proc
 
     def run(self, case: Case) -> Outcome:
@@ -60,6 +65,8 @@ class Worker:
                 rc = proc.wait()
                 self.proc = None
                 what = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit {rc}"
+                if stage == "start":  # the child could not even start: the tester's own bug
+                    return Outcome("error", f"worker died ({what}): {self._last_words()}", stage)
                 if stage in ("original", "mutate"):  # ORT or onnx died on the mutant itself
                     return Outcome("invalid", f"crash ({what}) running the mutant", stage)
                 return Outcome("finding", f"crash ({what})", stage)
@@ -86,12 +93,20 @@ class Worker:
         line, _, self._buf = self._buf.partition(b"\n")
         return line
 
+    def _last_words(self) -> str:
+        self._stderr.seek(0)
+        lines = self._stderr.read().decode(errors="replace").strip().splitlines()
+        return lines[-1][:300] if lines else ""
+
     def close(self) -> None:
         if self.proc is not None:
             if self.proc.poll() is None:
                 self.proc.kill()
             self.proc.wait()
             self.proc = None
+
+    def __del__(self) -> None:
+        self._stderr.close()
 
 
 def main() -> None:
