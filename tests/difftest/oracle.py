@@ -110,6 +110,9 @@ def judge(data: bytes, case: Case, stage: Callable[[str], None] = lambda s: None
     except Exception as e:
         return Outcome("invalid", f"ORT refuses the mutant: {str(e).splitlines()[0][:200]}")
     try:
+        # One run of the mutant first, so that a mutant ORT itself traps on (Div(INT64_MIN, -1)
+        # kept unfolded) dies in this stage: invalid, not a finding.
+        _run(ref, feeds(ref, meta, None), "original")
         stage("optimized")
         try:
             got = _session(optimized)
