@@ -11,6 +11,8 @@
 //     precision_f32_ops, which fastopt.precision computes from onnx's schemas; e.g. Range, and
 //     Sin / Cos in bfloat16 before opset 22)
 //   - nodes and weights named by quant_exclude
+//   - nodes whose values overflow fp16 on representative inputs (text option
+//     precision_f32_values: output names, one a line, from fastopt.fp16_ranges' range pass)
 //   - deliberate fp32 islands: an exporter's Cast to float32 of a float value (a no-op in an
 //     fp32 export, written by model code such as `x.to(torch.float32)` around RMSNorm and
 //     softmax) whose every path ends, through float math only, at another such Cast:
@@ -93,16 +95,30 @@ class PrecisionConverter {
     to_ = opt_.mode == "bf16" ? kBFloat16 : kFloat16;
     // Default-domain ops whose schema at the model's opset has no form in the new type
     // (fastopt.precision.f32_only_ops reads onnx's schemas), comma separated.
-    auto it = ctx.text_options.find("precision_f32_ops");
-    if (it != ctx.text_options.end()) {
-      const std::string& s = it->second;
-      for (size_t b = 0; b <= s.size();) {
-        size_t e = s.find(',', b);
-        if (e == std::string::npos) e = s.size();
-        if (e > b) schema_f32_.insert(s.substr(b, e - b));
-        b = e + 1;
-      }
+    split_option(ctx, "precision_f32_ops", ',', schema_f32_);
+    // Nodes to keep float32 because their values overflow the new type, by output name (value
+    // names are unique; node names need not be): one a line, as names may hold commas.
+    split_option(ctx, "precision_f32_values", '\n', range_f32_);
+  }
+
+  static void split_option(const PassContext& ctx, const char* key, char sep,
+                           std::set<std::string>& into) {
+    auto it = ctx.text_options.find(key);
+    if (it == ctx.text_options.end()) return;
+    const std::string& s = it->second;
+    for (size_t b = 0; b <= s.size();) {
+      size_t e = s.find(sep, b);
+      if (e == std::string::npos) e = s.size();
+      if (e > b) into.insert(s.substr(b, e - b));
+      b = e + 1;
     }
+  }
+
+  bool range_kept(const Node* n) const {
+    for (const Value* o : n->outputs()) {
+      if (o && range_f32_.count(o->name())) return true;
+    }
+    return false;
   }
 
   int64_t run() {
@@ -264,6 +280,11 @@ class PrecisionConverter {
           ctx_.counters["fp32_island_nodes"] += static_cast<int64_t>(region.size());
           continue;
         }
+      }
+      if (range_kept(n)) {
+        mode_[n] = Mode::kF32;
+        ++ctx_.counters["nodes_kept_range"];
+        continue;
       }
       mode_[n] = Mode::kLow;
     }
@@ -576,6 +597,7 @@ class PrecisionConverter {
   quant::QuantOptions opt_;
   int32_t to_ = kFloat16;
   std::set<std::string> schema_f32_;
+  std::set<std::string> range_f32_;
   std::unordered_map<const Value*, int32_t> types_;
   std::unordered_map<const Node*, Mode> mode_;
   std::vector<quant::ConvertJob> jobs_;

@@ -136,7 +136,12 @@ def run_command(args: argparse.Namespace) -> int:
     options = parse_options(args.option)
     providers = parse_providers(args.providers)
     external = {"auto": None, "always": True, "never": False}[args.external_data]
-    from fastopt.cli_quantize import print_quantization, quant_settings, work_progress
+    from fastopt.cli_quantize import (
+        print_precision,
+        print_quantization,
+        quant_settings,
+        work_progress,
+    )
 
     quantize = quant_settings(args, args.quantize, args.output) if args.quantize else None
     if quantize is not None:
@@ -182,6 +187,8 @@ def run_command(args: argparse.Namespace) -> int:
             out.print(escape(line))
     print_summary(report, out, args.model)
     print_quantization(report.quantization, out)
+    if quantize is not None:
+        print_precision(report.range_check, report.passes, quantize.mode, out)
     result: dict[str, object] = {"optimize": report.to_dict()}
     code = 0
     if args.verify:

@@ -17,6 +17,8 @@ from rich.table import Table
 import fastopt
 from fastopt.cli_optimize import _files_size, parse_options
 from fastopt.cli_output import console
+from fastopt.fp16_ranges import RangeCheck
+from fastopt.optimize import PassReport
 from fastopt.quant_settings import MODES, QuantSettings, QuantSummary, WeightQuantization
 from fastopt.summary import human_bytes
 
@@ -81,6 +83,13 @@ def add_quant_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--embeddings", choices=("keep", "int4", "int8"), default="keep")
     p.add_argument("--per-channel", action="store_true", help="int8-dynamic: per-column scales")
     p.add_argument("--keep-io-types", action="store_true", help="fp16/bf16: float32 inputs/outputs")
+    p.add_argument(
+        "--fp16-ranges",
+        choices=("on", "off"),
+        default="on",
+        help="fp16: run the float model on sample inputs first and keep the ops whose values "
+        "overflow fp16 (reach 65504/4) float32 (default on)",
+    )
     p.add_argument("--threads", type=int, default=0, help="quantizing threads (0: all cores)")
 
 
@@ -95,6 +104,7 @@ def quant_settings(args: argparse.Namespace, mode: str, output: str | None) -> Q
         embeddings=args.embeddings,
         per_channel=args.per_channel,
         keep_io_types=args.keep_io_types,
+        fp16_ranges=args.fp16_ranges == "on",
         threads=args.threads,
         tmpdir=os.path.dirname(os.path.abspath(output)) if output else "",
     )
@@ -134,6 +144,35 @@ def print_quantization(weights: list[WeightQuantization], out: Any) -> None:
         + (f" ({escape(reasons)})" if reasons else "")
         + f"; {human_bytes(s.bytes_before)} -> {human_bytes(s.bytes_after)}"
     )
+
+
+def print_precision(
+    check: RangeCheck | None, passes: list[PassReport], mode: str, out: Any
+) -> None:
+    """fp16/bf16: the ops the range check kept float32 (with the magnitudes that decided), and
+    a warning line for values clamped to the new type's range."""
+    if check is not None:
+        if check.kept:
+            table = Table(title="ops kept float32 (their values overflow fp16)", show_edge=False)
+            for col in ("node", "op", "why"):
+                table.add_column(col)
+            for k in check.kept[:20]:
+                table.add_row(escape(k.node), escape(k.op), escape(k.reason))
+            if len(check.kept) > 20:
+                table.add_row(f"... {len(check.kept) - 20} more", "", "")
+            out.print(table)
+        out.print(escape(check.summary()), highlight=False)
+    clamped = sum(p.counters.get("values_clamped", 0) for p in passes)
+    if clamped:
+        err = console(stderr=True)
+        limit = "±65504" if mode == "fp16" else "±3.39e38"
+        values = f"{clamped} value{'s' if clamped != 1 else ''}"
+        err.print(
+            f"warning: {values} of weights or constants beyond {mode}'s range clamped to "
+            f"{limit} (the weights' reasons in the report name them)",
+            markup=False,
+            highlight=False,
+        )
 
 
 def work_progress(progress: Progress, task: object) -> Callable[[int, int, str], None]:
@@ -186,6 +225,7 @@ def run_command(args: argparse.Namespace) -> int:
             embeddings=settings.embeddings,
             per_channel=settings.per_channel,
             keep_io_types=settings.keep_io_types,
+            fp16_ranges=settings.fp16_ranges,
             target=args.target,
             threads=settings.threads,
             verify=args.verify,
@@ -195,6 +235,7 @@ def run_command(args: argparse.Namespace) -> int:
         )
     out = console()
     print_quantization(report.weights, out)
+    print_precision(report.range_check, report.passes, settings.mode, out)
     out.print(
         f"{escape(args.model)} -> {escape(args.output)} ({human_bytes(_files_size(args.output))}) "
         f"in {report.seconds:.2f} s"

@@ -11,6 +11,7 @@ from typing import Any, Literal, Union
 from fastopt import _C
 from fastopt._io import check_output_path, load
 from fastopt.errors import OptionError, UnsupportedModelError, entry_point
+from fastopt.fp16_ranges import RangeCheck, check_ranges
 from fastopt.genai_config import GENAI_CONFIG, PRESENT_KEY, genai_config, genai_config_bytes
 from fastopt.options import check_options
 from fastopt.quant_checks import extra_options
@@ -72,6 +73,8 @@ class OptimizeReport:
     # The run check before the save (fastopt.run_check): "ran in N s", "skipped: why", or ""
     # when it did not apply (no output, or run_check=False).
     run_check: str = ""
+    # fp16: the range check's findings (ops kept float32 because their values overflow).
+    range_check: RangeCheck | None = None
     # The optimized model (not part of to_dict()).
     model: _C.Model | None = field(default=None, repr=False, compare=False)
 
@@ -79,6 +82,7 @@ class OptimizeReport:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "model"}
         d["passes"] = [asdict(p) for p in self.passes]
         d["quantization"] = [asdict(w) for w in self.quantization]
+        d["range_check"] = self.range_check.to_dict() if self.range_check else None
         return d
 
     @property
@@ -178,6 +182,7 @@ def optimize(
         options=pass_options,
     )
     reports: list[PassReport] = []
+    range_check: RangeCheck | None = None
     for i, name in enumerate(names):
         if progress is not None:
             progress(i, len(names), name)
@@ -201,7 +206,8 @@ def optimize(
     if quantize is not None:
         if progress is not None:
             progress(len(names), len(names) + 1, quantize.pass_name)
-        reports.extend(_quantize(ctx, quantize, work_progress))
+        quant_reports, range_check = _quantize(ctx, quantize, work_progress)
+        reports.extend(quant_reports)
     if progress is not None:
         progress(len(names), len(names), "")
     model = ctx.model
@@ -251,6 +257,7 @@ def optimize(
         shape_inference=[f"{name}: {run.describe()}" for name, run in ctx.shape_runs],
         quantization=[WeightQuantization.from_record(r) for r in ctx.quant_records],
         run_check=checked,
+        range_check=range_check,
         model=model,
     )
 
@@ -294,9 +301,11 @@ def _check_quantize(settings: QuantSettings) -> None:
 
 def _quantize(
     ctx: PassContext, settings: QuantSettings, work_progress: WorkProgressFn | None
-) -> list[PassReport]:
-    """The quantization step: target onnx's blocked DequantizeLinear needs opset 21 first."""
+) -> tuple[list[PassReport], RangeCheck | None]:
+    """The quantization step: target onnx's blocked DequantizeLinear needs opset 21 first; fp16
+    measures the activations first and keeps the ops that overflow float32 (fp16_ranges)."""
     reports = []
+    range_check = None
     if (
         ctx.target == "onnx"
         and settings.pass_name == "quantize_weights"
@@ -306,12 +315,20 @@ def _quantize(
         reports.append(_run_pass("convert_version", ctx))
     ctx.options.update(settings.options())
     ctx.options.update(extra_options(ctx.model, settings, ctx.target))
+    # (convert_precision refuses control flow and local functions: its message, not the check's)
+    if settings.mode == "fp16" and settings.fp16_ranges and not _has_bodies(ctx.model):
+        range_check = check_ranges(ctx.model)
+        ctx.options["precision_f32_values"] = range_check.option()
     ctx.progress = work_progress
     try:
         reports.append(_run_pass(settings.pass_name, ctx))
     finally:
         ctx.progress = None
-    return reports
+    return reports, range_check
+
+
+def _has_bodies(model: _C.Model) -> bool:
+    return bool(model.functions) or any(n.subgraphs for n in model.graph.nodes)
 
 
 # Ops that exist only between two passes (see csrc/passes/attention/internal_op.h).

@@ -52,6 +52,8 @@ class QuantSettings:
     keep_io_types: bool = False
     threads: int = 0
     tmpdir: str = ""
+    # fp16: keep the ops whose activations reach float16's range float32 (fastopt.fp16_ranges)
+    fp16_ranges: bool = True
 
     @property
     def pass_name(self) -> str:

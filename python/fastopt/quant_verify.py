@@ -4,7 +4,9 @@ original by what quantization should preserve:
 
 - cosine similarity of the logits (each output flattened), per output;
 - max abs error relative to the logit scale: max |q - f| / max |f|;
-- top-1 agreement: the fraction of positions (all but the last axis) whose argmax is the same.
+- top-1 agreement: the fraction of positions (all but the last axis) whose argmax is the same;
+- no NaN or inf where the original's output is finite (an fp16 overflow, say): any such value
+  fails the verification, whatever the other measures say.
 
 Both models run in ONNX Runtime (CPU, optimizations off) on the same inputs
 (``fastopt.verify.make_inputs`` of the quantized model: a prompt of 16 tokens, an empty past
@@ -61,6 +63,8 @@ class OutputAccuracy:
     cosine: float
     max_rel_error: float
     top1_agreement: float | None  # None for outputs of rank < 2
+    nonfinite: int = 0  # NaN/inf values where the original's are finite
+    size: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -76,7 +80,8 @@ class QuantVerifyReport:
     def ok(self) -> bool:
         cos, rel, top1 = self.thresholds
         return all(
-            o.cosine >= cos
+            not o.nonfinite
+            and o.cosine >= cos
             and o.max_rel_error <= rel
             and (o.top1_agreement is None or o.top1_agreement >= top1)
             for o in self.outputs
@@ -102,15 +107,22 @@ class QuantVerifyReport:
         ]
         for o in self.outputs:
             t1 = "-" if o.top1_agreement is None else f"{o.top1_agreement:.3f}"
-            lines.append(
+            line = (
                 f"  {o.name}: cosine {o.cosine:.6f}, max rel err {o.max_rel_error:.4f}, top-1 {t1}"
             )
+            if o.nonfinite:
+                line += (
+                    f"; FAILED: {o.nonfinite} of {o.size} values are NaN/inf where the "
+                    "original's are finite"
+                )
+            lines.append(line)
         return "\n".join(lines)
 
 
 def _accuracy(name: str, ref: np.ndarray, got: np.ndarray) -> OutputAccuracy:
     f = ref.astype(np.float64).ravel()
     q = got.astype(np.float64).ravel()
+    nonfinite = int(np.count_nonzero(np.isfinite(f) & ~np.isfinite(q))) if f.shape == q.shape else 0
     denom = float(np.linalg.norm(f) * np.linalg.norm(q))
     cosine = float(f @ q / denom) if denom > 0 else float(np.array_equal(f, q))
     scale = float(np.max(np.abs(f))) if f.size else 0.0
@@ -119,7 +131,7 @@ def _accuracy(name: str, ref: np.ndarray, got: np.ndarray) -> OutputAccuracy:
     top1 = None
     if ref.ndim >= 2 and ref.shape[-1] > 1:
         top1 = float(np.mean(np.argmax(ref, axis=-1) == np.argmax(got, axis=-1)))
-    return OutputAccuracy(name, cosine, rel, top1)
+    return OutputAccuracy(name, cosine, rel, top1, nonfinite, int(f.size))
 
 
 def verify_quantized(

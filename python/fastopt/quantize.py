@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fastopt import _C
+from fastopt.fp16_ranges import RangeCheck
 from fastopt.optimize import ModelOrPath, OptimizeReport, PassReport, WorkProgressFn, optimize
 from fastopt.quant_settings import QuantSettings, QuantSummary, WeightQuantization
 from fastopt.quant_verify import QuantVerifyReport, verify_quantized
@@ -49,6 +50,8 @@ class QuantizeReport:
     seconds: float
     output: str | None = None
     verify: QuantVerifyReport | None = None
+    # fp16: ops kept float32 because their activations reach float16's range (fp16_ranges)
+    range_check: RangeCheck | None = None
     model: _C.Model | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -69,6 +72,7 @@ class QuantizeReport:
             "passes": [asdict(p) for p in self.passes],
             "weights": [asdict(w) for w in self.weights],
             "verify": self.verify.to_dict() if self.verify else None,
+            "range_check": self.range_check.to_dict() if self.range_check else None,
         }
 
 
@@ -85,6 +89,7 @@ def quantize(
     embeddings: str = "keep",
     per_channel: bool = False,
     keep_io_types: bool = False,
+    fp16_ranges: bool = True,
     target: Target = "ort",
     threads: int = 0,
     verify: bool = False,
@@ -103,10 +108,12 @@ def quantize(
     (default: as the rest). ``embeddings``: keep | int4 | int8 (Gather tables, per row along
     hidden: com.microsoft GatherBlockQuantized, sharing a tied lm_head's MatMulNBits weight;
     target onnx: DequantizeLinear(axis 1) + Gather).
-    ``threads``: 0 = all cores. ``verify`` compares the output with the original (needs a
-    path and ``output``; fastopt.quant_verify). ``progress(done, total, what)``: bytes
-    quantized so far. ``run_check``: as optimize's (ORT runs the output once before it is
-    written).
+    ``fp16_ranges`` (fp16): run the float model on representative inputs first and keep the
+    ops whose values reach a quarter of float16's range in float32 (fastopt.fp16_ranges;
+    ``report.range_check`` lists them). ``threads``: 0 = all cores. ``verify`` compares the
+    output with the original (needs a path and ``output``; fastopt.quant_verify).
+    ``progress(done, total, what)``: bytes quantized so far. ``run_check``: as optimize's (ORT
+    runs the output once before it is written).
     """
     settings = QuantSettings(
         mode=mode,
@@ -118,6 +125,7 @@ def quantize(
         embeddings=embeddings,
         per_channel=per_channel,
         keep_io_types=keep_io_types,
+        fp16_ranges=fp16_ranges,
         threads=threads,
         # Quantized bytes wait beside the output: the save then copies within one filesystem.
         tmpdir=os.path.dirname(os.path.abspath(os.fspath(output))) if output else "",
@@ -159,5 +167,6 @@ def quantize(
         seconds=seconds,
         output=report.output,
         verify=vreport,
+        range_check=report.range_check,
         model=report.model,
     )

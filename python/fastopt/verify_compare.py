@@ -119,6 +119,14 @@ def _compare(
             rel = diff[big] / np.abs(ef[big])
             result.max_rel_err = float(rel.max()) if rel.size else 0.0
         result.mismatches = int(np.count_nonzero(bad))
+        nonfinite = int(np.count_nonzero(np.isfinite(ef) & ~np.isfinite(af)))
+        if nonfinite:
+            # An overflow (fp16) or a NaN the original does not have: say so, not just "off".
+            result.ok = False
+            result.message = (
+                f"{nonfinite} of {e.size} elements are NaN/inf where the original's are finite"
+            )
+            return [result]
     if result.mismatches:
         flat = np.asarray(bad).reshape(-1)
         where = int(np.argmax(diff.reshape(-1))) if e.dtype != np.object_ else int(np.argmax(flat))

@@ -46,10 +46,15 @@ class GenerationReport:
     max_abs_err: float = 0.0
     atol: float = 0.0
     inplace: bool = False
+    nonfinite: int = 0  # cached logits NaN/inf where the original's are finite
 
     @property
     def ok(self) -> bool:
-        return self.tokens_original == self.tokens_cached and self.max_abs_err <= self.atol
+        return (
+            self.tokens_original == self.tokens_cached
+            and self.max_abs_err <= self.atol
+            and not self.nonfinite
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "ok": self.ok}
@@ -63,6 +68,11 @@ class GenerationReport:
             f"prompt {len(self.prompt)} tokens, {len(self.tokens_original)} generated; tokens "
             f"{'equal' if self.tokens_original == self.tokens_cached else 'DIFFER'}: "
             f"{self.tokens_cached}; logits max_abs {self.max_abs_err:.3g} (atol {self.atol:g})"
+            + (
+                f"; {self.nonfinite} logits NaN/inf where the original's are finite"
+                if self.nonfinite
+                else ""
+            )
         )
 
 
@@ -161,7 +171,10 @@ def verify_generation(
             sess, outputs, {**_feed(sess, step_ids, past_len), **cross, **cache}, report
         )
         want, have = ref[0, -1].astype(np.float64), got["logits"][0, -1].astype(np.float64)
-        report.max_abs_err = max(report.max_abs_err, float(np.max(np.abs(want - have))))
+        report.nonfinite += int(np.count_nonzero(np.isfinite(want) & ~np.isfinite(have)))
+        diff = np.abs(want - have)
+        diff = diff[np.isfinite(diff)]
+        report.max_abs_err = max(report.max_abs_err, float(diff.max()) if diff.size else 0.0)
         report.tokens_original.append(int(want.argmax()))
         report.tokens_cached.append(int(have.argmax()))
         for p in pasts:

@@ -1,0 +1,190 @@
+"""Activation statistics: the largest magnitude each float32 value of a model takes on a few
+representative inputs, measured in ONNX Runtime (CPU, optimizations off).
+
+The model is not run with its intermediate values as outputs (that would hold every activation
+of the run at once): each observed value gets a small reduction, ``ReduceMax(Where(|x| <
+SENTINEL, |x|, 0))``, whose scalar becomes a graph output, so ONNX Runtime frees the activations
+as it always does and the run costs about one inference plus the reductions. The graph is edited
+on the model's skeleton (``Model.skeleton``: weights stay where they are) and bound back to the
+weights with ``_C.load_skeleton``.
+
+Magnitudes at or past ``SENTINEL`` (1e30) are not counted: they are masks' fill values
+(``torch.finfo(float32).min`` added to masked attention scores) and infinities, which an fp16
+model writes as its own extremes on purpose (convert_precision clamps the constants they come
+from to ±65504), not activations that grow. NaNs are not counted either.
+
+Used by the fp16 range check (fastopt.fp16_ranges); other consumers (activation-aware
+quantization) read ``ActivationRanges.max_abs``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from fastopt import _C
+from fastopt._lazy import lazy_module
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
+else:
+    np = lazy_module("numpy")  # imported on first use: `import fastopt` stays cheap
+
+# |x| at or past this is a mask's fill value or an infinity, not a magnitude (module docstring).
+SENTINEL = 1e30
+# Inputs the range pass runs on: seeds of fastopt.verify.make_inputs (batch 2 of 16 tokens for a
+# decoder, as quantized --verify uses), so the statistics cover what --verify checks.
+DEFAULT_SAMPLES = 4
+DEFAULT_DIMS: dict[str, int] = {"sequence_length": 16, "past_sequence_length": 0}
+_PREFIX = "fastopt_range/"
+_FLOAT = 1  # onnx.TensorProto.FLOAT
+
+
+@dataclass
+class ActivationRanges:
+    """max |x| per observed value (graph inputs and node outputs of type float32) over
+    ``samples`` input sets; values that were not observed are absent."""
+
+    max_abs: dict[str, float] = field(default_factory=dict)
+    samples: int = 0
+    seconds: float = 0.0
+
+    def of(self, name: str) -> float | None:
+        return self.max_abs.get(name)
+
+
+def representative_inputs(
+    model: _C.Model,
+    samples: int = DEFAULT_SAMPLES,
+    dims: Mapping[str, int] | None = None,
+) -> list[dict[str, np.ndarray]]:
+    """``samples`` input sets made by fastopt's input maker (seeds 0..samples-1): token ids in
+    the vocabulary, masks, positions, a 16-token prompt for decoders (an empty past)."""
+    from fastopt.verify_inputs import make_inputs
+
+    return [
+        make_inputs(model, dims={**DEFAULT_DIMS, **(dims or {})}, seed=s) for s in range(samples)
+    ]
+
+
+def _float32_values(proto: onnx.ModelProto, model: _C.Model) -> list[str]:
+    """Names of the main graph's float32 inputs and node outputs, types from fastopt's IR and
+    onnx's shape inference; values of unknown type are skipped (a reduction over a non-float
+    would not load)."""
+    import onnx.shape_inference
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False)
+    except Exception:  # inference is a help here: the IR's own types still count
+        inferred = proto
+    types: dict[str, int] = {}
+    for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]:
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+            types[vi.name] = vi.type.tensor_type.elem_type
+    g = model.graph
+    names: list[str] = []
+    seen: set[str] = set()
+    initializers = {t.name for t in proto.graph.initializer}
+
+    def add(v: _C.Value | None) -> None:
+        if v is None or not v.name or v.name in seen or v.name in initializers:
+            return
+        seen.add(v.name)
+        if (v.dtype or types.get(v.name, 0)) == _FLOAT:
+            names.append(v.name)
+
+    for v in g.inputs:
+        add(v)
+    for n in g.nodes:
+        if n.op_type == "Constant":
+            continue  # constants are converted (and clamped) by the pass itself
+        for o in n.outputs:
+            add(o)
+    return names
+
+
+def _instrument(proto: onnx.ModelProto, values: Sequence[str]) -> None:
+    """Adds a scalar output ``fastopt_range/<value>`` = max |value| below SENTINEL per value."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    g = proto.graph
+    sentinel = _PREFIX + "sentinel"
+    zero = _PREFIX + "zero"
+    g.initializer.extend(
+        [
+            numpy_helper.from_array(np.array(SENTINEL, np.float32), sentinel),
+            numpy_helper.from_array(np.array(0.0, np.float32), zero),
+        ]
+    )
+    for i, name in enumerate(values):
+        t = f"{_PREFIX}{i}/"
+        out = _PREFIX + name
+        g.node.extend(
+            [
+                helper.make_node("Abs", [name], [t + "abs"], name=t + "Abs"),
+                helper.make_node("Less", [t + "abs", sentinel], [t + "finite"], name=t + "Less"),
+                helper.make_node(
+                    "Where", [t + "finite", t + "abs", zero], [t + "kept"], name=t + "Where"
+                ),
+                helper.make_node(
+                    "ReduceMax", [t + "kept"], [out], name=t + "ReduceMax", keepdims=0
+                ),
+            ]
+        )
+        g.output.append(helper.make_tensor_value_info(out, TensorProto.FLOAT, []))
+
+
+def collect_ranges(
+    model: _C.Model,
+    inputs: Iterable[Mapping[str, np.ndarray]] | None = None,
+    values: Sequence[str] | None = None,
+) -> ActivationRanges:
+    """Runs ``model`` on each input set (default: ``representative_inputs(model)``) and returns
+    max |x| of every float32 value (or of ``values``). The model is not changed; its weights
+    are read where they are. Raises ModelError when ONNX Runtime cannot run the instrumented
+    model."""
+    import onnx
+
+    from fastopt.check import open_source, ort_session, summarize_error
+
+    start = time.perf_counter()
+    feeds_list = list(inputs) if inputs is not None else representative_inputs(model)
+    proto = onnx.load_from_string(model.skeleton())
+    observed = list(values) if values is not None else _float32_values(proto, model)
+    _instrument(proto, observed)
+    instrumented = _C.load_skeleton(proto.SerializeToString(), model)
+    del proto
+    ranges = ActivationRanges(samples=len(feeds_list))
+    outputs = [_PREFIX + v for v in observed]
+    with ExitStack() as stack:
+        try:
+            sess = ort_session(open_source(instrumented, stack, in_memory="bytes"), None)
+            del instrumented
+            wanted = {i.name for i in sess.get_inputs()}
+            for feeds in feeds_list:
+                fed = {k: np.asarray(v) for k, v in feeds.items() if k in wanted}
+                got = sess.run(outputs, fed)
+                for name, m in zip(observed, got):
+                    x = float(m)
+                    if x == x and x > ranges.max_abs.get(name, 0.0):  # NaN, -inf (empty): no
+                        ranges.max_abs[name] = x
+                    else:
+                        ranges.max_abs.setdefault(name, 0.0)
+        except _C.ModelError:
+            raise
+        except Exception as e:
+            why = summarize_error(str(e))
+            raise _C.ModelError(
+                f"activation ranges: ONNX Runtime could not run the model: {why}"
+            ) from e
+    ranges.seconds = time.perf_counter() - start
+    return ranges
+
+
+def describe(max_abs: float, samples: int) -> str:
+    """ "max |x| 1.2e+05 over 4 inputs": how a range reads in reports."""
+    return f"max |x| {max_abs:.3g} over {samples} input{'s' if samples != 1 else ''}"
