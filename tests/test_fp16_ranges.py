@@ -180,3 +180,48 @@ def test_clamped_values_are_a_warning_line(
     assert code == 0
     warnings = [line for line in err.splitlines() if line.startswith("warning: 3 ")]
     assert len(warnings) == 1 and "clamped to ±65504" in warnings[0], err
+
+
+def test_generation_verify_names_nan_logits(overflowing: Path, tmp_path: Path) -> None:
+    """optimize --kv-cache --verify compares greedy generation: NaN logits fail it by name
+    (max(err, nan) used to keep the old error, so only a token difference could fail)."""
+    from fastopt.quant_settings import QuantSettings
+    from fastopt.verify_generation import verify_generation
+
+    out = tmp_path / "cached.onnx"
+    fastopt.optimize(
+        overflowing,
+        preset="llm",
+        output=out,
+        kv_cache="standard",
+        quantize=QuantSettings(mode="fp16", keep_io_types=True, fp16_ranges=False),
+    )
+    with pytest.raises(fastopt.VerifyError, match="NaN/inf where the original's are finite"):
+        verify_generation(str(overflowing), str(out), steps=2)
+
+
+def test_collector_with_large_constant_nodes() -> None:
+    """A Constant node's tensor over the skeleton's threshold cannot be handed to ORT as an
+    initializer: the skeleton is bound back to the weights instead; the numbers are the same."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((16, 32)).astype(np.float32)  # 2 KB: a skeleton placeholder
+    c = (rng.standard_normal(512) * 100).astype(np.float32)  # 2 KB in a Constant node
+    graph = helper.make_graph(
+        [
+            helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(c, "c")),
+            helper.make_node("MatMul", ["x", "w"], ["y"]),
+            helper.make_node("Reshape", ["y", "shape"], ["flat"]),
+            helper.make_node("Add", ["flat", "c"], ["z"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 16])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [512])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array([512]), "shape")],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = fastopt.load_bytes(proto.SerializeToString())
+    x = rng.standard_normal((1, 16, 16)).astype(np.float32)
+    r = collect_ranges(model, [{"x": x}])
+    y = (x @ w).reshape(-1)
+    assert r.max_abs["y"] == pytest.approx(np.abs(y).max(), rel=1e-6)
+    assert r.max_abs["z"] == pytest.approx(np.abs(y + c).max(), rel=1e-6)

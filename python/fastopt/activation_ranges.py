@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastopt import _C
 from fastopt._lazy import lazy_module
@@ -149,21 +149,20 @@ def collect_ranges(
     model."""
     import onnx
 
-    from fastopt.check import open_source, ort_session, summarize_error
+    from fastopt.check import summarize_error
 
     start = time.perf_counter()
     feeds_list = list(inputs) if inputs is not None else representative_inputs(model)
-    proto = onnx.load_from_string(model.skeleton())
+    skeleton = model.skeleton()
+    proto = onnx.load_from_string(skeleton)
     observed = list(values) if values is not None else _float32_values(proto, model)
     _instrument(proto, observed)
-    instrumented = _C.load_skeleton(proto.SerializeToString(), model)
-    del proto
     ranges = ActivationRanges(samples=len(feeds_list))
     outputs = [_PREFIX + v for v in observed]
     with ExitStack() as stack:
         try:
-            sess = ort_session(open_source(instrumented, stack, in_memory="bytes"), None)
-            del instrumented
+            sess = _session(proto, skeleton.count(_PLACEHOLDER), model, stack)
+            del proto
             wanted = {i.name for i in sess.get_inputs()}
             for feeds in feeds_list:
                 fed = {k: np.asarray(v) for k, v in feeds.items() if k in wanted}
@@ -183,6 +182,46 @@ def collect_ranges(
             ) from e
     ranges.seconds = time.perf_counter() - start
     return ranges
+
+
+_PLACEHOLDER = b"*fastopt-skeleton*"  # Model.skeleton's external-data location
+
+
+def _session(proto: onnx.ModelProto, placeholders: int, model: _C.Model, stack: ExitStack) -> Any:
+    """An ORT session (CPU, optimizations off) of the instrumented skeleton. The weights are
+    handed over as OrtValues over the model's own (mapped) bytes, no copy, when every
+    placeholder is a main-graph initializer; otherwise (Constant tensors, subgraphs) the
+    skeleton is bound back to the weights and serialized, as fastopt.verify does."""
+    from fastopt.check import onnxruntime, open_source, ort_session
+
+    ort = onnxruntime()
+    weights = [
+        t.name
+        for t in proto.graph.initializer
+        if t.data_location == 1  # EXTERNAL
+        and any(e.key == "location" and e.value == _PLACEHOLDER.decode() for e in t.external_data)
+    ]
+    arrays = []
+    if len(weights) == placeholders:
+        try:
+            for name in weights:
+                tensor = model.graph.initializer(name)
+                assert tensor is not None
+                arrays.append(ort.OrtValue.ortvalue_from_numpy(tensor.numpy()))
+        except Exception:  # a type numpy's bridge cannot carry (bfloat16, ...)
+            arrays = []
+    if len(arrays) == len(weights):
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        so.log_severity_level = 3
+        so.add_external_initializers(weights, arrays)
+        sess = ort.InferenceSession(
+            proto.SerializeToString(), so, providers=["CPUExecutionProvider"]
+        )
+        stack.callback(arrays.clear)  # the OrtValues outlive the session's use of them
+        return sess
+    instrumented = _C.load_skeleton(proto.SerializeToString(), model)
+    return ort_session(open_source(instrumented, stack, in_memory="bytes"), None)
 
 
 def describe(max_abs: float, samples: int) -> str:
