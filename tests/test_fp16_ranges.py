@@ -225,3 +225,26 @@ def test_collector_with_large_constant_nodes() -> None:
     y = (x @ w).reshape(-1)
     assert r.max_abs["y"] == pytest.approx(np.abs(y).max(), rel=1e-6)
     assert r.max_abs["z"] == pytest.approx(np.abs(y + c).max(), rel=1e-6)
+
+
+def test_a_model_ort_cannot_measure_converts_with_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An input without a shape: no sample inputs, so no ranges; the conversion goes on and
+    says what it did not check."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    src = tmp_path / "noshape.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(src))
+    code = fastopt.cli.main(
+        ["quantize", str(src), "-o", str(tmp_path / "h.onnx"), "--mode", "fp16"]
+    )
+    err = capsys.readouterr().err
+    assert code == 0
+    assert "warning: fp16 range check skipped: " in err and "no shape" in err, err
+    r = fastopt.quantize(src, tmp_path / "h2.onnx", mode="fp16")
+    assert r.range_check is not None and r.range_check.skipped and not r.range_check.kept

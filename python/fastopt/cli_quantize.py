@@ -161,7 +161,10 @@ def print_precision(
             if len(check.kept) > 20:
                 table.add_row(f"... {len(check.kept) - 20} more", "", "")
             out.print(table)
-        out.print(escape(check.summary()), highlight=False)
+        if check.skipped:
+            console(stderr=True).print(f"warning: {check.summary()}", markup=False, highlight=False)
+        else:
+            out.print(escape(check.summary()), highlight=False)
     clamped = sum(p.counters.get("values_clamped", 0) for p in passes)
     if clamped:
         err = console(stderr=True)
