@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """The fp16 range check (fastopt.fp16_ranges): its cost, and what it does on a real model.
 
-    python bench/bench_fp16_ranges.py cost MODEL.onnx [MODEL.onnx ...]
-        per model, in a child process each: the range pass alone (fastopt.fp16_ranges.check_ranges
-        on the loaded model: 4 input sets of --verify's shape), wall time and the child's peak
-        RSS, beside the same child's peak RSS after importing onnx/onnxruntime and loading.
-    python bench/bench_fp16_ranges.py real HF_DIR OUT_DIR
-        a transformers folder (e.g. SmolLM2-135M from /work/shared/realmodels/make-smollm2.sh)
-        exported with torch.onnx (TorchScript, opset 17), converted to fp16 with the range
-        check on and off, the logits of both compared with fp32 on a real prompt: cosine, max
-        |diff|, top-1 agreement, NaN/inf count, ops kept float32.
+python bench/bench_fp16_ranges.py cost MODEL.onnx [MODEL.onnx ...]
+    per model, in a child process each: the range pass alone (fastopt.fp16_ranges.check_ranges
+    on the loaded model: 4 input sets of --verify's shape), wall time and the child's peak
+    RSS, beside the same child's peak RSS after importing onnx/onnxruntime and loading.
+python bench/bench_fp16_ranges.py real HF_DIR OUT_DIR
+    a transformers folder (e.g. SmolLM2-135M from /work/shared/realmodels/make-smollm2.sh)
+    exported with torch.onnx (TorchScript, opset 17), converted to fp16 with the range
+    check on and off, the logits of both compared with fp32 on a real prompt: cosine, max
+    |diff|, top-1 agreement, NaN/inf count, ops kept float32.
 """
 
 from __future__ import annotations
@@ -24,6 +24,11 @@ from pathlib import Path
 
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _anon_mb() -> float:
+    status = Path("/proc/self/status").read_text()
+    return int(status.split("RssAnon:")[1].split()[0]) / 1024
 
 
 def _cost_child(path: str) -> None:
@@ -47,8 +52,11 @@ def _cost_child(path: str) -> None:
                 "peak_rss_after_load_mb": round(load_rss),
                 "range_s": round(time.perf_counter() - t, 3),
                 "peak_rss_mb": round(_peak_rss_mb()),
+                # what of it is not the weights' file pages (mapped, reclaimable)
+                "rss_anon_after_mb": round(_anon_mb()),
                 "values": check.observed,
                 "kept": len(check.kept),
+                "skipped": check.skipped,
             }
         )
     )
@@ -74,7 +82,9 @@ def _export(hf_dir: str, out: Path) -> Path:
             self.m = model
 
         def forward(self, input_ids, attention_mask):  # type: ignore[no-untyped-def]
-            return self.m(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+            return self.m(
+                input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+            ).logits
 
     path = out / "fp32" / "model.onnx"
     if path.exists():
@@ -125,7 +135,11 @@ def real(hf_dir: str, out_dir: str) -> None:
         got = logits(dst)
         finite = np.isfinite(got)
         a, b = ref, np.where(finite, got, 0.0)
-        cos = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.maximum(np.linalg.norm(b, axis=-1), 1e-30)
+        cos = (
+            (a * b).sum(-1)
+            / np.linalg.norm(a, axis=-1)
+            / np.maximum(np.linalg.norm(b, axis=-1), 1e-30)
+        )
         check = r.range_check
         print(
             json.dumps(

@@ -248,3 +248,18 @@ def test_a_model_ort_cannot_measure_converts_with_a_warning(
     assert "warning: fp16 range check skipped: " in err and "no shape" in err, err
     r = fastopt.quantize(src, tmp_path / "h2.onnx", mode="fp16")
     assert r.range_check is not None and r.range_check.skipped and not r.range_check.kept
+
+
+def test_collector_reads_external_data_in_place(tmp_path: Path) -> None:
+    """Weights in external data files are read from those files (hard links beside the
+    instrumented graph, which ORT maps), with the same numbers as the inline model."""
+    inline = fastopt.load(GEMMA3.path)
+    path = tmp_path / "ext" / "model.onnx"
+    inline.save(path, external_data=True)
+    external = fastopt.load(path)
+    assert any(t.external_location for t in external.graph.initializers)
+    feeds = [_feeds(GEMMA3.path)]
+    want = collect_ranges(inline, feeds).max_abs
+    got = collect_ranges(external, feeds, workdir=str(tmp_path)).max_abs
+    assert got == want and len(got) > 100
+    assert [p.name for p in tmp_path.iterdir()] == ["ext"]  # the links are gone

@@ -19,6 +19,8 @@ quantization) read ``ActivationRanges.max_abs``.
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import ExitStack
@@ -142,11 +144,13 @@ def collect_ranges(
     model: _C.Model,
     inputs: Iterable[Mapping[str, np.ndarray]] | None = None,
     values: Sequence[str] | None = None,
+    workdir: str = "",
 ) -> ActivationRanges:
     """Runs ``model`` on each input set (default: ``representative_inputs(model)``) and returns
     max |x| of every float32 value (or of ``values``). The model is not changed; its weights
-    are read where they are. Raises ModelError when ONNX Runtime cannot run the instrumented
-    model."""
+    are read where they are (``workdir``: a folder for the temporary graph, best on the
+    filesystem of the model's data files; $TMPDIR otherwise). Raises ModelError when ONNX
+    Runtime cannot run the instrumented model."""
     import onnx
 
     from fastopt.check import summarize_error
@@ -161,7 +165,7 @@ def collect_ranges(
     outputs = [_PREFIX + v for v in observed]
     with ExitStack() as stack:
         try:
-            sess = _session(proto, skeleton.count(_PLACEHOLDER), model, stack)
+            sess = _session(proto, skeleton.count(_PLACEHOLDER), model, stack, workdir)
             del proto
             wanted = {i.name for i in sess.get_inputs()}
             for feeds in feeds_list:
@@ -187,41 +191,92 @@ def collect_ranges(
 _PLACEHOLDER = b"*fastopt-skeleton*"  # Model.skeleton's external-data location
 
 
-def _session(proto: onnx.ModelProto, placeholders: int, model: _C.Model, stack: ExitStack) -> Any:
-    """An ORT session (CPU, optimizations off) of the instrumented skeleton. The weights are
-    handed over as OrtValues over the model's own (mapped) bytes, no copy, when every
-    placeholder is a main-graph initializer; otherwise (Constant tensors, subgraphs) the
-    skeleton is bound back to the weights and serialized, as fastopt.verify does."""
+def _session(
+    proto: onnx.ModelProto, placeholders: int, model: _C.Model, stack: ExitStack, workdir: str
+) -> Any:
+    """An ORT session (CPU, optimizations off, no prepacking) of the instrumented skeleton.
+
+    When every placeholder is a main-graph initializer, weights in external data files are read
+    from those files, as ORT reads the original's (mapped: no copy): the instrumented graph is
+    written to a temporary folder holding hard links to the files (ORT refuses data outside the
+    model's folder, symbolic links included), made in ``workdir`` or $TMPDIR, whichever is on
+    the files' filesystem. Other weights (made in memory by earlier passes, or where no link
+    can be made) are handed over as OrtValues, which ORT copies. Otherwise (large Constant
+    tensors, subgraphs) the skeleton is bound back to the weights and serialized, as
+    fastopt.verify does."""
     from fastopt.check import onnxruntime, open_source, ort_session
 
     ort = onnxruntime()
-    weights = [
-        t.name
+    by_name = {
+        t.name: t
         for t in proto.graph.initializer
         if t.data_location == 1  # EXTERNAL
         and any(e.key == "location" and e.value == _PLACEHOLDER.decode() for e in t.external_data)
-    ]
-    arrays = []
-    if len(weights) == placeholders:
-        try:
-            for name in weights:
-                tensor = model.graph.initializer(name)
-                assert tensor is not None
-                arrays.append(ort.OrtValue.ortvalue_from_numpy(tensor.numpy()))
-        except Exception:  # a type numpy's bridge cannot carry (bfloat16, ...)
-            arrays = []
-    if len(arrays) == len(weights):
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        so.log_severity_level = 3
-        so.add_external_initializers(weights, arrays)
-        sess = ort.InferenceSession(
-            proto.SerializeToString(), so, providers=["CPUExecutionProvider"]
+    }
+    if len(by_name) != placeholders:
+        instrumented = _C.load_skeleton(proto.SerializeToString(), model)
+        return ort_session(open_source(instrumented, stack, in_memory="bytes"), None)
+    where = {name: model.graph.initializer(name) for name in by_name}
+    files = sorted(
+        {
+            os.path.realpath(t.external_location[0])
+            for t in where.values()
+            if t and t.external_location
+        }
+    )
+    folder, links = _linked_folder(files, [d for d in (workdir, tempfile.gettempdir()) if d], stack)
+    names, arrays = [], []
+    for name, t in by_name.items():
+        tensor = where[name]
+        assert tensor is not None
+        loc = tensor.external_location
+        if loc is None or os.path.realpath(loc[0]) not in links:
+            names.append(name)
+            arrays.append(ort.OrtValue.ortvalue_from_numpy(tensor.numpy()))
+            continue
+        del t.external_data[:]
+        link = links[os.path.realpath(loc[0])]
+        for key, value in (("location", link), ("offset", loc[1]), ("length", loc[2])):
+            t.external_data.add(key=key, value=str(value))
+    path = os.path.join(folder, "model.onnx")
+    with open(path, "wb") as f:
+        f.write(proto.SerializeToString())
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 3
+    so.add_session_config_entry("session.disable_prepacking", "1")
+    if names:
+        so.add_external_initializers(names, arrays)
+    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    stack.callback(arrays.clear)  # the OrtValues outlive the session's use of them
+    return sess
+
+
+def _linked_folder(
+    files: Sequence[str], candidates: Sequence[str], stack: ExitStack
+) -> tuple[str, dict[str, str]]:
+    """A temporary folder with hard links to ``files`` (path -> link name): in the first
+    candidate where every link can be made; else the last candidate's, with the links made."""
+    folder = ""
+    for parent in candidates:
+        if not os.path.isdir(parent):
+            continue
+        folder = stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="fastopt-ranges-", dir=parent)
         )
-        stack.callback(arrays.clear)  # the OrtValues outlive the session's use of them
-        return sess
-    instrumented = _C.load_skeleton(proto.SerializeToString(), model)
-    return ort_session(open_source(instrumented, stack, in_memory="bytes"), None)
+        links: dict[str, str] = {}
+        for i, real in enumerate(files):
+            try:
+                os.link(real, os.path.join(folder, f"weights{i}.data"))
+                links[real] = f"weights{i}.data"
+            except OSError:  # another filesystem, or not allowed (protected_hardlinks)
+                pass
+        if len(links) == len(files):
+            return folder, links
+    if not folder:
+        folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="fastopt-ranges-"))
+        links = {}
+    return folder, links
 
 
 def describe(max_abs: float, samples: int) -> str:

@@ -109,11 +109,11 @@ def kept_ops(model: _C.Model, ranges: ActivationRanges, limit: float = LIMIT) ->
     return kept
 
 
-def check_ranges(model: _C.Model, limit: float = LIMIT) -> RangeCheck:
+def check_ranges(model: _C.Model, limit: float = LIMIT, workdir: str = "") -> RangeCheck:
     """Runs the range pass on ``model`` (unchanged) and decides which ops stay float32."""
     start = time.perf_counter()
     try:
-        ranges = collect_ranges(model)
+        ranges = collect_ranges(model, workdir=workdir)
     except _C.ModelError as e:
         # A model ORT cannot run on made-up inputs cannot be measured; the conversion goes on
         # (the pass has its own refusals) and the report says what was not checked.

@@ -317,7 +317,7 @@ def _quantize(
     ctx.options.update(extra_options(ctx.model, settings, ctx.target))
     # (convert_precision refuses control flow and local functions: its message, not the check's)
     if settings.mode == "fp16" and settings.fp16_ranges and not _has_bodies(ctx.model):
-        range_check = check_ranges(ctx.model)
+        range_check = check_ranges(ctx.model, workdir=settings.tmpdir)
         ctx.options["precision_f32_values"] = range_check.option()
     ctx.progress = work_progress
     try:
