@@ -149,6 +149,10 @@ def real(hf_dir: str, out_dir: str) -> None:
                     "convert_s": round(seconds, 2),
                     "range_s": round(check.seconds, 2) if check else None,
                     "kept_ops": len(check.kept) if check else 0,
+                    "kept_by_the_check": check.newly_kept if check else 0,
+                    "output_mb": round(
+                        sum(f.stat().st_size for f in dst.parent.iterdir()) / 2**20, 1
+                    ),
                     "max_abs_fp32_value": max((k.max_abs for k in check.kept), default=None)
                     if check
                     else None,

@@ -324,6 +324,8 @@ def _quantize(
         reports.append(_run_pass(settings.pass_name, ctx))
     finally:
         ctx.progress = None
+    if range_check is not None:
+        range_check.newly_kept = reports[-1].counters.get("nodes_kept_range", 0)
     return reports, range_check
 
 
