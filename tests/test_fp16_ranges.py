@@ -263,3 +263,24 @@ def test_collector_reads_external_data_in_place(tmp_path: Path) -> None:
     got = collect_ranges(external, feeds, workdir=str(tmp_path)).max_abs
     assert got == want and len(got) > 100
     assert [p.name for p in tmp_path.iterdir()] == ["ext"]  # the links are gone
+
+
+def test_a_float16_model_is_not_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing float32 to convert: nothing is measured, and ONNX Runtime is not started."""
+    import importlib
+
+    def no_ort() -> None:
+        raise AssertionError("ONNX Runtime was started")
+
+    # (the module, not fastopt.check the function)
+    monkeypatch.setattr(importlib.import_module("fastopt.check"), "onnxruntime", no_ort)
+    h = TensorProto.FLOAT16
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", h, [2])],
+        [helper.make_tensor_value_info("y", h, [2])],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    r = collect_ranges(fastopt.load_bytes(proto.SerializeToString()))
+    assert r.max_abs == {}

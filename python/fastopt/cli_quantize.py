@@ -153,7 +153,7 @@ def print_precision(
     a warning line for values clamped to the new type's range."""
     if check is not None:
         if check.kept:
-            table = Table(title="ops kept float32 (their values overflow fp16)", show_edge=False)
+            table = Table(title="ops that stay float32 (values near fp16's limit)", show_edge=False)
             for col in ("node", "op", "why"):
                 table.add_column(col)
             for k in check.kept[:20]:
