@@ -227,7 +227,11 @@ def _session(
             if t and t.external_location
         }
     )
-    folder, links = _linked_folder(files, [d for d in (workdir, tempfile.gettempdir()) if d], stack)
+    folder, links = "", dict[str, str]()
+    if files:  # (else nothing is written: the graph goes to ORT as bytes)
+        folder, links = _linked_folder(
+            files, [d for d in (workdir, tempfile.gettempdir()) if d], stack
+        )
     names, arrays = [], []
     for name, t in by_name.items():
         tensor = where[name]
@@ -241,16 +245,18 @@ def _session(
         link = links[os.path.realpath(loc[0])]
         for key, value in (("location", link), ("offset", loc[1]), ("length", loc[2])):
             t.external_data.add(key=key, value=str(value))
-    path = os.path.join(folder, "model.onnx")
-    with open(path, "wb") as f:
-        f.write(proto.SerializeToString())
+    source: str | bytes = proto.SerializeToString()
+    if links:
+        source = os.path.join(folder, "model.onnx")
+        with open(source, "wb") as f:
+            f.write(proto.SerializeToString())
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.log_severity_level = 3
     so.add_session_config_entry("session.disable_prepacking", "1")
     if names:
         so.add_external_initializers(names, arrays)
-    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
     stack.callback(arrays.clear)  # the OrtValues outlive the session's use of them
     return sess
 
