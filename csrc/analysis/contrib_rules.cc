@@ -151,6 +151,7 @@ void add_attention_rules(RuleTable& onnx, RuleTable& internal) {
   // ORT also registers SimplifiedLayerNormalization in the default domain, where fuse_rms_norm
   // writes it.
   onnx.push_back({"SimplifiedLayerNormalization", norm});
+  onnx.push_back({"RotaryEmbedding", like_input});  // ONNX 23's: the output has X's shape
   internal.push_back({"Attention", attention_4d});
 }
 

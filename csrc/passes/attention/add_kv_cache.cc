@@ -42,7 +42,9 @@
 // keys; the sliding layers then get `allowed` AND t > P + s - w and the attribute
 // sliding_window = w. A mask proven to be neither is refused.
 //
-// Refused (ModelError, the graph is not changed) when: no internal Attention node exists;
+// Refused (ModelError, the graph is not changed) when: no internal Attention node exists; an op
+// other than the attentions mixes positions (kv_cache_positionwise.cc: a layer whose attention
+// did not fuse, a running sum, a token shift, a mean over the tokens, a convolution over them);
 // a mask is not proven (it reads other inputs, cannot be evaluated, or is another pattern);
 // input_ids or attention_mask is missing; the sequence length is static (fixed dims, a constant
 // mask, a Reshape of a symbolic-length tensor to a constant shape); K/V are not (B, Hkv, S, D);
@@ -386,6 +388,7 @@ int64_t add_kv_cache(Model& m, PassContext& ctx) {
            "position): a cached key keeps the rotation of its step, which the full recompute "
            "changes once the switch flips");
   }
+  prove_positionwise(m, attentions, ranges, in.input_ids);
   std::vector<ScoreBias> biases = check_score_biases(g, attentions, in.attention_mask);
   std::vector<int64_t> windows;
   {  // a biased attention's mask part is proven like any mask

@@ -158,6 +158,13 @@ std::vector<const Node*> copy_biases(Graph& g, KvCacheBuilder& b, std::vector<Sc
 void use_biases(Graph& g, KvCacheBuilder& b, const std::vector<ScoreBias>& biases,
                 PassContext& ctx);
 
+// Proves, before any edit, that the decoder mixes its positions only in the internal Attention
+// ops (all of which the rewrite caches): every other op between the per-token inputs and the
+// outputs is position-wise (kv_cache_positionwise.cc); refuses naming the op, node and layer.
+// `offset_ranges`: the Range(0, S) nodes whose positions the rewrite offsets by the past.
+void prove_positionwise(Model& m, const std::vector<Node*>& attentions,
+                        const std::vector<Node*>& offset_ranges, const Value* input_ids);
+
 // Adopts a model exported WITH a cache (kv_cache_adopt.cc); returns the layers adopted.
 int64_t adopt_cache(Graph& g, const std::vector<Node*>& attentions, Value* input_ids,
                     Value* attention_mask, const Dim& batch_dim, int64_t mode, PassContext& ctx);

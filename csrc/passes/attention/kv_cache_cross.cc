@@ -434,6 +434,7 @@ int64_t add_cross_cache(Model& m, const std::vector<Node*>& attentions, int64_t 
     refuse(std::string("a value named '") + kPastSequenceLength + "' exists");
   }
   const std::vector<Node*> ranges = position_ranges(m, g, input_ids, attentions);
+  prove_positionwise(m, attentions, ranges, input_ids);
   const Dim* batch_dim = dim_of(input_ids, 0);
   const Dim batch = batch_dim ? *batch_dim : param_dim("batch_size");
 
