@@ -133,10 +133,25 @@ def _scaled_probabilities(model: onnx.ModelProto) -> onnx.ModelProto:
     return _splice(model, soft.output[0], build)
 
 
+def _other_softcap(model: onnx.ModelProto) -> onnx.ModelProto:
+    """gemma2's layer 1 caps its scores with c * tanh(s / c') (c = 0.8 c'): no soft-cap, so
+    that attention does not fuse while layers 0 and 2 do."""
+    (tanh,) = [
+        n for n in model.graph.node if n.op_type == "Tanh" and "layers.1/self_attn" in n.name
+    ]
+    (mul,) = [n for n in model.graph.node if n.op_type == "Mul" and tanh.output[0] in n.input]
+    consts = {n.output[0]: n for n in model.graph.node if n.op_type == "Constant"}
+    c = numpy_helper.to_array(consts[mul.input[1]].attribute[0].t)
+    mul.input[1] = _const(model, "mut_cap", (0.8 * c).astype(c.dtype))
+    return model
+
+
 def _mutated(name: str, kind: str, tmp_path: Path) -> Path:
     model = onnx.load(_fixture(name))
     if kind == "unfused_attention":
         model = _scaled_probabilities(model)
+    elif kind == "other_softcap":
+        model = _other_softcap(model)
     else:
         build = {
             "cumsum": _cumsum,
@@ -175,6 +190,18 @@ def test_position_mixing_refused(name: str, kind: str, mode: str, tmp_path: Path
     assert op in msg and why in msg and "mixes the positions" in msg, msg
     if kind == "unfused_attention":  # the MatMul of layer 1's scores (names in ts exports)
         assert "layer 1" in msg or name.endswith("dynamo_float32"), msg
+    assert not out.parent.exists()
+
+
+@pytest.mark.parametrize("mode", ["standard", "inplace"])
+def test_one_layer_with_another_softcap_refused(mode: str, tmp_path: Path) -> None:
+    src = _mutated("gemma2_ts_float32", "other_softcap", tmp_path)
+    out = tmp_path / "out" / "model.onnx"
+    with pytest.raises(fastopt.ModelError) as e:
+        fastopt.optimize(src, preset="llm", output=out, kv_cache=mode)  # type: ignore[arg-type]
+    msg = str(e.value)
+    assert "MatMul '/m/model/layers.1/self_attn/MatMul' (layer 1)" in msg, msg
+    assert "attention that did not fuse" in msg, msg
     assert not out.parent.exists()
 
 

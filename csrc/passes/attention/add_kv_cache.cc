@@ -388,13 +388,13 @@ int64_t add_kv_cache(Model& m, PassContext& ctx) {
            "position): a cached key keeps the rotation of its step, which the full recompute "
            "changes once the switch flips");
   }
-  prove_positionwise(m, attentions, ranges, in.input_ids);
   std::vector<ScoreBias> biases = check_score_biases(g, attentions, in.attention_mask);
   std::vector<int64_t> windows;
   {  // a biased attention's mask part is proven like any mask
     MaskPartsForProof proving(g, biases);
     windows = proven_windows(g, attentions, false);
   }
+  prove_positionwise(m, attentions, ranges, in.input_ids);
 
   // ---- edits ----
   KvCacheBuilder b(g);

@@ -49,7 +49,8 @@ bool overflow_guard(const Node* reduce) {
     p = p->inputs()[0]->producer();
   }
   if (!p || p->op_type != "IsInf" || !p->domain.value.empty()) return false;
-  std::vector<const Value*> todo(reduce->outputs().begin(), reduce->outputs().end());
+  std::vector<const Value*> todo;
+  for (const Value* v : reduce->outputs()) todo.push_back(v);
   for (size_t steps = 0; !todo.empty(); ++steps) {
     const Value* v = todo.back();
     todo.pop_back();
@@ -63,7 +64,7 @@ bool overflow_guard(const Node* reduce) {
           op != "Neg" && !(op == "Where" && u.input_index == 0)) {
         return false;
       }
-      todo.insert(todo.end(), c->outputs().begin(), c->outputs().end());
+      for (const Value* o : c->outputs()) todo.push_back(o);
     }
   }
   return true;
@@ -171,7 +172,7 @@ void prove_positionwise(Model& m, const std::vector<Node*>& attentions,
   const std::unordered_set<const Value*> live = read_values(g, nodes);
   std::unordered_map<const Value*, SeqState> state;
   for (const Value* v : g.inputs()) {
-    if (v) state[v] = input_state(facts, v, input_ids, *seq);
+    if (v && live.count(v)) state[v] = input_state(facts, v, input_ids, *seq);
   }
   const SeqState free_state;
   auto state_of = [&](const Value* v) -> const SeqState& {

@@ -20,7 +20,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "analysis/dim_expr.h"
@@ -73,7 +75,24 @@ using SeqRule = bool (*)(const Node&, SeqContext&, std::vector<SeqState>&);
 // The rule for (domain, op_type), or null (an op not known to be position-wise: refused).
 SeqRule find_seq_rule(const std::string& domain, const std::string& op_type);
 
-// The sequence axes of an op's (axis-typed) input attribute or input, normalized to [0, rank).
-int normalize_axis(int64_t axis, int rank);
+// Helpers the rule files share (positionwise_rules.cc).
+int normalize_axis(int64_t axis, int rank);   // in [0, rank), or -1
+extern const char* const kLastWithSeq;        // the reason for mixing last with seq
+int seq_rank(SeqContext& c, const Value* v);  // -1 unknown
+bool same_place(const SeqState& a, const SeqState& b);
+// Every input from `carriers` on must not depend on the tokens (else refused: its `what`).
+bool others_free(SeqContext& c, size_t carriers, const char* what);
+// The seq state the first `carriers` inputs share, or nullopt with the reason set.
+std::optional<SeqState> carried(SeqContext& c, size_t carriers);
+// An int list from input `input` (opset >= first_input_opset) or attribute `attr`; nullopt when
+// the input is not constant.
+std::optional<std::vector<int64_t>> ints_of(const Node& n, size_t input, const char* attr,
+                                            int64_t opset, int64_t first_input_opset);
+// False (with the reason) when the op's axis attribute is the sequence axis.
+bool off_sequence_axis(const Node& n, SeqContext& c, const SeqState& s, const char* attr,
+                       int64_t fallback, const char* what);
+
+// Adds the layout ops' rules (positionwise_layout.cc) under "domain|op".
+void add_layout_rules(std::unordered_map<std::string, SeqRule>& rules);
 
 }  // namespace fastopt::passes::kv_cache
