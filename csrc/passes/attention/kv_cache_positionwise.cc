@@ -18,6 +18,7 @@
 // tokens (conv/SSM hybrids: LFM2, Mamba), an op without a rule. Without this check a decoder
 // whose attentions are not the only mixing ops was converted and gave wrong tokens from the
 // second step on (issue 25).
+#include <algorithm>
 #include <cctype>
 #include <string>
 #include <unordered_map>
@@ -183,7 +184,7 @@ void prove_positionwise(Model& m, const std::vector<Node*>& attentions,
   // A Range(0, S) the rewrite does not offset: its positions are wrong in the cached model. Its
   // refusal waits for the walk's end, so that a mixing op (an unfused attention reading such a
   // Range in its mask) is what the message names.
-  const Node* unoffset_range = nullptr;
+  std::vector<const Node*> unoffset_ranges;
   struct Refusal {
     const Node* node;
     std::string why;
@@ -192,7 +193,7 @@ void prove_positionwise(Model& m, const std::vector<Node*>& attentions,
   std::vector<Refusal> refusals;
   SeqState refused_state;
   refused_state.kind = SeqState::kRefused;
-  SeqContext ctx{facts, *seq, default_opset(m), {}, {}};
+  SeqContext ctx{facts, *seq, default_opset(m), {}, {}, {}};
   std::vector<SeqState> outs;
   std::vector<const Value*> inner;
   for (const Node* n : nodes) {
@@ -233,8 +234,8 @@ void prove_positionwise(Model& m, const std::vector<Node*>& attentions,
       if (d && facts.equal(*d, *seq)) {
         if (offset.count(n)) {
           state[n->outputs()[0]] = SeqState::seq(0);
-        } else if (!unoffset_range) {  // refused below unless something mixes positions first
-          unoffset_range = n;
+        } else {  // refused below unless a rule proves it a relative index
+          unoffset_ranges.push_back(n);
         }
         continue;
       }
@@ -271,8 +272,12 @@ void prove_positionwise(Model& m, const std::vector<Node*>& attentions,
     for (const Refusal& r : refusals) best = r.priority > best->priority ? &r : best;
     refuse_node(best->node, attentions, best->why);
   }
-  if (unoffset_range) {
-    refuse_node(unoffset_range, attentions,
+  for (const Node* r : unoffset_ranges) {
+    if (std::find(ctx.relative_ranges.begin(), ctx.relative_ranges.end(), r) !=
+        ctx.relative_ranges.end()) {
+      continue;
+    }
+    refuse_node(r, attentions,
                 "it numbers the positions 0 .. S-1 inside the graph and the rewrite does not "
                 "offset it, so the new tokens would be numbered from 0",
                 "is not position-wise");

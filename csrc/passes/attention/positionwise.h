@@ -59,7 +59,10 @@ struct SeqContext {
   analysis::DimExpr seq;  // the sequence length symbol (input_ids' axis 1)
   int64_t opset;
   std::vector<SeqState> in;
-  std::string why;   // a refusal's reason (what the op does to the positions)
+  std::string why;  // a refusal's reason (what the op does to the positions)
+  // Range(0, S) nodes a rule proved to index the sequence axis relative to the tokens at hand
+  // (the same in the cached run): not the positions an unoffset Range would misnumber.
+  std::vector<const Node*> relative_ranges;
   int priority = 0;  // a refusal that explains others (an attention that did not fuse): 1
 
   const SeqState& state(size_t i) const { return in[i]; }

@@ -317,6 +317,87 @@ bool one_hot(const Node& n, SeqContext& c, std::vector<SeqState>& out) {
   return true;
 }
 
+// The Range(0, S) whose values are component `axis` of every index tuple, each element's own
+// position along that axis (TorchScript's slice_scatter builds a full index grid: Concat(...,
+// Unsqueeze(c_j, -1), ..., axis -1), c_j = Expand(Range(0, S) reshaped to S on axis j, 1
+// elsewhere, broadcast from the right)); null when that is not proven.
+const Node* own_position_component(SeqContext& c, const Value* indices, int axis, int rank) {
+  const Node* cat = indices ? indices->producer() : nullptr;
+  if (!cat || cat->op_type != "Concat" || !cat->domain.value.empty() ||
+      normalize_axis(int_attr_or(cat, "axis", 0), rank + 1) != rank ||
+      cat->inputs().size() != static_cast<size_t>(rank)) {
+    return nullptr;
+  }
+  const Value* v = cat->inputs()[static_cast<size_t>(axis)];
+  const Node* p = v ? v->producer() : nullptr;
+  if (!p || p->op_type != "Unsqueeze" || seq_rank(c, p->inputs()[0]) != rank) return nullptr;
+  v = p->inputs()[0];
+  for (int steps = 0; v && steps < 6; ++steps) {  // Expand / Cast of (.., S, 1, .., 1)
+    const int r = seq_rank(c, v);  // broadcast from the right: S on axis - (rank - r)
+    bool line = r >= 1 && r <= rank && axis - (rank - r) >= 0;
+    for (int i = 0; i < r && line; ++i) {
+      auto d = c.facts.dim(v, i);
+      line = d && (i == axis - (rank - r) ? c.facts.equal(*d, c.seq) : *d == DimExpr::constant(1));
+    }
+    if (line) break;
+    p = v->producer();
+    if (!p || (p->op_type != "Expand" && p->op_type != "Cast")) return nullptr;
+    v = p->inputs()[0];
+  }
+  for (int steps = 0; v && steps < 6; ++steps) {  // reshaped from the 1-D Range: same order
+    p = v->producer();
+    if (!p || !p->domain.value.empty()) return nullptr;
+    if (p->op_type == "Range") {
+      auto start = constant_scalar(p->inputs()[0]);
+      auto delta = constant_scalar(p->inputs()[2]);
+      return start && *start == 0 && delta && *delta == 1 ? p : nullptr;
+    }
+    if (p->op_type != "Unsqueeze" && p->op_type != "Reshape" && p->op_type != "Cast") {
+      return nullptr;
+    }
+    v = p->inputs()[0];
+  }
+  return nullptr;
+}
+
+// ScatterND with fixed indices into the leading k axes of data (dynamo's slice_scatter: MLA
+// assembles its keys' head dim from parts): updates = indices.shape[:-1] + data.shape[k:], so the
+// tokens stay on their axis when they are not among the k indexed ones.
+bool scatter_nd(const Node& n, SeqContext& c, std::vector<SeqState>& out) {
+  if (c.in[1].kind != SeqState::kFree) return c.refuse("its indices depend on the tokens");
+  const SeqState& d = c.in[0];
+  const SeqState& u = c.in[2];
+  if (d.kind == SeqState::kLast || u.kind == SeqState::kLast) return c.refuse(kLastWithSeq);
+  const int ri = seq_rank(c, n.inputs()[1]);
+  auto k = ri >= 1 ? c.facts.known_dim(n.inputs()[1], ri - 1) : std::nullopt;
+  if (!k) return c.refuse("its index depth is unknown");
+  const int depth = static_cast<int>(*k);
+  std::optional<SeqState> res;
+  if (d.kind == SeqState::kSeq) res = d;
+  const int rank = seq_rank(c, n.inputs()[0]);
+  if (u.kind == SeqState::kSeq && u.axis < ri - 1) {  // the tokens among the tuples' axes
+    SeqState m = u;  // a full grid lays the tuples out like data's leading axes
+    const Node* range =
+        !u.flattened() ? own_position_component(c, n.inputs()[1], u.axis, rank) : nullptr;
+    if (!range || depth != rank || (res && !same_place(*res, m))) {
+      return c.refuse("it writes values of some positions into others");
+    }
+    c.relative_ranges.push_back(range);  // positions relative to the new tokens: right
+    out.assign(1, m);
+    return true;
+  }
+  if (u.kind == SeqState::kSeq) {
+    SeqState m = u;
+    m.axis = u.axis - (ri - 1) + depth;
+    if (res && !same_place(*res, m))
+      return c.refuse("it writes values of some positions into others");
+    res = m;
+  }
+  if (res->axis < depth) return c.refuse("it scatters along the sequence axis");
+  out.assign(1, *res);
+  return true;
+}
+
 }  // namespace
 
 void add_layout_rules(std::unordered_map<std::string, SeqRule>& rules) {
@@ -327,6 +408,7 @@ void add_layout_rules(std::unordered_map<std::string, SeqRule>& rules) {
   rules["|Slice"] = slice;
   rules["|Gather"] = gather;
   rules["|GatherND"] = gather_nd;
+  rules["|ScatterND"] = scatter_nd;
   rules["|Concat"] = concat;
   rules["|Split"] = split;
   rules["|Pad"] = pad;
