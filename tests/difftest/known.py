@@ -12,27 +12,20 @@ from fnmatch import fnmatch
 
 from .cases import Case
 
-_A = "issue 25 part A: KV rewrite converts a decoder with an unconverted token-mixing op"
-_A_ATTN = "issue 25 part A: KV rewrite converts a decoder with an attention layer left unfused"
 _C_SOFTMAX = "issue 25 part C: a Softmax before opset 13 (flattened from axis 1) fused as last-axis"
 _C_LEAK = "issue 25 part C: opset-11/12 attention leaves ai.fastopt.internal::Attention (ort)"
 _KV = "*/kv=[si]*/q=none"  # greedy generation judges the cached forms without quantization
 
+# Left by part A: the proof accepts this (K/V stay position-wise), but the odd layer fuses with its
+# repeated K/V as the cache: 4 kv heads where the other layers have 2, which the tester's feeds
+# and genai_config.json (one num_key_value_heads) assume uniform.
+_A_LAYOUT = "issue 25 part A (left): one layer's cache has another kv-head count"
+
 KNOWN: dict[tuple[str, str], tuple[str, bool]] = {
-    ("cumsum_over_sequence", _KV): (_A + " (running CumSum)", True),
-    ("norm_over_sequence", _KV): (_A + " (a norm over the sequence axis)", True),
-    ("sequence_mean", _KV): (_A + " (mean over the sequence)", True),
-    ("token_shift", _KV): (_A + " (token shift)", False),
-    ("sequence_conv", _KV): (_A + " (causal conv over the sequence)", False),
-    ("repeat_kv_grouping", _KV): (_A_ATTN + " (repeat_kv with another grouping)", True),
-    ("repeat_kv_grouping", "*/kv=[si]*/q=[!n]*"): (_A_ATTN + " (repeat_kv, quantized)", False),
-    ("scale_after_softmax", _KV): (_A_ATTN + " (probabilities scaled after the softmax)", True),
-    ("softmax_manual", _KV): (_A_ATTN + " (softmax written out)", True),
-    ("softmax_axis", _KV): (_A_ATTN + " (softmax over the queries)", True),
-    ("softmax_in_double", _KV): (_A_ATTN + " (softmax in float64)", True),
-    ("softcap_mismatch", _KV): (_A_ATTN + " (soft-cap constants differ)", True),
-    ("softcap_other_constant", _KV): (_A_ATTN + " (one layer with another soft-cap)", False),
-    ("opset_12_softmax_default_axis", "llm/*/q=none"): (_C_SOFTMAX, True),
+    ("repeat_kv_grouping", _KV): (_A_LAYOUT + " (repeat_kv with another grouping)", True),
+    ("repeat_kv_grouping", "*/kv=[si]*/q=[!n]*"): (_A_LAYOUT + " (repeat_kv, quantized)", False),
+    # with a KV cache, add_kv_cache's proof refuses it (part A): only kv=none still converts
+    ("opset_12_softmax_default_axis", "llm/*/kv=none/q=none"): (_C_SOFTMAX, True),
     ("opset_12", "*/ort/kv=none/*"): (_C_LEAK, False),
     ("opset_12_softmax_default_axis", "*/ort/kv=none/*"): (_C_LEAK, False),
 }
