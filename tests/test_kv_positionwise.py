@@ -243,3 +243,25 @@ def test_lfm2_hybrid_refused(path: Path, tmp_path: Path) -> None:
 
 def test_lfm2_fixtures_present() -> None:
     assert len(list(HYBRID.glob("*/model.onnx"))) >= 1
+
+
+@pytest.mark.parametrize("mode", ["standard", "inplace"])
+def test_one_layer_with_another_cache_layout_refused(mode: str, tmp_path: Path) -> None:
+    """One layer's repeat_kv groups the heads the other way (tests/difftest's
+    repeat_kv_grouping): its attention fuses with the repeated K/V as its cache, 4 kv heads where
+    the other layers keep 2. Position-wise, but one cache layout is what genai_config.json and
+    the feeds describe: main wrote it, and a loop fed from the first layer's shape failed."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `tests.difftest`
+    from tests.difftest.mutations import apply
+
+    model = onnx.load(_fixture("llama_dynamo_float32"))
+    assert apply(model, "repeat_kv_grouping", 0) is not None
+    src = tmp_path / "grouping.onnx"
+    onnx.save(model, src)
+    out = tmp_path / "out" / "model.onnx"
+    with pytest.raises(fastopt.ModelError, match="every layer's cache must have one layout") as e:
+        fastopt.optimize(src, preset="llm", output=out, kv_cache=mode)  # type: ignore[arg-type]
+    assert "4 kv heads" in str(e.value) and "2 kv heads" in str(e.value), str(e.value)
+    assert not out.parent.exists()

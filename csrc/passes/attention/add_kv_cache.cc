@@ -234,6 +234,21 @@ std::vector<Layer> check_layers(const Graph& g, const std::vector<Node*>& attent
       refuse("attention '" + att->name.value + "': K/V dtype unknown or different");
     }
     layers.push_back({att, dtype, hkv, *resolve_dim(in[1], 3), *resolve_dim(in[2], 3)});
+    // One layout for every layer: genai_config.json (num_key_value_heads, head_size) and the
+    // runtimes' cache allocators describe the cache once. A layer that caches its K/V after a
+    // repeat_kv of its own (Hq heads where the others keep Hkv) would be fed buffers of the
+    // wrong shape.
+    const Layer& first = layers.front();
+    const Layer& last = layers.back();
+    if (last.hkv != first.hkv || last.dk != first.dk || last.dv != first.dv) {
+      auto layout = [](const Layer& l) {
+        return std::to_string(l.hkv) + " kv heads of sizes " + std::to_string(l.dk) + "/" +
+               std::to_string(l.dv);
+      };
+      refuse("attention '" + att->name.value + "' would cache " + layout(last) +
+             " where attention '" + first.att->name.value + "' caches " + layout(first) +
+             ": every layer's cache must have one layout");
+    }
   }
   return layers;
 }
