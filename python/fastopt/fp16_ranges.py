@@ -26,6 +26,7 @@ from typing import Any
 
 from fastopt import _C
 from fastopt.activation_ranges import ActivationRanges, collect_ranges, describe
+from fastopt.forked import ChildDied, call_forked
 
 FP16_MAX = 65504.0
 LIMIT = FP16_MAX / 4
@@ -117,8 +118,9 @@ def check_ranges(model: _C.Model, limit: float = LIMIT, workdir: str = "") -> Ra
     """Runs the range pass on ``model`` (unchanged) and decides which ops stay float32."""
     start = time.perf_counter()
     try:
-        ranges = collect_ranges(model, workdir=workdir)
-    except _C.ModelError as e:
+        # (in a child: ORT dies on some graphs fastopt keeps, e.g. SIGFPE on INT_MIN / -1)
+        ranges = call_forked(collect_ranges, model, None, None, workdir)
+    except (_C.ModelError, ChildDied) as e:
         # A model ORT cannot run on made-up inputs cannot be measured; the conversion goes on
         # (the pass has its own refusals) and the report says what was not checked.
         return RangeCheck(limit, 0, 0, time.perf_counter() - start, skipped=str(e))

@@ -24,20 +24,17 @@ leaves them graph inputs that ORT then wants fed.
 from __future__ import annotations
 
 import os
-import pickle
-import signal
-import sys
 import tempfile
 import time
-import warnings
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from fastopt import _C
 from fastopt._lazy import lazy_module
 from fastopt.check import onnxruntime, summarize_error
 from fastopt.errors import UnsupportedModelError
+from fastopt.forked import call_forked
 from fastopt.verify_inputs import _synthesize
 from fastopt.verify_report import OutputRejectedError, VerifyReport
 
@@ -62,10 +59,6 @@ _RUN_LIMIT = 1 << 30
 
 class _Skip(Exception):
     """The check cannot be made (the note says why)."""
-
-
-class _Failed(Exception):
-    """ORT failed in the checking child: its message, or the signal that killed the child."""
 
 
 class RunCheckError(OutputRejectedError):
@@ -159,49 +152,6 @@ def _run_once(model: _C.Model) -> str:
     return ""
 
 
-def _isolated(check: Callable[[_C.Model], str], model: _C.Model) -> str:
-    """`check(model)` in a forked child where the platform forks (Linux): a model on which ORT
-    itself dies (its integer Div kernel raises SIGFPE on INT_MIN / -1) then fails the check,
-    instead of killing the process that optimizes. Elsewhere it runs here."""
-    if sys.platform != "linux":
-        return check(model)
-    read_end, write_end = os.pipe()
-    with warnings.catch_warnings():
-        # (Python 3.12+ warns on fork in a threaded process; the child only runs ORT and exits)
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
-    if pid == 0:  # the child: report through the pipe, never return into the caller's code
-        try:
-            os.close(read_end)
-            try:
-                result: tuple[str, str] = ("ok", check(model))
-            except _Skip as e:
-                result = ("skip", str(e))
-            except BaseException as e:
-                result = ("failed", str(e))
-            with os.fdopen(write_end, "wb") as f:
-                f.write(pickle.dumps(result))
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as f:
-        data = f.read()
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        name = signal.Signals(os.WTERMSIG(status)).name
-        raise _Failed(f"ONNX Runtime died of {name} running it")
-    if not data:
-        raise _Failed(
-            f"the checking process exited with status {os.waitstatus_to_exitcode(status)}"
-        )
-    kind, text = pickle.loads(data)
-    if kind == "skip":
-        raise _Skip(text)
-    if kind == "failed":
-        raise _Failed(text)
-    return str(text)
-
-
 def _original_runs(original: str | bytes | None) -> str | None:
     """None when ORT runs the original (its file, or its serialized bytes) on CPU, else why
     not."""
@@ -210,7 +160,7 @@ def _original_runs(original: str | bytes | None) -> str | None:
     from fastopt._io import load, load_bytes
 
     try:
-        _isolated(
+        call_forked(
             _run_once, load_bytes(original) if isinstance(original, bytes) else load(original)
         )
     except Exception as e:  # whatever ORT or input synthesis says: the original cannot run
@@ -225,7 +175,7 @@ def run_check(model: _C.Model, original: str | bytes | None, not_for_cpu: str = 
     (skipped), not an error."""
     start = time.perf_counter()
     try:
-        left_out = _isolated(_run_once, model)
+        left_out = call_forked(_run_once, model)
     except _Skip as e:
         return RunCheck(False, f"skipped: {e}", time.perf_counter() - start)
     except Exception as e:

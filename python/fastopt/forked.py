@@ -1,0 +1,64 @@
+"""Calls into ONNX Runtime that may kill the process, made in a forked child.
+
+ORT itself dies on some graphs fastopt must still handle: its integer Div kernel raises SIGFPE
+on INT_MIN / -1, which fastopt leaves unfolded (the value is undefined). The run check and the
+fp16 range pass run models in ORT, so they run in a child: a death there is an exception here,
+not the end of ``optimize``. Forking is cheap (the weights are shared mappings) and the child
+never returns into the caller's code. Where the platform does not fork (not Linux), the call is
+made in this process.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import warnings
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
+
+
+class ChildDied(Exception):
+    """The child making the call was killed by a signal, or exited without an answer."""
+
+
+def call_forked(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a forked child (Linux): its result, or its exception raised here (as a
+    RuntimeError with its text when it cannot be pickled); ChildDied when the child dies."""
+    if sys.platform != "linux":
+        return fn(*args)
+    read_end, write_end = os.pipe()
+    with warnings.catch_warnings():
+        # (Python 3.12+ warns on fork in a threaded process; the child only makes this call)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read_end)
+            try:
+                answer: tuple[bool, Any] = (True, fn(*args))
+            except BaseException as e:
+                answer = (False, e)
+            try:
+                data = pickle.dumps(answer)
+            except Exception:
+                data = pickle.dumps((False, RuntimeError(str(answer[1]))))
+            with os.fdopen(write_end, "wb") as f:
+                f.write(data)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as f:
+        data = f.read()
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        raise ChildDied(f"ONNX Runtime died of {signal.Signals(os.WTERMSIG(status)).name}")
+    if not data:
+        code = os.waitstatus_to_exitcode(status)
+        raise ChildDied(f"the process making the call exited with status {code}")
+    ok, value = pickle.loads(data)
+    if not ok:
+        raise value
+    return value
