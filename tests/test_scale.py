@@ -113,6 +113,19 @@ def many_files_model(folder: Path, files: int = FILES) -> tuple[Path, np.ndarray
     return path, np.sum(ws, axis=0)
 
 
+def run_child(code: str, src: Path, out: Path, timeout: int) -> subprocess.CompletedProcess[str]:
+    """`code` in a fresh interpreter (its own descriptor limit), argv SRC OUT; it must exit 0."""
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), str(src), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
 def run_ort(path: Path, x: np.ndarray) -> np.ndarray:
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -125,14 +138,7 @@ def test_thousands_of_external_files_under_a_small_descriptor_limit(tmp_path: Pa
     then ORT runs the output as it runs the original."""
     src, total = many_files_model(tmp_path / "src")
     out = tmp_path / "out" / "model.onnx"
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(MANY_FILES_CHILD), str(src), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_child(MANY_FILES_CHILD, src, out, timeout=300)
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got == {"files": FILES, "initializers": FILES, "open_fds_below_bound": True}, got
     x = np.arange(4, dtype=np.float32)
@@ -165,13 +171,6 @@ def test_a_data_file_replaced_after_its_descriptor_closed(tmp_path: Path) -> Non
     its name is a ModelError, never its new bytes saved as the tensor's."""
     src, _ = many_files_model(tmp_path / "src", files=40)
     out = tmp_path / "out" / "model.onnx"
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(REPLACED_CHILD), str(src), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_child(REPLACED_CHILD, src, out, timeout=120)
     assert "w0.bin' is another file than the one loaded" in proc.stdout, proc.stdout
     assert not out.exists()

@@ -207,7 +207,7 @@ def _session(
     can be made) are handed over as OrtValues, which ORT copies. Otherwise (large Constant
     tensors, subgraphs) the skeleton is bound back to the weights and serialized, as
     fastopt.verify does."""
-    from fastopt.check import onnxruntime, open_source, ort_session
+    from fastopt.check import onnxruntime, open_source, ort_session, run_once_options
 
     ort = onnxruntime()
     by_name = {
@@ -250,10 +250,7 @@ def _session(
         source = os.path.join(folder, "model.onnx")
         with open(source, "wb") as f:
             f.write(proto.SerializeToString())
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 3
-    so.add_session_config_entry("session.disable_prepacking", "1")
+    so = run_once_options()
     if names:
         so.add_external_initializers(names, arrays)
     sess = ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])

@@ -345,6 +345,18 @@ def onnxruntime() -> Any:
     return ort
 
 
+def run_once_options() -> Any:
+    """SessionOptions for a CPU session of fastopt's own that runs a model a few times: graph
+    optimizations off, quiet, and no MLAS weight prepacking (which would copy every MatMul
+    weight once more for runs this few)."""
+    ort = onnxruntime()
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 3
+    so.add_session_config_entry("session.disable_prepacking", "1")
+    return so
+
+
 def ort_session(
     source: Source,
     providers: Sequence[Any] | None,

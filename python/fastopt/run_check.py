@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastopt import _C
 from fastopt._lazy import lazy_module
-from fastopt.check import onnxruntime, summarize_error
+from fastopt.check import onnxruntime, run_once_options, summarize_error
 from fastopt.errors import UnsupportedModelError
 from fastopt.forked import call_forked
 from fastopt.verify_inputs import _synthesize
@@ -79,11 +79,7 @@ class RunCheck:
 def _session(model: _C.Model, stack: ExitStack) -> Any:
     """A CPU session of `model`, optimizations off, without writing a copy of its weights."""
     ort = onnxruntime()
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 3
-    # One run: packing every MatMul weight for MLAS would copy the whole model once more.
-    so.add_session_config_entry("session.disable_prepacking", "1")
+    so = run_once_options()
     providers = ["CPUExecutionProvider"]
     if model.self_contained_size() <= _SERIALIZE_LIMIT:
         return ort.InferenceSession(model.serialize(), so, providers=providers)
