@@ -166,11 +166,9 @@ def optimize(
         names = _with_kv_cache(names, kv_cache, target)
         pass_options["kv_cache"] = _KV_CACHE_MODES[kv_cache]
     model = model_or_path if isinstance(model_or_path, _C.Model) else load(model_or_path)
-    # The original as the run check may need it (only if the output fails): its file; a Model
-    # optimized in place has only the file it was loaded from (a copy would cost its size).
+    # The original as the run check may need it (only if the output fails): the file it was
+    # loaded from (a Model edited in place has no other copy; making one would cost its size).
     original = model.path or None
-    if not isinstance(model_or_path, _C.Model):
-        original = os.fspath(model_or_path)
     if output is not None and model.path:
         check_output_path(model.path, output)  # before the work; save checks the data files
     ops_before = model.op_counts()
