@@ -11,7 +11,7 @@
 #include "bindings/handles.h"
 #include "ir/error.h"
 #include "ir/graph.h"
-#include "passes/fold_constants.h"
+#include "passes/fold/fold_constants.h"
 
 namespace fastopt::bindings {
 

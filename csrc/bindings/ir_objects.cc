@@ -14,7 +14,7 @@
 #include "ir/error.h"
 #include "ir/graph.h"
 #include "ir/types.h"
-#include "passes/fold_constants.h"
+#include "passes/fold/fold_constants.h"
 
 namespace fastopt::bindings {
 namespace {

@@ -14,10 +14,10 @@
 
 #include "bindings/handles.h"
 #include "ir/error.h"
-#include "passes/attention/cross_cache_split.h"
+#include "passes/kv_cache/cross_cache_split.h"
 #include "passes/attention/internal_op.h"
-#include "passes/attention/rotary_cache.h"
-#include "passes/fold_constants.h"
+#include "passes/rotary/rotary_cache.h"
+#include "passes/fold/fold_constants.h"
 #include "passes/fusion_util.h"
 #include "passes/registry.h"
 #include "quant/quant_record.h"

@@ -3,7 +3,7 @@
 
 #include "eval/evaluator_class.h"
 #include "ir/error.h"
-#include "pattern/attr_schema.h"
+#include "schema/attr_schema.h"
 
 namespace fastopt::eval {
 

@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "ir/error.h"
-#include "proto/wire.h"
+#include "ir/wire.h"
 
 namespace fastopt {
 

@@ -11,7 +11,7 @@
 
 #include "ir/constant.h"
 #include "ir/graph.h"
-#include "pattern/attr_schema.h"
+#include "schema/attr_schema.h"
 
 namespace fastopt::passes {
 

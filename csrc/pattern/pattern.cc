@@ -5,7 +5,7 @@
 
 #include "ir/constant.h"
 #include "ir/error.h"
-#include "pattern/attr_schema.h"
+#include "schema/attr_schema.h"
 
 namespace fastopt::pattern {
 

@@ -10,7 +10,7 @@
 #include "proto/onnx_fields.h"
 #include "proto/onnx_reader_impl.h"
 #include "proto/onnx_schema.h"
-#include "proto/wire.h"
+#include "ir/wire.h"
 
 namespace fastopt {
 

@@ -13,7 +13,7 @@
 
 #include "ir/graph.h"
 #include "proto/onnx_schema.h"
-#include "proto/wire.h"
+#include "ir/wire.h"
 
 namespace fastopt {
 

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "proto/wire.h"
+#include "ir/wire.h"
 
 namespace fastopt::schema {
 

@@ -15,7 +15,7 @@
 #include "ir/error.h"
 #include "proto/onnx_fields.h"
 #include "proto/output_files.h"
-#include "proto/wire.h"
+#include "ir/wire.h"
 
 namespace fastopt {
 

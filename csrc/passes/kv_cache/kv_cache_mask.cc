@@ -1,0 +1,133 @@
+// The mask every cached attention shares (see kv_cache.h and add_kv_cache.cc's header).
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "passes/kv_cache/kv_cache.h"
+#include "passes/kv_cache/mask_proof.h"
+
+namespace fastopt::passes::kv_cache {
+namespace {
+using pattern::attr_int;
+
+// The mask of a sliding-window layer: `allowed` and key t > P + s - w for query P + s, as
+// transformers' window (key j visible to query i iff i - w < j <= i, positions as indices, so
+// padding inside the window counts, exactly what the no-cache model computes on the same
+// attention_mask). One per window, shared by its layers.
+Value* windowed_mask(KvCacheBuilder& b, SharedMask& m, int64_t window, const Dim& batch_dim) {
+  for (auto [w, v] : m.windowed) {
+    if (w == window) return v;
+  }
+  Node* head = m.head;
+  Value* oldest = b.op("Sub", {m.query_column, b.constant("kv_window", {window}, {})},
+                       "kv_window_start", head);  // (S, 1): P + s - w
+  Value* inside = b.op("Greater", {m.key_positions, oldest}, "kv_in_window", head);  // (S, T)
+  Value* allowed = b.op("And", {m.allowed, inside}, "kv_sliding_window_mask", head);
+  allowed->type = tensor_type(kBool, {batch_dim, value_dim(1), param_dim("sequence_length"),
+                                      param_dim("total_sequence_length")});
+  m.windowed.emplace_back(window, allowed);
+  return allowed;
+}
+
+}  // namespace
+
+void set_attention_mask(Node* att, Value* mask) {
+  // The mask is the rewrite's own: its all-masked rows are pad queries nothing reads.
+  std::vector<Attribute>& attrs = att->attributes;
+  attrs.erase(std::remove_if(attrs.begin(), attrs.end(),
+                             [](const Attribute& a) {
+                               return a.name == "masked_value" || a.name == "masked_rows_mean" ||
+                                      a.name == "masked_rows_unread";
+                             }),
+              attrs.end());
+  attrs.push_back(attr_int("masked_rows_unread", 1));
+  if (att->inputs().size() > 3) {
+    att->set_input(3, mask);
+  } else if (mask) {
+    att->append_input(mask);
+  }
+  for (Attribute& a : att->attributes) {
+    if (a.name == "is_causal") {
+      a = attr_int("is_causal", 0);
+      return;
+    }
+  }
+  att->attributes.push_back(attr_int("is_causal", 0));
+}
+
+SharedMask build_shared_mask(Graph& g, KvCacheBuilder& b, Value* input_ids, Value* attention_mask,
+                             const Dim& batch_dim) {
+  Node* head = g.first();
+  Value* zero = b.constant("kv_zero", {0}, {});
+  Value* one = b.constant("kv_one", {1}, {});
+  Value* seq_len = b.op("Gather", {b.op("Shape", {input_ids}, "kv_ids_shape", head), one},
+                        "kv_seq_len", head, one_attr(attr_int("axis", 0)));
+  Value* mask_shape_value = b.op("Shape", {attention_mask}, "kv_mask_shape", head);
+  Value* total_len =
+      b.op("Gather", {mask_shape_value, one}, "kv_total_len", head, one_attr(attr_int("axis", 0)));
+  Value* past_len = b.op("Sub", {total_len, seq_len}, "kv_past_len", head);
+  Value* q_pos = b.op("Range", {past_len, total_len, one}, "kv_query_positions", head);
+  Value* q_col =
+      b.op("Unsqueeze", {q_pos, b.constant("kv_axes_1", {1}, {1})}, "kv_query_column", head);
+  Value* k_pos = b.op("Range", {zero, total_len, one}, "kv_key_positions", head);
+  Value* causal = b.op("LessOrEqual", {k_pos, q_col}, "kv_causal", head);
+  Value* mask_bool =
+      b.op("Cast", {attention_mask}, "kv_mask_bool", head, one_attr(attr_int("to", kBool)));
+  Value* pad =
+      b.op("Unsqueeze", {mask_bool, b.constant("kv_axes_1_2", {1, 2}, {2})}, "kv_padding", head);
+  Value* allowed = b.op("And", {causal, pad}, "kv_attention_mask", head);
+  allowed->type = tensor_type(kBool, {batch_dim, value_dim(1), param_dim("sequence_length"),
+                                      param_dim("total_sequence_length")});
+  return {past_len, allowed, mask_bool->producer(), mask_shape_value->producer(), q_col,
+          k_pos,    head};
+}
+
+std::vector<int64_t> proven_windows(const Graph& g, const std::vector<Node*>& attentions,
+                                    bool with_past) {
+  std::vector<int64_t> windows;
+  // Layers sharing one mask value (and causal flag, head count) share the answer.
+  std::vector<std::pair<const Node*, int64_t>> proven;
+  auto same_mask = [](const Node* a, const Node* b) {
+    return a->inputs().size() > 3 && b->inputs().size() > 3 && a->inputs()[3] == b->inputs()[3] &&
+           int_attr_or(a, "is_causal", 0) == int_attr_or(b, "is_causal", 0) &&
+           int_attr_or(a, "q_num_heads", 0) == int_attr_or(b, "q_num_heads", 0);
+  };
+  for (size_t i = 0; i < attentions.size(); ++i) {
+    auto known = std::find_if(proven.begin(), proven.end(),
+                              [&](const auto& p) { return same_mask(p.first, attentions[i]); });
+    if (known != proven.end()) {
+      windows.push_back(known->second);
+      continue;
+    }
+    std::string why;
+    auto kind = classify_attention_mask(*g.model(), g, attentions[i], with_past, &why);
+    if (!kind) {
+      refuse("the mask of layer " + std::to_string(i) + " (attention '" +
+             attentions[i]->name.value +
+             "') is not proven to be causal with padding, with or without a sliding window, "
+             "which is all the cached form reproduces: " +
+             why);
+    }
+    windows.push_back(kind->window);
+    proven.emplace_back(attentions[i], kind->window);
+  }
+  return windows;
+}
+
+void use_masks(KvCacheBuilder& b, SharedMask& m, const std::vector<Node*>& attentions,
+               const std::vector<int64_t>& windows, const Dim& batch_dim, PassContext& ctx) {
+  for (size_t i = 0; i < attentions.size(); ++i) {
+    Node* att = attentions[i];
+    if (!windows[i]) {
+      set_attention_mask(att, m.allowed);
+      continue;
+    }
+    set_attention_mask(att, windowed_mask(b, m, windows[i], batch_dim));
+    att->attributes.push_back(attr_int("sliding_window", windows[i]));
+    ctx.counters["sliding-window layers"] += 1;
+  }
+}
+
+}  // namespace fastopt::passes::kv_cache

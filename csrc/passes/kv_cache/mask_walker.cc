@@ -1,0 +1,341 @@
+// The mask walker (mask_walker.h): admission, evaluation on probes, reading the result.
+#include "passes/kv_cache/mask_walker.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "ir/constant.h"
+#include "ir/dtype.h"
+#include "passes/fold/fold_constants.h"
+#include "passes/fusion_util.h"
+
+namespace fastopt::passes::mask_walk {
+namespace {
+
+bool is_integer_type(int32_t t) {
+  return t == kInt8 || t == kInt16 || t == kInt32 || t == kInt64 || t == kUint8 || t == kUint16 ||
+         t == kUint32 || t == kUint64;
+}
+
+// n elements of `dtype`, zero, or one where `ones` says so.
+std::string bytes_of(int32_t dtype, uint64_t n, const std::vector<uint8_t>* ones) {
+  const size_t esize = static_cast<size_t>(dtype_bits(dtype) / 8);
+  std::string out(n * esize, '\0');
+  if (!ones) return out;
+  for (uint64_t i = 0; i < n; ++i) {
+    if (!(*ones)[i]) continue;
+    char* at = &out[i * esize];
+    if (dtype == kFloat) {
+      const float one = 1.0f;
+      std::memcpy(at, &one, 4);
+    } else if (dtype == kFloat16) {
+      const uint16_t one = 0x3C00;
+      std::memcpy(at, &one, 2);
+    } else if (dtype == kDouble) {
+      const double one = 1.0;
+      std::memcpy(at, &one, 8);
+    } else {
+      at[0] = 1;  // little-endian integer or bool 1
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+MaskWalker::MaskWalker(const Model& m, const Graph& g, std::vector<MaskInput> inputs)
+    : m_(m), g_(g), inputs_(std::move(inputs)) {
+  for (const Value* v : g_.inputs()) {
+    const MaskInput* in = v ? input_of(v) : nullptr;
+    if (!in || !v->type.known || !v->type.has_shape) continue;
+    for (auto [axis, slot] : in->lengths) {
+      if (axis < v->type.dims.size() && v->type.dims[axis].param &&
+          !v->type.dims[axis].param->empty()) {
+        slots_[*v->type.dims[axis].param].insert(slot);
+      }
+    }
+  }
+}
+
+const MaskInput* MaskWalker::input_of(const Value* v) const {
+  for (const MaskInput& in : inputs_) {
+    if (in.prefix ? v->name().rfind(in.name, 0) == 0 : v->name() == in.name) return &in;
+  }
+  return nullptr;
+}
+
+bool MaskWalker::shape_from_type(const Value* v) const {
+  if (!v || !v->type.known || !v->type.is_tensor || !v->type.has_shape) return false;
+  for (const Dim& d : v->type.dims) {
+    if (!d.value && (!d.param || !slots_.count(*d.param))) return false;
+  }
+  return true;
+}
+
+bool MaskWalker::reject(const std::string& what) {
+  why_ = what;
+  return false;
+}
+
+bool MaskWalker::admit(Value* mask, std::string* why) {
+  mask_ = mask;
+  if (!visit(mask)) {
+    if (why) *why = why_;
+    return false;
+  }
+  if (auto it = taint_.find(mask); it != taint_.end()) {
+    if (why)
+      *why = "the mask depends on the values of input '" + it->second + "' (not only its shape)";
+    return false;
+  }
+  return true;
+}
+
+bool MaskWalker::visit(Value* v) {
+  if (!v || !seen_.insert(v).second) return true;
+  if (v->is_graph_input()) {
+    const MaskInput* in = input_of(v);
+    if (!in) return reject("the mask reads the graph input '" + v->name() + "'");
+    if (!in->values) taint_[v] = v->name();
+    return true;
+  }
+  if (TensorPtr t = constant_tensor(v)) {
+    if (is_integer_type(t->dtype()) && t->numel() <= 64) {
+      if (auto ints = tensor_ints(*t, 64)) {
+        constants_.insert(constants_.end(), ints->begin(), ints->end());
+      }
+    }
+    return true;
+  }
+  Node* p = v->producer();
+  if (!p || p->graph() != &g_) return reject("the mask reads '" + v->name() + "' from outside");
+  if (nodes_.size() >= kMaxNodes) return reject("the mask's subgraph is too large to evaluate");
+  const bool standard = p->domain.value.empty() || p->domain.value == "ai.onnx";
+  if (standard && p->op_type == "Shape" && p->inputs().size() == 1 &&
+      !p->inputs()[0]->is_graph_input() && shape_from_type(p->inputs()[0])) {
+    shape_leaves_.insert(p);
+    nodes_.push_back(p);
+    return true;
+  }
+  static const std::unordered_set<std::string> kOps = [] {
+    const std::vector<std::string>& ops = native_fold_ops();
+    return std::unordered_set<std::string>(ops.begin(), ops.end());
+  }();
+  if (!standard || !p->subgraphs().empty() || p->outputs().size() != 1 || !kOps.count(p->op_type)) {
+    return reject("the mask is computed by " + p->op_type + " '" + p->name.value +
+                  "', which the check cannot evaluate exactly");
+  }
+  for (Value* x : p->inputs()) {
+    if (!visit(x)) return false;
+  }
+  nodes_.push_back(p);
+  if (p->op_type != "Shape" && p->op_type != "Size") {
+    for (Value* x : p->inputs()) {
+      if (auto it = taint_.find(x); x && it != taint_.end()) {
+        taint_[p->outputs()[0]] = it->second;
+        break;
+      }
+    }
+  }
+  return true;
+}
+
+std::optional<int64_t> MaskWalker::slot_value(const std::string& param, const Probe& p) const {
+  auto it = slots_.find(param);
+  if (it == slots_.end()) return std::nullopt;
+  std::optional<int64_t> v;
+  for (size_t slot : it->second) {
+    const int64_t x = slot == 0 ? static_cast<int64_t>(p.rows.size()) : p.lengths.at(slot);
+    if (v && *v != x) return std::nullopt;
+    v = x;
+  }
+  return v;
+}
+
+std::optional<TensorPtr> MaskWalker::input_tensor(const Value* v, const Probe& p,
+                                                  std::string* err) const {
+  const MaskInput* in = input_of(v);
+  const int64_t b = static_cast<int64_t>(p.rows.size());
+  const int32_t dt = value_dtype(v);
+  if (!in || dt == 0 || dtype_bits(dt) % 8 != 0) {
+    *err = "input '" + v->name() + "' has no known fixed-size dtype";
+    return std::nullopt;
+  }
+  if (in->values) {
+    std::vector<uint8_t> flat;
+    for (const auto& r : p.rows) flat.insert(flat.end(), r.begin(), r.end());
+    if (!(is_integer_type(dt) || dt == kBool || dt == kFloat || dt == kFloat16 || dt == kDouble)) {
+      *err = v->name() + "'s dtype is not one the check can write";
+      return std::nullopt;
+    }
+    const int64_t width = p.rows.empty() ? 0 : static_cast<int64_t>(p.rows[0].size());
+    return make_tensor(dt, {b, width}, bytes_of(dt, flat.size(), &flat));
+  }
+  // Only its shape is read: the probe's lengths on the length axes, the type's fixed sizes on
+  // the others.
+  size_t rank = 0;
+  for (auto [axis, slot] : in->lengths) rank = std::max(rank, axis + 1);
+  if (v->type.known && v->type.has_shape) rank = std::max(rank, v->type.dims.size());
+  std::vector<int64_t> dims(rank, -1);
+  for (auto [axis, slot] : in->lengths) dims[axis] = slot == 0 ? b : p.lengths.at(slot);
+  uint64_t n = 1;
+  for (size_t i = 0; i < rank; ++i) {
+    if (dims[i] < 0) {
+      const Dim* d = v->type.known && v->type.has_shape && i < v->type.dims.size()
+                         ? &v->type.dims[i]
+                         : nullptr;
+      if (!d || !d->value) {
+        *err = "input '" + v->name() + "' has no fixed size on axis " + std::to_string(i) +
+               " (only its length axes may vary)";
+        return std::nullopt;
+      }
+      dims[i] = *d->value;
+    }
+    n *= static_cast<uint64_t>(dims[i]);
+  }
+  return make_tensor(dt, dims, bytes_of(dt, n, nullptr));
+}
+
+std::optional<TensorPtr> MaskWalker::evaluate(const Probe& p, std::string* err,
+                                              std::vector<int64_t>* computed) const {
+  std::unordered_set<const Value*> reads_input;
+  std::unordered_map<const Value*, TensorPtr> vals;
+  auto value_of = [&](Value* x) -> std::optional<TensorPtr> {
+    if (!x) return TensorPtr{};
+    if (auto it = vals.find(x); it != vals.end()) return it->second;
+    if (x->is_graph_input()) {
+      auto t = input_tensor(x, p, err);
+      if (t) vals[x] = *t;
+      return t;
+    }
+    if (TensorPtr t = constant_tensor(x)) return t;
+    *err = "no value for '" + x->name() + "'";
+    return std::nullopt;
+  };
+  FoldLimits limits;
+  limits.max_bytes = limits.max_expand_bytes = uint64_t{1} << 30;
+  const int64_t opset = graph_opset(m_, g_);
+  for (const Node* n : nodes_) {
+    if (std::string bad = mistyped_reason(n); !bad.empty()) {  // never read as the defaults
+      *err = bad;
+      return std::nullopt;
+    }
+    if (shape_leaves_.count(n)) {
+      std::vector<int64_t> dims;
+      for (const Dim& d : n->inputs()[0]->type.dims) {
+        auto x = d.value ? d.value : slot_value(*d.param, p);
+        if (!x) {
+          *err = "the shape of '" + n->inputs()[0]->name() + "' ties symbols the probe (" + p.what +
+                 ") gives different lengths";
+          return std::nullopt;
+        }
+        dims.push_back(*x);
+      }
+      const int64_t r = static_cast<int64_t>(dims.size());
+      auto bound = [&](const char* name, int64_t fallback) {
+        int64_t x = int_attr_or(n, name, fallback);
+        x = x < 0 ? x + r : x;
+        return std::min<int64_t>(std::max<int64_t>(x, 0), r);
+      };
+      const int64_t start = bound("start", 0), end = bound("end", r);
+      std::vector<int64_t> part(dims.begin() + start, dims.begin() + std::max(start, end));
+      const int64_t len = static_cast<int64_t>(part.size());
+      vals[n->outputs()[0]] = make_int64_tensor(part, {len});
+      reads_input.insert(n->outputs()[0]);  // the lengths (fixed dims too: conservative)
+      continue;
+    }
+    if (n->op_type == "Identity") {
+      auto t = value_of(n->inputs()[0]);
+      if (!t) return std::nullopt;
+      vals[n->outputs()[0]] = *t;
+      Value* x = n->inputs()[0];
+      if (x && (x->is_graph_input() || reads_input.count(x))) reads_input.insert(n->outputs()[0]);
+      continue;
+    }
+    std::vector<TensorPtr> ins;
+    for (Value* x : n->inputs()) {
+      auto t = value_of(x);
+      if (!t) return std::nullopt;
+      ins.push_back(*t);
+    }
+    auto out = evaluate_node_on(*n, opset, limits, ins);
+    if (!out || out->size() != 1 || !(*out)[0]) {
+      *err = n->op_type + " '" + n->name.value + "' of the mask could not be evaluated on a " +
+             "probe (" + p.what + ")";
+      return std::nullopt;
+    }
+    vals[n->outputs()[0]] = (*out)[0];
+    const bool free = std::none_of(n->inputs().begin(), n->inputs().end(), [&](Value* x) {
+      return x && (x->is_graph_input() || reads_input.count(x));
+    });
+    if (!free) {
+      reads_input.insert(n->outputs()[0]);
+    } else if (computed && is_integer_type((*out)[0]->dtype()) && (*out)[0]->numel() <= 64) {
+      if (auto ints = tensor_ints(*(*out)[0], 64)) {
+        computed->insert(computed->end(), ints->begin(), ints->end());
+      }
+    }
+  }
+  return value_of(mask_);
+}
+
+bool readable(const Tensor& mask) {
+  return mask.dims.size() <= 4 && mask.expected_bytes() == mask.nbytes();
+}
+
+int read_mask(const Tensor& mask, const uint8_t* base, const int64_t full[4], const int64_t at[4]) {
+  const size_t r = mask.dims.size();
+  uint64_t index = 0;
+  for (size_t i = 0; i < r; ++i) {
+    const int64_t d = mask.dims[i];
+    if (d != 1 && d != full[4 - r + i]) return -2;
+    index = index * static_cast<uint64_t>(d) + static_cast<uint64_t>(d == 1 ? 0 : at[4 - r + i]);
+  }
+  const uint8_t* e = base + index * static_cast<uint64_t>(dtype_bits(mask.dtype()) / 8);
+  double x = 0;
+  switch (mask.dtype()) {
+    case kBool: return e[0] != 0 ? 1 : 0;
+    case kFloat: {
+      float f;
+      std::memcpy(&f, e, 4);
+      x = f;
+      break;
+    }
+    case kFloat16: {
+      uint16_t h16;
+      std::memcpy(&h16, e, 2);
+      x = half_to_float(h16);
+      break;
+    }
+    case kDouble: std::memcpy(&x, e, 8); break;
+    default: return -1;
+  }
+  return x == 0.0 ? 1 : x <= kMaskedBelow ? 0 : -1;
+}
+
+std::optional<std::vector<int64_t>> probe_lengths(const std::vector<int64_t>& constants,
+                                                  int64_t every, std::string* why) {
+  std::vector<int64_t> lengths;
+  for (int64_t t = 1; t <= every; ++t) lengths.push_back(t);
+  for (int64_t c : constants) {
+    if (c == std::numeric_limits<int64_t>::min()) continue;
+    const int64_t a = c < 0 ? -c : c;
+    if (a >= std::numeric_limits<int32_t>::max()) continue;  // "to the end" sentinels
+    if (a > kMaxProbeLength) {
+      if (why) {
+        *why = "its subgraph holds the constant " + std::to_string(c) +
+               ", beyond the lengths the check probes (" + std::to_string(kMaxProbeLength) + ")";
+      }
+      return std::nullopt;
+    }
+    for (int64_t t = a - 1; t <= a + 2; ++t) {
+      if (t > every) lengths.push_back(t);
+    }
+  }
+  std::sort(lengths.begin(), lengths.end());
+  lengths.erase(std::unique(lengths.begin(), lengths.end()), lengths.end());
+  return lengths;
+}
+
+}  // namespace fastopt::passes::mask_walk

@@ -1,0 +1,88 @@
+#include "passes/quant/options.h"
+
+#include <fnmatch.h>
+
+#include "ir/error.h"
+
+namespace fastopt::quant {
+namespace {
+
+int64_t option(const passes::PassContext& ctx, const std::string& key, int64_t fallback) {
+  auto it = ctx.options.find(key);
+  return it == ctx.options.end() ? fallback : it->second;
+}
+
+std::string text(const passes::PassContext& ctx, const std::string& key,
+                 const std::string& fallback) {
+  auto it = ctx.text_options.find(key);
+  return it == ctx.text_options.end() ? fallback : it->second;
+}
+
+}  // namespace
+
+std::string QuantOptions::excluded(const std::string& name) const {
+  for (const std::string& g : exclude) {
+    if (!name.empty() && ::fnmatch(g.c_str(), name.c_str(), 0) == 0) return g;
+  }
+  return "";
+}
+
+QuantOptions read_options(const passes::PassContext& ctx) {
+  QuantOptions o;
+  o.mode = text(ctx, "quant_mode", "");
+  const int64_t bits = option(ctx, "quant_bits", o.mode == "int8" ? 8 : 4);
+  if (bits != 4 && bits != 8) {
+    throw ModelError("quant_bits must be 4 or 8, not " + std::to_string(bits));
+  }
+  o.bits = static_cast<int>(bits);
+  o.block_size = option(ctx, "quant_block_size", 32);
+  if (o.block_size < 16 || o.block_size > 256 || (o.block_size & (o.block_size - 1)) != 0) {
+    throw ModelError(
+        "block size must be a power of two in 16..256 (what onnxruntime's "
+        "MatMulNBits kernels run), not " +
+        std::to_string(o.block_size));
+  }
+  o.symmetric = option(ctx, "quant_symmetric", 1) != 0;
+  o.accuracy_level = option(ctx, "quant_accuracy_level", -1);
+  if (o.accuracy_level < -1 || o.accuracy_level > 4) {
+    throw ModelError(
+        "accuracy level must be 0 (unset), 1 (fp32), 2 (fp16), 3 (bf16) or 4 "
+        "(int8), not " +
+        std::to_string(o.accuracy_level));
+  }
+  const std::string ex = text(ctx, "quant_exclude", "");
+  size_t start = 0;
+  while (start <= ex.size()) {
+    size_t comma = ex.find(',', start);
+    if (comma == std::string::npos) comma = ex.size();
+    std::string g = ex.substr(start, comma - start);
+    if (!g.empty()) o.exclude.push_back(g);
+    start = comma + 1;
+  }
+  o.lm_head = text(ctx, "quant_lm_head", "");
+  if (!o.lm_head.empty() && o.lm_head != "keep" && o.lm_head != "int4" && o.lm_head != "int8") {
+    throw ModelError("lm_head must be keep, int4 or int8, not '" + o.lm_head + "'");
+  }
+  o.embeddings = text(ctx, "quant_embeddings", "keep");
+  if (o.embeddings != "keep" && o.embeddings != "int4" && o.embeddings != "int8") {
+    throw ModelError("embeddings must be keep, int4 or int8, not '" + o.embeddings + "'");
+  }
+  o.per_channel = option(ctx, "quant_per_channel", 0) != 0;
+  o.keep_io_types = option(ctx, "quant_keep_io_types", 0) != 0;
+  const int64_t threads = option(ctx, "quant_threads", 0);
+  if (threads < 0 || threads > 4096) {
+    throw ModelError("threads must be 0 (all cores) or a positive count, not " +
+                     std::to_string(threads));
+  }
+  o.threads = static_cast<int>(threads);
+  o.tmpdir = text(ctx, "quant_tmpdir", "");
+  o.cuda = option(ctx, "cuda", 0) != 0;
+  return o;
+}
+
+int64_t QuantOptions::accuracy_for(int32_t dtype) const {
+  if (accuracy_level >= 0) return accuracy_level;
+  return cuda || dtype != 1 ? 0 : 4;
+}
+
+}  // namespace fastopt::quant
