@@ -14,12 +14,12 @@
 
 #include "bindings/handles.h"
 #include "ir/error.h"
-#include "passes/kv_cache/cross_cache_split.h"
 #include "passes/attention/internal_op.h"
-#include "passes/rotary/rotary_cache.h"
 #include "passes/fold/fold_constants.h"
 #include "passes/fusion_util.h"
+#include "passes/kv_cache/cross_cache_split.h"
 #include "passes/registry.h"
+#include "passes/rotary/rotary_cache.h"
 #include "quant/quant_record.h"
 
 namespace fastopt::bindings {

@@ -262,9 +262,7 @@ void bind_patterns(py::module_& m) {
           },
           "The graph node matched by a pattern op node (None for a skipped optional)")
       .def_property_readonly("root",
-                             [](const PyMatch& m) {
-                               return PyNode{m.model, m.match->root()};
-                             })
+                             [](const PyMatch& m) { return PyNode{m.model, m.match->root()}; })
       .def(
           "scalar",
           [](const PyMatch& m, const std::string& name) -> std::optional<double> {

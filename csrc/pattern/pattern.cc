@@ -74,8 +74,7 @@ P& P::attr_string(const std::string& name, const std::string& value) {
       name + " == '" + value + "'");
 }
 P& P::attr_absent(const std::string& name) {
-  return attr_check(
-      name, [](const Attribute* a) { return a == nullptr; }, name + " is absent");
+  return attr_check(name, [](const Attribute* a) { return a == nullptr; }, name + " is absent");
 }
 P& P::check(std::function<bool(const Value*)> check, std::string description) {
   pattern_->node(id_).checks.push_back({std::move(check), std::move(description)});
@@ -156,8 +155,7 @@ P Pattern::scalar(const std::string& name, double value, double tolerance) {
 }
 
 P Pattern::any_constant(const std::string& name) {
-  return constant(
-      name, [](const std::vector<double>&) { return true; }, "constant");
+  return constant(name, [](const std::vector<double>&) { return true; }, "constant");
 }
 
 P Pattern::alt(const std::string& name, std::vector<P> alternatives) {

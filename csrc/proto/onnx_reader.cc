@@ -7,10 +7,10 @@
 #include <unistd.h>
 
 #include "ir/error.h"
+#include "ir/wire.h"
 #include "proto/onnx_fields.h"
 #include "proto/onnx_reader_impl.h"
 #include "proto/onnx_schema.h"
-#include "ir/wire.h"
 
 namespace fastopt {
 

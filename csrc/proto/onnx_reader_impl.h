@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "ir/graph.h"
-#include "proto/onnx_schema.h"
 #include "ir/wire.h"
+#include "proto/onnx_schema.h"
 
 namespace fastopt {
 

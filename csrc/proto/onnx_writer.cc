@@ -13,9 +13,9 @@
 #include <set>
 
 #include "ir/error.h"
+#include "ir/wire.h"
 #include "proto/onnx_fields.h"
 #include "proto/output_files.h"
-#include "ir/wire.h"
 
 namespace fastopt {
 

@@ -30,9 +30,9 @@
 #include "ir/constant.h"
 #include "ir/error.h"
 #include "passes/registry.h"
-#include "schema/attr_schema.h"
 #include "pattern/rewrite.h"
 #include "proto/onnx_writer.h"
+#include "schema/attr_schema.h"
 
 namespace fastopt::passes {
 

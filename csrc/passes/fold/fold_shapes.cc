@@ -38,8 +38,8 @@
 #include "ir/dtype.h"
 #include "passes/fold/fold_constants.h"
 #include "passes/registry.h"
-#include "schema/attr_schema.h"
 #include "pattern/rewrite.h"
+#include "schema/attr_schema.h"
 
 namespace fastopt::passes {
 namespace {

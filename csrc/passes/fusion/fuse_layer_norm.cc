@@ -19,8 +19,8 @@
 // the root back after Sqrt. gamma and beta must be 1-D constants of the normalized size; without
 // an Add(beta) the fused op has no bias input.
 #include "ir/constant.h"
-#include "passes/fusion_util.h"
 #include "passes/fusion/norm_util.h"
+#include "passes/fusion_util.h"
 #include "passes/registry.h"
 
 namespace fastopt::passes {

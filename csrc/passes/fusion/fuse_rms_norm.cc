@@ -31,8 +31,8 @@
 // original input (it computes in fp32 itself, stash_type 1) and both Casts go. ORT's CPU kernel
 // wants X and scale of one dtype: the weight is converted only when it differs.
 #include "ir/constant.h"
-#include "passes/fusion_util.h"
 #include "passes/fusion/norm_util.h"
+#include "passes/fusion_util.h"
 #include "passes/registry.h"
 
 namespace fastopt::passes {

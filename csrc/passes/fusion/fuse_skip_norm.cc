@@ -21,8 +21,8 @@
 // (what the kernels broadcast); gamma, beta and bias (D). Dims the model leaves unknown are
 // checked by the kernels at run time.
 #include "ir/constant.h"
-#include "passes/fusion_util.h"
 #include "passes/fusion/norm_util.h"
+#include "passes/fusion_util.h"
 #include "passes/registry.h"
 
 namespace fastopt::passes {

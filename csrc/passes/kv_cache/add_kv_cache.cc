@@ -64,10 +64,10 @@
 #include "ir/dtype.h"
 #include "ir/error.h"
 #include "passes/attention/internal_op.h"
-#include "passes/kv_cache/kv_cache.h"
-#include "passes/kv_cache/kv_cache_cross.h"
 #include "passes/attention/shapes.h"
 #include "passes/fusion_util.h"
+#include "passes/kv_cache/kv_cache.h"
+#include "passes/kv_cache/kv_cache_cross.h"
 
 namespace fastopt::passes::kv_cache {
 namespace {

@@ -8,8 +8,8 @@
 #include <utility>
 #include <vector>
 
-#include "passes/kv_cache/kv_cache.h"
 #include "passes/attention/shapes.h"
+#include "passes/kv_cache/kv_cache.h"
 
 namespace fastopt::passes::kv_cache {
 namespace {

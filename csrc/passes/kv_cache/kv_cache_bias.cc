@@ -30,8 +30,8 @@
 #include <vector>
 
 #include "analysis/shape_facts.h"
-#include "passes/kv_cache/kv_cache.h"
 #include "passes/attention/shapes.h"
+#include "passes/kv_cache/kv_cache.h"
 
 namespace fastopt::passes::kv_cache {
 namespace {

@@ -30,9 +30,9 @@
 #include "analysis/shape_facts.h"
 #include "ir/constant.h"
 #include "ir/dtype.h"
-#include "passes/kv_cache/kv_cache_cross.h"
 #include "passes/attention/shapes.h"
 #include "passes/fusion_util.h"
+#include "passes/kv_cache/kv_cache_cross.h"
 
 namespace fastopt::passes::kv_cache {
 namespace {

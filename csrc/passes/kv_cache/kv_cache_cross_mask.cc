@@ -17,9 +17,9 @@
 #include <utility>
 #include <vector>
 
+#include "passes/fusion_util.h"
 #include "passes/kv_cache/kv_cache_cross.h"
 #include "passes/kv_cache/mask_walker.h"
-#include "passes/fusion_util.h"
 
 namespace fastopt::passes::kv_cache {
 namespace {

@@ -26,9 +26,9 @@
 #include <vector>
 
 #include "analysis/shape_facts.h"
+#include "passes/fusion_util.h"
 #include "passes/kv_cache/kv_cache.h"
 #include "passes/kv_cache/positionwise.h"
-#include "passes/fusion_util.h"
 
 namespace fastopt::passes::kv_cache {
 namespace {

@@ -50,8 +50,8 @@
 #include <vector>
 
 #include "ir/constant.h"
-#include "passes/kv_cache/mask_walker.h"
 #include "passes/fusion_util.h"
+#include "passes/kv_cache/mask_walker.h"
 
 namespace fastopt::passes {
 namespace {

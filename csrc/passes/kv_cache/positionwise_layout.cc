@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "ir/constant.h"
-#include "passes/kv_cache/positionwise.h"
 #include "passes/fusion_util.h"
+#include "passes/kv_cache/positionwise.h"
 
 namespace fastopt::passes::kv_cache {
 

@@ -11,8 +11,8 @@
 
 #include "ir/constant.h"
 #include "passes/attention/internal_op.h"
-#include "passes/kv_cache/positionwise.h"
 #include "passes/fusion_util.h"
+#include "passes/kv_cache/positionwise.h"
 
 namespace fastopt::passes::kv_cache {
 

@@ -35,10 +35,10 @@
 #include "ir/constant.h"
 #include "ir/error.h"
 #include "passes/fusion_util.h"
+#include "passes/quant/options.h"
 #include "passes/registry.h"
 #include "proto/onnx_writer.h"
 #include "quant/float_convert.h"
-#include "passes/quant/options.h"
 
 namespace fastopt::passes {
 namespace {

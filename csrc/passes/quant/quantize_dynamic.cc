@@ -28,10 +28,10 @@
 #include "ir/constant.h"
 #include "ir/error.h"
 #include "passes/fusion_util.h"
+#include "passes/quant/options.h"
 #include "passes/registry.h"
 #include "proto/onnx_writer.h"
 #include "quant/int8.h"
-#include "passes/quant/options.h"
 
 namespace fastopt::passes {
 namespace {

@@ -37,11 +37,11 @@
 #include "ir/constant.h"
 #include "ir/error.h"
 #include "passes/fusion_util.h"
-#include "passes/registry.h"
-#include "schema/attr_schema.h"
-#include "proto/onnx_writer.h"
 #include "passes/quant/options.h"
+#include "passes/registry.h"
+#include "proto/onnx_writer.h"
 #include "quant/quantize_job.h"
+#include "schema/attr_schema.h"
 
 namespace fastopt::passes {
 namespace {

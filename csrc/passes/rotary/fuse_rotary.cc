@@ -42,9 +42,9 @@
 #include <map>
 
 #include "ir/constant.h"
-#include "passes/rotary/rotary_cache.h"
 #include "passes/fusion_util.h"
 #include "passes/registry.h"
+#include "passes/rotary/rotary_cache.h"
 #include "passes/rotary/rotary_interleaved.h"
 
 namespace fastopt::passes {

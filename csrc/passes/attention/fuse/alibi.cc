@@ -6,8 +6,8 @@
 
 #include "ir/constant.h"
 #include "passes/attention/shapes.h"
-#include "passes/fusion_util.h"
 #include "passes/fusion/norm_util.h"
+#include "passes/fusion_util.h"
 
 namespace fastopt::passes::alibi {
 namespace {

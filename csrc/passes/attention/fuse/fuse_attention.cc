@@ -42,13 +42,13 @@
 #include "ir/constant.h"
 #include "passes/attention/fuse/alibi.h"
 #include "passes/attention/fuse/disentangled.h"
+#include "passes/attention/fuse/softcap.h"
 #include "passes/attention/internal_op.h"
 #include "passes/attention/masked_rows.h"
 #include "passes/attention/shapes.h"
 #include "passes/attention/sinks.h"
-#include "passes/attention/fuse/softcap.h"
-#include "passes/fusion_util.h"
 #include "passes/fusion/norm_util.h"
+#include "passes/fusion_util.h"
 #include "schema/attr_schema.h"
 
 namespace fastopt::passes {

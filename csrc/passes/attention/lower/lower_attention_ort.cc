@@ -115,10 +115,10 @@
 #include "ir/dtype.h"
 #include "passes/attention/head_split.h"
 #include "passes/attention/internal_op.h"
-#include "passes/attention/lowering_ops.h"
-#include "passes/attention/masked_rows.h"
 #include "passes/attention/lower/ort_plan.h"
 #include "passes/attention/lower/packed_qkv.h"
+#include "passes/attention/lowering_ops.h"
+#include "passes/attention/masked_rows.h"
 #include "passes/attention/shapes.h"
 #include "passes/fusion_util.h"
 

@@ -11,8 +11,8 @@
 
 #include "ir/graph.h"
 #include "passes/attention/internal_op.h"
-#include "passes/attention/masked_rows.h"
 #include "passes/attention/lower/packed_qkv.h"
+#include "passes/attention/masked_rows.h"
 #include "passes/registry.h"
 
 namespace fastopt::passes {
