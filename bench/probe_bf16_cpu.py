@@ -2,7 +2,7 @@
 
     python bench/probe_bf16_cpu.py          # prints the ops that load and run, then the rest
 
-convert_precision's bf16 mode keeps the ops that fail here in float32 (csrc/passes/
+convert_precision's bf16 mode keeps the ops that fail here in float32 (csrc/passes/quant/
 convert_precision.cc, kBf16CpuOps); re-run this when onnxruntime is upgraded.
 """
 

@@ -1,6 +1,6 @@
 """Greedy generation for encoder-decoder fixtures (tests/fixtures/make_seq2seq_fixtures.py) in
 ONNX Runtime, with and without the decoder's KV cache: the proof harness of add_kv_cache's seq2seq
-form (csrc/passes/attention/kv_cache_cross.cc).
+form (csrc/passes/kv_cache/kv_cache_cross.cc).
 
 - ``encode``: the encoder, run once.
 - ``greedy_no_cache``: the reference; every step runs the no-cache decoder on the whole decoder

@@ -1,7 +1,7 @@
 """An attribute of the wrong type (Softmax's axis given as a string) blocks every rewrite of its
 node: ONNX Runtime refuses such a model, and fusing or folding the node would hand back one it
 runs. The pattern matcher fails the match with a reason; fuse_attention and the folders skip the
-node. The attribute types come from the op schemas (csrc/pattern/attr_schema_table.inc)."""
+node. The attribute types come from the op schemas (csrc/schema/attr_schema_table.inc)."""
 
 from __future__ import annotations
 

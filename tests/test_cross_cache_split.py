@@ -1,7 +1,7 @@
 """An encoder that computes the cross-attention cache (issue 13; onnxruntime-genai's whisper
 form): add_kv_cache's cross_attention_cache 2 on the seq2seq fixtures' decoders, then
 _C.move_cross_projections moves the cross K/V projections into the encoder
-(csrc/passes/attention/cross_cache_split.h). The encoder then gives last_hidden_state and
+(csrc/passes/kv_cache/cross_cache_split.h). The encoder then gives last_hidden_state and
 present.<i>.encoder.key|value; the decoder reads them as past_key_values.<i>.encoder.* and has no
 encoder_hidden_states. Greedy tokens and logits of the pair equal the original encoder + no-cache
 decoder's, with the self-attention cache standard or in place."""

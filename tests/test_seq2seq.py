@@ -1,7 +1,7 @@
 """Encoder-decoders (issue 13): bart, marian, whisper, t5 exported as optimum does (encoder.onnx,
 decoder.onnx; tests/fixtures/make_seq2seq_fixtures.py). Self- and cross-attention fuse for both
 targets, outputs stay within the parity bounds on a padded batch, and the decoder's KV cache
-(add_kv_cache's seq2seq form, csrc/passes/attention/kv_cache_cross.cc) generates the same 32
+(add_kv_cache's seq2seq form, csrc/passes/kv_cache/kv_cache_cross.cc) generates the same 32
 greedy tokens as the no-cache decoder, or is refused with the reason. t5's relative position bias
 is kept and re-read over absolute positions (kv_cache_cross_bias.cc). The in-place form and
 onnxruntime-genai's whisper: tests/test_seq2seq_inplace.py."""

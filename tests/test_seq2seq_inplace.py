@@ -1,6 +1,6 @@
 """Encoder-decoders with an in-place self-attention cache (issue 13): `--kv-cache inplace` on the
 seq2seq fixtures' decoders (tests/fixtures/make_seq2seq_fixtures.py; add_kv_cache's seq2seq form,
-csrc/passes/attention/kv_cache_cross.cc). Each self-attention becomes GroupQueryAttention on one
+csrc/passes/kv_cache/kv_cache_cross.cc). Each self-attention becomes GroupQueryAttention on one
 max-length buffer bound as past and present, its valid length the new input past_sequence_length
 (int32 (1)); the cross cache keeps the standard form (filled at the first step, passed through).
 32 greedy tokens and their logits equal the no-cache decoder's, driven by

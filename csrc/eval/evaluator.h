@@ -1,6 +1,6 @@
 // The native evaluator: the ops exporters use in shape and index computations, evaluated on
 // constant tensors in C++, bit-exact with ONNX Runtime's CPU kernels or declined. Used by
-// constant folding (passes/fold_constants.h), the mask proofs of the KV-cache rewrite and the
+// constant folding (passes/fold/fold_constants.h), the mask proofs of the KV-cache rewrite and the
 // bindings (for the ONNX Runtime fallback).
 #pragma once
 

@@ -1,7 +1,7 @@
 """Writes attr_schema_table.inc: the attribute types of every ONNX op (onnx.defs, all versions)
 and of ONNX Runtime's contrib ops (com.microsoft, and the ops ORT adds to the ONNX domain).
 
-    python csrc/pattern/gen_attr_schema.py   # after upgrading onnx / onnxruntime
+    python csrc/schema/gen_attr_schema.py   # after upgrading onnx / onnxruntime
 
 An attribute whose type changed across versions (Cast's `to` was a string in opset 1) allows
 every type it ever had.
