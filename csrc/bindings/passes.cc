@@ -93,7 +93,7 @@ void bind_passes(py::module_& m) {
         const passes::PassInfo* info = passes::find_pass(name);
         if (!info) throw ModelError("no C++ pass named '" + name + "'");
         passes::PassContext ctx;
-        ctx.target = target;
+        ctx.target = passes::parse_target(target);
         ctx.max_iterations = max_iterations;
         ctx.explain_rule = explain_rule;
         ctx.options = options;

@@ -46,6 +46,12 @@ PassInfo rule_pass(std::string name, std::string description, std::vector<std::s
   return info;
 }
 
+Target parse_target(const std::string& name) {
+  if (name == "ort") return Target::kOrt;
+  if (name == "onnx") return Target::kOnnx;
+  throw ModelError("unknown target '" + name + "': choose ort or onnx");
+}
+
 int64_t default_opset(const Model& m) {
   for (const auto& o : m.opset_import) {
     if (o.domain.value.empty() || o.domain.value == "ai.onnx") return o.version.value_or(0);

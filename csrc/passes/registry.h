@@ -18,8 +18,13 @@
 
 namespace fastopt::passes {
 
+// What the optimized model is for: ONNX Runtime (its contrib ops allowed), or standard ONNX ops.
+enum class Target { kOrt, kOnnx };
+// "ort" or "onnx"; ModelError on another name.
+Target parse_target(const std::string& name);
+
 struct PassContext {
-  std::string target = "ort";  // "ort": ONNX Runtime (contrib ops allowed); "onnx": standard ops
+  Target target = Target::kOrt;
   int max_iterations = 10;
   std::string explain_rule;  // rule name, "*" for all, "" for none
   std::vector<std::string> explain_lines;
@@ -40,6 +45,12 @@ struct PassContext {
     if (explains(rule)) explain_lines.push_back(rule + ": " + what);
   }
 };
+
+// The integer option `name` the caller set, or `fallback`. Declare it with the pass (OptionDecl).
+inline int64_t option(const PassContext& ctx, const std::string& name, int64_t fallback) {
+  auto it = ctx.options.find(name);
+  return it == ctx.options.end() ? fallback : it->second;
+}
 
 // An option a pass reads from PassContext::options, declared with the pass (python/fastopt/
 // options.py exposes the declarations; optimize() checks keys and values against them before any
@@ -77,6 +88,82 @@ struct PassInfo {
 // Facts of the pass contracts.
 inline constexpr const char* kAttentionFused = "attention fused";  // internal Attention ops
 inline constexpr const char* kNoInternalOps = "no internal ops";   // none left in the model
+
+// A declaration with named fields (C++17 has no designated initialisers). An option:
+//   OptionDecl("kv_cache", "the form add_kv_cache writes").choices({{1, "standard"}}).internal()
+// OptionDecl("kv_cache") alone says the pass reads an option another pass declares.
+class OptionDecl {
+ public:
+  explicit OptionDecl(std::string name, std::string help = {}) {
+    info_.name = std::move(name);
+    info_.help = std::move(help);
+  }
+  OptionDecl& default_value(int64_t v) {
+    info_.default_value = v;
+    return *this;
+  }
+  OptionDecl& choices(std::vector<std::pair<int64_t, std::string>> c) {
+    info_.choices = std::move(c);
+    return *this;
+  }
+  OptionDecl& internal() {
+    info_.internal = true;
+    return *this;
+  }
+  operator OptionInfo() const { return info_; }  // NOLINT: the point of the builder
+
+ private:
+  OptionInfo info_;
+};
+
+// A pass:
+//   const PassRegistrar kRegister{PassDecl("eliminate_dead_nodes", "remove ...")
+//                                     .tags({"cleanup"})
+//                                     .run(eliminate_dead_nodes)};
+class PassDecl {
+ public:
+  PassDecl(std::string name, std::string description) {
+    info_.name = std::move(name);
+    info_.description = std::move(description);
+  }
+  PassDecl& tags(std::vector<std::string> t) {
+    info_.tags = std::move(t);
+    return *this;
+  }
+  PassDecl& opsets(int64_t min, int64_t max = INT64_MAX) {
+    info_.min_opset = min;
+    info_.max_opset = max;
+    return *this;
+  }
+  PassDecl& not_idempotent() {
+    info_.idempotent = false;
+    return *this;
+  }
+  PassDecl& run(std::function<int64_t(Model&, PassContext&)> f) {
+    info_.run = std::move(f);
+    return *this;
+  }
+  PassDecl& requires_facts(std::vector<std::string> f) {
+    info_.requires_facts = std::move(f);
+    return *this;
+  }
+  PassDecl& ensures_facts(std::vector<std::string> f) {
+    info_.ensures_facts = std::move(f);
+    return *this;
+  }
+  PassDecl& runs_before(std::vector<std::string> p) {
+    info_.runs_before = std::move(p);
+    return *this;
+  }
+  PassDecl& options(std::vector<OptionInfo> o) {
+    info_.options = std::move(o);
+    return *this;
+  }
+  operator PassInfo() const { return info_; }  // NOLINT: the point of the builder
+
+ private:
+  PassInfo info_;
+};
 
 const std::vector<PassInfo>& all_passes();
 const PassInfo* find_pass(const std::string& name);

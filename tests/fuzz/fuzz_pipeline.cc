@@ -114,7 +114,7 @@ Variant variant_for(size_t size) {
 
 fastopt::passes::PassContext context_for(const Variant& v) {
   fastopt::passes::PassContext ctx;
-  ctx.target = v.target;
+  ctx.target = fastopt::passes::parse_target(v.target);
   if (v.kv_cache != 0) ctx.options["kv_cache"] = v.kv_cache;
   ctx.options["quant_threads"] = 1;
   if (!v.quant_mode.empty()) {

@@ -364,15 +364,12 @@ int64_t eliminate_common_subexpressions(Model& model, PassContext& ctx) {
   return counts.nodes + counts.constants + counts.initializers;
 }
 
-const PassRegistrar kRegister{{
-    "eliminate_common_subexpressions",
-    "merge nodes that compute the same thing from the same inputs, and equal small constants",
-    {"cleanup"},
-    1,
-    INT64_MAX,
-    true,
-    eliminate_common_subexpressions,
-}};
+const PassRegistrar kRegister{
+    PassDecl(
+        "eliminate_common_subexpressions",
+        "merge nodes that compute the same thing from the same inputs, and equal small constants")
+        .tags({"cleanup"})
+        .run(eliminate_common_subexpressions)};
 
 }  // namespace
 }  // namespace fastopt::passes

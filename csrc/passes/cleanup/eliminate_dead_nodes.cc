@@ -48,15 +48,11 @@ int64_t eliminate_dead_nodes(Model& model, PassContext& ctx) {
   return removed_nodes + removed_initializers;
 }
 
-const PassRegistrar kRegister{{
-    "eliminate_dead_nodes",
-    "remove nodes whose outputs are never used, and unused initializers",
-    {"cleanup"},
-    1,
-    INT64_MAX,
-    true,
-    eliminate_dead_nodes,
-}};
+const PassRegistrar kRegister{
+    PassDecl("eliminate_dead_nodes",
+             "remove nodes whose outputs are never used, and unused initializers")
+        .tags({"cleanup"})
+        .run(eliminate_dead_nodes)};
 
 }  // namespace
 }  // namespace fastopt::passes

@@ -35,15 +35,11 @@ int64_t eliminate_unused_function_inputs(Model& model, PassContext& ctx) {
   return removed;
 }
 
-const PassRegistrar kRegister{{
-    "eliminate_unused_function_inputs",
-    "remove inputs a model-local function never reads, from the function and its calls",
-    {"cleanup"},
-    1,
-    INT64_MAX,
-    true,
-    eliminate_unused_function_inputs,
-}};
+const PassRegistrar kRegister{
+    PassDecl("eliminate_unused_function_inputs",
+             "remove inputs a model-local function never reads, from the function and its calls")
+        .tags({"cleanup"})
+        .run(eliminate_unused_function_inputs)};
 
 }  // namespace
 }  // namespace fastopt::passes

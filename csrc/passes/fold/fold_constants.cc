@@ -151,11 +151,6 @@ struct Folder {
   }
 };
 
-int64_t option(const PassContext& ctx, const std::string& name, int64_t fallback) {
-  auto it = ctx.options.find(name);
-  return it == ctx.options.end() ? fallback : it->second;
-}
-
 int64_t fold_constants(Model& model, PassContext& ctx) {
   Folder f{model, ctx, {}, {}};
   f.limits.max_bytes = static_cast<uint64_t>(
@@ -165,15 +160,11 @@ int64_t fold_constants(Model& model, PassContext& ctx) {
   return f.run();
 }
 
-const PassRegistrar kRegister{{
-    "fold_constants",
-    "evaluate nodes whose inputs are all constants (size-capped); Constant nodes -> initializers",
-    {"cleanup"},
-    1,
-    INT64_MAX,
-    true,
-    fold_constants,
-}};
+const PassRegistrar kRegister{PassDecl("fold_constants",
+                                       "evaluate nodes whose inputs are all constants "
+                                       "(size-capped); Constant nodes -> initializers")
+                                  .tags({"cleanup"})
+                                  .run(fold_constants)};
 
 Graph* root_of(const Graph& g) {
   const Graph* r = &g;

@@ -449,15 +449,11 @@ int64_t fold_shapes(Model& model, PassContext& ctx) {
   return rewrites;
 }
 
-const PassRegistrar kRegister{{
-    "fold_shapes",
-    "Shape/Size, and Gather/Slice of Shape, over dims known from value types -> constants",
-    {"cleanup", "needs_shapes"},
-    1,
-    INT64_MAX,
-    true,
-    fold_shapes,
-}};
+const PassRegistrar kRegister{
+    PassDecl("fold_shapes",
+             "Shape/Size, and Gather/Slice of Shape, over dims known from value types -> constants")
+        .tags({"cleanup", "needs_shapes"})
+        .run(fold_shapes)};
 
 }  // namespace
 }  // namespace fastopt::passes

@@ -33,7 +33,7 @@ bool is_tanh(const Node* gelu) {
 }
 
 std::vector<Rule> rules(PassContext& ctx) {
-  if (ctx.target != "ort") return {};
+  if (ctx.target != Target::kOrt) return {};
   std::vector<Rule> out;
   // (op type, domain): the GELU the bias Add feeds.
   const std::pair<const char*, const char*> gelus[] = {

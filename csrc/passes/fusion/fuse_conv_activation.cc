@@ -48,7 +48,7 @@ std::optional<std::vector<float>> activation_params(const Node* act) {
 }
 
 std::vector<Rule> rules(const PassContext& ctx) {
-  if (ctx.target != "ort") return {};
+  if (ctx.target != Target::kOrt) return {};
   auto p = std::make_shared<Pattern>("fuse_conv_activation");
   P conv = p->op("Conv", {p->var("x"), p->var("w")}).extra_inputs();  // optional bias
   P act = p->op_any({"Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid"}, {conv})

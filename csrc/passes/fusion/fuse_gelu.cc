@@ -93,7 +93,7 @@ std::vector<Rule> rules(PassContext& ctx) {
     RewriteFn rewrite = [&ctx, tanh](const Match& m, Rewriter& rw) -> Replacement {
       Value* x = m.value("x");
       Value* y = nullptr;
-      if (ctx.target == "ort") {
+      if (ctx.target == Target::kOrt) {
         y = rw.op1(tanh ? "FastGelu" : "Gelu", {x}, {}, kMsDomain);
         import_domain(rw.graph(), kMsDomain);
       } else {

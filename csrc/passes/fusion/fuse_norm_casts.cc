@@ -52,7 +52,7 @@ Value* exact_half(Rewriter& rw, Value* v, std::string* why, const std::string& w
 }
 
 Replacement absorb(const Match& m, P up_p, P norm_p, Rewriter& rw, PassContext& ctx) {
-  if (ctx.target != "ort") {
+  if (ctx.target != Target::kOrt) {
     return rw.fail("target onnx: the spec applies scale and bias in fp16, the Casts keep fp32");
   }
   Node* up = m.node(up_p);

@@ -132,7 +132,7 @@ Replacement fuse(const Core& c, const Tail& t, const Match& m, Rewriter& rw, Pas
   const int32_t in_dt = value_dtype(in);
 
   std::string op;
-  if (ctx.target == "onnx") {
+  if (ctx.target == Target::kOnnx) {
     if (default_opset(*rw.graph().model()) < kFusedOpsOpset) {
       return rw.fail("RMSNormalization needs opset >= 23 (run convert_version first)");
     }

@@ -25,7 +25,7 @@ namespace {
 using namespace pattern;
 
 std::vector<Rule> rules(PassContext& ctx) {
-  if (ctx.target != "ort") return {};
+  if (ctx.target != Target::kOrt) return {};
   auto p = std::make_shared<Pattern>("fuse_silu");
   P x = p->var("x").dtype_in({kFloat, kFloat16});
   p->root(p->op("Mul", {x, p->op("Sigmoid", {x})}).commutative());

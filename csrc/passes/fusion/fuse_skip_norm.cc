@@ -158,7 +158,7 @@ Replacement fuse(Value* a, Value* b, Value* bias, Value* sum, const Match& m, Re
 }
 
 std::vector<Rule> rules(PassContext& ctx) {
-  if (ctx.target != "ort") return {};
+  if (ctx.target != Target::kOrt) return {};
   std::vector<Rule> out;
   auto norm_op = [](Pattern& p, P sum) {
     return p.op_any({"LayerNormalization", "SimplifiedLayerNormalization"}, {sum, p.var("gamma")})

@@ -38,11 +38,6 @@ namespace fastopt::passes {
 namespace {
 using namespace pattern;
 
-int64_t option(const PassContext& ctx, const std::string& name, int64_t fallback) {
-  auto it = ctx.options.find(name);
-  return it == ctx.options.end() ? fallback : it->second;
-}
-
 bool is_gqa(const Node* n) {
   return n->op_type == "GroupQueryAttention" && n->domain.value == kMsDomain;
 }
@@ -249,30 +244,23 @@ int64_t pack_matmuls(Model& model, PassContext& ctx) {
   model.for_each_graph([&](Graph& g) {
     Packer p(g, ctx);
     if (mode >= 0 && can_split) total += p.pack_all(mode);
-    if (ctx.target == "ort") total += p.unsplit_gqa();
+    if (ctx.target == Target::kOrt) total += p.unsplit_gqa();
   });
   return total;
 }
 
-const PassRegistrar kRegister{{
-    "pack_matmuls",
-    "pack MatMuls sharing an input with constant 2-D weights (and 1-D bias Adds) into one "
-    "MatMul + Split (option pack_matmuls: 0 = only for GroupQueryAttention's packed QKV, "
-    "1 = always, -1 = never); Split -> GQA q/k/v becomes GQA's packed-QKV input",
-    {"fusion", "llm"},
-    1,
-    INT64_MAX,
-    true,
-    pack_matmuls,
-    {},
-    {},
-    {},
-    {{"pack_matmuls",
-      "int",
-      "pack projections sharing an input into one MatMul",
-      0,
-      {{-1, "never"}, {0, "Q/K/V of a GroupQueryAttention"}, {1, "every group"}}}},
-}};
+const PassRegistrar kRegister{
+    PassDecl("pack_matmuls",
+             "pack MatMuls sharing an input with constant 2-D weights (and 1-D bias Adds) into one "
+             "MatMul + Split (option pack_matmuls: 0 = only for GroupQueryAttention's packed QKV, "
+             "1 = always, -1 = never); Split -> GQA q/k/v becomes GQA's packed-QKV input")
+        .tags({"fusion", "llm"})
+        .run(pack_matmuls)
+        .options(
+            {OptionDecl("pack_matmuls", "pack projections sharing an input into one MatMul")
+                 .default_value(0)
+                 .choices(
+                     {{-1, "never"}, {0, "Q/K/V of a GroupQueryAttention"}, {1, "every group"}})})};
 
 }  // namespace
 }  // namespace fastopt::passes

@@ -427,36 +427,31 @@ int64_t add_kv_cache(Model& m, PassContext& ctx) {
   return static_cast<int64_t>(layers.size());
 }
 
-const PassRegistrar kRegister{{
-    "add_kv_cache",
-    "turn a no-cache decoder's internal Attention ops into a cached decoder (past/present "
-    "inputs/outputs, mask over past + new); runs between fuse_attention and lower_attention",
-    {"llm", "kv_cache"},
-    1,
-    INT64_MAX,
-    false,
-    add_kv_cache,
-    {kAttentionFused},  // it edits the internal Attention ops ...
-    {},
-    {"lower_attention"},  // ... before they are lowered
-    {{"kv_cache",
-      "int",
-      "the KV cache form add_kv_cache writes; set by optimize(kv_cache=...)",
-      std::nullopt,
-      {{1, "standard"}, {2, "inplace"}},
-      std::nullopt,
-      std::nullopt,
-      true},
-     {"cross_attention_cache",
-      "int",
-      "an encoder-decoder's decoder: 1 caches the cross-attention's keys and values (computed "
-      "at the first step, passed through after), 0 recomputes them from encoder_hidden_states at "
-      "every step (the decoder onnxruntime-genai's whisper runs when the encoder gives no cross "
-      "cache), 2 reads them from inputs the encoder computes (its projections become outputs, "
-      "which fastopt.genai_whisper moves into the encoder)",
-      1,
-      {{0, "recompute"}, {1, "cached"}, {2, "from_encoder"}}}},
-}};
+const PassRegistrar kRegister{
+    PassDecl(
+        "add_kv_cache",
+        "turn a no-cache decoder's internal Attention ops into a cached decoder (past/present "
+        "inputs/outputs, mask over past + new); runs between fuse_attention and lower_attention")
+        .tags({"llm", "kv_cache"})
+        .not_idempotent()
+        .run(add_kv_cache)
+        .requires_facts({kAttentionFused})  // it edits the internal Attention ops ...
+        .runs_before({"lower_attention"})   // ... before they are lowered
+        .options({
+            OptionDecl("kv_cache",
+                       "the KV cache form add_kv_cache writes; set by optimize(kv_cache=...)")
+                .choices({{1, "standard"}, {2, "inplace"}})
+                .internal(),
+            OptionDecl("cross_attention_cache",
+                       "an encoder-decoder's decoder: 1 caches the cross-attention's keys and "
+                       "values (computed at the first step, passed through after), 0 recomputes "
+                       "them from encoder_hidden_states at every step (the decoder "
+                       "onnxruntime-genai's whisper runs when the encoder gives no cross cache), "
+                       "2 reads them from inputs the encoder computes (its projections become "
+                       "outputs, which fastopt.genai_whisper moves into the encoder)")
+                .default_value(1)
+                .choices({{0, "recompute"}, {1, "cached"}, {2, "from_encoder"}}),
+        })};
 
 }  // namespace
 

@@ -613,17 +613,15 @@ int64_t convert_precision(Model& model, PassContext& ctx) {
   return PrecisionConverter(model, ctx).run();
 }
 
-const PassRegistrar kRegister{{
-    "convert_precision",
-    "float32 -> float16 / bfloat16 (option quant_mode fp16 | bf16, quant_keep_io_types, "
-    "quant_exclude): weights converted while streaming, compute in the new type, fp32 kept "
-    "where ORT's kernels or the exporter's Casts ask for it",
-    {"quantization"},
-    1,
-    INT64_MAX,
-    false,
-    convert_precision,
-}};
+const PassRegistrar kRegister{
+    PassDecl(
+        "convert_precision",
+        "float32 -> float16 / bfloat16 (option quant_mode fp16 | bf16, quant_keep_io_types, "
+        "quant_exclude): weights converted while streaming, compute in the new type, fp32 kept "
+        "where ORT's kernels or the exporter's Casts ask for it")
+        .tags({"quantization"})
+        .not_idempotent()
+        .run(convert_precision)};
 
 }  // namespace
 }  // namespace fastopt::passes

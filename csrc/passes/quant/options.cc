@@ -7,11 +7,6 @@
 namespace fastopt::quant {
 namespace {
 
-int64_t option(const passes::PassContext& ctx, const std::string& key, int64_t fallback) {
-  auto it = ctx.options.find(key);
-  return it == ctx.options.end() ? fallback : it->second;
-}
-
 std::string text(const passes::PassContext& ctx, const std::string& key,
                  const std::string& fallback) {
   auto it = ctx.text_options.find(key);

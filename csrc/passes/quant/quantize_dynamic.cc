@@ -181,7 +181,7 @@ class DynamicQuantizer {
       if (!glob.empty()) return keep(w, n, "excluded by '" + glob + "'", t.get());
     }
     Candidate c{&g, n, nullptr, w, t, 0, ""};
-    if (!conv && !gemm && ctx_.target != "onnx") c.add = bias_add(n, t->dims[1]);
+    if (!conv && !gemm && ctx_.target != Target::kOnnx) c.add = bias_add(n, t->dims[1]);
     auto it = job_of_.find({t.get(), trans_b});
     if (it == job_of_.end()) {
       quant::Int8Job job;
@@ -276,7 +276,7 @@ class DynamicQuantizer {
     const bool gemm = n->op_type == "Gemm";
     Value* bias = c.add ? c.add->inputs()[1 - n->outputs()[0]->uses()[0].input_index] : nullptr;
     if (gemm && n->inputs().size() > 2) bias = n->inputs()[2];
-    if (!conv && ctx_.target != "onnx") {
+    if (!conv && ctx_.target != Target::kOnnx) {
       std::vector<Value*> in;
       const bool shared = readers_[{&g, n->inputs()[0]}] > 1;
       if (shared) {
@@ -383,18 +383,17 @@ int64_t quantize_dynamic(Model& model, PassContext& ctx) {
   return DynamicQuantizer(model, ctx).run();
 }
 
-const PassRegistrar kRegister{{
-    "quantize_dynamic",
-    "dynamic int8 (options quant_per_channel, quant_symmetric, quant_exclude, ...): MatMul with "
-    "a constant 2-D float32 weight -> com.microsoft DynamicQuantizeMatMul (target ort) or "
-    "DynamicQuantizeLinear + MatMulInteger (target onnx); Conv -> ConvInteger; weight bytes as "
-    "onnxruntime's quantize_dynamic (QInt8)",
-    {"quantization"},
-    1,
-    INT64_MAX,
-    false,
-    quantize_dynamic,
-}};
+const PassRegistrar kRegister{
+    PassDecl(
+        "quantize_dynamic",
+        "dynamic int8 (options quant_per_channel, quant_symmetric, quant_exclude, ...): MatMul "
+        "with "
+        "a constant 2-D float32 weight -> com.microsoft DynamicQuantizeMatMul (target ort) or "
+        "DynamicQuantizeLinear + MatMulInteger (target onnx); Conv -> ConvInteger; weight bytes as "
+        "onnxruntime's quantize_dynamic (QInt8)")
+        .tags({"quantization"})
+        .not_idempotent()
+        .run(quantize_dynamic)};
 
 }  // namespace
 }  // namespace fastopt::passes

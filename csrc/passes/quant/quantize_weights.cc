@@ -198,7 +198,7 @@ class Quantizer {
           "per_channel applies to int8-dynamic, not to weight-only int4/int8 "
           "(which is blockwise; choose the block size)");
     }
-    qdq_ = ctx_.target == "onnx";
+    qdq_ = ctx_.target == Target::kOnnx;
     if (qdq_ && default_opset(model_) < 21) {
       throw ModelError("target onnx: blocked DequantizeLinear needs opset >= 21, the model has " +
                        std::to_string(default_opset(model_)) + " (convert_version first)");
@@ -586,18 +586,15 @@ int64_t quantize_weights(Model& model, PassContext& ctx) {
   return Quantizer(model, ctx).run();
 }
 
-const PassRegistrar kRegister{{
-    "quantize_weights",
-    "weight-only int4/int8 (options quant_bits, quant_block_size, quant_symmetric, ...): "
-    "MatMul with a constant 2-D float weight -> com.microsoft MatMulNBits (target ort) or "
-    "blocked DequantizeLinear + MatMul (target onnx, opset 21); bytes as onnxruntime's "
-    "MatMulNBitsQuantizer (RTN)",
-    {"quantization"},
-    1,
-    INT64_MAX,
-    false,
-    quantize_weights,
-}};
+const PassRegistrar kRegister{
+    PassDecl("quantize_weights",
+             "weight-only int4/int8 (options quant_bits, quant_block_size, quant_symmetric, ...): "
+             "MatMul with a constant 2-D float weight -> com.microsoft MatMulNBits (target ort) or "
+             "blocked DequantizeLinear + MatMul (target onnx, opset 21); bytes as onnxruntime's "
+             "MatMulNBitsQuantizer (RTN)")
+        .tags({"quantization"})
+        .not_idempotent()
+        .run(quantize_weights)};
 
 }  // namespace
 }  // namespace fastopt::passes

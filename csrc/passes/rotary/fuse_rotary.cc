@@ -265,7 +265,7 @@ struct Emitter {
   PassContext* ctx;
   std::shared_ptr<CacheMemo> memo;
 
-  bool onnx() const { return ctx->target == "onnx"; }
+  bool onnx() const { return ctx->target == Target::kOnnx; }
 
   std::optional<std::string> target_problem(const Graph& g) const {
     if (onnx() && default_opset(*g.model()) < 23) {

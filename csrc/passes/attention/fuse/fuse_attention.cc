@@ -754,18 +754,14 @@ int64_t fuse_attention(Model& model, PassContext& ctx) {
   return stats.rewrites;
 }
 
-const PassRegistrar kRegister{{
-    "fuse_attention",
-    "recognise scaled dot-product attention (scale placements, repeat_kv, masks, fp32 softmax "
-    "casts) as the internal Attention op; run lower_attention after it",
-    {"fusion", "llm"},
-    1,
-    INT64_MAX,
-    true,
-    fuse_attention,
-    {},
-    {kAttentionFused},
-}};
+const PassRegistrar kRegister{
+    PassDecl(
+        "fuse_attention",
+        "recognise scaled dot-product attention (scale placements, repeat_kv, masks, fp32 softmax "
+        "casts) as the internal Attention op; run lower_attention after it")
+        .tags({"fusion", "llm"})
+        .run(fuse_attention)
+        .ensures_facts({kAttentionFused})};
 
 }  // namespace
 }  // namespace fastopt::passes

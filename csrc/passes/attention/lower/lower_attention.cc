@@ -19,7 +19,7 @@ std::vector<Rule> rules(PassContext& ctx) {
   PassContext* c = &ctx;
   RewriteFn rewrite = [c](const Match& m, Rewriter& rw) -> Replacement {
     Node* node = m.root();
-    const bool ort = c->target == "ort";
+    const bool ort = c->target == Target::kOrt;
     // Option attention_lowering=0: standard ops whatever the target (tests, debugging).
     auto forced = c->options.find("attention_lowering");
     Replacement lowered = forced != c->options.end() && forced->second == 0
@@ -50,23 +50,20 @@ PassInfo lower_attention_pass() {
   info.requires_facts = {kAttentionFused};
   info.ensures_facts = {kNoInternalOps};
   info.options = {
-      {"attention_lowering",
-       "int",
-       "lower fused attention to the target's attention ops, or keep standard ops",
-       1,
-       {{0, "keep standard ops"}, {1, "lower"}}},
-      {"cuda",
-       "int",
-       "emit attention ops the CUDA provider runs (no fp32 GroupQueryAttention, no bias on GQA)",
-       0,
-       {{0, "any provider"}, {1, "CUDA"}}},
-      {"packed_attention",
-       "int",
-       "target ort: self-attention whose Q/K/V project one input becomes com.microsoft Attention "
-       "with packed weights (default 1, 0 with cuda=1)",
-       std::nullopt,
-       {{0, "off"}, {1, "non-causal only"}, {2, "also causal"}}},
-      {"kv_cache"},  // declared by add_kv_cache
+      OptionDecl("attention_lowering",
+                 "lower fused attention to the target's attention ops, or keep standard ops")
+          .default_value(1)
+          .choices({{0, "keep standard ops"}, {1, "lower"}}),
+      OptionDecl(
+          "cuda",
+          "emit attention ops the CUDA provider runs (no fp32 GroupQueryAttention, no bias on GQA)")
+          .default_value(0)
+          .choices({{0, "any provider"}, {1, "CUDA"}}),
+      OptionDecl("packed_attention",
+                 "target ort: self-attention whose Q/K/V project one input becomes com.microsoft "
+                 "Attention with packed weights (default 1, 0 with cuda=1)")
+          .choices({{0, "off"}, {1, "non-causal only"}, {2, "also causal"}}),
+      OptionDecl("kv_cache"),  // declared by add_kv_cache
   };
   // The internal domain's import goes with its last node. Each lowering replaces one node by
   // ops computing the same: the shape facts hold across them (no sweep per lowered layer).
