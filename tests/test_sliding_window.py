@@ -75,7 +75,7 @@ def test_a_proven_window_is_kept() -> None:
     ("mask", "message"),
     [
         ("input", "reads the graph input 'mask'"),
-        ("positions", "reads the graph input 'position_ids'"),
+        ("positions", "depends on the values of input 'position_ids'"),
         ("padding-only", "query 0 sees key 1"),
         ("strict", "query 0 does not see key 0"),
         ("random", "unlike a causal mask"),

@@ -9,13 +9,16 @@
 //   - attention_mask (values and shape),
 //   - input_ids and, for a model with a cache, the past_* inputs, for their shapes only (every
 //     path from them to the mask passes a Shape or Size; the values never matter),
+//   - position_ids for its shape only, when each of its dims is fixed or input_ids' batch or
+//     sequence symbol (dynamo exports may read S as Shape(position_ids)[1]: a shape read, not
+//     the positions; its values stay refused),
 //   - constants,
 // through ai.onnx ops the native constant evaluator computes bit-exactly (fold_constants.h:
 // index, compare and logic ops, Range, Where, Expand, GatherND, ...). A Shape of an activation
 // (TorchScript exports take S from the embeddings' shape) is answered from its type when every
 // dim is fixed or a symbol of the inputs' dims (batch, sequence, total or past length), as the
-// rest of the pipeline trusts shape inference. Anything else (position_ids, float arithmetic
-// on activations, an op the evaluator lacks) is refused: the mask then is not known.
+// rest of the pipeline trusts shape inference. Anything else (position_ids' values, float
+// arithmetic on activations, an op the evaluator lacks) is refused: the mask then is not known.
 //
 // Probes (P = past length, S = new tokens, T = P + S; P = 0 without a cache), each a batch of
 // attention_mask rows:
@@ -68,7 +71,7 @@ enum Slot : size_t { kBatch = 0, kSeq = 1, kTotal = 2, kPast = 3 };
 class MaskProof {
  public:
   MaskProof(const Model& m, const Graph& g, const Node* att, bool with_past)
-      : att_(att), with_past_(with_past), walker_(m, g, inputs(with_past)) {}
+      : att_(att), with_past_(with_past), walker_(m, g, inputs(g, with_past)) {}
 
   std::optional<MaskKind> run(std::string* why) {
     const std::vector<Value*>& in = att_->inputs();
@@ -127,11 +130,50 @@ class MaskProof {
   }
 
  private:
-  // attention_mask's values; the shapes of input_ids and, with a cache, of the past_* inputs.
-  static std::vector<MaskInput> inputs(bool with_past) {
+  // attention_mask's values; the shapes of input_ids, of position_ids where it is tied to
+  // input_ids' (positions_shape) and, with a cache, of the past_* inputs.
+  static std::vector<MaskInput> inputs(const Graph& g, bool with_past) {
     std::vector<MaskInput> in = {{"attention_mask", false, true, {{0, kBatch}, {1, kTotal}}},
                                  {"input_ids", false, false, {{0, kBatch}, {1, kSeq}}}};
+    if (std::optional<MaskInput> pos = positions_shape(g)) in.push_back(std::move(*pos));
     if (with_past) in.push_back({"past_", true, false, {{0, kBatch}, {2, kPast}}});
+    return in;
+  }
+
+  // position_ids as a shape-only input: each of its dims fixed or one of input_ids' symbols
+  // (batch: axis 0, new tokens: axis 1), which then has that probe length; nullopt otherwise
+  // (a dim of its own would have no probe length: the walker refuses the read).
+  static std::optional<MaskInput> positions_shape(const Graph& g) {
+    const Value* ids = nullptr;
+    const Value* pos = nullptr;
+    for (const Value* v : g.inputs()) {
+      if (v && v->name() == "input_ids") ids = v;
+      if (v && v->name() == "position_ids") pos = v;
+    }
+    auto symbol = [](const Value* v, size_t axis) -> const std::string* {
+      if (!v || !v->type.known || !v->type.has_shape || axis >= v->type.dims.size()) {
+        return nullptr;
+      }
+      const Dim& d = v->type.dims[axis];
+      return d.param && !d.param->empty() ? &*d.param : nullptr;
+    };
+    if (!pos || !pos->type.known || !pos->type.has_shape || !symbol(ids, 0) || !symbol(ids, 1) ||
+        *symbol(ids, 0) == *symbol(ids, 1)) {
+      return std::nullopt;
+    }
+    MaskInput in{"position_ids", false, false, {}};
+    for (size_t axis = 0; axis < pos->type.dims.size(); ++axis) {
+      if (pos->type.dims[axis].value) continue;  // fixed: read from the type
+      const std::string* s = symbol(pos, axis);
+      if (!s) return std::nullopt;
+      if (*s == *symbol(ids, 0)) {
+        in.lengths.emplace_back(axis, kBatch);
+      } else if (*s == *symbol(ids, 1)) {
+        in.lengths.emplace_back(axis, kSeq);
+      } else {
+        return std::nullopt;
+      }
+    }
     return in;
   }
 

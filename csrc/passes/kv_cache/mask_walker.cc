@@ -126,7 +126,13 @@ bool MaskWalker::visit(Value* v) {
     return reject("the mask is computed by " + p->op_type + " '" + p->name.value +
                   "', which the check cannot evaluate exactly");
   }
+  const bool shape_read = p->op_type == "Shape" || p->op_type == "Size";
   for (Value* x : p->inputs()) {
+    if (shape_read && x && x->is_graph_input() && !input_of(x)) {
+      return reject("the mask reads the shape of graph input '" + x->name() +
+                    "', whose dims are not tied to the lengths the check probes (input_ids' "
+                    "batch and sequence symbols)");
+    }
     if (!visit(x)) return false;
   }
   nodes_.push_back(p);
