@@ -162,8 +162,17 @@ void use_biases(Graph& g, KvCacheBuilder& b, const std::vector<ScoreBias>& biase
 // ops (all of which the rewrite caches): every other op between the per-token inputs and the
 // outputs is position-wise (kv_cache_positionwise.cc); refuses naming the op, node and layer.
 // `offset_ranges`: the Range(0, S) nodes whose positions the rewrite offsets by the past.
+// `cached_export`: a model exported with a cache, whose attentions read Concat(past, new rows)
+// (cached_kv): row P + s of the Concat is new position s, a Range over the new tokens numbers
+// them as the export does, attention_mask (past + new) is no per-token input.
 void prove_positionwise(Model& m, const std::vector<Node*>& attentions,
-                        const std::vector<Node*>& offset_ranges, const Value* input_ids);
+                        const std::vector<Node*>& offset_ranges, const Value* input_ids,
+                        bool cached_export = false);
+
+// A decoder exported with a cache (past_* inputs, attentions in the cached form): marks every
+// attention masked_rows_unread when its rows whose every key is masked reach only the outputs
+// at padded positions (kv_cache_mask.cc); returns how many it marked, 0 with `why` when none.
+int64_t mark_unread_masked_rows(Model& m, std::string* why);
 
 // Adopts a model exported WITH a cache (kv_cache_adopt.cc); returns the layers adopted.
 int64_t adopt_cache(Graph& g, const std::vector<Node*>& attentions, Value* input_ids,

@@ -1,11 +1,16 @@
-// The mask every cached attention shares (see kv_cache.h and add_kv_cache.cc's header).
+// The mask every cached attention shares (see kv_cache.h and add_kv_cache.cc's header), and
+// where a model exported with a cache need not reproduce its all-masked rows.
 #include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "ir/error.h"
+#include "passes/attention/masked_rows.h"
+#include "passes/attention/shapes.h"
 #include "passes/kv_cache/kv_cache.h"
+#include "passes/kv_cache/kv_cache_cross.h"
 #include "passes/kv_cache/mask_proof.h"
 
 namespace fastopt::passes::kv_cache {
@@ -128,6 +133,68 @@ void use_masks(KvCacheBuilder& b, SharedMask& m, const std::vector<Node*>& atten
     att->attributes.push_back(attr_int("sliding_window", windows[i]));
     ctx.counters["sliding-window layers"] += 1;
   }
+}
+
+// Why the emulation of all-masked rows (masked_rows.h) may go in a model exported with a cache:
+//   1. every attention's mask is proven causal with padding (with or without a window) over
+//      past + new (mask_proof.h): a query that attention_mask keeps sees at least its own key,
+//      so the rows whose every key is masked are pad queries (attention_mask 0 at their
+//      position), and no kept query sees a pad key;
+//   2. every op outside the attentions is position-wise (prove_positionwise, cached_export):
+//      a pad query's row reaches only its own position, the logits there and the keys and
+//      values of later layers there (presents included), which kept queries mask by 1.
+// Each lowering's row there is finite over a boolean mask (0, or an average of V over a finite
+// bias), which the argument needs: a masked key still enters the products with weight 0.
+// So what those rows hold reaches the outputs only at padded positions: the logits there and
+// the presents' rows there, which a caller keeps masked at every later step (transformers'
+// generate and onnxruntime-genai do; both leave those positions' values unspecified). Batch
+// rows are taken to be independent, as in every decoder.
+int64_t mark_unread_masked_rows(Model& m, std::string* why) {
+  Graph& g = *m.graph;
+  bool has_past = false;
+  for (const Value* v : g.inputs()) has_past = has_past || (v && v->name().rfind("past_", 0) == 0);
+  const Value* ids = graph_input(g, "input_ids");
+  if (!has_past || !ids || !graph_input(g, "attention_mask") ||
+      graph_input(g, kEncoderHiddenStates)) {
+    return 0;  // not a decoder exported with a cache: the rows are outputs as exported
+  }
+  g.topological_sort();
+  std::vector<Node*> attentions;
+  bool emulated = false;
+  for (Node* n = g.first(); n; n = n->next()) {
+    if (!is_internal_attention(n)) continue;
+    attentions.push_back(n);
+    emulated = emulated || masked_rows(n) != MaskedRows::kUnread;
+  }
+  if (attentions.empty() || !emulated) return 0;
+  for (const Node* att : attentions) {
+    const Value* mask = att->inputs().size() > 3 ? att->inputs()[3] : nullptr;
+    if (!mask || dtype_of(mask) != kBool) {
+      *why = "attention '" + att->name.value +
+             "' has no boolean mask: over an additive one a lowering's pad row may be NaN, and a "
+             "masked key's NaN still enters the kept rows' products (0 x NaN)";
+      return 0;
+    }
+    if (!cached_kv(att)) {
+      *why = "attention '" + att->name.value +
+             "' does not read Concat(past input, new rows) feeding a present (a sliding-window "
+             "cache keeps its last rows), so its rows are not proven to be the positions'";
+      return 0;
+    }
+  }
+  try {
+    proven_windows(g, attentions, true);
+    prove_positionwise(m, attentions, {}, ids, true);
+  } catch (const ModelError& e) {
+    const std::string prefix = "add_kv_cache: cannot add a KV cache: ";
+    *why = e.what();
+    if (why->rfind(prefix, 0) == 0) why->erase(0, prefix.size());
+    return 0;
+  }
+  for (Node* att : attentions) {
+    att->attributes.push_back(attr_int("masked_rows_unread", 1));
+  }
+  return static_cast<int64_t>(attentions.size());
 }
 
 }  // namespace fastopt::passes::kv_cache

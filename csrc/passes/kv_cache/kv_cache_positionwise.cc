@@ -139,10 +139,10 @@ std::string layer_of(const Node* n, const std::vector<Node*>& attentions) {
 }
 
 // The per-token graph inputs: input_ids on axis 1, others where their dims have S (or, for the
-// mask and positions, their last axis); an encoder's states and a cache's pasts are no tokens
-// of the decoder.
+// mask and positions, their last axis, unless `cached_export`: there attention_mask spans the
+// past too); an encoder's states and a cache's pasts are no tokens of the decoder.
 SeqState input_state(analysis::ShapeFacts& facts, const Value* v, const Value* input_ids,
-                     const analysis::DimExpr& seq) {
+                     const analysis::DimExpr& seq, bool cached_export) {
   if (v == input_ids) return SeqState::seq(1);
   const std::string& name = v->name();
   if (name.rfind("past_", 0) == 0 || name.rfind("encoder_", 0) == 0) return SeqState();
@@ -154,7 +154,7 @@ SeqState input_state(analysis::ShapeFacts& facts, const Value* v, const Value* i
     if (axis >= 0) refuse("input '" + name + "' has the sequence length on two axes");
     axis = i;
   }
-  if (axis < 0 && r >= 1 &&
+  if (axis < 0 && r >= 1 && !cached_export &&
       (name == "attention_mask" || name == "position_ids" || name == "token_type_ids")) {
     axis = r - 1;
   }
@@ -164,7 +164,8 @@ SeqState input_state(analysis::ShapeFacts& facts, const Value* v, const Value* i
 }  // namespace
 
 void prove_positionwise(Model& m, const std::vector<Node*>& attentions,
-                        const std::vector<Node*>& offset_ranges, const Value* input_ids) {
+                        const std::vector<Node*>& offset_ranges, const Value* input_ids,
+                        bool cached_export) {
   const Graph& g = *m.graph;
   analysis::ShapeFacts& facts = analysis::facts_of(m);
   auto seq = facts.dim(input_ids, 1);
@@ -173,7 +174,13 @@ void prove_positionwise(Model& m, const std::vector<Node*>& attentions,
   const std::unordered_set<const Value*> live = read_values(g, nodes);
   std::unordered_map<const Value*, SeqState> state;
   for (const Value* v : g.inputs()) {
-    if (v && live.count(v)) state[v] = input_state(facts, v, input_ids, *seq);
+    if (v && live.count(v)) state[v] = input_state(facts, v, input_ids, *seq, cached_export);
+  }
+  // A cache's Concat(past, new rows) on axis 2: row P + s is new position s (the past is free).
+  std::unordered_set<const Node*> cache_concats;
+  for (const Node* att : cached_export ? attentions : std::vector<Node*>{}) {
+    if (auto c = cached_kv(att))
+      cache_concats.insert({c->present_k->producer(), c->present_v->producer()});
   }
   const SeqState free_state;
   auto state_of = [&](const Value* v) -> const SeqState& {
@@ -229,10 +236,23 @@ void prove_positionwise(Model& m, const std::vector<Node*>& attentions,
       mark_refused();
       continue;
     }
+    if (cache_concats.count(n)) {
+      const SeqState& fresh = ctx.in[1];
+      if (ctx.in[0].kind != SeqState::kFree || fresh.kind != SeqState::kSeq || fresh.axis != 2 ||
+          fresh.flattened()) {
+        refusals.push_back({n, "its new rows are not (B, Hkv, S, D) over the positions", 0});
+        mark_refused();
+      } else {
+        state[n->outputs()[0]] = fresh;
+      }
+      continue;
+    }
     if (n->domain.value.empty() && n->op_type == "Range") {
       auto d = facts.dim(n->outputs()[0], 0);
       if (d && facts.equal(*d, *seq)) {
-        if (offset.count(n)) {
+        // An export with a cache numbers its own positions (adopted as exported): a Range over
+        // the new tokens gives each position its own value.
+        if (offset.count(n) || cached_export) {
           state[n->outputs()[0]] = SeqState::seq(0);
         } else {  // refused below unless a rule proves it a relative index
           unoffset_ranges.push_back(n);

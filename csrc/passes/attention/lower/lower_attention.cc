@@ -4,6 +4,7 @@
 // not apply is kept as an explanation (`--explain lower_attention`) and a counter.
 #include "analysis/shape_facts.h"
 #include "passes/attention/internal_op.h"
+#include "passes/kv_cache/kv_cache.h"
 #include "passes/fusion_util.h"
 
 namespace fastopt::passes {
@@ -63,11 +64,29 @@ PassInfo lower_attention_pass() {
                  "target ort: self-attention whose Q/K/V project one input becomes com.microsoft "
                  "Attention with packed weights (default 1, 0 with cuda=1)")
           .choices({{0, "off"}, {1, "non-causal only"}, {2, "also causal"}}),
+      OptionDecl("pad_rows",
+                 "a model exported with a cache: outputs at padded positions (attention_mask 0) are "
+                 "unspecified where the rows of pad queries are proven to reach nothing else, so they "
+                 "need not be computed as exported (1, the default), or are the export's (0)")
+          .default_value(1)
+          .choices({{0, "as exported"}, {1, "unspecified where unread"}}),
       OptionDecl("kv_cache"),  // declared by add_kv_cache
   };
   // The internal domain's import goes with its last node. Each lowering replaces one node by
   // ops computing the same: the shape facts hold across them (no sweep per lowered layer).
   info.run = [run = info.run](Model& m, PassContext& ctx) {
+    // A model exported with a cache: pad queries' all-masked rows, where proven to reach only
+    // padded positions' outputs, need not be reproduced (kv_cache_mask.cc).
+    // Option pad_rows=0 keeps the export's rows at every position, pads included.
+    std::string why;
+    const auto pad_rows = ctx.options.find("pad_rows");
+    if (pad_rows != ctx.options.end() && pad_rows->second == 0) {
+      why = "pad_rows=0";
+    } else if (const int64_t n = kv_cache::mark_unread_masked_rows(m, &why)) {
+      ctx.counters["pad rows left unspecified (proven unread)"] += n;
+    } else if (!why.empty() && ctx.explains("lower_attention")) {
+      ctx.explain("lower_attention", "rows whose every key is masked kept as exported: " + why);
+    }
     analysis::KeepAcrossEdits keep(analysis::facts_of(m));
     const int64_t n = run(m, ctx);
     drop_unused_domain(m, kInternalDomain);
