@@ -19,7 +19,7 @@ import kv_generation as kg
 import numpy as np
 import onnx
 import pytest
-from llm_fixtures import fixtures
+from llm_fixtures import Fixture, fixtures
 
 try:
     import onnxruntime_genai as og
@@ -55,7 +55,7 @@ def _prompts(vocab: int, lengths: tuple[int, ...] = (9, 5)) -> list[list[int]]:
 
 @pytest.mark.parametrize("mode", ["standard", "inplace"])
 @pytest.mark.parametrize("fx", FORM_FX, ids=[f.name for f in FORM_FX])
-def test_mask_from_position_ids_shape_converts(fx, mode: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_mask_from_position_ids_shape_converts(fx: Fixture, mode: str, tmp_path: Path) -> None:
     src = tmp_path / "src" / "model.onnx"
     assert positions_shape_form(fx.path, src) >= 2
     out = tmp_path / "out" / "model.onnx"
