@@ -4,8 +4,8 @@
 // not apply is kept as an explanation (`--explain lower_attention`) and a counter.
 #include "analysis/shape_facts.h"
 #include "passes/attention/internal_op.h"
-#include "passes/kv_cache/kv_cache.h"
 #include "passes/fusion_util.h"
+#include "passes/kv_cache/kv_cache.h"
 
 namespace fastopt::passes {
 namespace {
@@ -64,10 +64,11 @@ PassInfo lower_attention_pass() {
                  "target ort: self-attention whose Q/K/V project one input becomes com.microsoft "
                  "Attention with packed weights (default 1, 0 with cuda=1)")
           .choices({{0, "off"}, {1, "non-causal only"}, {2, "also causal"}}),
-      OptionDecl("pad_rows",
-                 "a model exported with a cache: outputs at padded positions (attention_mask 0) are "
-                 "unspecified where the rows of pad queries are proven to reach nothing else, so they "
-                 "need not be computed as exported (1, the default), or are the export's (0)")
+      OptionDecl(
+          "pad_rows",
+          "a model exported with a cache: outputs at padded positions (attention_mask 0) are "
+          "unspecified where the rows of pad queries are proven to reach nothing else, so they "
+          "need not be computed as exported (1, the default), or are the export's (0)")
           .default_value(1)
           .choices({{0, "as exported"}, {1, "unspecified where unread"}}),
       OptionDecl("kv_cache"),  // declared by add_kv_cache
