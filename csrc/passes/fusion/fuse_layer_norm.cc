@@ -7,7 +7,7 @@
 //   ReduceMean(-1)                                           \     |    /
 //   Add(eps)                                        ==>    LayerNormalization
 //   Sqrt -> [Cast]? = s                                   axis -1, epsilon = eps,
-//   Div(d, s) | Mul(d, Reciprocal(s))                      stash_type 1
+//   Div(d, s) | Mul(d, Reciprocal(s) | Div(1, s))          stash_type 1
 //   Mul(gamma)                                                   │
 //   [Add(beta)]?                                                 y
 //        y
@@ -15,7 +15,10 @@
 // torch.onnx exports nn.LayerNorm as LayerNormalization from opset 17 on (both exporters), so
 // this fires on older exports (opset < 17 converted up), on TF/Keras graphs and on hand-written
 // norms (`(x - mean) / sqrt(var + eps) * w + b`), the subgraph ORT's fusion_layernorm.py and
-// onnxscript's layer-norm rule match. fp16 exports may cast the centered value up before Pow and
+// onnxscript's layer-norm rule match. cohere's CohereLayerNorm is one: no bias, mean and variance
+// in fp32, `(x - mean) * rsqrt(var + eps)`, which TorchScript writes as Div(1, Sqrt); without
+// that form here, fuse_rms_norm took the variance half (an RMSNorm of x - mean) and left the
+// mean's ReduceMean. fp16 exports may cast the centered value up before Pow and
 // the root back after Sqrt. gamma and beta must be 1-D constants of the normalized size; without
 // an Add(beta) the fused op has no bias input.
 #include "ir/constant.h"
@@ -43,8 +46,9 @@ Core core(Pattern& p) {
   P s = p.optional(p.op("Cast", {p.op("Sqrt", {p.op("Add", {c.var, c.eps}).commutative()})}));
   // The same Sub, or a duplicate of it (old PyTorch exports).
   P d2 = p.alt("centered", {d, p.op("Sub", {c.x, c.mean})});
-  c.norm = p.alt("normalized",
-                 {p.op("Div", {d2, s}), p.op("Mul", {d2, p.op("Reciprocal", {s})}).commutative()});
+  // 1 / s: Reciprocal (dynamo's rsqrt) or Div(1, s) (TorchScript's rsqrt, cohere's LayerNorm).
+  P inv = p.alt("inverse", {p.op("Reciprocal", {s}), p.op("Div", {p.scalar("one", 1.0), s})});
+  c.norm = p.alt("normalized", {p.op("Div", {d2, s}), p.op("Mul", {d2, inv}).commutative()});
   return c;
 }
 

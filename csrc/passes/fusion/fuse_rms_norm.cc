@@ -43,6 +43,22 @@ struct Core {
   P x, mean, eps, n;
 };
 
+// True when `x` is Sub(a, ReduceMean(a)) over the last axis: x is centered, and an RMSNorm of it
+// is the variance half of a LayerNorm, which fuse_layer_norm fuses whole (taking the half here
+// would leave the mean's ReduceMean and Sub behind it).
+bool is_centered(const Value* x) {
+  const Node* sub = x->producer();
+  if (!sub || sub->op_type != "Sub" || !sub->domain.value.empty() || sub->inputs().size() != 2) {
+    return false;
+  }
+  const Node* mean = sub->inputs()[1] ? sub->inputs()[1]->producer() : nullptr;
+  if (!mean || mean->op_type != "ReduceMean" || !mean->domain.value.empty() ||
+      mean->inputs().empty() || mean->inputs()[0] != sub->inputs()[0]) {
+    return false;
+  }
+  return !norm::check_last_axis_mean(mean, value_rank(sub->inputs()[0]));
+}
+
 // The shared part: x -> ... -> Mul(x, 1 / sqrt(mean(x^2) + eps)), or with `div`,
 // Div(x, sqrt(mean(x^2) + eps)) (hand-written norms).
 Core core(Pattern& p, bool div) {
@@ -108,6 +124,9 @@ Replacement fuse(const Core& c, const Tail& t, const Match& m, Rewriter& rw, Pas
   const int32_t xdt = value_dtype(x);
   if (!norm::is_float_type(xdt)) return rw.fail("the input's dtype is unknown or not float");
   if (auto e = norm::check_last_axis_mean(mean, value_rank(x))) return rw.fail(*e);
+  if (is_centered(x) && default_opset(*rw.graph().model()) >= 17) {
+    return rw.fail("the input is x - ReduceMean(x): a LayerNorm's variance (fuse_layer_norm)");
+  }
   auto eps = constant_scalar(m.value(c.eps));
   if (!eps) return rw.fail("epsilon is not a constant scalar");
   if (!std::isfinite(*eps) || *eps < 0 || *eps >= 1) return rw.fail("epsilon outside [0, 1)");
