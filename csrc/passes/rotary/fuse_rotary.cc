@@ -19,7 +19,9 @@
 //
 // Interleaved pairs (gptj, cohere, glm: rotate_every_two, cos/sin repeat_interleave'd) become
 // RotaryEmbedding(interleaved = 1), see rotary_interleaved.h; gptj rotates (B,S,H,D) before the
-// Transpose: the 3-D form on the projection, or Transposes around the 4-D form.
+// Transpose: the 3-D form on the projection, or Transposes around the 4-D form. DeepSeek's
+// even/odd form (the rope part of an MLA head, rotated pairs laid out in halves) becomes
+// RotaryEmbedding(interleaved = 0) of Concat(x[..., 0::2], x[..., 1::2]).
 // LongRoPE (phi3): inv_freq = Where(max(positions) + 1 > t, long, short) for every position; the
 // caches stack the short table's R rows over the long table's and the positions get + R while
 // the switch is on (exact on both sides of t; add_kv_cache refuses such a model).
@@ -549,6 +551,79 @@ std::vector<Rule> rules(PassContext& ctx) {
                                        caches->first, caches->second, 1, 0, c->seq_axis)};
   };
 
+  // --- even/odd halves (rotary_interleaved.h): Concat(x1 c - x2 s, x2 c + x1 s) ---
+  // `prefix`: Concat(pass, x1 c - x2 s, x2 c + x1 s), the MLA head's no-rope part and its rope
+  // part in one Concat (TorchScript's export after cleanup flattens the two Concats).
+  auto even_odd_rule = [&ctx, em](bool prefix) -> Rule {
+    auto ep = std::make_shared<Pattern>("fuse_rotary_even_odd");
+    P ex = ep->var("x");
+    P x1 = ep->op("Slice", {ex, ep->var("even_start"), ep->var("even_end")}).extra_inputs();
+    P x2 = ep->op("Slice", {ex, ep->var("odd_start"), ep->var("odd_end")}).extra_inputs();
+    P ec = ep->var("cos"), es = ep->var("sin");
+    P first = ep->op(
+        "Sub", {ep->op("Mul", {x1, ec}).commutative(), ep->op("Mul", {x2, es}).commutative()});
+    P second = ep->op("Add", {ep->op("Mul", {x2, ec}).commutative(),
+                              ep->op("Mul", {x1, es}).commutative()})
+                   .commutative();
+    P pass = ep->var("pass");
+    P halves = prefix ? ep->op("Concat", {pass, first, second}) : ep->op("Concat", {first, second});
+    ep->root(halves);
+
+    RewriteFn fn = [=, &ctx](const Match& m, Rewriter& rw) -> Replacement {
+      Value* vx = m.value(ex);
+      if (m.node(halves)->graph() != &rw.graph()) return rw.fail("the match spans graphs");
+      if (auto problem = em.target_problem(rw.graph())) return rw.fail(*problem);
+      if (!is_rank4(vx)) return rw.fail("x is not known to be rank 4");
+      const int32_t t = value_dtype(vx) ? value_dtype(vx) : value_dtype(m.value(halves));
+      if (t != kFloat && t != kFloat16) {
+        return rw.fail("dtype " + dtype_name(t) + " (RotaryEmbedding: float, float16)");
+      }
+      auto d = head_dim(vx);
+      if (!d || *d <= 0 || *d % 2 != 0) return rw.fail("the rotary width D is unknown or odd");
+      auto axis = int_attr(m.node(halves), "axis");
+      if (axis != -1 && axis != 3) return rw.fail("the halves' Concat is not on the last axis");
+      std::string why = rotary::check_even_odd(m.node(x1), m.node(x2), vx, *d);
+      if (!why.empty()) return rw.fail(why);
+      auto c = rotary::trace_interleaved(m.value(ec), "Cos", &why, false);
+      if (!c) return rw.fail(why);
+      auto s = rotary::trace_interleaved(m.value(es), "Sin", &why, false);
+      if (!s) return rw.fail(why);
+      const rotary::CosSinSource &cs = c->source, &ss = s->source;
+      if (cs.kind != ss.kind || cs.positions != ss.positions || c->seq_axis != s->seq_axis) {
+        return rw.fail("cos and sin come from different sources");
+      }
+      if (cs.kind == rotary::CosSinSource::Kind::kFrequencies &&
+          (cs.inv_freq != ss.inv_freq || cs.scaling != ss.scaling || cs.via_half != ss.via_half ||
+           cs.switch_cond != ss.switch_cond || cs.switched_inv_freq != ss.switched_inv_freq)) {
+        return rw.fail("cos and sin use different frequencies or scaling");
+      }
+      if (cs.dtype != t || ss.dtype != t) return rw.fail("cos/sin dtype differs from x's");
+      if (2 * cs.half != *d || 2 * ss.half != *d) {
+        return rw.fail("the cos/sin width is not D / 2 = " + std::to_string(*d / 2));
+      }
+      if (value_rank(cs.positions) != (cs.positions_1d ? 1 : 2) ||
+          value_dtype(cs.positions) != kInt64) {
+        return rw.fail("the positions are not int64 (B, S) or (S)");
+      }
+      auto caches = em.caches(rw.graph(), cs, ss);
+      if (!caches) return rw.fail("the cos/sin table has too few columns");
+      ++ctx.counters["even_odd"];
+      // rotate_half's rotary of the halves Concat(x1, x2) is the matched value, element for
+      // element: y[i] = x1[i] c[i] - x2[i] s[i], y[D/2 + i] = x2[i] c[i] + x1[i] s[i].
+      auto last_axis = [] {
+        std::vector<Attribute> a;
+        a.push_back(attr_int("axis", -1));
+        return a;
+      };
+      Value* in = rw.op1("Concat", {m.value(x1), m.value(x2)}, last_axis());
+      Value* y = em.emit(rw, in, em.switched_positions(rw, cs, em.position_ids(rw, cs)),
+                         caches->first, caches->second, 0, 0, c->seq_axis);
+      if (prefix) y = rw.op1("Concat", {m.value(pass), y}, last_axis());
+      return std::vector<Value*>{y};
+    };
+    return {"fuse_rotary_even_odd", ep, fn};
+  };
+
   // --- partial rotary: Concat(rope(x[..., :r]), x[..., r:]) ---
   auto pp = std::make_shared<Pattern>("fuse_rotary_partial");
   P y = pp->var("rotated"), px = pp->var("x");
@@ -627,6 +702,8 @@ std::vector<Rule> rules(PassContext& ctx) {
 
   return {{"fuse_rotary", p, rewrite},
           {"fuse_rotary_interleaved", ip, interleaved},
+          even_odd_rule(false),
+          even_odd_rule(true),
           {"fuse_rotary_partial", pp, partial}};
 }
 

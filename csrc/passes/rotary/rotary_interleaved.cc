@@ -207,13 +207,26 @@ std::string check_rotate_every_two(const Value* rot, const Value* x, int64_t d) 
   return "";
 }
 
+std::string check_even_odd(const Node* even, const Node* odd, const Value* x, int64_t d) {
+  auto se = last_axis_slice(even), so = last_axis_slice(odd);
+  if (!se || !so || even->inputs()[0] != x || odd->inputs()[0] != x) {
+    return "the halves are not constant last-axis Slices of x";
+  }
+  if (se->start != 0 || so->start != 1 || se->step != 2 || so->step != 2 || se->end < d ||
+      so->end < d) {
+    return "the halves are not x[..., 0::2] and x[..., 1::2]";
+  }
+  return "";
+}
+
 std::optional<InterleavedSource> trace_interleaved(Value* v, const std::string& fn,
-                                                   std::string* why) {
+                                                   std::string* why, bool repeated_pairs) {
   InterleavedSource out;
   CosSinSource& s = out.source;
   s.dtype = value_dtype(v);
   std::vector<int32_t> casts;
-  bool repeated = false, unsqueezed = false;
+  // Half-width values (no repeated pairs) are read as if the repeat were already passed.
+  bool repeated = !repeated_pairs, unsqueezed = false;
   std::optional<int64_t> first_cols;  // a Slice [0:w] of the values (glm's [..., :r/2])
   Value* cur = v;
   for (int hops = 0; hops < 16; ++hops) {

@@ -48,9 +48,23 @@ struct InterleavedSource {
 };
 
 // Traces `v` (the 4-D cos or sin an interleaved rotation multiplies; `fn` "Cos" or "Sin") back to
-// its source; nullopt with the reason in `why` when it is not one of the forms above.
+// its source; nullopt with the reason in `why` when it is not one of the forms above. With
+// `repeated` false, `v` is the (.., D/2) half-width values themselves (no repeat_interleave: the
+// even/odd form below).
 std::optional<InterleavedSource> trace_interleaved(Value* v, const std::string& fn,
-                                                   std::string* why);
+                                                   std::string* why, bool repeated = true);
+
+// The even/odd form (DeepSeek-V2/V3's apply_rotary_pos_emb_interleave, the rope part of a
+// multi-latent attention head):
+//
+//   x1 = x[..., 0::2], x2 = x[..., 1::2]       c, s: (.., D/2) = Cos/Sin(Concat(f, f))[..., :D/2]
+//   y  = Concat(x1 * c - x2 * s, x2 * c + x1 * s, axis -1)
+//
+// The pairs (x[2i], x[2i+1]) rotate by frequency i, but y lays them out in halves (rotated evens,
+// then rotated odds): y = rotate_half's rotary of Concat(x1, x2), which fuse_rotary emits
+// (RotaryEmbedding, interleaved 0, on the halves). "" when `even` / `odd` are those Slices of x
+// (D: x's last dim), else the reason.
+std::string check_even_odd(const Node* even, const Node* odd, const Value* x, int64_t d);
 
 // Checks the matched rotate_every_two around x (D: x's last dim): "" when `rot` is
 // Reshape(Concat(Unsqueeze(Neg(x[1::2]), -1), Unsqueeze(x[0::2], -1), -1)) back to x's shape,
