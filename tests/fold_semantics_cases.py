@@ -100,6 +100,13 @@ def arithmetic_cases() -> list[Case]:
             for a in edges(dtype):
                 c.node(op, [scalar(dtype, a)])
             cases.append(c)
+    # Mod (fmod 0: the divisor's sign), which the shape analysis computes on shape values.
+    for dtype in (np.int64, np.int32):
+        c = Case(f"Mod_{dtype.__name__}")
+        for a, b in itertools.product(edges(dtype), edges(dtype)):
+            if int(b) not in (0, -1):
+                c.node("Mod", [scalar(dtype, a), scalar(dtype, b)])
+        cases.append(c)
     # Ops left to the ONNX Runtime fallback: Mod, BitShift, Pow.
     c = Case("Mod_int64_min_by_minus_1")
     c.node("Mod", [scalar(np.int64, I64_MIN), scalar(np.int64, -1)])

@@ -1,9 +1,10 @@
 // Shape rules for computing ops: elementwise (unary, broadcast binary, variadic, Where),
 // comparisons, MatMul, Gemm, normalizations, reductions, and the gathers. Integer arithmetic on
-// shape values (Add/Sub/Mul/Div, Equal, Where) carries the elements exporters compute shapes
-// with.
+// shape values (Add/Sub/Mul/Div/Mod, comparisons, logic, Where, ReduceProd) carries the
+// elements exporters compute shapes with.
 #include <algorithm>
 #include <climits>
+#include <string>
 
 #include "analysis/rule_util.h"
 #include "ir/dtype.h"
@@ -71,43 +72,114 @@ std::optional<DimExpr> div_fn(const DimExpr& a, const DimExpr& b) {
   return DimExpr::div_exact(a, b);
 }
 
-// Equal on shape values: 1 when the same expression, 0 when two numbers differ or a size is
-// compared with a negative number; unknown otherwise.
-std::optional<DimExpr> equal_fn(const DimExpr& a, const DimExpr& b) {
-  if (a == b) return DimExpr::constant(1);
-  auto ca = a.constant_value(), cb = b.constant_value();
-  if (ca && cb) return DimExpr::constant(*ca == *cb ? 1 : 0);
+// A comparison of two shape elements, 1 / 0, when decided: x - y a number, the same expression,
+// or a size (>= 0) on one side of the other (x - y >= 0: x < y is false, x >= y true). A size
+// never equals a negative number.
+std::optional<DimExpr> compare_fn(const std::string& op, const DimExpr& x, const DimExpr& y,
+                                  const SymbolTable& symbols) {
+  auto d = DimExpr::sub(x, y);
+  if (!d) return std::nullopt;
+  auto bit = [](bool b) { return DimExpr::constant(b ? 1 : 0); };
+  if (auto c = d->constant_value()) {
+    if (op == "Equal") return bit(*c == 0);
+    if (op == "Less") return bit(*c < 0);
+    if (op == "Greater") return bit(*c > 0);
+    if (op == "LessOrEqual") return bit(*c <= 0);
+    return bit(*c >= 0);  // GreaterOrEqual
+  }
+  auto neg = DimExpr::sub(y, x);
+  const bool ge = symbols.nonneg(*d), le = neg && symbols.nonneg(*neg);
+  if (op == "Less" && ge) return bit(false);
+  if (op == "GreaterOrEqual" && ge) return bit(true);
+  if (op == "Greater" && le) return bit(false);
+  if (op == "LessOrEqual" && le) return bit(true);
+  if (op == "Equal") {
+    auto cx = x.constant_value(), cy = y.constant_value();
+    if ((cy && *cy < 0 && symbols.nonneg(x)) || (cx && *cx < 0 && symbols.nonneg(y))) {
+      return bit(false);
+    }
+  }
   return std::nullopt;
 }
 
+// And / Or / Xor of two known booleans (elements 0 / 1).
+std::optional<DimExpr> logic_fn(const std::string& op, const DimExpr& x, const DimExpr& y) {
+  auto a = x.constant_value(), b = y.constant_value();
+  if (!a || !b || (*a != 0 && *a != 1) || (*b != 0 && *b != 1)) return std::nullopt;
+  const bool p = *a != 0, q = *b != 0;
+  return DimExpr::constant((op == "And" ? p && q : op == "Or" ? p || q : p != q) ? 1 : 0);
+}
+
+// Comparisons and logic on shape values: TorchScript writes a size's floor division (`h //
+// d` of Shape elements, torch.div(..., rounding_mode="floor")) as Div with a sign fix-up,
+// Where(And(Xor(Less(a, 0), Less(b, 0)), Not(Equal(Mod(a, b), 0))), Div - 1, Div), and a
+// Reshape target built from it stays known only if each step does.
 bool comparison(const Node& n, RuleContext& ctx, std::vector<Facts>& out) {
   if (ctx.num_inputs() != 2) return false;
   broadcast_out(ctx, out, kBool);
-  if (n.op_type != "Equal" || ctx.num_inputs() != 2 || !out[0].ranked || out[0].dims.size() > 1) {
-    return true;
-  }
+  if (!out[0].ranked || out[0].dims.size() > 1) return true;
   const Facts &a = ctx.in(0), &b = ctx.in(1);
   if (!a.has_value || !b.has_value) return true;
+  const bool logic = n.op_type == "And" || n.op_type == "Or" || n.op_type == "Xor";
   const size_t na = a.value.size(), nb = b.value.size();
   if (na != nb && na != 1 && nb != 1) return true;
   std::vector<DimExpr> v;
   const size_t count = na == 0 || nb == 0 ? 0 : std::max(na, nb);  // (0) with (1) is (0)
   for (size_t i = 0; i < count; ++i) {
     const DimExpr &x = a.value[na == 1 ? 0 : i], &y = b.value[nb == 1 ? 0 : i];
-    auto r = equal_fn(x, y);
-    if (!r) {
-      // A size (>= 0) never equals a negative number.
-      auto cx = x.constant_value(), cy = y.constant_value();
-      if ((cy && *cy < 0 && ctx.symbols().nonneg(x)) ||
-          (cx && *cx < 0 && ctx.symbols().nonneg(y))) {
-        r = DimExpr::constant(0);
-      }
-    }
+    auto r = logic ? logic_fn(n.op_type, x, y) : compare_fn(n.op_type, x, y, ctx.symbols());
     if (!r) return true;
     v.push_back(*r);
   }
   out[0].has_value = true;
   out[0].value = std::move(v);
+  return true;
+}
+
+bool not_rule(const Node&, RuleContext& ctx, std::vector<Facts>& out) {
+  const Facts& x = ctx.in(0);
+  out[0] = same_as(x, kBool);
+  out[0].has_value = false;
+  out[0].value.clear();
+  if (!x.has_value) return true;
+  std::vector<DimExpr> v;
+  for (const DimExpr& e : x.value) {
+    auto c = e.constant_value();
+    if (!c || (*c != 0 && *c != 1)) return true;
+    v.push_back(DimExpr::constant(*c ? 0 : 1));
+  }
+  out[0].has_value = true;
+  out[0].value = std::move(v);
+  return true;
+}
+
+// Integer Mod (fmod 0: the sign of the divisor, as Python's %): two numbers, or 0 where b
+// divides a exactly (a multiple of the divisor, whatever its symbols).
+std::optional<DimExpr> mod_fn(const DimExpr& a, const DimExpr& b) {
+  auto ca = a.constant_value(), cb = b.constant_value();
+  // ORT fails on b = 0 and may trap on INT_MIN % -1 (eval/ort_semantics.h's rule for Div).
+  if (cb && (*cb == 0 || *cb == -1)) return std::nullopt;
+  if (ca && cb) {
+    int64_t r = *ca % *cb;
+    if (r != 0 && ((r < 0) != (*cb < 0))) r += *cb;
+    return DimExpr::constant(r);
+  }
+  if (DimExpr::div_exact(a, b)) return DimExpr::constant(0);
+  return std::nullopt;
+}
+
+bool mod_rule(const Node& n, RuleContext& ctx, std::vector<Facts>& out) {
+  if (ctx.num_inputs() != 2) return false;
+  broadcast_out(ctx, out, 0);
+  const int32_t t = out[0].dtype;
+  if (attr_i(n, "fmod").value_or(0) != 0 || (t != kInt64 && t != kInt32) || !out[0].ranked ||
+      out[0].dims.size() > 1) {
+    return true;
+  }
+  if (auto v = elementwise_value(ctx.in(0), ctx.in(1), mod_fn)) {
+    out[0].has_value = true;
+    out[0].value = std::move(*v);
+  }
   return true;
 }
 
@@ -246,6 +318,19 @@ bool reduce(const Node& n, RuleContext& ctx, std::vector<Facts>& out) {
     else if (keep)
       out[0].dims.push_back(DimExpr::constant(1));
   }
+  // ReduceProd(Shape(x)) is x's element count (TorchScript's numel()); ReduceSum a sum of sizes.
+  const bool prod = n.op_type == "ReduceProd", sum = n.op_type == "ReduceSum";
+  if ((prod || sum) && x.has_value && r == 1 && reduced[0] &&
+      (x.dtype == kInt64 || x.dtype == kInt32)) {
+    std::optional<DimExpr> acc = DimExpr::constant(prod ? 1 : 0);
+    for (size_t i = 0; acc && i < x.value.size(); ++i) {
+      acc = prod ? DimExpr::mul(*acc, x.value[i]) : DimExpr::add(*acc, x.value[i]);
+    }
+    if (acc && (x.dtype == kInt64 || fits_int32(*acc))) {
+      out[0].has_value = true;
+      out[0].value = {*acc};
+    }
+  }
   return true;
 }
 
@@ -289,12 +374,14 @@ void add_math_rules(RuleTable& t) {
         "Atan",     "Sinh",     "Cosh", "Asinh",       "Acosh",     "Atanh"}) {
     t.push_back({op, unary});
   }
-  for (const char* op : {"IsNaN", "IsInf", "Not"}) t.push_back({op, unary_bool});
+  for (const char* op : {"IsNaN", "IsInf"}) t.push_back({op, unary_bool});
+  t.push_back({"Not", not_rule});
   for (const char* op :
        {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor"}) {
     t.push_back({op, comparison});
   }
-  for (const char* op : {"Max", "Min", "Sum", "Mean", "Mod", "BitwiseAnd", "BitwiseOr"}) {
+  t.push_back({"Mod", mod_rule});
+  for (const char* op : {"Max", "Min", "Sum", "Mean", "BitwiseAnd", "BitwiseOr"}) {
     t.push_back({op, variadic});
   }
   for (const char* op : {"Softmax", "LogSoftmax", "Hardmax"}) t.push_back({op, softmax_like});

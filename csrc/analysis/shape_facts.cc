@@ -81,7 +81,8 @@ Facts facts_from_tensor(const Tensor& t) {
   f.dtype = t.dtype();
   f.ranked = true;
   for (int64_t d : t.dims) f.dims.push_back(DimExpr::constant(d));
-  if (is_int_type(t.dtype()) && t.dims.size() <= 1) {
+  // Booleans too (0 / 1): the flags of a size's floor division (math_rules.cc, comparison).
+  if ((is_int_type(t.dtype()) || t.dtype() == kBool) && t.dims.size() <= 1) {
     if (auto v = tensor_ints(t, kMaxShapeValue)) {
       f.has_value = true;
       for (int64_t x : *v) f.value.push_back(DimExpr::constant(x));

@@ -24,7 +24,7 @@ bool constant(const Node& n, RuleContext&, std::vector<Facts>& out) {
     if (a.name == "value" && a.t) {
       f.dtype = a.t->dtype();
       for (int64_t d : a.t->dims) f.dims.push_back(DimExpr::constant(d));
-      if (int_type(f.dtype) && a.t->dims.size() <= 1) {
+      if ((int_type(f.dtype) || f.dtype == kBool) && a.t->dims.size() <= 1) {
         if (auto v = tensor_ints(*a.t, kMaxShapeValue)) {
           f.has_value = true;
           for (int64_t x : *v) f.value.push_back(DimExpr::constant(x));
