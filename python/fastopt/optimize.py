@@ -15,7 +15,7 @@ from fastopt.fp16_ranges import RangeCheck, check_ranges
 from fastopt.genai_config import GENAI_CONFIG, PRESENT_KEY, genai_config, genai_config_bytes
 from fastopt.options import check_options
 from fastopt.quant_checks import extra_options
-from fastopt.quant_settings import QDQ_OPSET, QuantSettings, WeightQuantization
+from fastopt.quant_settings import QDQ_OPSET, Mode, QuantSettings, WeightQuantization
 from fastopt.registry import (
     NO_INTERNAL_OPS,
     PassContext,
@@ -117,7 +117,7 @@ def optimize(
     progress: ProgressFn | None = None,
     options: Mapping[str, object] | None = None,
     kv_cache: KvCache | None = None,
-    quantize: QuantSettings | None = None,
+    quantize: QuantSettings | Mode | None = None,
     work_progress: WorkProgressFn | None = None,
     run_check: bool = True,
 ) -> OptimizeReport:
@@ -141,7 +141,9 @@ def optimize(
     with ``ctx.options["kv_cache"]`` = 1 (standard: growing cache, Concat) or 2 (inplace: one
     max-length buffer per layer bound as both past and present; target "ort" only). With
     ``output``, a ``genai_config.json`` for onnxruntime-genai is written next to it.
-    ``quantize`` (fastopt.quant_settings.QuantSettings) runs that mode's quantization pass last,
+    ``quantize`` (a mode name as ``--quantize`` takes: "int4", "int8", "int8-dynamic", "fp16",
+    "bf16", with the default settings; or a fastopt.QuantSettings) runs that mode's quantization
+    pass last,
     after the fusions, the KV-cache rewrite and pack_matmuls (packed projections are quantized
     packed); ``report.quantization`` lists every weight it looked at. ``work_progress(done,
     total, what)`` reports progress inside long passes.
@@ -152,6 +154,7 @@ def optimize(
     if target not in ("ort", "onnx"):
         raise OptionError(f"target must be 'ort' or 'onnx', not {target!r}")
     if quantize is not None:
+        quantize = QuantSettings.of(quantize)
         _check_quantize(quantize)
         if output is not None and not quantize.tmpdir:
             # Quantized bytes written next to the output become its data file: no second copy.

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fastopt import _C
+from fastopt.errors import OptionError
 
 Mode = Literal["int4", "int8", "int8-dynamic", "fp16", "bf16"]
 MODES: dict[str, str] = {
@@ -55,6 +56,22 @@ class QuantSettings:
     # fp16: keep the ops whose activations reach float16's range float32 (fastopt.fp16_ranges)
     fp16_ranges: bool = True
 
+    @classmethod
+    def of(cls, quantize: QuantSettings | str) -> QuantSettings:
+        """``quantize`` as settings: a QuantSettings as given, a mode name (what ``--quantize``
+        takes) with the default settings; OptionError for an unknown mode, TypeError for
+        anything else."""
+        if isinstance(quantize, QuantSettings):
+            return quantize
+        if isinstance(quantize, str):
+            settings = cls(mode=quantize)
+            settings.validate()
+            return settings
+        raise TypeError(
+            f"quantize must be a mode name ({', '.join(MODES)}) or a QuantSettings, not "
+            f"{type(quantize).__name__}"
+        )
+
     @property
     def pass_name(self) -> str:
         return MODES[self.mode]
@@ -62,7 +79,7 @@ class QuantSettings:
     def validate(self) -> None:
         """ModelError for a bad setting (before anything is loaded or run)."""
         if self.mode not in MODES:
-            raise _C.ModelError(
+            raise OptionError(
                 f"unknown quantization mode {self.mode!r}; choose one of {', '.join(MODES)}"
             )
         bs = self.block_size

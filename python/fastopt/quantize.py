@@ -35,7 +35,7 @@ from typing import Any
 from fastopt import _C
 from fastopt.fp16_ranges import RangeCheck
 from fastopt.optimize import ModelOrPath, OptimizeReport, PassReport, WorkProgressFn, optimize
-from fastopt.quant_settings import QuantSettings, QuantSummary, WeightQuantization
+from fastopt.quant_settings import Mode, QuantSettings, QuantSummary, WeightQuantization
 from fastopt.quant_verify import QuantVerifyReport, verify_quantized
 from fastopt.registry import Target
 
@@ -80,7 +80,7 @@ def quantize(
     model_or_path: ModelOrPath,
     output: str | os.PathLike[str] | None = None,
     *,
-    mode: str,
+    mode: Mode,
     block_size: int = 32,
     symmetric: bool = True,
     accuracy_level: int | None = None,
