@@ -6,7 +6,9 @@ optimizations off) on both, batch 1, from the same prompt: the original recomput
 sequence each step; the cached model prefills the prompt on an empty cache (a zeroed
 max-length buffer for an in-place cache) and then takes one token per step, its presents fed
 back as the next pasts. The generated tokens must be equal and each step's logits within the
-dtype's tolerance (float32 1e-3, float16 2e-2: a cache changes the accumulation order).
+dtype's tolerance (float32 1e-3, float16 2e-2: a cache changes the accumulation order). An
+original exported with a cache is given empty pasts (past length 0), so it recomputes the whole
+sequence at each step too.
 
 An encoder-decoder's decoder (an ``encoder_hidden_states`` input) decodes over random encoder
 states (batch 1, 8 rows, encoder_attention_mask all ones). A cached decoder with a cross cache
@@ -155,7 +157,8 @@ def verify_generation(
             raise UnsupportedModelError(f"{p.name} {p.shape}: the kv heads / head size are unknown")
         cache[p.name] = np.zeros((1, heads, total if inplace else 0, size), _NUMPY[p.type])
 
-    encoder = _encoder_feeds(ref_sess, seed)
+    # An original exported with a cache recomputes each step from an empty past (length 0).
+    encoder = {**_encoder_feeds(ref_sess, seed), **_empty_pasts(original, ref_sess)}
     cross = dict(encoder)  # what the cached model gets
     seq = list(prompt)
     past_len = 0
@@ -186,6 +189,23 @@ def verify_generation(
     if not report.ok:
         raise VerifyError(str(report), report)  # type: ignore[arg-type]
     return report
+
+
+def _empty_pasts(original: str, sess: Any) -> dict[str, np.ndarray]:
+    """Zero-length past_key_values.* for an original exported with a cache, {} for one
+    without: the original then recomputes the whole sequence each step, as one without a cache
+    does."""
+    names = [i.name for i in sess.get_inputs() if i.name.startswith(_C.KV_PAST_PREFIX)]
+    if not names:
+        return {}
+    made = make_inputs(original, {"batch_size": 1, "sequence_length": 1, "past_sequence_length": 0})
+    pasts = {n: made[n] for n in names}
+    wrong = [f"{n} {v.shape}" for n, v in pasts.items() if 0 not in v.shape]
+    if wrong:
+        raise UnsupportedModelError(
+            f"the original's past inputs have no past length to set to 0: {', '.join(wrong)}"
+        )
+    return pasts
 
 
 def _prime_cross_cache(
