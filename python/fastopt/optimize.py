@@ -314,8 +314,9 @@ def _quantize(
     ):
         ctx.options["opset"] = QDQ_OPSET
         reports.append(_run_pass("convert_version", ctx))
+    given = dict(ctx.options)  # the caller's options, before the settings' own
     ctx.options.update(settings.options())
-    ctx.options.update(extra_options(ctx.model, settings, ctx.target))
+    ctx.options.update(extra_options(ctx.model, settings, ctx.target, given))
     # (convert_precision refuses control flow and local functions: its message, not the check's)
     if settings.mode == "fp16" and settings.fp16_ranges and not _has_bodies(ctx.model):
         range_check = check_ranges(ctx.model, workdir=settings.tmpdir)
