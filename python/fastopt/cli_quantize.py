@@ -19,7 +19,7 @@ from fastopt.cli_optimize import _files_size, parse_options
 from fastopt.cli_output import console
 from fastopt.fp16_ranges import RangeCheck
 from fastopt.optimize import PassReport
-from fastopt.quant_settings import MODES, QuantSettings, QuantSummary, WeightQuantization
+from fastopt.quant_settings import MODES, Mode, QuantSettings, QuantSummary, WeightQuantization
 from fastopt.summary import human_bytes
 from fastopt.verify import OutputRejectedError
 
@@ -94,7 +94,7 @@ def add_quant_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=0, help="quantizing threads (0: all cores)")
 
 
-def quant_settings(args: argparse.Namespace, mode: str, output: str | None) -> QuantSettings:
+def quant_settings(args: argparse.Namespace, mode: Mode, output: str | None) -> QuantSettings:
     return QuantSettings(
         mode=mode,
         block_size=args.block_size,

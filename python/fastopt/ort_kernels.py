@@ -73,7 +73,7 @@ def dynamic_quantize_matmul_per_channel() -> str | None:
     kernel that saturates full-range pairs (int8_matmul_saturates) is not taken for one that
     refuses per-column scales."""
     import onnx
-    import onnxruntime as ort  # type: ignore[import-untyped]
+    import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)

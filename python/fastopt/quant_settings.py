@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from fastopt import _C
 from fastopt.errors import OptionError
@@ -42,7 +42,7 @@ class QuantSettings:
     """What ``fastopt quantize`` / ``--quantize MODE`` asks for; ``options()`` are the pass
     options. Validated again in C++ (csrc/quant/options.h) so a pass run alone is safe too."""
 
-    mode: str
+    mode: Mode
     block_size: int = 32
     symmetric: bool = True
     accuracy_level: int | None = None  # None: 4 for fp32 weights; 0 for fp16/bf16 or cuda=1
@@ -64,7 +64,7 @@ class QuantSettings:
         if isinstance(quantize, QuantSettings):
             return quantize
         if isinstance(quantize, str):
-            settings = cls(mode=quantize)
+            settings = cls(mode=cast(Mode, quantize))  # checked by validate()
             settings.validate()
             return settings
         raise TypeError(
