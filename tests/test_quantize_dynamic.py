@@ -322,7 +322,7 @@ def test_reduce_range_default_follows_the_probe(
     for per_channel, options, want in [
         (True, None, saturates),
         (False, None, False),
-        (True, {"quant_reduce_range": 0}, False),
+        (True, {"quant_reduce_range": "0"}, False),
         (False, {"quant_reduce_range": 1}, True),
     ]:
         out = tmp_path / f"{per_channel}{options}.onnx"

@@ -35,6 +35,7 @@ from typing import Any
 from fastopt import _C
 from fastopt.fp16_ranges import RangeCheck
 from fastopt.optimize import ModelOrPath, OptimizeReport, PassReport, WorkProgressFn, optimize
+from fastopt.options import check_options
 from fastopt.quant_checks import reduce_range
 from fastopt.quant_settings import Mode, QuantSettings, QuantSummary, WeightQuantization
 from fastopt.quant_verify import QuantVerifyReport, verify_quantized
@@ -160,7 +161,7 @@ def quantize(
     shown = {k: v for k, v in asdict(settings).items() if k != "tmpdir"}
     shown["target"] = target
     if settings.pass_name == "quantize_dynamic":
-        shown["reduce_range"] = reduce_range(settings, options or {})
+        shown["reduce_range"] = reduce_range(settings, check_options(options or {}))
     return QuantizeReport(
         mode=mode,
         settings=shown,
