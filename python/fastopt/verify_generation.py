@@ -198,6 +198,14 @@ def _empty_pasts(original: str, sess: Any) -> dict[str, np.ndarray]:
     names = [i.name for i in sess.get_inputs() if i.name.startswith(_C.KV_PAST_PREFIX)]
     if not names:
         return {}
+    cross = [n for n in names if _is_cross(n)]
+    if cross:
+        # Its cross cache holds the encoder's projections: empty, the decoder would attend to
+        # nothing, not to the encoder states the cached model reads.
+        raise UnsupportedModelError(
+            f"the original takes a cross-attention cache ({cross[0]}): generation is compared "
+            "from an original without one"
+        )
     made = make_inputs(original, {"batch_size": 1, "sequence_length": 1, "past_sequence_length": 0})
     pasts = {n: made[n] for n in names}
     wrong = [f"{n} {v.shape}" for n, v in pasts.items() if 0 not in v.shape]
