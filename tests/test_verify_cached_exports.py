@@ -58,3 +58,15 @@ def test_cli_verify_of_a_cached_export(tmp_path: Path) -> None:
     )  # fmt: skip
     assert p.returncode == 0, p.stdout + p.stderr
     assert "verify passed: greedy generation" in p.stdout and "tokens equal" in p.stdout
+
+
+def test_original_with_a_cross_cache_is_refused(tmp_path: Path) -> None:
+    """A seq2seq decoder exported with a cross-attention cache: empty cross pasts would make
+    the original attend to nothing, so it is refused with the reason, not compared wrongly."""
+    import seq2seq_generation as sg
+
+    fx = sg.seq2seq_fixtures("whisper", "float32")[0]
+    cached = tmp_path / "decoder.onnx"
+    fastopt.optimize(str(fx.decoder), output=str(cached), preset="llm", kv_cache="standard")
+    with pytest.raises(fastopt.UnsupportedModelError, match="cross-attention cache"):
+        verify_generation(str(cached), str(cached))
