@@ -18,10 +18,10 @@ Both models run in ONNX Runtime (CPU, optimizations off) on the same inputs
 (``fastopt.verify.make_inputs``: a prompt of 16 tokens; each model's own past inputs at past
 length 0: an original exported with a cache gets empty pasts, a cache that ``--kv-cache`` added
 its empty cache or zeroed in-place buffers). A bf16 model ONNX Runtime's CPU provider has no
-kernels for is not compared: the report says why (``skipped``). Thresholds (``THRESHOLDS``) come from
-measurements on the test fixtures: random-weight decoders, whose logits are small and nearly
-tied, the hard case for top-1. There int4 RTN at block 32 measured cosine 0.952..0.988, max
-rel err 0.12..0.39, top-1 0.47..0.97; int8 cosine >= 0.9996, max rel err <= 0.038, top-1 >=
+kernels for is not compared: the report says why (``skipped``). Thresholds (``THRESHOLDS``)
+come from measurements on the test fixtures: random-weight decoders, whose logits are small and
+nearly tied, the hard case for top-1. There int4 RTN at block 32 measured cosine 0.952..0.988,
+max rel err 0.12..0.39, top-1 0.47..0.97; int8 cosine >= 0.9996, max rel err <= 0.038, top-1 >=
 0.94. The bytes equal onnxruntime's, so its quantizer's output scores the same. That includes
 where the int4 criteria fail: on the random 24-layer Qwen2-0.5B-shaped export
 (bench/make_llm_model.py's shape) MatMulNBitsQuantizer's own output (block 32, symmetric,
