@@ -57,7 +57,13 @@ void bind_passes(py::module_& m) {
       .def_readonly("ensures_facts", &passes::PassInfo::ensures_facts, "facts the pass establishes")
       .def_readonly("runs_before", &passes::PassInfo::runs_before,
                     "passes it runs before when both are in the list")
-      .def_readonly("options", &passes::PassInfo::options, "the options it reads");
+      .def_readonly("options", &passes::PassInfo::options, "the options it reads")
+      .def_property_readonly(
+          "rule_names",
+          [](const passes::PassInfo& p) {
+            return p.rule_names ? p.rule_names() : std::vector<std::string>{};
+          },
+          "the rule names --explain takes for this pass (beside the pass's own name)");
 
   py::class_<quant::QuantRecord>(m, "QuantRecord", "What a quantization pass did to one weight")
       .def_readonly("weight", &quant::QuantRecord::weight)

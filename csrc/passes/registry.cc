@@ -1,5 +1,7 @@
 #include "passes/registry.h"
 
+#include <algorithm>
+
 #include "ir/error.h"
 
 namespace fastopt::passes {
@@ -42,6 +44,17 @@ PassInfo rule_pass(std::string name, std::string description, std::vector<std::s
     pattern::ApplyStats stats = pattern::apply_rules(m, rules, o);
     for (const auto& kv : stats.per_rule) ctx.counters[kv.first] += kv.second;
     return stats.rewrites;
+  };
+  info.rule_names = [make_rules] {
+    std::vector<std::string> names;
+    for (const char* target : {"ort", "onnx"}) {  // a target may add or drop rules
+      PassContext ctx;
+      ctx.target = target;
+      for (const auto& r : make_rules(ctx)) {
+        if (std::find(names.begin(), names.end(), r.name) == names.end()) names.push_back(r.name);
+      }
+    }
+    return names;
   };
   return info;
 }

@@ -83,6 +83,9 @@ struct PassInfo {
   std::vector<std::string> ensures_facts = {};
   std::vector<std::string> runs_before = {};
   std::vector<OptionInfo> options = {};
+  // The rule names --explain takes for this pass (beside its own name); empty for passes that
+  // explain under their own name only.
+  std::function<std::vector<std::string>()> rule_names = {};
 };
 
 // Facts of the pass contracts.

@@ -407,6 +407,11 @@ class PassInfo:
         facts an earlier pass of the list must establish (pass contracts)
         """
     @property
+    def rule_names(self) -> list[str]:
+        """
+        the rule names --explain takes for this pass (beside the pass's own name)
+        """
+    @property
     def runs_before(self) -> list[str]:
         """
         passes it runs before when both are in the list

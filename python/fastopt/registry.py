@@ -19,13 +19,14 @@ Presets are data: ordered lists of pass names.
 
 from __future__ import annotations
 
+import difflib
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
 from fastopt import _C
-from fastopt.errors import OptionError
+from fastopt.errors import OptionError, UnknownNameError
 from fastopt.options import unknown_name
 
 if TYPE_CHECKING:
@@ -83,6 +84,9 @@ class PassSpec:
     requires_facts: tuple[str, ...] = ()
     ensures_facts: tuple[str, ...] = ()
     runs_before: tuple[str, ...] = ()
+    # Names of its rules, which --explain takes beside the pass's own name (that one explains
+    # them all).
+    rule_names: tuple[str, ...] = ()
 
     def applies_to(self, opset: int) -> bool:
         return opset >= self.min_opset and (self.max_opset is None or opset <= self.max_opset)
@@ -93,7 +97,13 @@ class PassSpec:
 
             ctx.shape_runs.append((self.name, infer_shapes_for_pass(ctx.model, ctx.options)))
             ctx.shapes_inferred = True
-        rewrites = self._run(ctx)
+        asked = ctx.explain_rule
+        if asked == self.name and self.rule_names:
+            ctx.explain_rule = "*"  # the pass's name explains each of its rules
+        try:
+            rewrites = self._run(ctx)
+        finally:
+            ctx.explain_rule = asked
         if rewrites and "analysis" not in self.tags:
             ctx.shapes_inferred = False
             # Memoized C++ analyses recompute (attribute edits too). A C++ pass's run_pass did
@@ -171,6 +181,7 @@ def register_rules(
         return int(rewrites)
 
     register_pass(name, description, tags=tags, min_opset=min_opset, max_opset=max_opset)(run)
+    _PYTHON_PASSES[name] = replace(_PYTHON_PASSES[name], rule_names=tuple(r.name for r in rules))
 
 
 def unregister_pass(name: str) -> None:
@@ -194,6 +205,7 @@ def _cpp_passes() -> tuple[PassSpec, ...]:
             tuple(p.requires_facts),
             tuple(p.ensures_facts),
             tuple(p.runs_before),
+            tuple(getattr(p, "rule_names", ())),
         )
         for p in _C.cpp_passes()
     )
@@ -256,6 +268,29 @@ def get_pass(name: str) -> PassSpec:
     if spec is not None:
         return spec
     raise unknown_name("pass", name, [p.name for p in all_passes()])
+
+
+def explain_names() -> list[str]:
+    """The names ``explain`` takes: every pass (all its rules) and every rule of a pass."""
+    names = dict.fromkeys(p.name for p in all_passes())
+    for p in all_passes():
+        names.update(dict.fromkeys(p.rule_names))
+    return list(names)
+
+
+def check_explain(name: str) -> None:
+    """:class:`fastopt.UnknownNameError` (with the closest names) unless `name` is "*", a pass
+    or a rule: a misspelled name would explain nothing."""
+    if name == "*":
+        return
+    known = explain_names()
+    if name not in known:
+        close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+        hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+        raise UnknownNameError(
+            f"no pass or rule named '{name}'{hint}; explain takes a pass (all its rules), a "
+            "rule or '*' (`fastopt passes` lists the passes and their rules)"
+        )
 
 
 # Presets: ordered pass lists (data, not code). Every name must be a registered pass.
