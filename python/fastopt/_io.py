@@ -17,15 +17,68 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 @entry_point("load")
 def load(path: PathLike) -> _C.Model:
-    """Reads an ONNX model. The file is memory-mapped: weights are never copied into memory.
+    """Read an ONNX model. The file is memory-mapped: weights are never copied into memory.
 
-    External data is resolved against the model's folder; locations outside it are refused.
-    Raises :class:`fastopt.ModelError` naming the problem for any malformed input.
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The .onnx file. External data is resolved against its folder; locations outside it are
+        refused.
+
+    Returns
+    -------
+    fastopt.Model
+        The model; its weights stay views of the file, which must not change while it is used.
+
+    Raises
+    ------
+    fastopt.ModelError
+        The file is missing, not an ONNX model, or malformed (the message names the problem).
     """
     path = os.fspath(path)
     if os.path.isdir(path):
         raise _C.ModelError(f"'{path}' is a directory, not an ONNX model file")
-    return _C.load(path)
+    try:
+        return _C.load(path)
+    except _C.ModelError as e:
+        # A file that fails at its very first field is some other kind of file: say so
+        # rather than which protobuf field its first byte would be.
+        why = _not_a_model(path) if str(e).startswith("corrupt ModelProto") else ""
+        if why:
+            raise _C.ModelError(f"'{path}' is not an ONNX model: {why}") from e
+        raise
+
+
+# ModelProto's fields (onnx.proto) and their wire types: 0 varint, 2 length-delimited.
+_MODEL_FIELDS = {1: 0, 2: 2, 3: 2, 4: 2, 5: 0, 6: 2, 7: 2, 8: 2, 14: 2, 20: 2, 25: 2, 26: 2}
+
+
+def _not_a_model(path: str) -> str:
+    """Why the file cannot be an ONNX model when its first bytes are not a ModelProto field
+    (text, an image, an archive); "" when they could be (then it is a corrupt model)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+    except OSError:
+        return ""
+    tag = shift = 0
+    complete = False
+    for byte in head[:5]:  # the first field's tag, a varint
+        tag |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            complete = True
+            break
+    if complete and _MODEL_FIELDS.get(tag >> 3) == tag & 7:
+        return ""
+    text = head.decode("utf-8", errors="replace")
+    if all(c.isprintable() or c in "\t\r\n" for c in text):
+        first = text.strip().splitlines()[0] if text.strip() else ""
+        return f"it starts with text ({first[:40]!r}); an ONNX model is a binary protobuf file"
+    return (
+        f"its first bytes ({head[:8].hex(' ')}) are not a ModelProto field; an ONNX model is "
+        "a binary protobuf file"
+    )
 
 
 def check_output_path(input_path: PathLike, output_path: PathLike) -> None:
@@ -46,12 +99,45 @@ def check_output_path(input_path: PathLike, output_path: PathLike) -> None:
 
 @entry_point("load")
 def load_bytes(data: bytes, base_dir: PathLike | None = None) -> _C.Model:
-    """Reads a serialized ModelProto held in memory; external data resolves against base_dir."""
+    """Read a serialized ModelProto held in memory.
+
+    Parameters
+    ----------
+    data : bytes
+        The ModelProto's bytes.
+    base_dir : str or os.PathLike, optional
+        The folder external data locations are relative to.
+
+    Returns
+    -------
+    fastopt.Model
+
+    Raises
+    ------
+    fastopt.ModelError
+        The bytes are not a well-formed model.
+    """
     return _C.load_bytes(bytes(data), os.fspath(base_dir) if base_dir is not None else "")
 
 
 def from_onnx(proto: onnx.ModelProto, base_dir: PathLike | None = None) -> _C.Model:
-    """Converts an ``onnx.ModelProto`` (a small model) into a fastopt Model."""
+    """Convert an ``onnx.ModelProto`` (a small model: protobuf's limit is 2 GB) to a Model.
+
+    Parameters
+    ----------
+    proto : onnx.ModelProto
+    base_dir : str or os.PathLike, optional
+        The folder external data locations are relative to.
+
+    Returns
+    -------
+    fastopt.Model
+
+    Raises
+    ------
+    fastopt.ModelError
+        protobuf cannot serialize the proto, or the model is malformed.
+    """
     with foreign_errors("from_onnx (protobuf serialization)"):
         data = proto.SerializeToString()
     return load_bytes(data, base_dir)

@@ -21,6 +21,7 @@ from fastopt.registry import (
     PassContext,
     Target,
     all_passes,
+    check_explain,
     default_opset,
     finishing_pass,
     get_pass,
@@ -121,35 +122,68 @@ def optimize(
     work_progress: WorkProgressFn | None = None,
     run_check: bool = True,
 ) -> OptimizeReport:
-    """Optimizes a model and reports, per pass, the rewrites made and the time taken.
+    """Optimize a model: run a preset (or a list of passes) and report what each pass did.
 
-    ``model_or_path``: a path (loaded here; the file is never modified) or a Model (optimized in
-    place). ``preset`` (default "default": the LLM fusions, and the classic CNN fusions where
-    they match; see ``fastopt.PRESETS``) names the passes to run; ``passes`` overrides it.
-    ``target`` is "ort" (ONNX Runtime, contrib ops allowed) or "onnx" (standard ops only).
-    ``output`` saves the result (atomically; external data as in ``Model.save``; ``fsync`` False
-    returns before the bytes reach the disk, as ``Model.save(fsync=False)``). ``explain``
-    names a rule ("*" for all) whose non-matches are explained in ``report.explain``.
-    ``options`` are settings for the passes (``ctx.options``),
-    e.g. ``{"opset": 18}`` for convert_version or ``{"fold_max_bytes": 1 << 16}``, checked
-    against their declarations (``fastopt.OPTIONS``).
-    Unknown pass, preset or option names and bad option values raise
-    :class:`fastopt.OptionError` before anything runs; a model onnx / protobuf / ONNX Runtime
-    refuses raises :class:`fastopt.RejectedModelError` (see :mod:`fastopt.errors`).
-    ``kv_cache`` ("standard" or "inplace") turns a decoder exported without a KV cache into one
-    with a cache: the pass ``add_kv_cache`` runs right after ``fuse_attention`` (preset "llm"),
-    with ``ctx.options["kv_cache"]`` = 1 (standard: growing cache, Concat) or 2 (inplace: one
-    max-length buffer per layer bound as both past and present; target "ort" only). With
-    ``output``, a ``genai_config.json`` for onnxruntime-genai is written next to it.
-    ``quantize`` (a mode name as ``--quantize`` takes: "int4", "int8", "int8-dynamic", "fp16",
-    "bf16", with the default settings; or a fastopt.QuantSettings) runs that mode's quantization
-    pass last,
-    after the fusions, the KV-cache rewrite and pack_matmuls (packed projections are quantized
-    packed); ``report.quantization`` lists every weight it looked at. ``work_progress(done,
-    total, what)`` reports progress inside long passes.
-    ``run_check`` (default on): before ``output`` is written, ONNX Runtime loads the result and
-    runs it once on small inputs (fastopt.run_check); an output it cannot run is not written and
-    :class:`fastopt.run_check.RunCheckError` (an ``OutputRejectedError``) names ORT's message.
+    Parameters
+    ----------
+    model_or_path : str, os.PathLike or fastopt.Model
+        A path (loaded here; the file is never modified) or a Model (optimized in place).
+    preset : str, default "default"
+        The passes to run: "default" (cleanup, the LLM fusions and the classic CNN fusions where
+        they match), "llm", "classic" or "cleanup" (``fastopt.PRESETS``).
+    passes : list of str, optional
+        Exactly these passes, in this order (overrides `preset`).
+    target : {"ort", "onnx"}, default "ort"
+        "ort": ONNX Runtime's contrib ops allowed; "onnx": standard ONNX ops only.
+    output : str or os.PathLike, optional
+        Where to save the result (atomically; without it nothing is written).
+    external_data : bool or None, default None
+        As ``Model.save``: None puts weights in a data file only when the model is over 2 GB.
+    fsync : bool, default True
+        False returns before the bytes reach the disk (``Model.save(fsync=False)``).
+    explain : str, optional
+        A pass (all its rules), a rule, or "*": why it did or did not apply at each candidate
+        node, in ``report.explain``.
+    max_iterations : int, default 10
+        Rounds of a rule pass before it stops at a fixed point.
+    progress : callable, optional
+        ``progress(index, count, pass_name)`` before each pass (name "" at the end).
+    options : mapping, optional
+        Settings for the passes, e.g. ``{"opset": 18}`` or ``{"fold_max_bytes": 1 << 16}``,
+        checked against ``fastopt.OPTIONS``.
+    kv_cache : {"standard", "inplace"}, optional
+        Give a decoder exported without a KV cache one: "standard" (growing past/present) or
+        "inplace" (one max-length buffer per layer, target "ort"). With `output`, a
+        ``genai_config.json`` for onnxruntime-genai is written next to it.
+    quantize : str or fastopt.QuantSettings, optional
+        Quantize last, after the fusions, the cache and pack_matmuls: a mode name as
+        ``--quantize`` takes ("int4", "int8", "int8-dynamic", "fp16", "bf16", default settings)
+        or a QuantSettings. ``report.quantization`` lists every weight it looked at.
+    work_progress : callable, optional
+        ``work_progress(done, total, what)`` from long passes (quantization).
+    run_check : bool, default True
+        Before `output` is written, ONNX Runtime loads the result and runs it once on small
+        inputs.
+
+    Returns
+    -------
+    OptimizeReport
+        Per pass: rewrites, time, nodes after and counters; op counts before and after;
+        ``explain`` lines; ``quantization`` (one entry per weight); ``model``.
+
+    Raises
+    ------
+    fastopt.OptionError
+        An unknown pass, preset, option or explain name, or a bad option value (before any
+        pass runs).
+    fastopt.UnsupportedModelError
+        A rewrite asked for cannot be made (e.g. a KV cache for an encoder), with the reason.
+    fastopt.RejectedModelError
+        onnx, protobuf or ONNX Runtime refused the model.
+    fastopt.run_check.RunCheckError
+        ONNX Runtime cannot run the result (nothing is written).
+    fastopt.ModelError
+        Any other problem with the input or the output path.
     """
     if target not in ("ort", "onnx"):
         raise OptionError(f"target must be 'ort' or 'onnx', not {target!r}")
@@ -164,6 +198,8 @@ def optimize(
     names = list(passes) if passes is not None else _preset_passes(preset)
     for name in names:
         get_pass(name)
+    if explain:
+        check_explain(explain)
     pass_options: dict[str, object] = dict(check_options(options or {}))
     if kv_cache is not None:
         names = _with_kv_cache(names, kv_cache, target)
@@ -194,7 +230,12 @@ def optimize(
                 PassReport(name, 0, 0.0, ctx.model.node_count(), skipped=f"opset {opset}")
             )
             continue
-        reports.append(_run_pass(name, ctx))
+        try:
+            reports.append(_run_pass(name, ctx))
+        except _C.ModelError as e:
+            if name == KV_CACHE_PASS and _looks_like_encoder(ctx.model):
+                raise UnsupportedModelError(_encoder_refusal(ctx.model, str(e))) from e
+            raise
     if any(op.startswith(_INTERNAL_DOMAIN + "::") for op in ctx.model.op_counts()):
         # A pass list that fused attention without lowering it: internal ops never leave.
         reports.append(_run_pass(finishing_pass(NO_INTERNAL_OPS), ctx))
@@ -288,6 +329,23 @@ def _run_pass(name: str, ctx: PassContext) -> PassReport:
             totals[k] = totals.get(k, 0) + v
     return PassReport(
         name, rewrites, seconds, ctx.model.node_count(), {k: v for k, v in own.items() if v}
+    )
+
+
+def _looks_like_encoder(model: _C.Model) -> bool:
+    """No logits out, hidden states instead (BERT and its kin): for the KV-cache refusal's
+    wording only; a causal model of this shape (CLIP's text tower) still gets its cache."""
+    outputs = {v.name for v in model.graph.outputs if v is not None}
+    return "logits" not in outputs and bool(outputs & {"last_hidden_state", "pooler_output"})
+
+
+def _encoder_refusal(model: _C.Model, reason: str) -> str:
+    outputs = ", ".join(v.name for v in model.graph.outputs if v is not None)
+    reason = reason.removeprefix(f"{KV_CACHE_PASS}: cannot add a KV cache: ")
+    return (
+        f"kv_cache: this model looks like an encoder (outputs {outputs}, no logits): an encoder "
+        "reads every position at once and has no decoder cache; a KV cache is for a decoder "
+        f"that generates token by token ({KV_CACHE_PASS}: {reason})"
     )
 
 
