@@ -253,15 +253,15 @@ def test_cli_against_table_and_json(
 ) -> None:
     out = tmp_path / "bench.json"
     argv = ["bench", str(models["decoder"]), "--against", str(models["standard"])]
-    argv += ["--phase", "decode", "--seq", "16", "--runs", "3", "--warmup", "1"]
+    argv += ["--phase", "decode", "--seq", "16", "--runs", "3", "--warmup", "1", "--vs-recompute"]
     assert main([*argv, "--provider", "cpu", "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "ratio" in text and "tokens/s" in text
+    assert "speed-up" in text and "tokens/s" in text
     # captured output is a pipe: a plain-text table (cli_output), no box characters
     rows = [line for line in text.splitlines() if "model.onnx" in line and " CPU " in line]
     assert len(rows) == 2
-    assert rows[0].rstrip().endswith("1.00")
-    assert "recompute" in text
+    assert rows[0].rstrip().endswith("1.00x")
+    assert "17 tokens, no cache (recompute)" in rows[0] and "1 token after 16 cached" in rows[1]
     doc = json.loads(out.read_text())
     assert doc["results"][0]["ratio"] == 1.0
     assert doc["results"][1]["kind"] == "decoder_cache"

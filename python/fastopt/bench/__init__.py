@@ -11,11 +11,14 @@ Modules: ``inputs`` (what to feed), ``session`` (providers and binding), ``timin
 This package imports onnxruntime only when a benchmark runs.
 """
 
+from fastopt._signatures import spell_out_aliases
 from fastopt.bench.harness import compare, run, sweep
 from fastopt.bench.inputs import Workload, detect_kind, make_workload
 from fastopt.bench.result import BenchResult
 from fastopt.bench.session import ProviderUnavailableError, Runner, resolve_device
 from fastopt.bench.timing import Stats
+
+spell_out_aliases(compare, run, sweep)
 
 __all__ = [
     "BenchResult",

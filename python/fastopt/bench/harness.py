@@ -4,7 +4,7 @@ sweep over sequence lengths."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from typing import Any
 
@@ -76,14 +76,36 @@ def compare(
     optimization: str = "all",
     device_id: int = 0,
     seed: int = 0,
+    progress: Callable[[str], None] | None = None,
 ) -> list[BenchResult]:
-    """Benchmarks `models` on the same workload: each gets a session and inputs (same seed),
-    `warmup` untimed runs, then `runs` timed runs in rotating rounds of consecutive runs per model
-    (:func:`fastopt.bench.timing.interleaved`). All sessions are open at once.
-    Memory is measured over each session's creation and warm-up (ORT's one-time set-up is done
-    before, so that the first model does not carry it). Returns one result per model, in order. See
-    :func:`run` for the options.
+    """Benchmark `models` on the same workload, interleaved.
+
+    Each model gets a session and inputs (same seed), `warmup` untimed runs, then `runs` timed
+    runs in rotating rounds of consecutive runs per model
+    (:func:`fastopt.bench.timing.interleaved`). All sessions are open at once. Memory is
+    measured over each session's creation and warm-up (ONNX Runtime's one-time set-up is done
+    before, so that the first model does not carry it).
+
+    Parameters
+    ----------
+    models : sequence of str, os.PathLike, fastopt.Model or onnx.ModelProto
+    runs, warmup, provider, phase, batch, seq, threads : as for :func:`run`
+    cuda_graph, max_length, optimization, device_id, seed : as for :func:`run`
+    progress : callable, optional
+        ``progress(what)`` as each step starts (set-up, each model's session, the timing).
+
+    Returns
+    -------
+    list of BenchResult
+        One per model, in order. A decode step of a model with a KV cache and one without are
+        not the same work (``fastopt.bench.report.work`` says what each computed).
+
+    Raises
+    ------
+    fastopt.ModelError, ValueError
+        As for :func:`run`.
     """
+    say = progress or (lambda what: None)
     options: dict[str, Any] = {
         "provider": provider,
         "phase": phase,
@@ -99,14 +121,17 @@ def compare(
         "spinning": len(models) == 1,
     }
     if models:
+        say("setting up ONNX Runtime")
         device = resolve_device(provider, onnxruntime().get_available_providers())
         _prime_process(models[0], device, device_id)
     with ExitStack() as stack:
         prepared = []
-        for model in models:
+        for i, model in enumerate(models):
+            say(f"session and warm-up of model {i + 1} of {len(models)}")
             runner, memory = _prepare(model, warmup, options)
             stack.callback(runner.close)
             prepared.append((runner, memory))
+        say(f"timing {runs} runs of each model")
         times = interleaved([r.step for r, _ in prepared], runs, warmup=0)
         return [result_of(r, m, t, threads) for (r, m), t in zip(prepared, times)]
 
@@ -156,15 +181,45 @@ def run(
     device_id: int = 0,
     seed: int = 0,
 ) -> BenchResult:
-    """Benchmarks one model: latency (median, p90, p99, ...), tokens/s and memory.
+    """Benchmark one model in ONNX Runtime: latency, tokens/s and memory.
 
-    model: a path, :class:`fastopt.Model` or ``onnx.ModelProto``. provider: "auto" (CUDA when
-    onnxruntime has it, else CPU), "cpu" or "cuda" (an error where absent). phase: "prefill"
-    (`seq` new tokens, empty cache) or "decode" (one new token after `seq`; see
-    :mod:`fastopt.bench.inputs` for models without a cache). threads: ORT's intra-op threads
-    (None: its default). cuda_graph: capture the run as a CUDA graph (CUDA only; needs every
-    output's shape known). max_length: positions of an in-place cache buffer (default the
-    step's total length). optimization: ORT graph optimization level ("all" as users run it).
+    Parameters
+    ----------
+    model : str, os.PathLike, fastopt.Model or onnx.ModelProto
+    runs : int, default 20
+        Timed runs.
+    warmup : int, default 3
+        Untimed runs first.
+    provider : {"auto", "cpu", "cuda"}, default "auto"
+        "auto": CUDA when onnxruntime has it, else CPU; "cuda" where absent is an error.
+    phase : {"prefill", "decode"}, default "prefill"
+        prefill: `seq` new tokens, empty cache; decode: one new token after `seq` (a model
+        without a cache recomputes all ``seq + 1``; see :mod:`fastopt.bench.inputs`).
+    batch : int, default 1
+    seq : int, default 128
+    threads : int, optional
+        ONNX Runtime's intra-op threads (None: its default).
+    cuda_graph : bool, default False
+        Capture the run as a CUDA graph (CUDA only; every output's shape must be known).
+    max_length : int, optional
+        Positions of an in-place cache buffer (default: the step's total length).
+    optimization : {"disable", "basic", "extended", "all"}, default "all"
+        ONNX Runtime's graph optimization level ("all", as users run it).
+    device_id : int, default 0
+    seed : int, default 0
+        Seed of the inputs.
+
+    Returns
+    -------
+    BenchResult
+        Latency statistics, tokens/s, memory and what ran (``kind``, ``inputs``, ``note``).
+
+    Raises
+    ------
+    fastopt.ModelError
+        The model is malformed, ONNX Runtime refuses it, or inputs cannot be made for it.
+    ValueError
+        A bad option, or a provider that is not available.
     """
     return compare(
         [model],

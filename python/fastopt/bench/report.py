@@ -63,6 +63,39 @@ def ratios(results: Sequence[BenchResult]) -> list[float]:
     return [r.stats.median / base for r in results]
 
 
+def speedups(results: Sequence[BenchResult]) -> list[float]:
+    """The first result's median latency over each one's (above 1: faster than the first)."""
+    base = results[0].stats.median
+    return [base / r.stats.median if r.stats.median > 0 else float("inf") for r in results]
+
+
+def times(x: float) -> str:
+    """A speed-up with the digits that matter: "175x", "17.6x", "1.00x", "0.0042x"."""
+    if x >= 100:
+        return f"{x:.0f}x"
+    if x >= 10:
+        return f"{x:.1f}x"
+    if x >= 0.1:
+        return f"{x:.2f}x"
+    return f"{x:.2g}x"
+
+
+def work(r: BenchResult) -> str:
+    """What one run of `r` computes: "128 tokens", "1 token after 128 cached", "129 tokens,
+    no cache (recompute)"."""
+    rows = f"{r.batch} x " if r.batch > 1 else ""
+    if r.phase != "decode":
+        return f"{rows}{r.seq} tokens"
+    if r.kind in ("decoder_cache", "decoder_inplace"):
+        return f"{rows}1 token after {r.seq} cached"
+    return f"{rows}{r.seq + 1} tokens, no cache (recompute)"
+
+
+def same_work(results: Sequence[BenchResult]) -> bool:
+    """Whether every run computes the same thing (a speed-up between them is like for like)."""
+    return len({work(r) for r in results}) <= 1
+
+
 def short_labels(labels: Sequence[str]) -> list[str]:
     """The shortest path tails (two components at least) that still tell `labels` apart:
     ``llama/model.onnx`` rather than a long absolute path."""
@@ -75,25 +108,24 @@ def short_labels(labels: Sequence[str]) -> list[str]:
 
 
 def table(results: Sequence[BenchResult], title: str | None = None) -> Table:
-    """A rich table of `results`, with each median's ratio to the first result's."""
+    """A rich table of `results`: what each run computes, its latency, and its speed-up over the
+    first result (the first's median latency over its own)."""
     t = Table(title=title, show_edge=False)
-    columns = ["model", "provider", "phase", "batch", "seq", "median ms", "p90 ms", "p99 ms"]
-    for name in [*columns, "tokens/s", "memory", "ratio"]:
-        t.add_column(name, justify="left" if name in ("model", "provider", "phase") else "right")
+    columns = ["model", "provider", "work", "median ms", "p90 ms", "p99 ms", "tokens/s"]
+    for name in [*columns, "memory", "speed-up"]:
+        t.add_column(name, justify="left" if name in ("model", "provider", "work") else "right")
     names = short_labels([r.model for r in results])
-    for r, ratio, name in zip(results, ratios(results), names):
+    for r, speedup, name in zip(results, speedups(results), names):
         t.add_row(
             name,
             r.provider.replace("ExecutionProvider", ""),
-            r.phase,
-            str(r.batch),
-            str(r.seq),
+            work(r),
             ms(r.stats.median),
             ms(r.stats.p90),
             ms(r.stats.p99),
             f"{r.tokens_per_s:,.0f}",
             megabytes(r.memory_bytes),
-            f"{ratio:.2f}",
+            times(speedup),
         )
     return t
 
