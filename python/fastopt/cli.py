@@ -132,13 +132,14 @@ def _cmd_passes(args: argparse.Namespace) -> int:
         table.add_column(col)
     for p in fastopt.all_passes():
         opsets = f"{p.min_opset}+" if p.max_opset is None else f"{p.min_opset}-{p.max_opset}"
+        rules = [r for r in p.rule_names if r != p.name]  # --explain takes these too
         table.add_row(
             escape(p.name),
             p.language,
             opsets,
             "yes" if p.idempotent else "no",
             ",".join(p.tags),
-            escape(p.description),
+            escape(p.description + (f" (rules: {', '.join(rules)})" if rules else "")),
         )
     print_table(out, table)
     out.print()
@@ -169,11 +170,39 @@ def _cmd_passes(args: argparse.Namespace) -> int:
     return 0
 
 
+def versions() -> str:
+    """fastopt's version and those of the libraries it runs with (what a bug report needs)."""
+
+    def version(module: str) -> str:
+        try:
+            return str(__import__(module).__version__)
+        except ImportError:
+            return "not installed"
+
+    return (
+        f"fastopt {fastopt.__version__}, onnxruntime {version('onnxruntime')}, onnx "
+        f"{version('onnx')} (Python {sys.version.split()[0]})"
+    )
+
+
+class _VersionAction(argparse.Action):
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        print(versions())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fastopt", description="Fast ONNX graph optimizer for large language models."
     )
-    parser.add_argument("--version", action="version", version=f"fastopt {fastopt.__version__}")
+    parser.add_argument(
+        "--version",
+        action=_VersionAction,
+        help="print the versions of fastopt, ONNX Runtime and onnx, and exit",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     info = sub.add_parser("info", help="summarize a model: opsets, ops, parameters, inputs")

@@ -10,15 +10,15 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 import fastopt
 from fastopt._io import check_output_path
 from fastopt.cli_output import console, print_table
+from fastopt.cli_progress import CommandProgress
 from fastopt.optimize import DEFAULT_PRESET, OptimizeReport
-from fastopt.options import check_options
-from fastopt.registry import PRESET_DESCRIPTIONS, get_pass, preset
+from fastopt.options import OPTIONS, check_options
+from fastopt.registry import PRESET_DESCRIPTIONS, PRESETS, get_pass, preset
 from fastopt.run_check import RunCheckError
 from fastopt.summary import human_bytes
 
@@ -29,11 +29,22 @@ _FUSED_DOMAINS = ("com.microsoft",)
 def add_parser(sub: Any) -> None:
     opt = sub.add_parser("optimize", help="optimize a model (the input is never modified)")
     opt.add_argument("model", help="input .onnx file")
-    opt.add_argument("-o", "--output", help="output .onnx file")
+    opt.add_argument(
+        "-o",
+        "--output",
+        help="output .onnx file (without it, a dry run: everything runs, nothing is written)",
+    )
+    opt.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="print the passes, operators and weights tables (default: a short summary)",
+    )
     opt.add_argument(
         "--preset",
         default=DEFAULT_PRESET,
-        help=f"pass list to run (default: {DEFAULT_PRESET}: {PRESET_DESCRIPTIONS[DEFAULT_PRESET]})",
+        metavar="NAME",
+        help=preset_help(),
     )
     opt.add_argument("--passes", help="comma-separated pass names (overrides --preset)")
     opt.add_argument(
@@ -72,8 +83,9 @@ def add_parser(sub: Any) -> None:
     opt.add_argument("--report", help="write a JSON report here")
     opt.add_argument(
         "--explain",
-        metavar="RULE",
-        help="explain, per candidate node, why RULE did or did not apply ('*': all)",
+        metavar="NAME",
+        help="explain, per candidate node, why a pass's rules (or one rule) did or did not "
+        "apply ('*': all); an unknown name is an error",
     )
     opt.add_argument(
         "--option",
@@ -103,13 +115,34 @@ def add_parser(sub: Any) -> None:
     opt.set_defaults(func=run_command)
 
 
+def preset_help() -> str:
+    names = "; ".join(
+        f"{n}: {PRESET_DESCRIPTIONS.get(n, ', '.join(p))}" for n, p in PRESETS.items()
+    )
+    return f"the pass list to run, one of {names} (default: {DEFAULT_PRESET})"
+
+
+# Internal options and the flags that set them: `--option` takes what `fastopt passes` lists.
+_FLAG_OF_OPTION = {"kv_cache": "--kv-cache", "quant_bits": "--quantize/--mode"}
+
+
 def parse_options(items: list[str]) -> dict[str, object]:
-    """``KEY=VALUE`` items, checked against the declared options (values stay text until then)."""
+    """``KEY=VALUE`` items, checked against the declared options (values stay text until then).
+    Internal options (set by optimize itself from flags) are refused, as `fastopt passes`
+    does not list them."""
     options: dict[str, object] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise fastopt.OptionError(f"--option takes KEY=VALUE, not {item!r}")
+        spec = OPTIONS.get(key)
+        if spec is not None and spec.internal:
+            flag = _FLAG_OF_OPTION.get(key, "the quantization flags" if "quant" in key else "")
+            raise fastopt.OptionError(
+                f"--option {key} is set by fastopt itself"
+                + (f" (use {flag})" if flag else "")
+                + "; `fastopt passes` lists the options --option takes"
+            )
         options[key] = value
     return dict(check_options(options))
 
@@ -146,20 +179,10 @@ def run_command(args: argparse.Namespace) -> int:
     quantize = quant_settings(args, args.quantize, args.output) if args.quantize else None
     if quantize is not None:
         quantize.validate()
-    err = console(stderr=True)
-    with Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-        disable=not err.is_terminal,
-    ) as progress:
-        task = progress.add_task("optimizing", total=None)
+    with CommandProgress("optimize") as progress:
 
         def on_pass(i: int, n: int, name: str) -> None:
-            progress.update(task, total=n, completed=i, description=name or "saving")
+            progress.update(name or "saving", i, n, unit="pass")
 
         try:
             report = fastopt.optimize(
@@ -175,7 +198,7 @@ def run_command(args: argparse.Namespace) -> int:
                 options=options,
                 kv_cache=args.kv_cache,
                 quantize=quantize,
-                work_progress=work_progress(progress, task),
+                work_progress=work_progress(progress),
                 run_check=not args.no_run_check,
             )
         except RunCheckError as e:  # ORT cannot run fastopt's output: a failed check, exit 1
@@ -185,10 +208,12 @@ def run_command(args: argparse.Namespace) -> int:
     if args.explain:
         for line in report.explain:
             out.print(escape(line))
-    print_summary(report, out, args.model)
-    print_quantization(report.quantization, out)
+    if args.verbose:
+        print_details(report, out)
+    print_quantization(report.quantization, out, verbose=args.verbose)
     if quantize is not None:
-        print_precision(report.range_check, report.passes, quantize.mode, out)
+        print_precision(report.range_check, report.passes, quantize.mode, out, verbose=args.verbose)
+    print_summary(report, out, args.model)
     result: dict[str, object] = {"optimize": report.to_dict()}
     code = 0
     if args.verify:
@@ -244,7 +269,9 @@ def fused_ops(report: OptimizeReport) -> dict[str, int]:
     return gained
 
 
-def print_summary(report: OptimizeReport, out: Console, input_path: str) -> None:
+def print_details(report: OptimizeReport, out: Console) -> None:
+    """-v: the passes table (rewrites, time, nodes, counters), shape inference, and the
+    operators whose counts changed."""
     passes = Table(title="passes", show_edge=False)
     for col, justify in (
         ("pass", "left"),
@@ -268,8 +295,6 @@ def print_summary(report: OptimizeReport, out: Console, input_path: str) -> None
     print_table(out, passes)
     for line in report.shape_inference:
         out.print(f"shape inference, {line}", markup=False, highlight=False)
-    if report.run_check:
-        out.print(f"run check: {report.run_check}", markup=False, highlight=False)
 
     ops = Table(title="operators (changed)", show_edge=False)
     for col in ("op", "before", "after"):
@@ -278,17 +303,34 @@ def print_summary(report: OptimizeReport, out: Console, input_path: str) -> None
         ops.add_row(escape(op), str(before), str(after))
     ops.add_row("all nodes", str(report.nodes_before), str(report.nodes_after))
     print_table(out, ops)
+
+
+def print_summary(report: OptimizeReport, out: Console, input_path: str) -> None:
+    """The short summary: what the passes did, skipped passes with their reasons, the run
+    check, and the line that says what ran, what fused and what was written."""
+    changed = [p for p in report.passes if p.rewrites]
+    skipped = [p for p in report.passes if p.skipped]
+    line = (
+        f"passes: {len(report.passes) - len(skipped)} ran, {len(changed)} changed the graph "
+        f"({report.rewrites} rewrites)"
+    )
+    if skipped:
+        line += "; skipped: " + ", ".join(f"{p.name} ({p.skipped})" for p in skipped)
+    plain = {"markup": False, "highlight": False}
+    out.print(line, **plain)  # type: ignore[arg-type]
+    if report.run_check:
+        out.print(f"run check: {report.run_check}", **plain)  # type: ignore[arg-type]
     ran = f"preset {report.preset}" if report.preset else f"{len(report.passes)} passes"
-    size = ""
     if report.output:
         size = f"; wrote {report.output} ({human_bytes(_files_size(report.output))})"
+    else:
+        size = "; nothing written (a dry run: give -o FILE to write the output)"
     fused = fused_ops(report)
     gained = ", ".join(f"{n} {op}" for op, n in sorted(fused.items())) or "no fused ops"
     out.print(
         f"{input_path}: {ran}, target {report.target}: {report.nodes_before} -> "
         f"{report.nodes_after} nodes ({gained}) in {report.seconds:.2f} s{size}",
-        markup=False,
-        highlight=False,
+        **plain,  # type: ignore[arg-type]
     )
 
 

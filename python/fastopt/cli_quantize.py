@@ -6,17 +6,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 import fastopt
 from fastopt.cli_optimize import _files_size, parse_options
-from fastopt.cli_output import console
+from fastopt.cli_output import console, print_table
+from fastopt.cli_progress import CommandProgress
 from fastopt.fp16_ranges import RangeCheck
 from fastopt.optimize import PassReport
 from fastopt.quant_settings import MODES, Mode, QuantSettings, QuantSummary, WeightQuantization
@@ -32,7 +31,15 @@ def add_parser(sub: Any) -> None:
     )
     qnt.add_argument("model", help="input .onnx file")
     qnt.add_argument("-o", "--output", required=True, help="output .onnx file")
-    qnt.add_argument("--mode", required=True, choices=tuple(MODES))
+    qnt.add_argument(
+        "--mode", required=True, choices=tuple(MODES), help="the quantization: " + "|".join(MODES)
+    )
+    qnt.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="print the table of weights (and of ops kept float32); default: a summary line",
+    )
     qnt.add_argument(
         "--target",
         choices=("ort", "onnx"),
@@ -53,7 +60,11 @@ def add_parser(sub: Any) -> None:
         help="auto: external data only when the model is over 2 GB",
     )
     qnt.add_argument(
-        "--option", action="append", default=[], metavar="KEY=VALUE", help="pass settings"
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting for the passes (repeatable; `fastopt passes` lists them)",
     )
     add_quant_flags(qnt)
     qnt.set_defaults(func=run_command)
@@ -67,7 +78,12 @@ def add_quant_flags(p: argparse.ArgumentParser) -> None:
     sym.add_argument(
         "--symmetric", dest="symmetric", action="store_true", default=True, help="(default)"
     )
-    sym.add_argument("--asymmetric", dest="symmetric", action="store_false")
+    sym.add_argument(
+        "--asymmetric",
+        dest="symmetric",
+        action="store_false",
+        help="int4/int8: a zero point per block (uses the full range of lopsided weights)",
+    )
     p.add_argument(
         "--accuracy-level",
         type=int,
@@ -81,7 +97,13 @@ def add_quant_flags(p: argparse.ArgumentParser) -> None:
         help="node or weight names kept in float (repeatable)",
     )
     p.add_argument("--lm-head", choices=("keep", "int4", "int8"), help="default: as the rest")
-    p.add_argument("--embeddings", choices=("keep", "int4", "int8"), default="keep")
+    p.add_argument(
+        "--embeddings",
+        choices=("keep", "int4", "int8"),
+        default="keep",
+        help="the token embedding table (a Gather): keep in float (default) or quantize it "
+        "(GatherBlockQuantized, target ort)",
+    )
     p.add_argument("--per-channel", action="store_true", help="int8-dynamic: per-column scales")
     p.add_argument("--keep-io-types", action="store_true", help="fp16/bf16: float32 inputs/outputs")
     p.add_argument(
@@ -111,57 +133,63 @@ def quant_settings(args: argparse.Namespace, mode: Mode, output: str | None) -> 
     )
 
 
-def print_quantization(weights: list[WeightQuantization], out: Any) -> None:
+def print_quantization(weights: list[WeightQuantization], out: Any, verbose: bool = False) -> None:
+    """The summary line of a quantization; with `verbose` first the table of weights (plain
+    text in pipes, no name truncated: cli_output.print_table)."""
     if not weights:
         return
     s = QuantSummary.of(weights)
-    table = Table(title="weights", show_edge=False)
-    for col, justify in (
-        ("weight", "left"),
-        ("action", "left"),
-        ("type", "left"),
-        ("bytes", "right"),
-        ("max rel err", "right"),
-        ("mean rel err", "right"),
-    ):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
-    shown = [w for w in weights if w.bytes_before]
-    for w in shown[:60]:
-        action = w.action if w.action == "quantized" else f"kept: {w.reason}"
-        table.add_row(
-            escape(w.weight),
-            escape(action),
-            escape(f"{w.dtype_before} -> {w.dtype_after}" if w.dtype_after else w.dtype_before),
-            f"{human_bytes(w.bytes_before)} -> {human_bytes(w.bytes_after)}",
-            f"{w.max_rel_error:.4f}" if w.action == "quantized" else "",
-            f"{w.mean_rel_error:.4f}" if w.action == "quantized" else "",
-        )
-    if len(shown) > 60:
-        table.add_row(f"... {len(shown) - 60} more", "", "", "", "", "")
-    out.print(table)
+    if verbose:
+        table = Table(title="weights", show_edge=False)
+        # The action (with a kept weight's reason) last: print_table wraps the last column.
+        for col, justify in (
+            ("weight", "left"),
+            ("type", "left"),
+            ("bytes", "right"),
+            ("max rel err", "right"),
+            ("mean rel err", "right"),
+            ("action", "left"),
+        ):
+            table.add_column(col, justify=justify)  # type: ignore[arg-type]
+        for w in (w for w in weights if w.bytes_before):
+            action = w.action if w.action == "quantized" else f"kept: {w.reason}"
+            table.add_row(
+                escape(w.weight),
+                escape(f"{w.dtype_before} -> {w.dtype_after}" if w.dtype_after else w.dtype_before),
+                f"{human_bytes(w.bytes_before)} -> {human_bytes(w.bytes_after)}",
+                f"{w.max_rel_error:.4f}" if w.action == "quantized" else "",
+                f"{w.mean_rel_error:.4f}" if w.action == "quantized" else "",
+                escape(action),
+            )
+        print_table(out, table)
     reasons = ", ".join(f"{k}: {v}" for k, v in sorted(s.kept_reasons.items()))
     out.print(
         f"quantized {s.quantized} weights, kept {s.kept}"
-        + (f" ({escape(reasons)})" if reasons else "")
-        + f"; {human_bytes(s.bytes_before)} -> {human_bytes(s.bytes_after)}"
+        + (f" ({reasons})" if reasons else "")
+        + f"; {human_bytes(s.bytes_before)} -> {human_bytes(s.bytes_after)}",
+        markup=False,
+        highlight=False,
     )
 
 
 def print_precision(
-    check: RangeCheck | None, passes: list[PassReport], mode: str, out: Any
+    check: RangeCheck | None,
+    passes: list[PassReport],
+    mode: str,
+    out: Any,
+    verbose: bool = False,
 ) -> None:
-    """fp16/bf16: the ops the range check kept float32 (with the magnitudes that decided), and
-    a warning line for values clamped to the new type's range."""
+    """fp16/bf16: the range check's summary (with `verbose`, first the ops it kept float32 with
+    the magnitudes that decided), and a warning line for values clamped to the new type's
+    range."""
     if check is not None:
-        if check.kept:
+        if check.kept and verbose:
             table = Table(title="ops that stay float32 (values near fp16's limit)", show_edge=False)
             for col in ("node", "op", "why"):
                 table.add_column(col)
-            for k in check.kept[:20]:
+            for k in check.kept:
                 table.add_row(escape(k.node), escape(k.op), escape(k.reason))
-            if len(check.kept) > 20:
-                table.add_row(f"... {len(check.kept) - 20} more", "", "")
-            out.print(table)
+            print_table(out, table)
         if check.skipped:
             console(stderr=True).print(f"warning: {check.summary()}", markup=False, highlight=False)
         else:
@@ -179,9 +207,14 @@ def print_precision(
         )
 
 
-def work_progress(progress: Progress, task: object) -> Callable[[int, int, str], None]:
+def work_progress(progress: CommandProgress) -> Callable[[int, int, str], None]:
+    """A quantization pass's (done, total, what) reports, shown as a percentage."""
+
     def on_work(done: int, total: int, what: str) -> None:
-        progress.update(task, total=total, completed=done, description=what or "quantized")  # type: ignore[arg-type]
+        if total and done >= total:  # what follows (saving, checks) gives no news
+            progress.update("quantized; saving and checking")
+        else:
+            progress.update(what or "quantizing", done, total)
 
     return on_work
 
@@ -194,29 +227,7 @@ def run_command(args: argparse.Namespace) -> int:
     settings = quant_settings(args, args.mode, args.output)
     settings.validate()
     external = {"auto": None, "always": True, "never": False}[args.external_data]
-    err = console(stderr=True)
-    plain = not err.is_terminal
-    with Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.percentage:>3.0f}%"),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-        disable=plain,
-    ) as progress:
-        task = progress.add_task("quantizing", total=None)
-        on_work = work_progress(progress, task)
-        last = [-1]
-
-        def on_work_plain(done: int, total: int, what: str) -> None:
-            # Not a terminal: a line per tenth of the work, not a bar.
-            tenth = done * 10 // total if total else 10
-            if tenth != last[0]:
-                last[0] = tenth
-                print(f"quantizing: {tenth * 10}%", file=sys.stderr, flush=True)
-
+    with CommandProgress("quantize") as progress:
         try:
             report = fastopt.quantize(
                 args.model,
@@ -236,15 +247,15 @@ def run_command(args: argparse.Namespace) -> int:
                 verify=args.verify,
                 options=parse_options(args.option),
                 external_data=external,
-                progress=on_work_plain if plain else on_work,
+                progress=work_progress(progress),
             )
         except OutputRejectedError as e:
             # ORT runs the original but not the output fastopt wrote: a failed verification (1).
             console(stderr=True).print(f"verification failed: {e}", markup=False, highlight=False)
             return 1
     out = console()
-    print_quantization(report.weights, out)
-    print_precision(report.range_check, report.passes, settings.mode, out)
+    print_quantization(report.weights, out, verbose=args.verbose)
+    print_precision(report.range_check, report.passes, settings.mode, out, verbose=args.verbose)
     out.print(
         f"{escape(args.model)} -> {escape(args.output)} ({human_bytes(_files_size(args.output))}) "
         f"in {report.seconds:.2f} s"
