@@ -2,6 +2,17 @@
 
 The model lives in a C++ IR whose weights are zero-copy views into memory-mapped files, so a
 multi-GB export costs megabytes of RAM to load, inspect and save.
+
+Main entry points (each documented with its parameters, return value and errors):
+
+- :func:`load`, :func:`load_bytes`, :func:`from_onnx` read a model; ``Model.save`` writes one.
+- :func:`optimize` runs a preset or a list of passes; :func:`quantize` quantizes.
+- :func:`check` checks a model; :func:`verify` compares a model with its original in ONNX
+  Runtime; :func:`compare_providers` compares one model across execution providers.
+- :mod:`fastopt.bench` (``run``, ``compare``) measures latency in ONNX Runtime.
+
+Every problem with an input raises a :class:`ModelError` subclass naming it (see
+:mod:`fastopt.errors`).
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ from fastopt._C import (
     apply_rules,
 )
 from fastopt._io import from_onnx, load, load_bytes, verify_checksums
+from fastopt._signatures import spell_out_aliases
 from fastopt.check import CheckError, CheckReport, check
 from fastopt.errors import OptionError, RejectedModelError, UnknownNameError, UnsupportedModelError
 from fastopt.optimize import OptimizeReport, PassReport, optimize
@@ -53,6 +65,20 @@ from fastopt.verify import (
 )
 
 __version__ = "0.1.0"
+
+spell_out_aliases(
+    check,
+    compare_providers,
+    from_onnx,
+    infer_shapes,
+    load,
+    load_bytes,
+    make_inputs,
+    optimize,
+    quantize,
+    verify,
+    verify_checksums,
+)
 
 __all__ = [
     "OPTIONS",

@@ -428,12 +428,34 @@ def check(
     ort: bool = True,
     providers: Sequence[Any] | None = None,
 ) -> CheckReport:
-    """Checks a model with onnx.checker, strict shape inference and an ONNX Runtime load.
+    """Check a model with onnx.checker, strict shape inference and an ONNX Runtime load.
 
-    model_or_path: a path, a :class:`fastopt.Model` or an ``onnx.ModelProto``. Every enabled stage
-    runs even after another failed, so the report is complete. Returns the report when all pass;
-    raises :class:`CheckError` (a :class:`fastopt.ModelError`, carrying ``.report``) naming the
-    first failing stage and its first error otherwise. A missing file raises FileNotFoundError.
+    Every enabled stage runs even after another failed, so the report is complete.
+
+    Parameters
+    ----------
+    model_or_path : str, os.PathLike, fastopt.Model or onnx.ModelProto
+    full_check : bool, default True
+        onnx.checker's full check (with its shape inference).
+    strict_shapes : bool, default True
+        Run onnx's strict shape inference.
+    ort : bool, default True
+        Load the model in ONNX Runtime.
+    providers : sequence, optional
+        The execution providers of the ONNX Runtime load (default CPU).
+
+    Returns
+    -------
+    CheckReport
+        One result per stage, when all pass.
+
+    Raises
+    ------
+    CheckError
+        A stage failed (a :class:`fastopt.ModelError` carrying ``.report``); the message names
+        the first failing stage and its first error.
+    FileNotFoundError
+        No file at the path.
     """
     start = time.perf_counter()
     with ExitStack() as stack:

@@ -100,22 +100,64 @@ def quantize(
     progress: WorkProgressFn | None = None,
     run_check: bool = True,
 ) -> QuantizeReport:
-    """Quantizes a model (a path, never modified, or a Model, changed in place).
+    """Quantize a model's weights (int4/int8 weight-only, int8 dynamic) or its precision
+    (fp16/bf16).
 
-    ``mode``: int4 | int8 (weight-only, blockwise RTN along K, ``block_size`` a power of two
-    in 16..256, ``symmetric`` or not; target ort: com.microsoft MatMulNBits with
-    ``accuracy_level`` (default 4 for fp32, 0 for fp16/bf16 or option cuda=1); target onnx:
-    opset-21 blocked DequantizeLinear + MatMul) | int8-dynamic | fp16 | bf16.
-    ``exclude``: globs on node or weight names kept in float. ``lm_head``: keep | int4 | int8
-    (default: as the rest). ``embeddings``: keep | int4 | int8 (Gather tables, per row along
-    hidden: com.microsoft GatherBlockQuantized, sharing a tied lm_head's MatMulNBits weight;
-    target onnx: DequantizeLinear(axis 1) + Gather).
-    ``fp16_ranges`` (fp16): run the float model on representative inputs first and keep the
-    ops whose values reach a quarter of float16's range in float32 (fastopt.fp16_ranges;
-    ``report.range_check`` lists them). ``threads``: 0 = all cores. ``verify`` compares the
-    output with the original (needs a path and ``output``; fastopt.quant_verify).
-    ``progress(done, total, what)``: bytes quantized so far. ``run_check``: as optimize's (ORT
-    runs the output once before it is written).
+    Parameters
+    ----------
+    model_or_path : str, os.PathLike or fastopt.Model
+        A path (never modified) or a Model (changed in place).
+    output : str or os.PathLike, optional
+        Where to save the result (atomically).
+    mode : {"int4", "int8", "int8-dynamic", "fp16", "bf16"}
+        int4/int8: blockwise round-to-nearest along K (target ort: com.microsoft MatMulNBits;
+        target onnx: opset-21 blocked DequantizeLinear + MatMul).
+    block_size : int, default 32
+        int4/int8: rows per block, a power of two in 16..256.
+    symmetric : bool, default True
+        int4/int8: False adds a zero point per block.
+    accuracy_level : int, optional
+        MatMulNBits' accuracy_level 0..4 (default 4 for fp32, 0 for fp16/bf16 or option cuda=1).
+    exclude : sequence of str, default ()
+        Globs on node or weight names kept in float.
+    lm_head : {"keep", "int4", "int8"}, optional
+        The output projection (default: as the rest).
+    embeddings : {"keep", "int4", "int8"}, default "keep"
+        Gather tables, per row (com.microsoft GatherBlockQuantized; target onnx:
+        DequantizeLinear + Gather).
+    per_channel : bool, default False
+        int8-dynamic: a scale per output column.
+    keep_io_types : bool, default False
+        fp16/bf16: keep float32 graph inputs and outputs.
+    fp16_ranges : bool, default True
+        fp16: run the float model on sample inputs first and keep in float32 the ops whose
+        values reach a quarter of float16's range (``report.range_check`` lists them).
+    target : {"ort", "onnx"}, default "ort"
+    threads : int, default 0
+        Quantizing threads (0: all cores).
+    verify : bool, default False
+        Compare the output with the original (needs a path and `output`).
+    options : mapping, optional
+        Pass settings, as for :func:`fastopt.optimize`.
+    external_data : bool or None, default None
+        As ``Model.save``.
+    progress : callable, optional
+        ``progress(done, total, what)``: bytes quantized so far.
+    run_check : bool, default True
+        ONNX Runtime runs the output once before it is written.
+
+    Returns
+    -------
+    QuantizeReport
+        Per weight what was done and why (``weights``), a ``summary``, the passes, and the
+        verification when asked for.
+
+    Raises
+    ------
+    fastopt.OptionError
+        A bad mode or setting.
+    fastopt.ModelError
+        A problem with the input or the output path (`verify` without paths too).
     """
     settings = QuantSettings(
         mode=mode,

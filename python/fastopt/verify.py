@@ -316,19 +316,39 @@ def verify(
     seed: int = 0,
     providers: Sequence[Any] | None = None,
 ) -> VerifyReport:
-    """Runs `original` and `optimized` on the same inputs and compares every output by name.
+    """Run `original` and `optimized` on the same inputs and compare every output by name.
 
-    original, optimized: paths, :class:`fastopt.Model` or ``onnx.ModelProto``; large in-memory
-    models are saved to a temporary folder with external data, never serialized in memory.
-    inputs: arrays for some or all graph inputs; the rest come from :func:`make_inputs` on the
-    original with `dims` and `seed`. rtol, atol: one value for every floating-point output, or a
-    mapping output name -> value; None takes the dtype's default (see the module docstring).
-    providers: None (CPU) or one entry runs both models there; several entries compare across
-    providers too (see the module docstring). An unavailable provider raises ValueError naming
-    the available ones.
-    Returns the report when every output matches; raises :class:`VerifyError`, whose message
-    tables the failing outputs, when one does not, when output names, dtypes or shapes differ, or
-    when a model cannot be loaded or run.
+    Parameters
+    ----------
+    original, optimized : str, os.PathLike, fastopt.Model or onnx.ModelProto
+        Large in-memory models are saved to a temporary folder with external data, never
+        serialized in memory.
+    inputs : mapping of str to numpy.ndarray, optional
+        Arrays for some or all graph inputs; the rest come from :func:`make_inputs` on the
+        original with `dims` and `seed`.
+    dims : mapping of str to int, optional
+        Values of symbolic dims, e.g. ``{"batch_size": 1, "sequence_length": 16}``.
+    rtol, atol : float or mapping of str to float, optional
+        One value for every floating-point output or one per output name; None takes the
+        dtype's default (see the module docstring).
+    seed : int, default 0
+    providers : sequence, optional
+        None (CPU) or one entry runs both models there; several compare across providers too
+        (see the module docstring).
+
+    Returns
+    -------
+    VerifyReport
+        When every output matches.
+
+    Raises
+    ------
+    VerifyError
+        An output differs (the message tables the failing ones), or output names, dtypes or
+        shapes differ; :class:`InputRejectedError` when ONNX Runtime cannot run the original,
+        :class:`OutputRejectedError` when it runs the original but not the optimized model.
+    ValueError
+        A provider is not available (the message names the available ones).
     """
     return _verify(original, optimized, inputs, dims, rtol, atol, seed, providers)
 
