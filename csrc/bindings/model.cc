@@ -254,20 +254,36 @@ fastopt._C.load_skeleton(bytes, model) or apply its types with Model.apply_types
 
 Files are written unnamed and named at the end, data files before the model file (the old
 model file is removed first, so it never sits beside new data); missing folders are created.
-A path that is the loaded model's own file or one of its external data files (by identity:
-links and symlinks included), a directory, FIFO, socket or device is refused (ModelError), as
-is a save after one of the loaded files shrank or changed.
 
-external_data: None writes a self-contained file when it fits protobuf's 2 GB limit and
-external data otherwise; True always moves tensors of at least size_threshold bytes to
-`location` (default '<file name>.data') beside the model; False never does (ModelError over
-2 GB); a string is True with that location. align pads each tensor's offset in the data file to
-a multiple of it (4096 lets runtimes mmap tensors); max_file_bytes > 0 splits the data into
-several files. side_files ({name: bytes}) are written beside the model and committed with it
-(genai_config.json: never beside another model file). fsync=False writes as cp does: no
-writeback while writing and no fsync, so the save returns before the bytes reach the disk; the
-files are still complete or absent for every reader and if this process dies, but a power loss
-may leave them partial.)doc");
+Parameters
+----------
+path : str or os.PathLike
+    The model file to write.
+external_data : None, bool or str, default None
+    None: a self-contained file when it fits protobuf's 2 GB limit, external data otherwise;
+    True: tensors of at least `size_threshold` bytes always go to `location`; False: never
+    (ModelError over 2 GB); a string: True with that location.
+location : str, default '<file name>.data'
+    The data file, beside the model.
+size_threshold : int, default 1024
+    Smallest tensor (bytes) moved to external data.
+align : int, default 0
+    Pad each tensor's offset in the data file to a multiple of it (4096 lets runtimes mmap).
+max_file_bytes : int, default 0
+    Above 0, split the data into several files.
+side_files : dict of str to bytes, default {}
+    Small files written beside the model and committed with it (genai_config.json).
+fsync : bool, default True
+    False writes as cp does: no writeback while writing and no fsync, so the save returns
+    before the bytes reach the disk; the files are still complete or absent for every reader
+    and if this process dies, but a power loss may leave them partial.
+
+Raises
+------
+ModelError
+    A path that is the loaded model's own file or one of its external data files (by identity:
+    links and symlinks included), a directory, FIFO, socket or device; a save after one of the
+    loaded files shrank or changed; a second save to the same output at the same time.)doc");
 
   m.def(
       "write_file",
