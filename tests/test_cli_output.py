@@ -175,6 +175,28 @@ def test_print_quantization_goes_through_print_table(capsys: pytest.CaptureFixtu
     assert "onnx::MatMul_" + "9" * 40 in out and not BOX.search(out)
 
 
+def test_a_table_wider_than_the_terminal_crops_nothing() -> None:
+    """On a terminal, rich cropped a table whose unwrappable columns passed the width (bench's
+    at 80 columns lost "p99 ms" and everything after it)."""
+    import io
+
+    from fastopt.cli_output import print_table
+    from rich.console import Console
+    from rich.table import Table
+
+    buffer = io.StringIO()
+    out = Console(file=buffer, force_terminal=True, width=60)
+    table = Table()
+    headers = [f"column_{i}" for i in range(8)]
+    for header in headers:
+        table.add_column(header)
+    table.add_row("llama_ts_float32/model.onnx", *[f"cell_{i}" for i in range(1, 8)])
+    print_table(out, table)
+    text = buffer.getvalue()
+    for cell in [*headers, "llama_ts_float32/model.onnx", "cell_7"]:
+        assert cell in text, cell
+
+
 def test_optimize_without_output_says_nothing_was_written(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -18,6 +18,7 @@ from fastopt.cli_genai import add_parser as add_genai_parser
 from fastopt.cli_optimize import add_parser as add_optimize_parser
 from fastopt.cli_optimize import parse_providers
 from fastopt.cli_output import console, print_table
+from fastopt.cli_progress import CommandProgress
 from fastopt.cli_quantize import add_parser as add_quantize_parser
 from fastopt.options import OPTIONS
 from fastopt.registry import PRESET_DESCRIPTIONS
@@ -97,10 +98,12 @@ def _cmd_check(args: argparse.Namespace) -> int:
     dims = _parse_dims(args.dims)
     result: dict[str, object] = {}
     code = 0
-    try:
-        creport = fastopt.check(args.model, providers=providers[:1] if providers else None)
-    except CheckError as e:
-        creport, code = e.report, 1
+    with CommandProgress("check") as progress:
+        progress.update("onnx.checker, shape inference, ONNX Runtime load")
+        try:
+            creport = fastopt.check(args.model, providers=providers[:1] if providers else None)
+        except CheckError as e:
+            creport, code = e.report, 1
     print(creport)
     result["check"] = creport.to_dict()
     # A checker complaint (e.g. ORT's SimplifiedLayerNormalization in the default domain) does
@@ -109,11 +112,13 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if runs and (providers or args.against):
         vreport: VerifyReport
         try:
-            if args.against:
-                vreport = verify(args.against, args.model, dims=dims, providers=providers)
-            else:
-                assert providers is not None
-                vreport = compare_providers(args.model, providers, dims=dims)
+            with CommandProgress("check") as progress:
+                progress.update("comparing outputs")
+                if args.against:
+                    vreport = verify(args.against, args.model, dims=dims, providers=providers)
+                else:
+                    assert providers is not None
+                    vreport = compare_providers(args.model, providers, dims=dims)
         except VerifyError as e:
             vreport, code = e.report, 1
         print()

@@ -8,6 +8,7 @@ from typing import Any
 from rich.markup import escape
 
 from fastopt.cli_output import console
+from fastopt.cli_progress import CommandProgress
 from fastopt.errors import OptionError
 
 
@@ -48,15 +49,17 @@ def _cmd_genai_whisper(args: Any) -> int:
             raise OptionError(f"{args.config} is not JSON: {e}") from None
     if not isinstance(config, dict):
         raise OptionError(f"{args.config} is not a JSON object")
-    report = whisper_for_genai(
-        args.encoder,
-        args.decoder,
-        args.output,
-        config,
-        kv_cache=args.kv_cache,
-        max_length=args.max_length,
-        cross_cache=args.cross_cache,
-    )
+    with CommandProgress("genai-whisper") as progress:
+        progress.update("optimizing the encoder and the decoder, writing the folder")
+        report = whisper_for_genai(
+            args.encoder,
+            args.decoder,
+            args.output,
+            config,
+            kv_cache=args.kv_cache,
+            max_length=args.max_length,
+            cross_cache=args.cross_cache,
+        )
     out = console()
     out.print(
         f"wrote {escape(report.folder)}: encoder {report.encoder.nodes_before} -> "

@@ -1,7 +1,8 @@
 """How the CLI prints: rich tables on a terminal, plain text in pipes and CI logs.
 
 On a terminal, tables are rich's, with no cell ever truncated: every column but the last keeps
-its widest cell whole (``min_width``), and the last one wraps. Anywhere else (a pipe, a file, a CI
+its widest cell whole (``min_width``), and the last one wraps; a table still wider than the
+terminal prints as in a pipe. Anywhere else (a pipe, a file, a CI
 log) the same tables print as plain text: columns padded with spaces, no box characters, no
 colour codes, and the last column wrapped to the width (``COLUMNS``, default 100) with
 continuation lines indented under it.
@@ -14,6 +15,7 @@ import textwrap
 from collections.abc import Sequence
 
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -93,8 +95,11 @@ def print_table(out: Console, table: Table) -> None:
             col.no_wrap = True
         if columns:
             columns[-1].overflow = "fold"
-        out.print(table)
-        return
+        if Measurement.get(out, out.options.update_width(1 << 20), table).minimum <= out.width:
+            out.print(table)
+            return
+        # Wider than the terminal even with the last column wrapped: rich would crop the
+        # lines; the plain layout below keeps every cell whole.
     header = [_plain(c.header) for c in columns]
     cells = [[_plain(c) for c in col.cells] for col in columns]
     rows: list[list[str]] = [list(r) for r in zip(*cells)]
