@@ -182,7 +182,10 @@ def run_command(args: argparse.Namespace) -> int:
     with CommandProgress("optimize") as progress:
 
         def on_pass(i: int, n: int, name: str) -> None:
-            progress.update(name or "saving", i, n, unit="pass")
+            if name:
+                progress.update(name, i, n, unit="pass")
+            else:  # the passes are done
+                progress.update("run check and save" if args.output else "finishing")
 
         try:
             report = fastopt.optimize(
