@@ -322,12 +322,18 @@ def test_every_explanation_names_an_askable_name(target: str) -> None:
             assert m and m.group(1) in known, line
 
 
-def test_info_of_a_text_file_says_it_is_not_onnx(capsys: pytest.CaptureFixture[str]) -> None:
+def test_info_of_a_text_file_says_it_is_not_onnx(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     readme = Path(__file__).resolve().parents[1] / "README.md"
     code, _, err = cli(capsys, "info", readme)
     line = one_line_error(err)
     assert code == 2 and "is not an ONNX model: it starts with text ('# fastopt')" in line
     assert "wire type" not in line
+    png = tmp_path / "image.onnx"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
+    with pytest.raises(fastopt.ModelError, match=r"not an ONNX model: its first bytes \(89 50 4e"):
+        fastopt.load(png)
 
 
 def test_kv_cache_for_an_encoder_says_encoder(

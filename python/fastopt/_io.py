@@ -49,13 +49,14 @@ def load(path: PathLike) -> _C.Model:
         raise
 
 
-# ModelProto's fields (onnx.proto) and their wire types: 0 varint, 2 length-delimited.
-_MODEL_FIELDS = {1: 0, 2: 2, 3: 2, 4: 2, 5: 0, 6: 2, 7: 2, 8: 2, 14: 2, 20: 2, 25: 2, 26: 2}
+# ModelProto's field numbers (onnx.proto).
+_MODEL_FIELDS = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 14, 20, 25, 26})
 
 
 def _not_a_model(path: str) -> str:
-    """Why the file cannot be an ONNX model when its first bytes are not a ModelProto field
-    (text, an image, an archive); "" when they could be (then it is a corrupt model)."""
+    """Why the file cannot be an ONNX model when its first bytes are no ModelProto field (an
+    unknown field number, or a wire type protobuf no longer writes or never had: text, an image,
+    an archive); "" when they could be one (then it is a corrupt model)."""
     try:
         with open(path, "rb") as f:
             head = f.read(64)
@@ -69,10 +70,13 @@ def _not_a_model(path: str) -> str:
         if not byte & 0x80:
             complete = True
             break
-    if complete and _MODEL_FIELDS.get(tag >> 3) == tag & 7:
-        return ""
-    text = head.decode("utf-8", errors="replace")
-    if all(c.isprintable() or c in "\t\r\n" for c in text):
+    if complete and tag >> 3 in _MODEL_FIELDS and tag & 7 in (0, 1, 2, 5):
+        return ""  # a ModelProto field, perhaps of the wrong type: a corrupt model
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as e:  # text cut inside a character at the end is still text
+        text = head[: e.start].decode("utf-8") if e.start >= len(head) - 3 else "\0"
+    if text and all(c.isprintable() or c in "\t\r\n" for c in text):
         first = text.strip().splitlines()[0] if text.strip() else ""
         return f"it starts with text ({first[:40]!r}); an ONNX model is a binary protobuf file"
     return (
