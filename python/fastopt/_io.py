@@ -70,8 +70,8 @@ def _not_a_model(path: str) -> str:
         if not byte & 0x80:
             complete = True
             break
-    if complete and tag >> 3 in _MODEL_FIELDS and tag & 7 in (0, 1, 2, 5):
-        return ""  # a ModelProto field, perhaps of the wrong type: a corrupt model
+    if not complete or (tag >> 3 in _MODEL_FIELDS and tag & 7 in (0, 1, 2, 5)):
+        return ""  # a broken tag, or a ModelProto field of the wrong type: a corrupt model
     try:
         text = head.decode("utf-8")
     except UnicodeDecodeError as e:  # text cut inside a character at the end is still text
