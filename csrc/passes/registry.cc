@@ -47,7 +47,7 @@ PassInfo rule_pass(std::string name, std::string description, std::vector<std::s
   };
   info.rule_names = [make_rules] {
     std::vector<std::string> names;
-    for (const char* target : {"ort", "onnx"}) {  // a target may add or drop rules
+    for (Target target : {Target::kOrt, Target::kOnnx}) {  // a target may add or drop rules
       PassContext ctx;
       ctx.target = target;
       for (const auto& r : make_rules(ctx)) {
