@@ -4,7 +4,11 @@ count fused ops, and check ONNX Runtime parity of the logits."""
 
 from __future__ import annotations
 
+import gzip
 import json
+import os
+import tempfile
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -15,10 +19,19 @@ import fastopt
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 
 ort.set_default_logger_severity(3)
 
 FIXTURE_DIR = Path(__file__).parent / "fixtures" / "models"
+# The version matrix (tests/fixtures/make_matrix.py): MATRIX_DIR/<transformers release>/<name>/
+# model.onnx.gz (weights as mean/std, filled by materialize) + meta.json; exports.json per
+# release says which combinations failed to export, and why.
+MATRIX_DIR = Path(__file__).parent / "fixtures" / "matrix"
+# Expected failures of the matrix: {check: {fixture name: reason}} (strict xfails, so a fix
+# flips them; tests/fixtures/README.md says how to update it).
+MATRIX_XFAIL = MATRIX_DIR / "expected_failures.json"
+RANDOM_MARK = "fastopt-random"
 # Decoders whose KV-cache rewrite is refused by design, with the reason tested in
 # test_rotary_variants.py: phi3 LongRoPE picks its rotary table from the longest position, which
 # a cache computed step by step cannot reproduce once the switch flips.
@@ -49,6 +62,8 @@ PARITY_ATOL = {"float32": 1e-4, "float16": 2e-2}
 @dataclass(frozen=True)
 class Fixture:
     path: Path
+    # matrix fixtures: the transformers release (the name gets ".tf<release>")
+    release: str | None = None
 
     @cached_property
     def meta(self) -> dict[str, Any]:
@@ -56,7 +71,9 @@ class Fixture:
 
     @property
     def name(self) -> str:
-        return self.path.parent.name
+        """The folder's name; a matrix fixture's ends in .tf<transformers release>."""
+        folder = self.meta.get("folder", self.path.parent.name)
+        return f"{folder}.tf{self.release}" if self.release else folder
 
     @property
     def arch(self) -> str:
@@ -143,6 +160,93 @@ def fixtures(
             continue
         out.append(fx)
     return out
+
+
+def materialize(folder: Path) -> Path:
+    """model.onnx of a matrix fixture folder (model.onnx.gz + meta.json), with every weight
+    make_matrix.py stripped filled again by seeded normal values of its recorded mean and std,
+    in a temporary folder (reused while the gzipped file is unchanged); meta.json beside it."""
+    packed = (folder / "model.onnx.gz").read_bytes()
+    key = f"{folder.name}-{zlib.crc32(packed):08x}"
+    cache = Path(tempfile.gettempdir()) / f"fastopt-matrix-{os.getuid()}" / folder.parent.name
+    out = cache / key / "model.onnx"
+    if out.exists():
+        return out
+    proto = onnx.ModelProto.FromString(gzip.decompress(packed))
+    for t in proto.graph.initializer:
+        if not t.doc_string.startswith(RANDOM_MARK):
+            continue
+        mean, std = (float(x) for x in t.doc_string.split()[1:3])
+        rng = np.random.default_rng(zlib.crc32(t.name.encode()))
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(t.data_type)
+        t.raw_data = (rng.standard_normal(tuple(t.dims)) * std + mean).astype(dtype).tobytes()
+        t.doc_string = ""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["folder"] = folder.name
+    tmp = out.parent / f".{os.getpid()}.tmp"  # atomic: concurrent sessions may fill it too
+    tmp.write_text(json.dumps(meta))
+    os.replace(tmp, out.parent / "meta.json")
+    tmp.write_bytes(proto.SerializeToString())
+    os.replace(tmp, out)
+    return out
+
+
+def matrix_releases() -> list[str]:
+    """The transformers releases of the matrix, oldest first."""
+    found = [p.name for p in MATRIX_DIR.iterdir() if (p / "exports.json").is_file()]
+    return sorted(found, key=lambda v: tuple(int(x) for x in v.split(".")))
+
+
+def matrix_fixtures(
+    release: str | None = None,
+    arch: str | Sequence[str] | None = None,
+    exporter: str | None = None,
+    decoder: bool | None = None,
+    cache_export: bool | None = False,
+) -> list[Fixture]:
+    """The version matrix's fixtures (materialized), filtered as fixtures() does; sorted by
+    release, then name."""
+    archs = [arch] if isinstance(arch, str) else arch
+    out = []
+    for rel in matrix_releases() if release is None else [release]:
+        for meta_path in sorted((MATRIX_DIR / rel).glob("*/meta.json")):
+            meta = json.loads(meta_path.read_text())
+            if archs is not None and meta["arch"] not in archs:
+                continue
+            if exporter is not None and meta["exporter"] != exporter:
+                continue
+            if decoder is not None and (meta["kind"] == "decoder") != decoder:
+                continue
+            if cache_export is not None and bool(meta.get("cache")) != cache_export:
+                continue
+            out.append(Fixture(materialize(meta_path.parent), release=rel))
+    return out
+
+
+# The matrix's default share (the rest runs under -m slow): every release's llama and gpt2
+# (both exporters), so each release's mask, rotary and attention forms stay in the default run.
+MATRIX_DEFAULT_ARCHS = ("llama", "gpt2")
+
+
+def matrix_params(
+    check: str, items: Sequence[Fixture], variants: Sequence[tuple[str, ...]] = ((),)
+) -> list[Any]:
+    """pytest params (fx, *variant) for the matrix fixtures of a check (a key of
+    expected_failures.json), id "<fixture>[-<variant>...]": a strict xfail with the recorded
+    reason where the table expects that id to fail; slow outside MATRIX_DEFAULT_ARCHS."""
+    expected = json.loads(MATRIX_XFAIL.read_text()).get(check, {}) if MATRIX_XFAIL.exists() else {}
+    params = []
+    for fx in items:
+        for variant in variants:
+            test_id = "-".join([fx.name, *variant])
+            marks: list[Any] = []
+            if test_id in expected:
+                marks.append(pytest.mark.xfail(strict=True, reason=expected[test_id]))
+            if fx.arch not in MATRIX_DEFAULT_ARCHS:
+                marks.append(pytest.mark.slow)
+            params.append(pytest.param(fx, *variant, marks=marks, id=test_id))
+    return params
 
 
 def router_softmaxes(fx: Fixture) -> int:

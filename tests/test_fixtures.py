@@ -10,6 +10,7 @@ from pathlib import Path
 import fastopt
 import onnx
 import pytest
+from llm_fixtures import Fixture, matrix_fixtures, matrix_params
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures" / "models").glob("*/model.onnx"))
 CACHE_DIMS = {
@@ -71,3 +72,9 @@ def test_fixture_roundtrip_and_classic_preset(path: Path, tmp_path: Path) -> Non
     # (total = past + new; a sliding-window layer's past holds at most window - 1 rows)
     cached = json.loads((path.parent / "meta.json").read_text()).get("cache", False)
     fastopt.verify(path, out, dims=CACHE_DIMS if cached else None)
+
+
+@pytest.mark.parametrize("fx", matrix_params("classic", matrix_fixtures(cache_export=None)))
+def test_matrix_fixture_roundtrip_and_classic_preset(fx: Fixture, tmp_path: Path) -> None:
+    """The same on the version matrix (tests/fixtures/matrix)."""
+    test_fixture_roundtrip_and_classic_preset(fx.path, tmp_path)

@@ -17,7 +17,7 @@ from fastopt.cli import build_parser, main
 from fastopt.genai_config import GenaiConfigError, genai_config, write_genai_config
 from fastopt.optimize import KV_CACHE_PASS, _with_kv_cache
 from fastopt.registry import preset
-from llm_fixtures import MOE_ARCHS, fixtures, ids
+from llm_fixtures import MOE_ARCHS, fixtures, ids, matrix_fixtures, matrix_params
 from onnx import TensorProto, helper, numpy_helper
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
@@ -271,6 +271,14 @@ E2E = [
     for fx in DECODERS
     for target, mode in (("ort", "standard"), ("onnx", "standard"), ("ort", "inplace"))
 ]
+# The version matrix's decoders without a cache (tests/fixtures/matrix): strict xfails where
+# expected_failures.json records a failure, most of them under -m slow.
+MATRIX_DECODERS = matrix_fixtures(decoder=True)
+E2E += matrix_params(
+    "kv_generation",
+    MATRIX_DECODERS,
+    [("ort", "standard"), ("onnx", "standard"), ("ort", "inplace")],
+)
 CHUNKED = fixtures(decoder=True, dtype="float32", kv_cache=True)
 # Architectures whose rotary covers the whole head (gpt_neox rotates a quarter of it: GQA's
 # do_rotary cannot take that, the RotaryEmbedding stays); qwen3 and gemma3 rotate their heads
@@ -364,7 +372,8 @@ GENAI_FX = fixtures(decoder=True, dtype="float32", kv_cache=True) + fixtures(
         pytest.param(fx, mode, id=f"{fx.name}-{mode}")
         for fx in GENAI_FX
         for mode in ("standard", "inplace")
-    ],
+    ]
+    + matrix_params("genai", MATRIX_DECODERS, [("standard",), ("inplace",)]),
 )
 def test_cached_model_runs_under_genai(fx, mode: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """onnxruntime-genai loads the folder (model + genai_config.json; in-place: shared past/
