@@ -59,7 +59,7 @@ def _kv(fx: Fixture, mode: str) -> str:
 def row(fx: Fixture) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for target in ("ort", "onnx"):
-        report = fastopt.optimize(fx.path, preset="llm", target=target, run_check=False)  # type: ignore[arg-type]
+        report = fastopt.optimize(fx.path, preset="llm", target=target, run_check=False)
         out[target] = _summary(report)
     if fx.is_decoder:
         for mode in ("standard", "inplace"):
