@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 
 import coverage_table as ct
+import pytest
+from llm_fixtures import fixtures, matrix_fixtures
 
 
 def test_coverage_table_unchanged() -> None:
@@ -20,16 +22,27 @@ def test_coverage_table_unchanged() -> None:
     )
 
 
-def test_diff_names_a_lost_fusion() -> None:
-    """The guard can fail: a row that lost a fused op and gained residue is reported."""
-    row = {"ort": {"fused": {"GroupQueryAttention": 2}, "residue": {}}, "kv_inplace": "ok"}
-    lost = {
-        "ort": {"fused": {"GroupQueryAttention": 1}, "residue": {"Softmax": 1}},
-        "kv_inplace": "refused: why",
-    }
-    lines = ct.diff({"m": row}, {"m": lost})
-    assert lines == [
-        'm.kv_inplace: "ok" -> "refused: why"',
-        'm.ort: {"fused": {"GroupQueryAttention": 2}, "residue": {}} -> '
-        '{"fused": {"GroupQueryAttention": 1}, "residue": {"Softmax": 1}}',
+def test_guard_fails_on_a_lost_fusion(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard can fail: with fuse_rotary dropped from the llm preset, a fixture of models/ and
+    one of the matrix differ from the table, and the diff names the lost RotaryEmbedding and the
+    Sin/Cos/Neg left behind, per target."""
+    import fastopt.registry as registry
+
+    items = fixtures(arch="llama", exporter="ts", dtype="float32")
+    items += matrix_fixtures(release="5.0.0", arch="qwen2", exporter="dynamo")
+    table = json.loads(ct.TABLE.read_text())
+    expected = {fx.name: table[fx.name] for fx in items}
+    assert ct.diff(expected, ct.compute(items)) == []
+    llm = [p for p in registry.PRESETS["llm"] if p != "fuse_rotary"]
+    monkeypatch.setitem(registry.PRESETS, "llm", llm)
+    lines = ct.diff(expected, ct.compute(items))
+    assert [line.split(":")[0] for line in lines] == [
+        "llama_ts_float32.onnx",
+        "llama_ts_float32.ort",
+        "qwen2_dynamo_float32.tf5.0.0.onnx",
+        "qwen2_dynamo_float32.tf5.0.0.ort",
     ]
+    for line in lines:
+        before, after = (json.loads(side) for side in line.split(": ", 1)[1].split(" -> "))
+        assert before["fused"]["RotaryEmbedding"] == 4 and "RotaryEmbedding" not in after["fused"]
+        assert {"Sin", "Cos", "Neg"} <= set(after["residue"])
