@@ -40,7 +40,8 @@ def test_matrix_tables_say_what_is_there() -> None:
             meta = json.loads((MATRIX_DIR / release / name / "meta.json").read_text())
             assert meta["versions"]["transformers"] == release, (release, name)
             assert meta["ort_vs_torch_max_abs"] < 1e-4, (release, name)
-    assert all(f"transformers {r}" in README.read_text() for r in releases)
+    tested = README.read_text().split("version matrix", 1)[1][:400]  # "How this is tested"
+    assert all(release in tested for release in releases), tested
 
 
 def test_matrix_expected_failures_name_real_tests() -> None:
