@@ -24,9 +24,12 @@ rejects it, rightly, when it does not), and onnx's shape inference (1.16 and 1.2
 nodes without a schema, and whatever depends only on their outputs, even in strict mode. Should an
 onnx version report an inference error *on* a custom-domain node that has no model-local function,
 it is not fatal here: it is kept as a note in the stage's message. Errors on standard-domain nodes
-(``""``, ``ai.onnx*``) and on nodes backed by a model-local function always fail the stage. Note
-that ORT's own optimizer writes ``SimplifiedLayerNormalization`` in the default domain; onnx
-rightly rejects such a model.
+(``""``, ``ai.onnx*``) and on nodes backed by a model-local function always fail the stage.
+
+A model is judged against the runtime it targets: ONNX Runtime's own ops (its contrib domains, and
+the few it registers in the ONNX domain, such as the ``SimplifiedLayerNormalization`` that target
+"ort" writes) pass, checked against ORT's schemas (:mod:`fastopt.ort_ops`), and the report says the
+model runs in ONNX Runtime only (``CheckReport.runtime_ops``).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Callable, Union
 from fastopt import _C
 from fastopt._io import load
 from fastopt.errors import entry_point
+from fastopt.ort_ops import describe, ort_knows, ort_schemas, runtime_ops
 from fastopt.providers import CPU, provider_name, resolve, short_name
 
 if TYPE_CHECKING:
@@ -97,10 +101,17 @@ class CheckReport:
     model: str  # the path, or a description of the in-memory model
     stages: list[StageResult] = field(default_factory=list)
     seconds: float = 0.0  # total, preparation (e.g. saving a large in-memory model) included
+    # ONNX Runtime's own ops in the model, nodes by op ("com.microsoft::GroupQueryAttention";
+    # no prefix for its ops in the ONNX domain): when any, the model runs in ORT only.
+    runtime_ops: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
         return all(s.ok for s in self.stages)
+
+    @property
+    def ort_only(self) -> bool:
+        return bool(self.runtime_ops)
 
     @property
     def failed(self) -> list[StageResult]:
@@ -115,11 +126,14 @@ class CheckReport:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["ok"] = self.ok
+        out["ort_only"] = self.ort_only
         return out
 
     def __str__(self) -> str:
         rows = [(s.name, s.status, f"{s.seconds:.3f}s", s.message) for s in self.stages]
         head = f"check {'passed' if self.ok else 'FAILED'}: {self.model} ({self.seconds:.2f}s)"
+        if self.runtime_ops:
+            head += "\n" + describe(self.runtime_ops)
         return head + "\n" + format_table(("stage", "status", "time", "message"), rows)
 
 
@@ -289,11 +303,6 @@ def _timed(name: str, fn: Callable[[], str]) -> StageResult:
     return StageResult(name, "ok", note, time.perf_counter() - start)
 
 
-# ONNX Runtime ops that it registers in the ONNX domain, which has no schema for them: a model
-# with one runs in ONNX Runtime only (fastopt's target "ort" writes SimplifiedLayerNormalization).
-_ORT_ONNX_DOMAIN_OPS = ("SimplifiedLayerNormalization",)
-
-
 def _checker(source: Source, full_check: bool) -> str:
     import onnx
 
@@ -301,13 +310,14 @@ def _checker(source: Source, full_check: bool) -> str:
     try:
         onnx.checker.check_model(target, full_check=full_check)
     except onnx.checker.ValidationError as e:
-        op = next((o for o in _ORT_ONNX_DOMAIN_OPS if f"No Op registered for {o} " in str(e)), None)
-        if op is None:
+        # Only where onnx could not take ORT's schemas (ort_schemas: onnx before 1.16).
+        op = re.search(r"No Op registered for (\S+) ", str(e))
+        if op is None or not ort_knows(op.group(1)):
             raise
         raise onnx.checker.ValidationError(
-            f"{op} is an ONNX Runtime op in the ONNX domain, which has no schema for it: the "
-            "model runs in ONNX Runtime but is not standard ONNX (fastopt --target onnx writes "
-            f"standard ops only). onnx.checker: {e}"
+            f"{op.group(1)} is an ONNX Runtime op in the ONNX domain, which has no schema for it "
+            f"in onnx {onnx.__version__} (1.16 or later checks it against ONNX Runtime's schema): "
+            f"onnx.checker: {e}"
         ) from e
     except onnx.shape_inference.InferenceError as e:
         note = _custom_domain_only(str(e), source)
@@ -460,19 +470,33 @@ def check(
     start = time.perf_counter()
     with ExitStack() as stack:
         source = open_source(model_or_path, stack, in_memory="proto")
-        stages = [_timed("checker", lambda: _checker(source, full_check))]
-        if strict_shapes:
-            stages.append(_timed("shape_inference", lambda: _shape_inference(source, stack)))
-        else:
-            stages.append(StageResult("shape_inference", "skipped"))
+        ops = _runtime_ops(model_or_path, source)
+        with ort_schemas(ops):
+            stages = [_timed("checker", lambda: _checker(source, full_check))]
+            if strict_shapes:
+                stages.append(_timed("shape_inference", lambda: _shape_inference(source, stack)))
+            else:
+                stages.append(StageResult("shape_inference", "skipped"))
         if ort:
             stages.append(_timed("onnxruntime", lambda: _ort_load(source, providers)))
         else:
             stages.append(StageResult("onnxruntime", "skipped"))
-    report = CheckReport(source.label, stages, time.perf_counter() - start)
+    report = CheckReport(source.label, stages, time.perf_counter() - start, ops)
     if not report.ok:
         raise CheckError(_failure_message(report, full_check), report)
     return report
+
+
+def _runtime_ops(model: ModelLike, source: Source) -> dict[str, int]:
+    """ORT's own ops in the model; {} when fastopt cannot read it (the checker will say why)."""
+    try:
+        if isinstance(model, _C.Model):
+            return runtime_ops(model)
+        if source.path is not None:
+            return runtime_ops(load(source.path))
+        return runtime_ops(_C.load_bytes(source.serialized()))
+    except _C.ModelError:
+        return {}
 
 
 def _failure_message(report: CheckReport, full_check: bool) -> str:
