@@ -39,6 +39,7 @@ from fastopt.check import CheckError, CheckReport, check
 from fastopt.errors import OptionError, RejectedModelError, UnknownNameError, UnsupportedModelError
 from fastopt.optimize import OptimizeReport, PassReport, optimize
 from fastopt.options import OPTIONS, OptionSpec, register_option, unregister_option
+from fastopt.ort_version import require_floor as _require_ort_floor
 from fastopt.quant_settings import QuantSettings, WeightQuantization
 from fastopt.quant_verify import QuantVerifyReport
 from fastopt.quantize import QuantizeReport, quantize
@@ -79,6 +80,9 @@ spell_out_aliases(
     verify,
     verify_checksums,
 )
+
+# An onnxruntime older than the floor cannot load fastopt's outputs: refuse it here, in one line.
+_require_ort_floor()
 
 __all__ = [
     "OPTIONS",

@@ -120,7 +120,7 @@ def _to_onnx_schema(s: Any) -> Any:
         attributes=[
             defs.OpSchema.Attribute(
                 a.name,
-                defs.OpSchema.AttrType(int(a.type)),
+                getattr(defs.OpSchema.AttrType, a.type.name),
                 a.description or "",
                 required=a.required,
             )
