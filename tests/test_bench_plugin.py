@@ -64,3 +64,22 @@ def test_plugin_import_is_light() -> None:
     code = "import sys, fastopt.bench.pytest_plugin; print('onnxruntime' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+CUDA_TEST_FILE = """
+def test_decode(ort_benchmark):
+    result = ort_benchmark({model!r}, provider="cuda", phase="decode", seq=16, rounds=2)
+    assert result.kind == "decoder_cache"
+"""
+
+
+@pytest.mark.skipif(
+    "CUDAExecutionProvider" in __import__("onnxruntime").get_available_providers(),
+    reason="this onnxruntime has CUDA",
+)
+def test_cuda_where_there_is_none_skips_saying_why(pytester: pytest.Pytester, model: Path) -> None:
+    """The README's example (provider="cuda") on a CPU-only machine: skipped, not an error."""
+    pytester.makepyfile(test_it=CUDA_TEST_FILE.format(model=str(model)))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*ort_benchmark: provider 'cuda' was asked for*"])

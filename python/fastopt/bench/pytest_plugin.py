@@ -6,11 +6,13 @@ benchmark timed by pytest-benchmark, so its statistics, ``--benchmark-compare`` 
         result = ort_benchmark("model.onnx", provider="cuda", phase="decode", seq=128)
         assert result.kind == "decoder_cache"
 
-The session and inputs are prepared outside the timed function; only the run is timed. The
-JSON's ``extra_info`` says what ran (provider, kind, phase, batch, seq, tokens per run,
-tokens/s at the median). pytest loads this module in every run of every project in the
-environment: it imports neither onnxruntime nor pytest-benchmark itself (the fixture asks for
-pytest-benchmark's ``benchmark`` fixture only when used).
+A provider this onnxruntime lacks or cannot start (``provider="cuda"`` on a machine without
+CUDA) skips the test, saying why, as a test that needs a GPU is skipped without one; ``"auto"``
+takes CUDA where it runs and the CPU elsewhere. The session and inputs are prepared outside the
+timed function; only the run is timed. The JSON's ``extra_info`` says what ran (provider, kind,
+phase, batch, seq, tokens per run, tokens/s at the median). pytest loads this module in every
+run of every project in the environment: it imports neither onnxruntime nor pytest-benchmark
+itself (the fixture asks for pytest-benchmark's ``benchmark`` fixture only when used).
 """
 
 from __future__ import annotations
@@ -53,12 +55,14 @@ def ort_benchmark(request: pytest.FixtureRequest) -> Callable[..., Any]:
             raise RuntimeError("ort_benchmark can be called once per test (as `benchmark`)")
         used = True
         from fastopt.bench.harness import result_of
-        from fastopt.bench.session import Runner
+        from fastopt.bench.session import ProviderUnavailableError, Runner
         from fastopt.bench.timing import measure as time_runs
 
-        with Runner(
-            model, provider=provider, phase=phase, batch=batch, seq=seq, **options
-        ) as runner:
+        try:
+            opened = Runner(model, provider=provider, phase=phase, batch=batch, seq=seq, **options)
+        except ProviderUnavailableError as e:
+            pytest.skip(f"ort_benchmark: {e}")
+        with opened as runner:
             benchmark.pedantic(runner.step, rounds=rounds, warmup_rounds=warmup_rounds)
             stats = getattr(benchmark, "stats", None)
             times = list(stats.stats.data) if stats is not None else []
