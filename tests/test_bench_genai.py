@@ -1,14 +1,13 @@
 """`fastopt bench` and `fastopt check` on an onnxruntime-genai model builder folder: its past
 inputs name the head size `kv_cache_dim` (symbolic), which bench takes from genai_config.json
 beside the model or, without it, from the GroupQueryAttention attributes and projections.
-The model is a 2-layer Qwen2 with random weights, hidden size 64, built here."""
+The model is a 2-layer Qwen2 with random weights, hidden size 64, shipped in
+tests/fixtures/genai (made by tests/fixtures/make_genai_fixtures.py: building it needs torch,
+transformers and the builder, which the test requirements leave out)."""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import fastopt
@@ -16,48 +15,15 @@ import fastopt.bench
 import fastopt.cli
 import pytest
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("onnxruntime_genai") is None
-    or importlib.util.find_spec("transformers") is None,
-    reason="onnxruntime-genai and transformers are needed to build the model",
-)
-
-_MAKE_HF = """
-import sys
-import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
-torch.manual_seed(0)
-config = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
-                     max_position_embeddings=128)
-Qwen2ForCausalLM(config).save_pretrained(sys.argv[1])
-"""
+GENAI_FOLDER = Path(__file__).parent / "fixtures" / "genai" / "qwen2_builder_fp32"
 
 
 @pytest.fixture(scope="module")
-def genai_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("genai")
-    hf, out = root / "hf", root / "model"
-    subprocess.run([sys.executable, "-c", _MAKE_HF, str(hf)], check=True, capture_output=True)
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "onnxruntime_genai.models.builder",
-            "-i",
-            str(hf),
-            "-o",
-            str(out),
-            "-p",
-            "fp32",
-            "-e",
-            "cpu",
-        ],
-        check=True,
-        capture_output=True,
-    )
-    assert (out / "model.onnx").is_file() and (out / "genai_config.json").is_file()
-    return out
+def genai_folder() -> Path:
+    assert (GENAI_FOLDER / "model.onnx").is_file() and (
+        GENAI_FOLDER / "genai_config.json"
+    ).is_file()
+    return GENAI_FOLDER
 
 
 def test_the_builder_leaves_the_head_size_symbolic(genai_folder: Path) -> None:
