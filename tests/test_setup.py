@@ -11,14 +11,10 @@ from pathlib import Path
 
 import fastopt.ort_version as ort_version
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 FIRST_HOUR = ROOT / "scripts" / "first_hour.sh"
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    tomllib = pytest.importorskip("tomli")
 
 
 def pyproject() -> dict:
