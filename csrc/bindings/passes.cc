@@ -181,7 +181,7 @@ void bind_passes(py::module_& m) {
       py::arg("safe_division"),
       "The nodes of `graph` fold_constants_ort evaluates through ONNX Runtime, in graph order, "
       "and for each of their outputs the bytes of the constants it is computed from (see "
-      "passes/fold_constants.h); `safe_division(node)` decides Div, Mod and Pow");
+      "passes/fold/fold_constants.h); `safe_division(node)` decides Div, Mod and Pow");
 }
 
 }  // namespace fastopt::bindings

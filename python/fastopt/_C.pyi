@@ -671,7 +671,7 @@ def nested_graphs(model: Model) -> list[Graph]:
     """
 def ort_fold_candidates(graph: Graph, max_bytes: typing.SupportsInt | typing.SupportsIndex, max_expand_bytes: typing.SupportsInt | typing.SupportsIndex, skip: collections.abc.Set[str], safe_division: collections.abc.Callable[[Node], bool]) -> tuple[list[Node], dict[Value, int]]:
     """
-    The nodes of `graph` fold_constants_ort evaluates through ONNX Runtime, in graph order, and for each of their outputs the bytes of the constants it is computed from (see passes/fold_constants.h); `safe_division(node)` decides Div, Mod and Pow
+    The nodes of `graph` fold_constants_ort evaluates through ONNX Runtime, in graph order, and for each of their outputs the bytes of the constants it is computed from (see passes/fold/fold_constants.h); `safe_division(node)` decides Div, Mod and Pow
     """
 def run_pass(model: Model, name: str, target: str = 'ort', max_iterations: typing.SupportsInt | typing.SupportsIndex = 10, explain_rule: str = '', options: collections.abc.Mapping[str, typing.SupportsInt | typing.SupportsIndex] = {}, text_options: collections.abc.Mapping[str, str] = {}, progress: typing.Any = None) -> tuple[int, PassResult]:
     """

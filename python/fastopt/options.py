@@ -253,8 +253,8 @@ def _declare_cpp_options() -> None:
 _declare_cpp_options()
 
 # Quantization: set by optimize(quantize=QuantSettings(...)) / fastopt.quantize, read by the
-# quant passes through quant::read_options (csrc/quant/options.h), which checks them again. The
-# text settings (quant_mode, quant_exclude, quant_lm_head, quant_embeddings, quant_tmpdir) travel
+# quant passes through quant::read_options (csrc/passes/quant/options.h), which checks them
+# again. The text settings (quant_mode, quant_exclude, quant_lm_head, quant_embeddings, quant_tmpdir) travel
 # as PassContext::text_options, outside this integer/boolean registry.
 _QUANT_PASSES = ("quantize_weights", "quantize_dynamic", "convert_precision")
 register_option(

@@ -2,7 +2,7 @@
 ``fastopt.optimize(quantize=...)`` (kept apart from both so neither imports the other).
 
 A mode maps to one C++ pass; the settings reach it as PassContext options (``quant_*``, see
-csrc/quant/options.h):
+csrc/passes/quant/options.h):
 
 ==============  ====================  ==================================================
 mode            pass                  what it emits (target ort / target onnx)
@@ -40,7 +40,8 @@ QDQ_OPSET = 21
 @dataclass(frozen=True)
 class QuantSettings:
     """What ``fastopt quantize`` / ``--quantize MODE`` asks for; ``options()`` are the pass
-    options. Validated again in C++ (csrc/quant/options.h) so a pass run alone is safe too."""
+    options. Validated again in C++ (csrc/passes/quant/options.h), so a pass run alone is safe
+    too."""
 
     mode: Mode
     block_size: int = 32
@@ -109,7 +110,7 @@ class QuantSettings:
             )
         if self.keep_io_types and self.mode not in ("fp16", "bf16"):
             raise _C.ModelError("keep_io_types applies to fp16 and bf16")
-        if not 0 <= self.threads <= 4096:  # csrc/quant/options.cc's bound (and int64's)
+        if not 0 <= self.threads <= 4096:  # csrc/passes/quant/options.cc's bound (and int64's)
             raise _C.ModelError(f"threads must be 0 (all cores) up to 4096, not {self.threads}")
         for g in self.exclude:
             if not g or "," in g:

@@ -13,7 +13,7 @@ Interface (shared by the quantization passes; keep it stable):
   quant_bits, quant_block_size, quant_symmetric, quant_accuracy_level, quant_exclude (comma
   separated globs), quant_lm_head, quant_embeddings, quant_per_channel, quant_keep_io_types,
   quant_threads, quant_tmpdir; C++ passes read them with quant::read_options
-  (csrc/quant/options.h).
+  (csrc/passes/quant/options.h).
 - Each pass appends one ``quant::QuantRecord`` per weight it looked at to
   ``PassContext::quant_records`` (csrc/quant/quant_record.h: weight, node, op, quantized or kept
   with a reason, dtype and bytes before/after, max and mean relative reconstruction error);
