@@ -254,8 +254,8 @@ _declare_cpp_options()
 
 # Quantization: set by optimize(quantize=QuantSettings(...)) / fastopt.quantize, read by the
 # quant passes through quant::read_options (csrc/passes/quant/options.h), which checks them
-# again. The text settings (quant_mode, quant_exclude, quant_lm_head, quant_embeddings, quant_tmpdir) travel
-# as PassContext::text_options, outside this integer/boolean registry.
+# again. The text settings (quant_mode, quant_exclude, quant_lm_head, quant_embeddings,
+# quant_tmpdir) travel as PassContext::text_options, outside this integer/boolean registry.
 _QUANT_PASSES = ("quantize_weights", "quantize_dynamic", "convert_precision")
 register_option(
     "quant_bits",
