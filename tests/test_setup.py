@@ -126,3 +126,21 @@ def test_import_fastopt_refuses_an_older_onnxruntime() -> None:
     assert out.returncode == 1
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("fastopt.ort_version.OnnxRuntimeTooOldError: fastopt needs onnxruntime")
+
+
+@pytest.mark.parametrize("argv0", ["/venv/bin/fastopt", "/x/fastopt/__main__.py"])
+def test_the_fastopt_command_refuses_an_older_onnxruntime_in_one_line(argv0: str) -> None:
+    """The console script imports the package before the CLI's error handling: one line, exit 2."""
+    code = (
+        "import importlib.metadata as m, sys\n"
+        "real = m.version\n"
+        "m.version = lambda n: '1.17.3' if n == 'onnxruntime' else real(n)\n"
+        f"sys.argv = [{argv0!r}, '--version']\n"
+        "from fastopt.cli import main\n"
+        "sys.exit(main())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("error: fastopt needs onnxruntime >= 1.32.0"), out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "Traceback" not in out.stderr

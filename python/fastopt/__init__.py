@@ -17,6 +17,9 @@ Every problem with an input raises a :class:`ModelError` subclass naming it (see
 
 from __future__ import annotations
 
+import os as _os
+import sys as _sys
+
 from fastopt import passes as _passes  # noqa: F401  (registers the Python passes)
 from fastopt._C import (
     Function,
@@ -39,6 +42,7 @@ from fastopt.check import CheckError, CheckReport, check
 from fastopt.errors import OptionError, RejectedModelError, UnknownNameError, UnsupportedModelError
 from fastopt.optimize import OptimizeReport, PassReport, optimize
 from fastopt.options import OPTIONS, OptionSpec, register_option, unregister_option
+from fastopt.ort_version import OnnxRuntimeTooOldError as _OnnxRuntimeTooOldError
 from fastopt.ort_version import require_floor as _require_ort_floor
 from fastopt.quant_settings import QuantSettings, WeightQuantization
 from fastopt.quant_verify import QuantVerifyReport
@@ -81,8 +85,21 @@ spell_out_aliases(
     verify_checksums,
 )
 
-# An onnxruntime older than the floor cannot load fastopt's outputs: refuse it here, in one line.
-_require_ort_floor()
+
+def _refuse_old_onnxruntime() -> None:
+    """An onnxruntime older than the floor cannot load fastopt's outputs: refuse it here, in one
+    line. The `fastopt` command imports this package before its own error handling exists, so
+    there the line is printed and the process exits 2, as for any other bad setting."""
+    try:
+        _require_ort_floor()
+    except _OnnxRuntimeTooOldError as e:
+        if _os.path.basename(_sys.argv[0]) in ("fastopt", "fastopt.exe", "__main__.py"):
+            _sys.stderr.write(f"error: {e}\n")
+            raise SystemExit(2) from None
+        raise
+
+
+_refuse_old_onnxruntime()
 
 __all__ = [
     "OPTIONS",
