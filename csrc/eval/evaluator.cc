@@ -37,22 +37,24 @@ Result Evaluator::run() {
   if (op == "ConstantOfShape") return constant_of_shape();
   if (op == "Expand") return expand();
   if (op == "OneHot") return one_hot();
+  if (op == "Trilu") return trilu();
+  if (op == "ScatterND") return scatter_nd();
   if (op == "Neg" || op == "Abs" || op == "Not" || op == "Sqrt") return unary();
   return elementwise();
 }
 
 const std::vector<std::string>& native_fold_ops() {
   static const std::vector<std::string> ops = {
-      "Abs",      "Add",      "And",         "Cast",
-      "CastLike", "Concat",   "Constant",    "ConstantOfShape",
-      "Div",      "Equal",    "Expand",      "Flatten",
-      "Gather",   "GatherND", "Greater",     "GreaterOrEqual",
-      "Identity", "Less",     "LessOrEqual", "Max",
-      "Min",      "Mul",      "Neg",         "Not",
-      "OneHot",   "Or",       "Range",       "Reshape",
-      "Shape",    "Size",     "Slice",       "Sqrt",
-      "Squeeze",  "Sub",      "Transpose",   "Unsqueeze",
-      "Where",    "Xor"};
+      "Abs",       "Add",       "And",         "Cast",
+      "CastLike",  "Concat",    "Constant",    "ConstantOfShape",
+      "Div",       "Equal",     "Expand",      "Flatten",
+      "Gather",    "GatherND",  "Greater",     "GreaterOrEqual",
+      "Identity",  "Less",      "LessOrEqual", "Max",
+      "Min",       "Mul",       "Neg",         "Not",
+      "OneHot",    "Or",        "Range",       "Reshape",
+      "ScatterND", "Trilu",     "Shape",       "Size",
+      "Slice",     "Sqrt",      "Squeeze",     "Sub",
+      "Transpose", "Unsqueeze", "Where",       "Xor"};
   return ops;
 }
 

@@ -93,6 +93,10 @@ class Evaluator {
   Result constant_of_shape();
   Result range();
 
+  // ---- triangles and scatters (triangle_scatter_ops.cc) ----
+  Result trilu();
+  Result scatter_nd();
+
   // ---- arithmetic (arith_ops.cc) ----
   enum class Kind { kArith, kCompare, kLogic, kMinMax };
   Result cast();

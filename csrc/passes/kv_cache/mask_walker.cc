@@ -65,10 +65,52 @@ const MaskInput* MaskWalker::input_of(const Value* v) const {
   return nullptr;
 }
 
-bool MaskWalker::shape_from_type(const Value* v) const {
+const Value* MaskWalker::shape_source(const Value* v) {
+  // A fused RotaryEmbedding (ai.onnx's and com.microsoft's) outputs its input's shape; its own
+  // output may carry no type (TorchScript's eager attention slices the mask to Shape(keys)).
+  while (v && !(v->type.known && v->type.has_shape)) {
+    const Node* p = v->producer();
+    if (!p || p->op_type != "RotaryEmbedding" || p->inputs().empty() || p->outputs()[0] != v) {
+      break;
+    }
+    v = p->inputs()[0];
+  }
+  return v;
+}
+
+bool MaskWalker::shape_from_type(const Node* shape) const {
+  const Value* v = shape_source(shape->inputs()[0]);
   if (!v || !v->type.known || !v->type.is_tensor || !v->type.has_shape) return false;
-  for (const Dim& d : v->type.dims) {
-    if (!d.value && (!d.param || !slots_.count(*d.param))) return false;
+  const int64_t r = static_cast<int64_t>(v->type.dims.size());
+  auto bound = [&](const char* name, int64_t fallback) {
+    int64_t x = int_attr_or(shape, name, fallback);
+    x = x < 0 ? x + r : x;
+    return std::min<int64_t>(std::max<int64_t>(x, 0), r);
+  };
+  const int64_t start = bound("start", 0), end = bound("end", r);
+  std::vector<bool> known;
+  for (int64_t i = start; i < end; ++i) {
+    const Dim& d = v->type.dims[static_cast<size_t>(i)];
+    known.push_back(d.value || (d.param && slots_.count(*d.param)));
+  }
+  if (std::all_of(known.begin(), known.end(), [](bool k) { return k; })) return true;
+  // A dim of unknown size is admitted only when it is never read: every use of the shape is a
+  // Gather (axis 0) of constant indices that pick known dims. The evaluation gives it 1.
+  const Value* out = shape->outputs()[0];
+  if (out->is_graph_output()) return false;
+  const int64_t n = static_cast<int64_t>(known.size());
+  for (const Use& u : out->uses()) {
+    const Node* g = u.node;
+    if (g->op_type != "Gather" || u.input_index != 0 || int_attr_or(g, "axis", 0) != 0 ||
+        g->inputs().size() != 2) {
+      return false;
+    }
+    TensorPtr idx = constant_tensor(g->inputs()[1]);
+    auto ints = idx ? tensor_ints(*idx, 64) : std::nullopt;
+    if (!ints) return false;
+    for (int64_t i : *ints) {
+      if (i < -n || i >= n || !known[static_cast<size_t>(i < 0 ? i + n : i)]) return false;
+    }
   }
   return true;
 }
@@ -113,7 +155,7 @@ bool MaskWalker::visit(Value* v) {
   if (nodes_.size() >= kMaxNodes) return reject("the mask's subgraph is too large to evaluate");
   const bool standard = p->domain.value.empty() || p->domain.value == "ai.onnx";
   if (standard && p->op_type == "Shape" && p->inputs().size() == 1 &&
-      !p->inputs()[0]->is_graph_input() && shape_from_type(p->inputs()[0])) {
+      !p->inputs()[0]->is_graph_input() && shape_from_type(p)) {
     shape_leaves_.insert(p);
     nodes_.push_back(p);
     return true;
@@ -229,8 +271,10 @@ std::optional<TensorPtr> MaskWalker::evaluate(const Probe& p, std::string* err,
     }
     if (shape_leaves_.count(n)) {
       std::vector<int64_t> dims;
-      for (const Dim& d : n->inputs()[0]->type.dims) {
-        auto x = d.value ? d.value : slot_value(*d.param, p);
+      for (const Dim& d : shape_source(n->inputs()[0])->type.dims) {
+        // A dim of unknown size is never read (shape_from_type): any value does.
+        const bool length = d.param && slots_.count(*d.param);
+        auto x = d.value ? d.value : length ? slot_value(*d.param, p) : std::optional<int64_t>(1);
         if (!x) {
           *err = "the shape of '" + n->inputs()[0]->name() + "' ties symbols the probe (" + p.what +
                  ") gives different lengths";

@@ -65,7 +65,8 @@ class MaskWalker {
 
  private:
   const MaskInput* input_of(const Value* v) const;
-  bool shape_from_type(const Value* v) const;
+  static const Value* shape_source(const Value* v);
+  bool shape_from_type(const Node* shape) const;
   bool reject(const std::string& what);
   bool visit(Value* v);
   std::optional<int64_t> slot_value(const std::string& param, const Probe& p) const;

@@ -1,0 +1,103 @@
+"""transformers 4.49's causal mask (issue 27): _prepare_4d_causal_attention_mask_with_cache_position
+builds it as a Trilu (triu of a full masking matrix) and merges the padding with a slice
+assignment, which TorchScript exports as ScatterND. The mask proof (mask_proof.cc) evaluates
+the mask natively, so the evaluator computes both ops as ONNX Runtime does; a Trilu or ScatterND
+it cannot reproduce exactly (duplicate indices, an index out of range) stays unevaluated, and a
+mask that differs from the causal pattern is still refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import fastopt
+import numpy as np
+import onnx
+import pytest
+from folding_helpers import assert_parity, make_model, op_counts, optimize, out
+from llm_fixtures import matrix_fixtures
+from onnx import TensorProto, helper, numpy_helper
+
+F, INT, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
+MIN = np.finfo(np.float32).min
+
+
+def _trilu(upper: int, k: int | None, shape: tuple[int, ...], dtype: type) -> onnx.ModelProto:
+    x = (np.arange(int(np.prod(shape))) - 5).astype(dtype).reshape(shape)
+    inits: dict[str, np.ndarray] = {"X": x}
+    inputs = ["X"]
+    if k is not None:
+        inits["k"] = np.array(k, np.int64)
+        inputs.append("k")
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    nodes = [helper.make_node("Trilu", inputs, ["Y"], upper=upper)]
+    nodes.append(helper.make_node("Identity", ["Y"], ["Z"]))
+    return make_model(nodes, outputs=[out("Z", elem)], initializers=inits)
+
+
+TRILU = [
+    (1, None, (4, 4), np.float32),
+    (1, 1, (3, 5), np.float32),  # transformers' triu(diagonal=1)
+    (0, -2, (2, 5, 3), np.int64),  # gemma2's sliding-window tril
+    (0, 7, (4, 4), np.float32),  # beyond the matrix: all kept
+    (1, -9, (3, 2), np.bool_),
+]
+
+
+@pytest.mark.parametrize("upper,k,shape,dtype", TRILU, ids=[str(i) for i in range(len(TRILU))])
+def test_trilu_folds_natively(
+    upper: int, k: int | None, shape: tuple[int, ...], dtype: type, tmp_path: Path
+) -> None:
+    model = _trilu(upper, k, shape, dtype)
+    _, path = optimize(model, ["fold_constants"], tmp_path)
+    assert "Trilu" not in op_counts(path)
+    assert_parity(model, path, tmp_path)
+
+
+def _scatter(indices: np.ndarray, data_shape: tuple[int, ...]) -> onnx.ModelProto:
+    data = np.full(data_shape, MIN, np.float32)
+    upd_shape = indices.shape[:-1] + data_shape[indices.shape[-1] :]
+    upd = (np.arange(int(np.prod(upd_shape))) * 0.5).astype(np.float32).reshape(upd_shape)
+    nodes = [
+        helper.make_node("ScatterND", ["D", "I", "U"], ["Y"]),
+        helper.make_node("Identity", ["Y"], ["Z"]),
+    ]
+    return make_model(
+        nodes, outputs=[out("Z", F)], initializers={"D": data, "I": indices, "U": upd}
+    )
+
+
+def test_scatternd_folds_natively(tmp_path: Path) -> None:
+    # The slice assignment causal_mask[:, :, :, :n] = ...: every (b, h, s, t < n) tuple.
+    grid = np.stack(np.meshgrid(*[np.arange(d) for d in (2, 1, 3, 2)], indexing="ij"), axis=-1)
+    for name, indices, shape in [
+        ("elements", grid.astype(np.int64), (2, 1, 3, 4)),
+        ("rows", np.array([[1], [0]], np.int64), (3, 4)),
+    ]:
+        model = _scatter(indices, shape)
+        _, path = optimize(model, ["fold_constants"], tmp_path / name)
+        assert "ScatterND" not in op_counts(path), name
+        assert_parity(model, path, tmp_path / name)
+
+
+def test_scatternd_with_duplicate_indices_is_left_alone(tmp_path: Path) -> None:
+    # Two updates of one slice: ONNX leaves the result undefined, so no value is made up.
+    model = _scatter(np.array([[1], [1]], np.int64), (3, 4))
+    _, path = optimize(model, ["fold_constants"], tmp_path)
+    assert op_counts(path).get("ScatterND") == 1
+
+
+def test_tf449_mask_with_wrong_diagonal_is_refused(tmp_path: Path) -> None:
+    """The 4.49 TorchScript llama mask with its triu diagonal moved from 1 to 2: each query sees
+    the next key, which the proof, now evaluating Trilu and ScatterND, finds."""
+    (fx,) = matrix_fixtures("4.49.0", arch="llama", exporter="ts")
+    proto = onnx.load(fx.path)
+    (tri,) = [n for n in proto.graph.node if n.op_type == "Trilu"]
+    (k,) = [n for n in proto.graph.node if tri.input[1] in n.output]
+    k.attribute[0].t.CopyFrom(numpy_helper.from_array(np.array(2, np.int64)))
+    src = tmp_path / "model.onnx"
+    onnx.save(proto, src)
+    with pytest.raises(fastopt.ModelError, match="not proven to be causal") as e:
+        fastopt.optimize(
+            src, preset="llm", output=tmp_path / "o" / "model.onnx", kv_cache="inplace"
+        )
+    assert "sees key" in str(e.value)
