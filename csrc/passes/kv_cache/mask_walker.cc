@@ -65,23 +65,84 @@ const MaskInput* MaskWalker::input_of(const Value* v) const {
   return nullptr;
 }
 
-const Value* MaskWalker::shape_source(const Value* v) {
-  // A fused RotaryEmbedding (ai.onnx's and com.microsoft's) outputs its input's shape; its own
-  // output may carry no type (TorchScript's eager attention slices the mask to Shape(keys)).
-  while (v && !(v->type.known && v->type.has_shape)) {
-    const Node* p = v->producer();
-    if (!p || p->op_type != "RotaryEmbedding" || p->inputs().empty() || p->outputs()[0] != v) {
-      break;
-    }
-    v = p->inputs()[0];
+bool MaskWalker::is_length(const std::string& param) const {
+  size_t from = 0;
+  while (true) {
+    const size_t plus = param.find('+', from);
+    if (!slots_.count(param.substr(from, plus - from))) return false;
+    if (plus == std::string::npos) return true;
+    from = plus + 1;
   }
-  return v;
+}
+
+// The dims of `v` from its type; where it has none, through a fused RotaryEmbedding (its
+// input's shape; TorchScript's eager attention slices the mask to Shape(keys)) and Concat (the
+// sum on its axis: a cache export's keys are Concat(past, new)). A dim is nullopt where its
+// size is not known; a known one is the probe's length (0 without a probe). False when the
+// probe gives one symbol two lengths.
+bool MaskWalker::dims_of(const Value* v, const Probe* p, std::vector<std::optional<int64_t>>* out,
+                         int depth) const {
+  out->clear();
+  if (!v || depth > 8) return true;
+  if (v->type.known && v->type.is_tensor && v->type.has_shape) {
+    for (const Dim& d : v->type.dims) {
+      if (d.value) {
+        out->push_back(*d.value);
+      } else if (d.param && is_length(*d.param)) {
+        // "a+b" (shape inference's sum of two symbols) is the sum of their lengths.
+        int64_t sum = 0;
+        size_t from = 0;
+        while (p) {
+          const size_t plus = d.param->find('+', from);
+          auto x = slot_value(d.param->substr(from, plus - from), *p);
+          if (!x) return false;
+          sum += *x;
+          if (plus == std::string::npos) break;
+          from = plus + 1;
+        }
+        out->push_back(sum);
+      } else {
+        out->push_back(std::nullopt);
+      }
+    }
+    return true;
+  }
+  const Node* n = v->producer();
+  if (!n || n->outputs().empty() || n->outputs()[0] != v || n->inputs().empty()) return true;
+  if (n->op_type == "RotaryEmbedding") return dims_of(n->inputs()[0], p, out, depth + 1);
+  if (n->op_type != "Concat" || !(n->domain.value.empty() || n->domain.value == "ai.onnx")) {
+    return true;
+  }
+  std::vector<std::vector<std::optional<int64_t>>> parts;
+  for (const Value* x : n->inputs()) {
+    parts.emplace_back();
+    if (!dims_of(x, p, &parts.back(), depth + 1)) return false;
+    if (parts.back().empty() || parts.back().size() != parts[0].size()) return true;
+  }
+  const int64_t r = static_cast<int64_t>(parts[0].size());
+  int64_t ax = int_attr_or(n, "axis", 0);
+  if (ax < -r || ax >= r) return true;
+  ax = ax < 0 ? ax + r : ax;
+  for (int64_t i = 0; i < r; ++i) {
+    std::optional<int64_t> d = i == ax ? std::optional<int64_t>(0) : std::nullopt;
+    for (const auto& part : parts) {
+      const auto& x = part[static_cast<size_t>(i)];
+      if (i == ax) {
+        d = d && x ? std::optional<int64_t>(*d + *x) : std::nullopt;
+      } else if (!d) {
+        d = x;  // the inputs agree off the axis (a valid Concat)
+      }
+    }
+    out->push_back(d);
+  }
+  return true;
 }
 
 bool MaskWalker::shape_from_type(const Node* shape) const {
-  const Value* v = shape_source(shape->inputs()[0]);
-  if (!v || !v->type.known || !v->type.is_tensor || !v->type.has_shape) return false;
-  const int64_t r = static_cast<int64_t>(v->type.dims.size());
+  std::vector<std::optional<int64_t>> dims;
+  dims_of(shape->inputs()[0], nullptr, &dims, 0);
+  if (dims.empty()) return false;
+  const int64_t r = static_cast<int64_t>(dims.size());
   auto bound = [&](const char* name, int64_t fallback) {
     int64_t x = int_attr_or(shape, name, fallback);
     x = x < 0 ? x + r : x;
@@ -89,10 +150,7 @@ bool MaskWalker::shape_from_type(const Node* shape) const {
   };
   const int64_t start = bound("start", 0), end = bound("end", r);
   std::vector<bool> known;
-  for (int64_t i = start; i < end; ++i) {
-    const Dim& d = v->type.dims[static_cast<size_t>(i)];
-    known.push_back(d.value || (d.param && slots_.count(*d.param)));
-  }
+  for (int64_t i = start; i < end; ++i) known.push_back(dims[static_cast<size_t>(i)].has_value());
   if (std::all_of(known.begin(), known.end(), [](bool k) { return k; })) return true;
   // A dim of unknown size is admitted only when it is never read: every use of the shape is a
   // Gather (axis 0) of constant indices that pick known dims. The evaluation gives it 1.
@@ -270,18 +328,15 @@ std::optional<TensorPtr> MaskWalker::evaluate(const Probe& p, std::string* err,
       return std::nullopt;
     }
     if (shape_leaves_.count(n)) {
-      std::vector<int64_t> dims;
-      for (const Dim& d : shape_source(n->inputs()[0])->type.dims) {
-        // A dim of unknown size is never read (shape_from_type): any value does.
-        const bool length = d.param && slots_.count(*d.param);
-        auto x = d.value ? d.value : length ? slot_value(*d.param, p) : std::optional<int64_t>(1);
-        if (!x) {
-          *err = "the shape of '" + n->inputs()[0]->name() + "' ties symbols the probe (" + p.what +
-                 ") gives different lengths";
-          return std::nullopt;
-        }
-        dims.push_back(*x);
+      std::vector<std::optional<int64_t>> known;
+      if (!dims_of(n->inputs()[0], &p, &known, 0)) {
+        *err = "the shape of '" + n->inputs()[0]->name() + "' ties symbols the probe (" + p.what +
+               ") gives different lengths";
+        return std::nullopt;
       }
+      std::vector<int64_t> dims;
+      // A dim of unknown size is never read (shape_from_type): any value does.
+      for (const auto& d : known) dims.push_back(d.value_or(1));
       const int64_t r = static_cast<int64_t>(dims.size());
       auto bound = [&](const char* name, int64_t fallback) {
         int64_t x = int_attr_or(n, name, fallback);

@@ -65,7 +65,10 @@ class MaskWalker {
 
  private:
   const MaskInput* input_of(const Value* v) const;
-  static const Value* shape_source(const Value* v);
+  // A dim symbol the probes give a length: an input's length symbol, or a sum "a+b" of them.
+  bool is_length(const std::string& param) const;
+  bool dims_of(const Value* v, const Probe* p, std::vector<std::optional<int64_t>>* out,
+               int depth) const;
   bool shape_from_type(const Node* shape) const;
   bool reject(const std::string& what);
   bool visit(Value* v);
