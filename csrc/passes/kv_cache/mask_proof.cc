@@ -14,10 +14,13 @@
 //     the positions; its values stay refused),
 //   - constants,
 // through ai.onnx ops the native constant evaluator computes bit-exactly (fold_constants.h:
-// index, compare and logic ops, Range, Where, Expand, GatherND, ...). A Shape of an activation
-// (TorchScript exports take S from the embeddings' shape) is answered from its type when every
-// dim is fixed or a symbol of the inputs' dims (batch, sequence, total or past length), as the
-// rest of the pipeline trusts shape inference. Anything else (position_ids' values, float
+// index, compare and logic ops, Range, Where, Expand, GatherND, Trilu, ScatterND, ...). A Shape
+// of an activation (TorchScript exports take S from the embeddings' shape, and transformers
+// 4.49 slices the mask to Shape(keys)) is answered from its type when every dim it reads is
+// fixed, a symbol of the inputs' dims (batch, sequence, total or past length) or a sum "a+b" of
+// them, as the rest of the pipeline trusts shape inference; an untyped RotaryEmbedding output
+// has its input's shape, an untyped Concat the sum on its axis. A dim of unknown size is
+// allowed only where constant Gathers of the shape never read it. Anything else (position_ids' values, float
 // arithmetic on activations, an op the evaluator lacks) is refused: the mask then is not known.
 //
 // Probes (P = past length, S = new tokens, T = P + S; P = 0 without a cache), each a batch of
