@@ -101,3 +101,22 @@ def test_tf449_mask_with_wrong_diagonal_is_refused(tmp_path: Path) -> None:
             src, preset="llm", output=tmp_path / "o" / "model.onnx", kv_cache="inplace"
         )
     assert "sees key" in str(e.value)
+
+
+def test_tf449_mask_reading_an_unknown_dim_is_refused(tmp_path: Path) -> None:
+    """gpt_neox's 4.49 TorchScript mask is sliced to Shape(keys)[-2], keys a RotaryEmbedding
+    whose head dim has no size in the graph's types: the proof admits the shape because only
+    the known length is read. Reading the head dim instead (the slice width then is not the
+    key length) must leave the mask unproven, never evaluated with a made-up size."""
+    (fx,) = matrix_fixtures("4.49.0", arch="gpt_neox", exporter="ts")
+    proto = onnx.load(fx.path)
+    shape_out = "/m/gpt_neox/layers.0/attention/Shape_6_output_0"
+    (gather,) = [n for n in proto.graph.node if n.op_type == "Gather" and n.input[0] == shape_out]
+    proto.graph.initializer.append(numpy_helper.from_array(np.array(-1, np.int64), "head_dim_at"))
+    gather.input[1] = "head_dim_at"
+    src = tmp_path / "model.onnx"
+    onnx.save(proto, src)
+    for mode in ("standard", "inplace"):
+        with pytest.raises(fastopt.ModelError, match=r"not proven to be causal.*RotaryEmbedding"):
+            out_path = tmp_path / mode / "model.onnx"
+            fastopt.optimize(src, preset="llm", output=out_path, kv_cache=mode)  # type: ignore[arg-type]
