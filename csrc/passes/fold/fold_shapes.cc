@@ -23,7 +23,12 @@
 //     dims the Reshape is x;
 //   - Expand(x, s) whose output dims are x's dims is x;
 //   - a shape computation with the same elements as one of its inputs is that input
-//     (TorchScript's Where(Equal(s, -1), ones, s) before an Expand).
+//     (TorchScript's Where(Equal(s, -1), ones, s) before an Expand);
+//   - Gather(Shape(x), i) with x an Unsqueeze/Expand/Reshape chain holding an Expand reads the
+//     same dim of the chain's source (proven equal): a shape read does not keep a broadcast
+//     copy alive. transformers 4.49 slices the mask to Shape(repeat_kv(present key))[2]: read
+//     through the repeat, the present would feed the attention's own mask (a cycle once the
+//     lowered op writes the present); read on the present, add_kv_cache's shape rewrite applies.
 //
 //   x[B,S,896] ─ Shape ─ Gather(0) ─ Unsqueeze ─┐
 //              └ Shape ─ Gather(1) ─ Unsqueeze ─┴ Concat(·,·,[14],[64]) ─ Reshape(x, ·)
@@ -265,9 +270,15 @@ struct FactFolder {
     Node* node;  // its output is its input `input`
     size_t input = 0;
   };
+  struct Reroute {
+    Node* gather;  // Gather(Shape(x), i) -> Gather(Shape(source), dim)
+    Value* source;
+    int64_t dim;
+  };
   std::vector<Constant> constants;
   std::vector<Target> targets;
   std::vector<Forward> forwards;
+  std::vector<Reroute> reroutes;
 
   int64_t run() {
     if (!model.graph) return 0;
@@ -304,6 +315,7 @@ struct FactFolder {
         }
       }
     }
+    if (n.op_type == "Gather" && model.ir_version.value_or(0) >= 4) decide_reroute(n, facts);
     if ((n.op_type == "Reshape" || n.op_type == "Expand") && n.inputs().size() >= 2 &&
         n.inputs()[0] && n.inputs()[1]) {
       Value* x = n.inputs()[0];
@@ -318,6 +330,45 @@ struct FactFolder {
         if (auto shape = reshape_target(n, *fx, *f)) targets.push_back({&n, std::move(*shape)});
       }
     }
+  }
+
+  // Gather(Shape(x), i), x = chain(source) of Unsqueeze/Expand/Reshape with an Expand in it, and
+  // dim i of x proven equal to a dim of the farthest source along the chain that has one.
+  void decide_reroute(Node& n, analysis::ShapeFacts& facts) {
+    if (n.inputs().size() != 2 || !n.inputs()[0] || !n.inputs()[1]) return;
+    Node* shape = n.inputs()[0]->producer();
+    if (!standard(shape) || shape->op_type != "Shape" || shape->inputs().size() != 1 ||
+        shape->attribute("start") || shape->attribute("end") || !shape->inputs()[0]) {
+      return;
+    }
+    const Attribute* axis = n.attribute("axis");
+    if (axis && (!axis->i || *axis->i != 0)) return;
+    auto idx = constant_ints(n.inputs()[1]);
+    const int rank_idx = facts.rank(n.inputs()[1]);
+    if (!idx || idx->size() != 1 || rank_idx > 1 || rank_idx < 0) return;
+    Value* x = shape->inputs()[0];
+    const int rank = facts.rank(x);
+    if (rank <= 0) return;
+    const int i = static_cast<int>((*idx)[0] < 0 ? (*idx)[0] + rank : (*idx)[0]);
+    if (i < 0 || i >= rank) return;
+    static const std::unordered_set<std::string> chain{"Unsqueeze", "Expand", "Reshape"};
+    bool expand = false;
+    Value* best = nullptr;
+    int64_t best_dim = 0;
+    for (Value* y = x; y->producer() && standard(y->producer()) &&
+                       chain.count(y->producer()->op_type) && y->producer()->inputs().size() >= 1 &&
+                       y->producer()->inputs()[0];) {
+      expand = expand || y->producer()->op_type == "Expand";
+      y = y->producer()->inputs()[0];
+      const int ry = facts.rank(y);
+      for (int j = 0; j < ry; ++j) {
+        if (facts.same_dim(x, i, y, j)) {
+          if (expand) best = y, best_dim = j;
+          break;
+        }
+      }
+    }
+    if (best) reroutes.push_back({&n, best, best_dim});
   }
 
   // A constant target giving the same output: 0 copies x's dim at the same position, numbers
@@ -423,6 +474,24 @@ struct FactFolder {
                      (f.input ? "(input " + std::to_string(f.input) + ")" : "(identity)")];
       ++rewrites;
     }
+    for (auto& r : reroutes) {
+      Node* n = r.gather;
+      if (!n->alive() || !r.source) continue;
+      Node* old = n->inputs()[0]->producer();
+      Value* idx = n->inputs()[1];
+      const std::vector<int64_t> dims =
+          constant_tensor(idx) ? constant_tensor(idx)->dims : std::vector<int64_t>{};
+      Node* s = g.create_node("Shape", "", {r.source}, {g.unique_name("rerouted_shape")}, n);
+      s->name.set(s->outputs()[0]->name());
+      analysis::type_new_node(model, *s);
+      n->set_input(0, s->outputs()[0]);
+      n->set_input(
+          1, g.add_initializer(g.unique_name("rerouted_dim"), make_int64_tensor({r.dim}, dims)));
+      if (old) dead.push_back(old);
+      if (idx && idx->producer()) dead.push_back(idx->producer());
+      ++ctx.counters["Gather(Shape) rerouted"];
+      ++rewrites;
+    }
     // Producers left without readers (the Shape -> Gather -> Concat chains), transitively.
     while (!dead.empty()) {
       Node* n = dead.back();
@@ -444,7 +513,7 @@ struct FactFolder {
 int64_t fold_shapes(Model& model, PassContext& ctx) {
   // The analysis first, on the graph infer_shapes just typed (its facts are still fresh); then
   // the type-based folds for what it does not cover (subgraphs, functions).
-  int64_t rewrites = FactFolder{model, ctx, {}, {}, {}}.run();
+  int64_t rewrites = FactFolder{model, ctx, {}, {}, {}, {}}.run();
   rewrites += ShapeFolder{model, ctx}.run();
   return rewrites;
 }

@@ -68,6 +68,25 @@ std::optional<SlidingCache> sliding_cache(const Graph& g, const Node* att) {
   return std::nullopt;
 }
 
+// A present output that is a past input passed through Identity: the export never returns the
+// new rows (transformers 4.49's GPT-2 exports with a cache write Identity(past) as each present:
+// the cache it returns does not grow, so the export itself decodes wrongly after one step).
+std::string unchanged_present(const Graph& g) {
+  for (const Value* out : g.outputs()) {
+    const Value* v = out;
+    while (v && v->producer() && v->producer()->op_type == "Identity" &&
+           v->producer()->domain.value.empty() && v->producer()->inputs().size() == 1) {
+      v = v->producer()->inputs()[0];
+    }
+    if (!v || v == out || v->producer() || v->name().rfind("past_", 0) != 0) continue;
+    return "present output '" + out->name() + "' is past input '" + v->name() +
+           "' unchanged (Identity): the export never returns the new keys and values, so its "
+           "cache does not grow and the export itself decodes wrongly after the first step; "
+           "not converted (re-export, or export without a cache, which --kv-cache converts)";
+  }
+  return "";
+}
+
 // Every attention reads its K/V as Concat(past input, new rows) feeding a present output, and
 // every past input feeds one.
 CachedForm check_cached_form(const Graph& g, const std::vector<Node*>& attentions) {
@@ -90,6 +109,7 @@ CachedForm check_cached_form(const Graph& g, const std::vector<Node*>& attention
                "over the tokens the rows hold, which this rewrite does not prove: not "
                "converted; export without a cache, which --kv-cache converts with the window");
       }
+      if (std::string why = unchanged_present(g); !why.empty()) refuse(why);
       refuse("the model has past inputs, but attention '" + att->name.value +
              "' does not read its keys and values as Concat(past input, new rows) feeding a "
              "present output (the cached form of a model exported with a cache)");
