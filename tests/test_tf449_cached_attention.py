@@ -17,7 +17,10 @@ import kv_generation as kg
 import numpy as np
 import onnx
 import pytest
+from folding_helpers import assert_parity, make_model, op_counts
+from folding_helpers import optimize as run_passes
 from llm_fixtures import Fixture, matrix_fixtures, op_count, optimize
+from onnx import TensorProto, helper
 
 CACHED_449 = matrix_fixtures(
     release="4.49.0", arch=("llama", "mistral", "phi3", "qwen2"), exporter="ts", cache_export=True
@@ -81,3 +84,51 @@ def test_gpt2_449_unchanged_present_is_refused(fx: Fixture, tmp_path: Path) -> N
         assert "present output 'present.0.key' is past input 'past_key_values.0.key'" in msg
         assert "unchanged (Identity)" in msg
     assert not list(tmp_path.iterdir())
+
+
+def _repeat_shape_read(expand: bool) -> onnx.ModelProto:
+    """D = Shape(repeat(K))[2] with repeat = Unsqueeze(2) -> [Expand(B, 2, 2, T, 16)] -> Reshape,
+    the form 4.49 slices its mask with (the Expand's shape computed, as TorchScript writes it)."""
+    nodes = [
+        helper.make_node("Unsqueeze", ["K", "ax2"], ["u"]),
+        helper.make_node("Shape", ["K"], ["sk"]),
+        helper.make_node("Gather", ["sk", "i0"], ["b"]),
+        helper.make_node("Gather", ["sk", "i2"], ["t"]),
+        helper.make_node("Unsqueeze", ["b", "ax0"], ["b1"]),
+        helper.make_node("Unsqueeze", ["t", "ax0"], ["t1"]),
+        helper.make_node("Concat", ["b1", "two", "two", "t1", "d16"], ["es"], axis=0),
+        helper.make_node("Concat", ["b1", "four", "t1", "d16"], ["rs"], axis=0),
+    ]
+    if expand:
+        nodes += [helper.make_node("Expand", ["u", "es"], ["e"])]
+    nodes += [
+        helper.make_node("Reshape", ["e" if expand else "u", "rs" if expand else "rs2"], ["r"]),
+        helper.make_node("Shape", ["r"], ["sr"]),
+        helper.make_node("Gather", ["sr", "i2"], ["D"]),
+    ]
+    if not expand:
+        nodes.insert(-3, helper.make_node("Concat", ["b1", "two", "t1", "d16"], ["rs2"], axis=0))
+    ints = {"ax2": [2], "ax0": [0], "two": [2], "four": [4], "d16": [16]}
+    inits = {k: np.array(v, np.int64) for k, v in ints.items()}
+    inits |= {"i0": np.array(0, np.int64), "i2": np.array(2, np.int64)}
+    k = helper.make_tensor_value_info("K", TensorProto.FLOAT, ["B", 2, "T", 16])
+    d = helper.make_tensor_value_info("D", TensorProto.INT64, [])
+    return make_model(nodes, [k], [d], inits)
+
+
+@pytest.mark.parametrize("expand", [True, False])
+def test_shape_read_through_a_repeat_reads_the_source(expand: bool, tmp_path: Path) -> None:
+    """Through an Expand the read moves to K and the repeat dies; without one (nothing copied)
+    the graph keeps its form."""
+    model = _repeat_shape_read(expand)
+    report, path = run_passes(model, ["infer_shapes", "fold_shapes"], tmp_path)
+    counters = next(p.counters for p in report.passes if p.name == "fold_shapes")
+    ops = op_counts(path)
+    if expand:
+        assert counters.get("Gather(Shape) rerouted") == 1
+        assert "Expand" not in ops and "Reshape" not in ops, ops
+    else:
+        assert "Gather(Shape) rerouted" not in counters
+        assert ops.get("Reshape") == 1, ops
+    feeds = {"K": np.zeros((3, 2, 5, 16), np.float32)}
+    assert int(assert_parity(model, path, tmp_path, feeds)[0]) == 5
