@@ -20,8 +20,9 @@
 // fixed, a symbol of the inputs' dims (batch, sequence, total or past length) or a sum "a+b" of
 // them, as the rest of the pipeline trusts shape inference; an untyped RotaryEmbedding output
 // has its input's shape, an untyped Concat the sum on its axis. A dim of unknown size is
-// allowed only where constant Gathers of the shape never read it. Anything else (position_ids' values, float
-// arithmetic on activations, an op the evaluator lacks) is refused: the mask then is not known.
+// allowed only where constant Gathers of the shape never read it. Anything else (position_ids'
+// values, float arithmetic on activations, an op the evaluator lacks) is refused: the mask then is
+// not known.
 //
 // Probes (P = past length, S = new tokens, T = P + S; P = 0 without a cache), each a batch of
 // attention_mask rows:
