@@ -25,9 +25,11 @@ so step logits can be compared between models.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -333,3 +335,27 @@ def compare(ref: Generation, got: Generation) -> tuple[int, float]:
     n = int(np.argmin(same)) if not same.all() else len(same)
     diff = float(np.abs(ref.logits[:n] - got.logits[:n]).max()) if n else 0.0
     return n, diff
+
+
+def genai_greedy(folder: Path, prompt: list[int], reference: np.ndarray) -> list[int]:
+    """onnxruntime-genai greedy search for len(reference) tokens. The graph knows no token ids:
+    eos is set to an id that neither the prompt nor the reference holds, so it cannot end the
+    search early (min_length would mask eos' logit instead, changing the argmax)."""
+    import onnxruntime_genai as og
+    from fastopt.genai_config import write_genai_config
+
+    cfg_path = folder / "genai_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    used = set(prompt) | {int(t) for t in reference}
+    cfg["model"]["eos_token_id"] = min(set(range(len(used) + 1)) - used)
+    write_genai_config(cfg, cfg_path)
+    model = og.Model(str(folder))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + len(reference), do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(np.array([prompt], np.int32))
+    out = []
+    while not gen.is_done():
+        gen.generate_next_token()
+        out.append(int(gen.get_next_tokens()[0]))
+    return out

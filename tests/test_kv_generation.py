@@ -90,28 +90,6 @@ def test_corpus_genai_config() -> None:
         )
 
 
-def _genai_generate(folder: Path, prompt: list[int], reference: np.ndarray) -> list[int]:
-    """onnxruntime-genai greedy search for len(reference) tokens. The graph knows no token ids:
-    eos is set to an id that neither the prompt nor the reference holds, so it cannot end the
-    search early (min_length would mask eos' logit instead, changing the argmax)."""
-    assert og is not None
-    cfg_path = folder / "genai_config.json"
-    cfg = json.loads(cfg_path.read_text())
-    used = set(prompt) | {int(t) for t in reference}
-    cfg["model"]["eos_token_id"] = min(set(range(len(used) + 1)) - used)
-    write_genai_config(cfg, cfg_path)
-    model = og.Model(str(folder))
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(prompt) + len(reference), do_sample=False)
-    gen = og.Generator(model, params)
-    gen.append_tokens(np.array([prompt], np.int32))
-    out = []
-    while not gen.is_done():
-        gen.generate_next_token()
-        out.append(int(gen.get_next_tokens()[0]))
-    return out
-
-
 @needs_corpus
 @needs_genai
 def test_corpus_cache_model_runs_under_genai(tmp_path: Path) -> None:
@@ -124,7 +102,7 @@ def test_corpus_cache_model_runs_under_genai(tmp_path: Path) -> None:
     ref = kg.greedy_no_cache(
         CORPUS / "llama_ts_nocache" / "model.onnx", *kg.right_pad([prompt]), 16
     )
-    assert _genai_generate(tmp_path, prompt, ref.tokens[0]) == list(ref.tokens[0])
+    assert kg.genai_greedy(tmp_path, prompt, ref.tokens[0]) == list(ref.tokens[0])
 
 
 # --- the in-place path of the harness on a hand-built GroupQueryAttention decoder ------------
@@ -382,7 +360,7 @@ def test_cached_model_runs_under_genai(fx, mode: str, tmp_path: Path) -> None:  
     _optimize_with_cache(fx.path, out, "ort", mode)
     prompt = _prompts(int(fx.meta["config"].get("vocab_size", 512)), (9,))[0]
     ref = kg.greedy_no_cache(fx.path, *kg.right_pad([prompt]), STEPS)
-    assert _genai_generate(tmp_path, prompt, ref.tokens[0]) == list(ref.tokens[0])
+    assert kg.genai_greedy(tmp_path, prompt, ref.tokens[0]) == list(ref.tokens[0])
 
 
 # --- a model exported WITH a cache -> in-place (and standard) form ---------------------------
@@ -463,7 +441,7 @@ def test_corpus_cache_export_converts(exporter: str, mode: str, tmp_path: Path) 
     assert same == STEPS
     assert diff <= 1e-4
     if og is not None:  # and onnxruntime-genai runs the converted folder
-        assert _genai_generate(tmp_path, prompts[0], ref.tokens[0]) == list(ref.tokens[0])
+        assert kg.genai_greedy(tmp_path, prompts[0], ref.tokens[0]) == list(ref.tokens[0])
 
 
 @pytest.mark.parametrize("fx", CHUNKED, ids=ids(CHUNKED))

@@ -422,6 +422,29 @@ struct Emitter {
   }
 };
 
+// Why the traced cos `c` and sin `s` of an interleaved or even/odd rotation cannot feed one
+// RotaryEmbedding over x of dtype `t` and rotary width `d` ("" when they can); `width_problem`
+// names the width the rule expects.
+std::string cos_sin_problem(const rotary::InterleavedSource& c, const rotary::InterleavedSource& s,
+                            int32_t t, int64_t d, const std::string& width_problem) {
+  const rotary::CosSinSource &cs = c.source, &ss = s.source;
+  if (cs.kind != ss.kind || cs.positions != ss.positions || c.seq_axis != s.seq_axis) {
+    return "cos and sin come from different sources";
+  }
+  if (cs.kind == rotary::CosSinSource::Kind::kFrequencies &&
+      (cs.inv_freq != ss.inv_freq || cs.scaling != ss.scaling || cs.via_half != ss.via_half ||
+       cs.switch_cond != ss.switch_cond || cs.switched_inv_freq != ss.switched_inv_freq)) {
+    return "cos and sin use different frequencies or scaling";
+  }
+  if (cs.dtype != t || ss.dtype != t) return "cos/sin dtype differs from x's";
+  if (2 * cs.half != d || 2 * ss.half != d) return width_problem;
+  if (value_rank(cs.positions) != (cs.positions_1d ? 1 : 2) ||
+      value_dtype(cs.positions) != kInt64) {
+    return "the positions are not int64 (B, S) or (S)";
+  }
+  return "";
+}
+
 std::vector<Rule> rules(PassContext& ctx) {
   Emitter em{&ctx, std::make_shared<CacheMemo>()};
 
@@ -526,23 +549,10 @@ std::vector<Rule> rules(PassContext& ctx) {
     if (!c) return rw.fail(why);
     auto s = rotary::trace_interleaved(m.value(isin), "Sin", &why);
     if (!s) return rw.fail(why);
+    why = cos_sin_problem(*c, *s, t, *d,
+                          "the cos/sin width is not the rotary width D = " + std::to_string(*d));
+    if (!why.empty()) return rw.fail(why);
     const rotary::CosSinSource &cs = c->source, &ss = s->source;
-    if (cs.kind != ss.kind || cs.positions != ss.positions || c->seq_axis != s->seq_axis) {
-      return rw.fail("cos and sin come from different sources");
-    }
-    if (cs.kind == rotary::CosSinSource::Kind::kFrequencies &&
-        (cs.inv_freq != ss.inv_freq || cs.scaling != ss.scaling || cs.via_half != ss.via_half ||
-         cs.switch_cond != ss.switch_cond || cs.switched_inv_freq != ss.switched_inv_freq)) {
-      return rw.fail("cos and sin use different frequencies or scaling");
-    }
-    if (cs.dtype != t || ss.dtype != t) return rw.fail("cos/sin dtype differs from x's");
-    if (2 * cs.half != *d || 2 * ss.half != *d) {
-      return rw.fail("the cos/sin width is not the rotary width D = " + std::to_string(*d));
-    }
-    if (value_rank(cs.positions) != (cs.positions_1d ? 1 : 2) ||
-        value_dtype(cs.positions) != kInt64) {
-      return rw.fail("the positions are not int64 (B, S) or (S)");
-    }
     auto caches = em.caches(rw.graph(), cs, ss);
     if (!caches) return rw.fail("the cos/sin table has too few columns");
     ++ctx.counters["interleaved"];
@@ -588,23 +598,10 @@ std::vector<Rule> rules(PassContext& ctx) {
       if (!c) return rw.fail(why);
       auto s = rotary::trace_interleaved(m.value(es), "Sin", &why, false);
       if (!s) return rw.fail(why);
+      why = cos_sin_problem(*c, *s, t, *d,
+                            "the cos/sin width is not D / 2 = " + std::to_string(*d / 2));
+      if (!why.empty()) return rw.fail(why);
       const rotary::CosSinSource &cs = c->source, &ss = s->source;
-      if (cs.kind != ss.kind || cs.positions != ss.positions || c->seq_axis != s->seq_axis) {
-        return rw.fail("cos and sin come from different sources");
-      }
-      if (cs.kind == rotary::CosSinSource::Kind::kFrequencies &&
-          (cs.inv_freq != ss.inv_freq || cs.scaling != ss.scaling || cs.via_half != ss.via_half ||
-           cs.switch_cond != ss.switch_cond || cs.switched_inv_freq != ss.switched_inv_freq)) {
-        return rw.fail("cos and sin use different frequencies or scaling");
-      }
-      if (cs.dtype != t || ss.dtype != t) return rw.fail("cos/sin dtype differs from x's");
-      if (2 * cs.half != *d || 2 * ss.half != *d) {
-        return rw.fail("the cos/sin width is not D / 2 = " + std::to_string(*d / 2));
-      }
-      if (value_rank(cs.positions) != (cs.positions_1d ? 1 : 2) ||
-          value_dtype(cs.positions) != kInt64) {
-        return rw.fail("the positions are not int64 (B, S) or (S)");
-      }
       auto caches = em.caches(rw.graph(), cs, ss);
       if (!caches) return rw.fail("the cos/sin table has too few columns");
       ++ctx.counters["even_odd"];

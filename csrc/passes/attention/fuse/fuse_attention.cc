@@ -545,6 +545,15 @@ bool reads_softmax(const Node* n) {
   return p && p->op_type == "Softmax";
 }
 
+// The internal op must always be able to go back to standard ops (decompose_attention), which
+// need Range: "" where the model's opset has it, else the refusal.
+std::string opset_refusal(const Node* root) {
+  const int64_t opset = default_opset(*root->graph()->model());
+  if (opset >= kDecomposeOpset) return "";
+  return "opset " + std::to_string(opset) + ": standard ops for the attention need " +
+         std::to_string(kDecomposeOpset) + " (Range)";
+}
+
 bool match_attention(Node* root, CodeMatch& m, MatchFailure& why, PassContext& ctx) {
   if (!reads_softmax(root)) return false;  // no candidate: nothing to explain
   auto refuse = [&](std::string reason) {
@@ -552,11 +561,7 @@ bool match_attention(Node* root, CodeMatch& m, MatchFailure& why, PassContext& c
     ctx.counters["not fused"] += 1;
     return false;
   };
-  // The internal op must always be able to go back to standard ops (decompose_attention).
-  if (const int64_t opset = default_opset(*root->graph()->model()); opset < kDecomposeOpset) {
-    return refuse("opset " + std::to_string(opset) + ": standard ops for the attention need " +
-                  std::to_string(kDecomposeOpset) + " (Range)");
-  }
+  if (std::string r = opset_refusal(root); !r.empty()) return refuse(r);
   Found f;
   AttentionWalk walk(f);
   if (!walk.match(root)) return refuse(walk.error);
@@ -583,10 +588,7 @@ bool match_flat_attention(Node* root, CodeMatch& m, MatchFailure& why, PassConte
     ctx.counters["not fused"] += 1;
     return false;
   };
-  if (const int64_t opset = default_opset(*root->graph()->model()); opset < kDecomposeOpset) {
-    return refuse("opset " + std::to_string(opset) + ": standard ops for the attention need " +
-                  std::to_string(kDecomposeOpset) + " (Range)");
-  }
+  if (std::string r = opset_refusal(root); !r.empty()) return refuse(r);
   const Value* flat = mm->outputs()[0];
   if (std::string r = alibi::flat_output_refusal(flat, root); !r.empty()) return refuse(r);
   Found f;
