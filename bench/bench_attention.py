@@ -47,7 +47,7 @@ def compare_ms(
 
 
 def optimized(path: str, fuse: bool) -> onnx.ModelProto:
-    passes = ["convert_version", *fastopt.registry.preset("classic")]
+    passes = ["convert_version", *fastopt.pipeline.registry.preset("classic")]
     if fuse:
         passes += ["fuse_attention", "lower_attention"]
     report = fastopt.optimize(path, passes=passes, target="onnx", options={"opset": 23})

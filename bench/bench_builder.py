@@ -6,7 +6,7 @@ shape (bench_llm_fusions.QWEN2_05B, untied lm_head), in one run:
   ``python -m onnxruntime_genai.models.builder -i HF -o OUT -p int4 -e cpu``, its time and RSS;
 * fastopt: ``fastopt optimize EXPORT -o OUT --preset llm --kv-cache inplace --quantize int4``
   on the TorchScript and dynamo exports of the same shape (bench_llm_fusions.py --make-large),
-  time and RSS; then what ``--verify`` reports on each output (fastopt.quant_verify against
+  time and RSS; then what ``--verify`` reports on each output (fastopt.verify.quantized against
   the float export), and on ``fastopt quantize EXPORT --mode int4`` (no fusions, no cache) for
   comparison;
 * size of each output folder's model files;
@@ -120,8 +120,8 @@ def _genai(folder: str) -> dict[str, Any]:
 
 
 def _verify(pair: str) -> dict[str, Any]:
-    """fastopt.quant_verify's criteria for int4 (what --verify prints), ORIGINAL,QUANTIZED."""
-    from fastopt.quant_verify import verify_quantized
+    """fastopt.verify.quantized's criteria for int4 (what --verify prints), ORIGINAL,QUANTIZED."""
+    from fastopt.verify.quantized import verify_quantized
 
     original, quantized = pair.split(",")
     r = verify_quantized(original, quantized, "int4")
@@ -294,7 +294,7 @@ def _write(
         ]
     md += [
         "",
-        "## --verify (fastopt.quant_verify) against the float export",
+        "## --verify (fastopt.verify.quantized) against the float export",
         "",
         "| output | verdict | logits cosine | max rel err | top-1 |",
         "| --- | --- | ---: | ---: | ---: |",

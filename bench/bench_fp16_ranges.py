@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""The fp16 range check (fastopt.fp16_ranges): its cost, and what it does on a real model.
+"""The fp16 range check (fastopt.quant.fp16_ranges): its cost, and what it does on a real model.
 
 python bench/bench_fp16_ranges.py cost MODEL.onnx [MODEL.onnx ...]
-    per model, in a child process each: the range pass alone (fastopt.fp16_ranges.check_ranges
+    per model, in a child process each: the range pass alone (fastopt.quant.fp16_ranges.check_ranges
     on the loaded model: 4 input sets of --verify's shape), wall time and the child's peak
     RSS, beside the same child's peak RSS after importing onnx/onnxruntime and loading.
 python bench/bench_fp16_ranges.py real HF_DIR OUT_DIR
@@ -36,7 +36,7 @@ def _cost_child(path: str) -> None:
     import numpy  # noqa: F401  (imports apart: the range pass's own cost is what is measured)
     import onnx  # noqa: F401
     import onnxruntime  # noqa: F401
-    from fastopt.fp16_ranges import check_ranges
+    from fastopt.quant.fp16_ranges import check_ranges
 
     t = time.perf_counter()
     model = fastopt.load(path)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """onnxruntime-genai whisper decode: the cross cache computed by the encoder vs recomputed by
-the decoder at every step (fastopt.genai_whisper's two forms), in one process.
+the decoder at every step (fastopt.genai.whisper's two forms), in one process.
 
 A random-weight whisper from the seq2seq fixture generator (max_source_positions 1500: genai
 feeds exactly 3000 frames), exported with TorchScript, written by whisper_for_genai in both
@@ -42,7 +42,7 @@ def main() -> None:
     import make_seq2seq_fixtures as make
     import onnxruntime_genai as og
     import seq2seq_generation as sg
-    from fastopt.genai_whisper import whisper_for_genai
+    from fastopt.genai.whisper import whisper_for_genai
 
     work = Path(tempfile.mkdtemp(prefix="bench-genai-whisper-"))
     overrides = {"max_source_positions": 1500, **json.loads(a.config)}

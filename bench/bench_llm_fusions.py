@@ -213,13 +213,13 @@ def _run_tool(tool: str, src: str, dst: str, meta: dict[str, Any], large: bool) 
     res: dict[str, Any] = {}
     data_name = os.path.basename(dst) + ".data"
     if tool in ("fastopt", "fastopt_onnx"):
-        import fastopt.cli
+        import fastopt.cli.main
 
         res["rss_after_import"] = proc_status()["VmRSS"]
         report = dst + ".report.json"
         target = "onnx" if tool == "fastopt_onnx" else "ort"
         t0 = time.perf_counter()
-        rc = fastopt.cli.main(
+        rc = fastopt.cli.main.main(
             ["optimize", src, "-o", dst, "--preset", "llm", "--target", target, "--report", report]
         )
         res["optimize_s"] = time.perf_counter() - t0

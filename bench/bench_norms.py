@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             out = Path(tmp) / name / "model.onnx"
             out.parent.mkdir()
-            passes = fastopt.registry.preset("classic") + extra
+            passes = fastopt.pipeline.registry.preset("classic") + extra
             report = fastopt.optimize(original, passes=passes, target="ort", output=out)
             counts = report.model.op_counts() if report.model is not None else {}
             fused = {k: v for k, v in counts.items() if "Normalization" in k}

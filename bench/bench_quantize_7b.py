@@ -1,5 +1,5 @@
 """int4 of a 7B-shaped fp16 decoder (hidden 4096, 32 layers, intermediate 11008, vocab 32000;
-13.5 GB, made by make_llm_model.py): fastopt.quantize against onnxruntime's
+13.5 GB, made by make_llm_model.py): fastopt.quant.quantize against onnxruntime's
 MatMulNBitsQuantizer, and int8-dynamic: fastopt against quantize_dynamic. One tool at a time,
 each in a fresh process, the model's files read into the page cache before each. The peers load
 the whole model, so they run under an address-space cap (``prlimit --as``, default 14 GB: on a

@@ -47,8 +47,8 @@ DECODER_CONFIGS: list[tuple[str, dict]] = [
 def make(out: Path) -> None:
     import fastopt
     import numpy as np
-    from fastopt.run_check import RUN_CHECK_DIMS
-    from fastopt.verify_inputs import _synthesize
+    from fastopt.verify.inputs import _synthesize
+    from fastopt.verify.run_check import RUN_CHECK_DIMS
 
     index = []
     for name in MODELS:

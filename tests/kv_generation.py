@@ -342,7 +342,7 @@ def genai_greedy(folder: Path, prompt: list[int], reference: np.ndarray) -> list
     eos is set to an id that neither the prompt nor the reference holds, so it cannot end the
     search early (min_length would mask eos' logit instead, changing the argmax)."""
     import onnxruntime_genai as og
-    from fastopt.genai_config import write_genai_config
+    from fastopt.genai.config import write_genai_config
 
     cfg_path = folder / "genai_config.json"
     cfg = json.loads(cfg_path.read_text())

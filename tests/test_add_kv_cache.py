@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from fastopt.registry import preset
+from fastopt.pipeline.registry import preset
 from llm_fixtures import PARITY_ATOL, Fixture, fixtures, ids, op_count
 
 DECODERS = fixtures(decoder=True, kv_cache=True)

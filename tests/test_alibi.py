@@ -34,7 +34,7 @@ import kv_generation as kg
 import numpy as np
 import onnx
 import pytest
-from fastopt.genai_config import write_genai_config
+from fastopt.genai.config import write_genai_config
 from llm_fixtures import ALIBI_ARCHS, PARITY_ATOL, Fixture, feeds, fixtures, op_count, optimize
 from llm_fixtures import run as ort_run
 from onnx import helper

@@ -15,7 +15,7 @@ from fastopt.bench import memory, report
 from fastopt.bench.inputs import Port
 from fastopt.bench.session import CUDA, plan_outputs
 from fastopt.bench.timing import Stats, interleaved
-from fastopt.cli import main
+from fastopt.cli.main import main
 from onnx import TensorProto, helper
 
 HAS_CUDA = CUDA in ort.get_available_providers()
@@ -314,7 +314,7 @@ def test_cli_bad_arguments(models: dict[str, Path], capsys: pytest.CaptureFixtur
 
 
 def test_default_seqs() -> None:
-    from fastopt.bench.command import default_seqs
+    from fastopt.cli.bench import default_seqs
 
     assert default_seqs(128) == [16, 32, 64, 128]
     assert default_seqs(4) == [1, 2, 4]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import fastopt
 import fastopt.bench
-import fastopt.cli
+import fastopt.cli.main
 import pytest
 
 GENAI_FOLDER = Path(__file__).parent / "fixtures" / "genai" / "qwen2_builder_fp32"
@@ -51,11 +51,11 @@ def test_bench_without_genai_config_reads_the_graph(genai_folder: Path, tmp_path
 
 def test_cli_bench_and_check(genai_folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model = str(genai_folder / "model.onnx")
-    code = fastopt.cli.main(["bench", model, "--phase", "decode", "--seq", "8", "--runs", "2"])
+    code = fastopt.cli.main.main(["bench", model, "--phase", "decode", "--seq", "8", "--runs", "2"])
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "decode" in out and "Traceback" not in out + err
-    code = fastopt.cli.main(["check", model])
+    code = fastopt.cli.main.main(["check", model])
     out, err = capsys.readouterr()
     assert code in (0, 1) and "Traceback" not in out + err
     assert "onnxruntime" in out and "ok" in out  # ORT loads it, whatever onnx.checker says

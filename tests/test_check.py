@@ -1,4 +1,5 @@
-"""fastopt.check: onnx.checker, strict shape inference and an ONNX Runtime load, stage by stage."""
+"""fastopt.verify.check: onnx.checker, strict shape inference and an ONNX Runtime load, stage by
+stage."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from onnx import TensorProto, helper, numpy_helper
 CORPUS_DIR = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 CORPUS = sorted(CORPUS_DIR.glob("*/model.onnx")) if CORPUS_DIR.is_dir() else []
 needs_corpus = pytest.mark.skipif(not CORPUS, reason="../shared/corpus is absent")
-# `fastopt.check` is the function; the module of the same name is reached through importlib.
-check_module = importlib.import_module("fastopt.check")
+# `fastopt.verify.check` is the function; the module of the same name is reached through importlib.
+check_module = importlib.import_module("fastopt.verify.check")
 
 
 def make_model(

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import fastopt
-import fastopt.cli
+import fastopt.cli.main
 import onnx
 import pytest
 
@@ -93,7 +93,7 @@ def test_default_output_is_reported_ort_only(
     assert report.runtime_ops["SimplifiedLayerNormalization"] >= 1
     assert report.runtime_ops["com.microsoft::GroupQueryAttention"] == 2
     assert report.to_dict()["ort_only"] is True
-    assert fastopt.cli.main(["check", str(out)]) == 0
+    assert fastopt.cli.main.main(["check", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "check passed" in printed
     assert "runs in ONNX Runtime only" in printed and "SimplifiedLayerNormalization" in printed

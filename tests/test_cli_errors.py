@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import fastopt
-import fastopt.cli
+import fastopt.cli.main
 import onnx
 import pytest
 from hostile_models import HOSTILE
@@ -22,7 +22,7 @@ LLAMA = Path(__file__).parent / "fixtures" / "models" / "llama_ts_float32" / "mo
 
 
 def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code = fastopt.cli.main([str(a) for a in args])
+    code = fastopt.cli.main.main([str(a) for a in args])
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -85,14 +85,14 @@ def test_keyboard_interrupt_is_130_without_traceback(
 
 def test_sigint_in_a_real_process_is_130(tmp_path: Path) -> None:
     code = (
-        "import signal, os, fastopt, fastopt.cli, sys\n"
+        "import signal, os, fastopt, fastopt.cli.main, sys\n"
         # a shell's background job starts with SIGINT ignored; Python then installs no handler
         "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "def slow(*a, **k):\n"
         "    os.kill(os.getpid(), signal.SIGINT)\n"
         "fastopt.optimize = slow\n"
         f"args = ['optimize', {str(LLAMA)!r}, '-o', {str(tmp_path / 'o.onnx')!r}]\n"
-        "sys.exit(fastopt.cli.main(args))\n"
+        "sys.exit(fastopt.cli.main.main(args))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert proc.returncode == 130, proc.stderr

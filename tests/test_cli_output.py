@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import fastopt
 import fastopt.bench
-import fastopt.cli
+import fastopt.cli.main
 import pytest
 from bench_models import DECODER, ENCODER, cached_decoder
 from fastopt.bench import report
@@ -33,7 +33,7 @@ BOX = re.compile("[\u2500-\u257f\u2800-\u28ff]")  # box drawing, braille spinner
 
 
 def cli(capsys: pytest.CaptureFixture[str], *args: object) -> tuple[int, str, str]:
-    code = fastopt.cli.main([str(a) for a in args])
+    code = fastopt.cli.main.main([str(a) for a in args])
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -57,9 +57,9 @@ def one_line_error(err: str) -> str:
 
 @pytest.fixture
 def cli_progress() -> ModuleType:
-    import fastopt.cli_progress
+    import fastopt.cli.progress
 
-    return fastopt.cli_progress
+    return fastopt.cli.progress
 
 
 @pytest.fixture(scope="module")
@@ -167,8 +167,8 @@ def test_print_quantization_goes_through_print_table(capsys: pytest.CaptureFixtu
             bytes_after=640, max_rel_error=0.07, mean_rel_error=0.09,
         )
     ]  # fmt: skip
-    from fastopt.cli_output import console
-    from fastopt.cli_quantize import print_quantization
+    from fastopt.cli.common import print_quantization
+    from fastopt.cli.output import console
 
     print_quantization(weights, console(), verbose=True)
     out = capsys.readouterr().out
@@ -180,7 +180,7 @@ def test_a_table_wider_than_the_terminal_crops_nothing() -> None:
     at 80 columns lost "p99 ms" and everything after it)."""
     import io
 
-    from fastopt.cli_output import print_table
+    from fastopt.cli.output import print_table
     from rich.console import Console
     from rich.table import Table
 
@@ -311,7 +311,7 @@ def test_explain_takes_a_pass_or_a_rule(capsys: pytest.CaptureFixture[str]) -> N
 def test_every_explanation_names_an_askable_name(target: str) -> None:
     """Each line of --explain '*' starts with a name --explain accepts, so that no rule's
     explanations are out of reach of the check on names."""
-    from fastopt.registry import explain_names
+    from fastopt.pipeline.registry import explain_names
 
     known = set(explain_names())
     for fixture in (LLAMA, ENCODER):
@@ -353,7 +353,7 @@ def test_option_takes_exactly_what_passes_lists(
     are refused, naming the flag."""
     code, listing, _ = cli(capsys, "passes")
     assert code == 0
-    from fastopt.cli_optimize import parse_options
+    from fastopt.cli.common import parse_options
 
     for name, spec in fastopt.OPTIONS.items():
         value = spec.default if spec.default is not None else (spec.choices or [(1, "")])[0][0]
@@ -379,7 +379,7 @@ def test_preset_help_lists_the_presets() -> None:
 
 
 def test_every_option_has_help() -> None:
-    parser = fastopt.cli.build_parser()
+    parser = fastopt.cli.main.build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
     missing = [
         f"{command} {'/'.join(action.option_strings) or action.dest}"

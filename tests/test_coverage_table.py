@@ -26,7 +26,7 @@ def test_guard_fails_on_a_lost_fusion(monkeypatch: pytest.MonkeyPatch) -> None:
     """The guard can fail: with fuse_rotary dropped from the llm preset, a fixture of models/ and
     one of the matrix differ from the table, and the diff names the lost RotaryEmbedding and the
     Sin/Cos/Neg left behind, per target."""
-    import fastopt.registry as registry
+    import fastopt.pipeline.registry as registry
 
     items = fixtures(arch="llama", exporter="ts", dtype="float32")
     items += matrix_fixtures(release="5.0.0", arch="qwen2", exporter="dynamo")

@@ -17,7 +17,7 @@ import onnxruntime as ort
 import pytest
 import seq2seq_generation as sg
 from fastopt import _C
-from fastopt.verify_generation import verify_generation
+from fastopt.verify.generation import verify_generation
 from llm_fixtures import PARITY_ATOL
 
 STEPS = 16
@@ -119,7 +119,7 @@ def test_refusals_leave_both_models_unchanged() -> None:
 
 
 def test_genai_whisper_rejects_an_unknown_cross_cache_form(tmp_path: Path) -> None:
-    from fastopt.genai_whisper import whisper_for_genai
+    from fastopt.genai.whisper import whisper_for_genai
 
     fx = sg.seq2seq_fixtures("whisper")[0]
     with pytest.raises(fastopt.OptionError, match=r"cross_cache must be one of encoder, recomp"):

@@ -209,7 +209,7 @@ def test_missing_output_folders_are_created_and_removed_on_failure(
 
 
 def test_outputs_get_umask_permissions(tmp_path: Path, src: Path) -> None:
-    from fastopt.genai_config import write_genai_config
+    from fastopt.genai.config import write_genai_config
 
     old = os.umask(0o027)
     try:

@@ -1,6 +1,6 @@
-"""fp16 that overflows: the range check (fastopt.fp16_ranges over fastopt.activation_ranges)
-keeps the ops whose activations reach float16's range in float32, --verify fails loudly on
-NaN/inf outputs, and clamped values are a warning line.
+"""fp16 that overflows: the range check (fastopt.quant.fp16_ranges over
+fastopt.quant.activation_ranges) keeps the ops whose activations reach float16's range in float32,
+--verify fails loudly on NaN/inf outputs, and clamped values are a warning line.
 
 The overflowing model is the gemma3 TorchScript fixture with its embedding table scaled by 5e4:
 the table stays inside fp16 (max 2.0e4), but Gemma multiplies the embeddings by sqrt(hidden) = 8,
@@ -13,14 +13,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import fastopt
-import fastopt.cli
+import fastopt.cli.main
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from fastopt.activation_ranges import SENTINEL, collect_ranges
-from fastopt.fp16_ranges import FP16_MAX, LIMIT
-from fastopt.quant_verify import verify_quantized
+from fastopt.quant.activation_ranges import SENTINEL, collect_ranges
+from fastopt.quant.fp16_ranges import FP16_MAX, LIMIT
+from fastopt.verify.quantized import verify_quantized
 from llm_fixtures import fixtures
 from onnx import TensorProto, helper, numpy_helper
 
@@ -97,7 +97,7 @@ def test_verify_fails_loudly_on_nan_without_the_range_check(
     overflowing: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "fp16.onnx"
-    code = fastopt.cli.main(
+    code = fastopt.cli.main.main(
         ["quantize", str(overflowing), "-o", str(out), "--mode", "fp16", "--fp16-ranges", "off",
          "--verify"]
     )  # fmt: skip
@@ -109,7 +109,7 @@ def test_verify_fails_loudly_on_nan_without_the_range_check(
         report = verify_quantized(overflowing, out, mode)
         assert not report.ok and report.outputs[0].nonfinite == report.outputs[0].size > 0
     # optimize --quantize --verify: exit 1 with the message too.
-    code = fastopt.cli.main(
+    code = fastopt.cli.main.main(
         ["optimize", str(overflowing), "-o", str(tmp_path / "o.onnx"), "--passes",
          "eliminate_dead_nodes", "--quantize", "fp16", "--fp16-ranges", "off", "--verify"]
     )  # fmt: skip
@@ -118,7 +118,7 @@ def test_verify_fails_loudly_on_nan_without_the_range_check(
 
 
 def test_optimize_verify_names_nan_outputs(overflowing: Path, tmp_path: Path) -> None:
-    """fastopt.verify (optimize --verify): NaN/inf where the original is finite is its own
+    """fastopt.verify.core (optimize --verify): NaN/inf where the original is finite is its own
     failure message, not a tolerance miss."""
     out = tmp_path / "fp16.onnx"
     fastopt.quantize(overflowing, out, mode="fp16", fp16_ranges=False, keep_io_types=True)
@@ -172,7 +172,7 @@ def test_clamped_values_are_a_warning_line(
     src = tmp_path / "big.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(src))
     # (with the range check the Add reading them stays float32, and nothing clamps)
-    code = fastopt.cli.main(
+    code = fastopt.cli.main.main(
         ["quantize", str(src), "-o", str(tmp_path / "h.onnx"), "--mode", "fp16",
          "--fp16-ranges", "off"]
     )  # fmt: skip
@@ -185,8 +185,8 @@ def test_clamped_values_are_a_warning_line(
 def test_generation_verify_names_nan_logits(overflowing: Path, tmp_path: Path) -> None:
     """optimize --kv-cache --verify compares greedy generation: NaN logits fail it by name
     (max(err, nan) used to keep the old error, so only a token difference could fail)."""
-    from fastopt.quant_settings import QuantSettings
-    from fastopt.verify_generation import verify_generation
+    from fastopt.quant.settings import QuantSettings
+    from fastopt.verify.generation import verify_generation
 
     out = tmp_path / "cached.onnx"
     fastopt.optimize(
@@ -240,7 +240,7 @@ def test_a_model_ort_cannot_measure_converts_with_a_warning(
     )
     src = tmp_path / "noshape.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(src))
-    code = fastopt.cli.main(
+    code = fastopt.cli.main.main(
         ["quantize", str(src), "-o", str(tmp_path / "h.onnx"), "--mode", "fp16"]
     )
     err = capsys.readouterr().err
@@ -272,8 +272,8 @@ def test_a_float16_model_is_not_run(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_ort() -> None:
         raise AssertionError("ONNX Runtime was started")
 
-    # (the module, not fastopt.check the function)
-    monkeypatch.setattr(importlib.import_module("fastopt.check"), "onnxruntime", no_ort)
+    # (the module, not fastopt.verify.check the function)
+    monkeypatch.setattr(importlib.import_module("fastopt.verify.check"), "onnxruntime", no_ort)
     h = TensorProto.FLOAT16
     graph = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["y"])],

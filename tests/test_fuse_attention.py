@@ -35,7 +35,7 @@ ALL = [
 
 
 def attention_passes(target: str) -> tuple[list[str], dict[str, int]]:
-    default = fastopt.registry.preset("classic")
+    default = fastopt.pipeline.registry.preset("classic")
     if target == "onnx":
         return ["convert_version", *default, *PASSES], {"opset": 23}
     # The fallback: attention_lowering=0 makes lower_attention decompose whatever the target.
@@ -84,7 +84,7 @@ def test_fixture_fallback(fx: Fixture) -> None:
 
 def test_lower_needs_opset_23() -> None:
     fx = fixtures(arch="llama", exporter="dynamo", dtype="float32")[0]
-    passes = [*fastopt.registry.preset("classic"), *PASSES]
+    passes = [*fastopt.pipeline.registry.preset("classic"), *PASSES]
     report = fastopt.optimize(fx.path, passes=passes, target="onnx", explain="lower_attention")
     lines = [line for line in report.explain if "kept as standard ops" in line]
     assert len(lines) == fx.layers and all("opset" in line for line in lines), report.explain

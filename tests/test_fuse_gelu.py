@@ -21,7 +21,7 @@ GELU_ARCHS = ["gpt2", "bert", "gpt_neox", "gemma"]
 
 @pytest.mark.parametrize("fx", fixtures(arch=GELU_ARCHS), ids=ids(fixtures(arch=GELU_ARCHS)))
 def test_fixtures_ort(fx):
-    _report, out = optimize(fx, passes=fastopt.registry.preset("classic") + GELU)
+    _report, out = optimize(fx, passes=fastopt.pipeline.registry.preset("classic") + GELU)
     n = fx.layers
     for op in ("Erf", "Tanh"):
         assert op_count(out, op) == 0, op
@@ -42,7 +42,7 @@ TS = fixtures(arch=GELU_ARCHS, exporter="ts")
 
 @pytest.mark.parametrize("fx", TS, ids=ids(TS))
 def test_fixtures_onnx(fx):
-    passes = [*fastopt.registry.preset("classic"), "convert_version", "fuse_gelu"]
+    passes = [*fastopt.pipeline.registry.preset("classic"), "convert_version", "fuse_gelu"]
     _report, out = optimize(fx, passes=passes, target="onnx", options={"opset": 23})
     assert op_count(out, "Gelu", "") == fx.layers
     assert op_count(out, "Erf") == op_count(out, "Tanh") == 0

@@ -30,7 +30,7 @@ NORMS_PER_LAYER = {
     "olmoe": 4,
     "qwen3": 4,
 }
-DEFAULT = fastopt.registry.preset("classic")
+DEFAULT = fastopt.pipeline.registry.preset("classic")
 ORT_PASSES = [
     *DEFAULT,
     "fuse_layer_norm",

@@ -21,7 +21,7 @@ def fused(fx: Fixture, target: str) -> tuple[fastopt.OptimizeReport, onnx.ModelP
     pre = TO_OPSET_23 if target == "onnx" else []
     return optimize(
         fx,
-        passes=fastopt.registry.preset("classic") + pre + PASSES,
+        passes=fastopt.pipeline.registry.preset("classic") + pre + PASSES,
         target=target,
         options={"opset": 23},
     )

@@ -20,7 +20,7 @@ CLIP = fixtures(arch="clip")
 
 @pytest.mark.parametrize("fx", FX, ids=ids(FX))
 def test_fixtures(fx):
-    _report, out = optimize(fx, passes=[*fastopt.registry.preset("classic"), "fuse_silu"])
+    _report, out = optimize(fx, passes=[*fastopt.pipeline.registry.preset("classic"), "fuse_silu"])
     silu = SILU_PER_LAYER.get(fx.arch, 1) * fx.layers  # one SwiGLU MLP per layer
     assert op_count(out, "QuickGelu", "com.microsoft") == silu
     assert op_count(out, "Sigmoid") == (fx.layers if fx.arch == "qwen2_moe" else 0)
@@ -32,7 +32,7 @@ def test_fixtures(fx):
 
 @pytest.mark.parametrize("fx", CLIP, ids=ids(CLIP))
 def test_clip_quick_gelu(fx):
-    _report, out = optimize(fx, passes=[*fastopt.registry.preset("classic"), "fuse_silu"])
+    _report, out = optimize(fx, passes=[*fastopt.pipeline.registry.preset("classic"), "fuse_silu"])
     gelus = [n for n in out.graph.node if n.op_type == "QuickGelu"]
     assert len(gelus) == fx.layers  # one MLP per layer
     assert op_count(out, "Sigmoid") == 0

@@ -74,7 +74,7 @@ def test_rms_norm_leaves_a_layer_norms_variance(target: str) -> None:
     """fuse_rms_norm alone (before fuse_layer_norm, or without it) does not take the variance
     half of a LayerNorm: the whole stays for fuse_layer_norm, with the reason."""
     path = FORMS / "cohere_layer_norm_ts_float32" / "model.onnx"
-    passes = fastopt.registry.preset("cleanup")
+    passes = fastopt.pipeline.registry.preset("cleanup")
     passes += ["convert_version", "fuse_rms_norm"] if target == "onnx" else ["fuse_rms_norm"]
     report = fastopt.optimize(path, passes=passes, target=target, explain="fuse_rms_norm")  # type: ignore[arg-type]
     assert report.model is not None

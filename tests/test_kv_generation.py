@@ -13,10 +13,10 @@ import kv_generation as kg
 import numpy as np
 import onnx
 import pytest
-from fastopt.cli import build_parser, main
-from fastopt.genai_config import GenaiConfigError, genai_config, write_genai_config
+from fastopt.cli.main import build_parser, main
+from fastopt.genai.config import GenaiConfigError, genai_config, write_genai_config
 from fastopt.optimize import KV_CACHE_PASS, _with_kv_cache
-from fastopt.registry import preset
+from fastopt.pipeline.registry import preset
 from llm_fixtures import MOE_ARCHS, fixtures, ids, matrix_fixtures, matrix_params
 from onnx import TensorProto, helper, numpy_helper
 

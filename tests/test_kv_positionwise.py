@@ -15,7 +15,7 @@ import kv_generation as kg
 import numpy as np
 import onnx
 import pytest
-from fastopt.cli import main
+from fastopt.cli.main import main
 from llm_fixtures import fixtures
 from onnx import helper, numpy_helper
 

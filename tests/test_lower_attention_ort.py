@@ -414,10 +414,10 @@ TS_GQA = fixtures(arch=["llama", "mistral", "qwen2", "phi3", "gemma"], exporter=
 def test_ts_fixture_gqa(fx: Fixture) -> None:
     """Q and K come from one hidden state through head-split Reshapes whose target reads
     Shape(hidden)[1]: GroupQueryAttention (fp16 and fp32, Hkv < Hq) without shape facts."""
-    import fastopt.registry
+    import fastopt.pipeline.registry
     from llm_fixtures import optimize
 
-    _, out = optimize(fx, passes=fastopt.registry.preset("llm"), target="ort")
+    _, out = optimize(fx, passes=fastopt.pipeline.registry.preset("llm"), target="ort")
     assert op_count(out, GQA, "com.microsoft") == fx.layers
     assert op_count(out, "Softmax") == 0 and op_count(out, MHA, "com.microsoft") == 0
     assert_parity(fx, out)

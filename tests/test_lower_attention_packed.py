@@ -6,7 +6,7 @@ MultiHeadAttention / GroupQueryAttention."""
 from __future__ import annotations
 
 import fastopt
-import fastopt.registry
+import fastopt.pipeline.registry
 import numpy as np
 import onnx
 import pytest

@@ -8,7 +8,7 @@
   32, both exporters, made by make_fixtures.py --arch deepseek_v3 --out tests/fixtures/mla):
   MultiHeadAttention with 3-D K/V (ORT 1.32 refuses BNSH K/V of different head sizes), its
   standard KV cache as standard ops with the reason, greedy generation equal to the original's;
-- the run check (python/fastopt/run_check.py): an output ORT cannot load or run is not written.
+- the run check (fastopt/verify/run_check.py): an output ORT cannot load or run is not written.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import kv_generation as kg
 import numpy as np
 import onnx
 import pytest
-from fastopt.run_check import RunCheckError
-from fastopt.verify_report import OutputRejectedError
+from fastopt.verify.report import OutputRejectedError
+from fastopt.verify.run_check import RunCheckError
 from fusion_util import ort_run
 from llm_fixtures import Fixture, assert_parity, op_count
 from onnx import TensorProto, helper
@@ -235,7 +235,7 @@ def test_run_check_cli_exits_1_and_writes_nothing(tmp_path: Path, breaker: str) 
     onnx.save(_relu_model(), src)
     out = tmp_path / "model.onnx"
     # The test pass is registered in this process only: run the CLI in-process.
-    from fastopt.cli import main
+    from fastopt.cli.main import main
 
     assert main(["optimize", str(src), "-o", str(out), "--passes", "test_run_check_breaker"]) == 1
     assert not out.exists()
@@ -275,7 +275,7 @@ def test_run_check_large_model_paths(
     """Past the in-memory limit ORT loads the skeleton with zeros for the large tensors (a sparse
     file): it runs; past the run limit only the session is created. Both still refuse an
     output ORT cannot run (here the BNSH K/V of different head sizes main used to write)."""
-    import fastopt.run_check as rc
+    import fastopt.verify.run_check as rc
 
     monkeypatch.setattr(rc, "_SERIALIZE_LIMIT", 0)
     report = fastopt.optimize(fx.path, preset="llm", output=tmp_path / "a" / "model.onnx")
@@ -292,7 +292,7 @@ def test_run_check_large_model_paths(
 def test_run_check_bf16_output_is_a_note(tmp_path: Path) -> None:
     """ORT 1.32's CPU provider has no bfloat16 Add / MatMul: a bf16 output is for GPU
     providers, so its failing run is a note, and the output is written."""
-    from fastopt.quant_settings import QuantSettings
+    from fastopt.quant.settings import QuantSettings
 
     fx = MLA[0]
     out = tmp_path / "model.onnx"
@@ -306,7 +306,7 @@ def test_seq2seq_cached_decoder_target_onnx_runs_several_tokens(name: str, tmp_p
     """Found by the run check: ORT 1.32's Attention-23 wants the mask's query axis to be S, so the
     cross-attention's (B, 1, 1, T) encoder mask failed any decoder step of 2+ tokens (a forced
     prefix) while the original runs it; lower_attention_onnx expands it over the queries."""
-    from fastopt.verify_inputs import _synthesize
+    from fastopt.verify.inputs import _synthesize
 
     src = FIXTURES / "models" / name / "decoder.onnx"
     out = tmp_path / "decoder.onnx"

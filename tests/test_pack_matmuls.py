@@ -18,7 +18,7 @@ FX = fixtures()
 
 @pytest.mark.parametrize("fx", FX, ids=ids(FX))
 def test_fixtures_pack_all(fx):
-    base = fastopt.registry.preset("classic")
+    base = fastopt.pipeline.registry.preset("classic")
     report, out = optimize(fx, passes=[*base, "pack_matmuls"], options={"pack_matmuls": 1})
     _, plain = optimize(fx, passes=base)
     n = fx.layers
@@ -75,7 +75,7 @@ def test_fixtures_pack_all(fx):
 
 @pytest.mark.parametrize("fx", FX[:4], ids=ids(FX[:4]))
 def test_fixtures_default_mode_waits_for_gqa(fx):
-    base = fastopt.registry.preset("classic")
+    base = fastopt.pipeline.registry.preset("classic")
     report, _out = optimize(fx, passes=[*base, "pack_matmuls"])
     assert report.passes[-1].rewrites == 0
 

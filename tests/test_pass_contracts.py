@@ -7,7 +7,7 @@ from __future__ import annotations
 import fastopt
 import pytest
 from fastopt import _C
-from fastopt.registry import finishing_pass, get_pass, place, preset
+from fastopt.pipeline.registry import finishing_pass, get_pass, place, preset
 from test_fuse_attention import counters, run_sdpa, sdpa_model
 
 

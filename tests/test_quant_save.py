@@ -235,8 +235,8 @@ def test_over_2gb_input_quantized_into_the_taken_file(tmp_path: Path) -> None:
 
 def test_optimize_with_quantize_writes_next_to_its_output(tmp_path: Path) -> None:
     # fastopt.optimize(..., output=, quantize=) puts the quantized bytes in the output's folder
-    # (not $TMPDIR), so its external-data save takes them as they are, like fastopt.quantize.
-    from fastopt.quant_settings import QuantSettings
+    # (not $TMPDIR), so its external-data save takes them as they are, like fastopt.quant.quantize.
+    from fastopt.quant.settings import QuantSettings
 
     out = tmp_path / "model.onnx"
     r = fastopt.optimize(

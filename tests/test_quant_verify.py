@@ -1,6 +1,6 @@
-"""``--verify`` of quantized models (fastopt.quant_verify, issue 28): bf16 models ONNX Runtime's CPU
-provider cannot run are reported as not verified in one line, never a traceback; the top-1
-measure leaves out the original's near-ties; the README's int8 example passes its gate."""
+"""``--verify`` of quantized models (fastopt.verify.quantized, issue 28): bf16 models ONNX
+Runtime's CPU provider cannot run are reported as not verified in one line, never a traceback; the
+top-1 measure leaves out the original's near-ties; the README's int8 example passes its gate."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import fastopt
 import numpy as np
 import pytest
-from fastopt.quant_verify import THRESHOLDS, _accuracy, verify_quantized
+from fastopt.verify.quantized import THRESHOLDS, _accuracy, verify_quantized
 from llm_fixtures import fixtures
 
 LLAMA = fixtures(arch="llama", exporter="ts", dtype="float32")[0]

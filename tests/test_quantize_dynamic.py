@@ -2,7 +2,7 @@
 (QInt8) per setting, the quantized models run in ONNX Runtime and agree with the original,
 kept weights say why, bad settings are refused.
 
-What this machine's ONNX Runtime does decides two things, each probed by fastopt.ort_kernels and
+What this machine's ONNX Runtime does decides two things, each probed by fastopt.runtime.kernels and
 followed here (the other branch is taken by replacing the probe): per-channel for target ort is
 refused where DynamicQuantizeMatMul refuses per-column scales; per-channel weights are 7-bit by
 default where the int8 GEMM saturates (x86 without VNNI; tests/int8_saturation.py emulates it)."""
@@ -18,8 +18,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from fastopt import ort_kernels
-from fastopt.quant_verify import verify_quantized
+from fastopt.runtime import kernels as ort_kernels
+from fastopt.verify.quantized import verify_quantized
 from int8_saturation import emulate_saturation, saturating_matmul
 from llm_fixtures import Fixture, feeds, fixtures
 from onnx import TensorProto, helper, numpy_helper

@@ -16,8 +16,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from fastopt.genai_config import write_genai_config
-from fastopt.quant_settings import QuantSettings
+from fastopt.genai.config import write_genai_config
+from fastopt.quant.settings import QuantSettings
 from onnx import TensorProto, helper, numpy_helper
 from quant_reference import ort_quantize
 

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from fastopt.cli import main
+from fastopt.cli.main import main
 from onnx import TensorProto, helper, numpy_helper
 from quant_reference import ort_quantize
 

@@ -19,7 +19,7 @@ def caches(name: str) -> dict[str, np.ndarray]:
     if not path.exists():
         pytest.skip(f"fixture {name} absent")
     report = fastopt.optimize(
-        fastopt.load(path), passes=[*fastopt.registry.preset("classic"), "fuse_rotary"]
+        fastopt.load(path), passes=[*fastopt.pipeline.registry.preset("classic"), "fuse_rotary"]
     )
     made = ("rotary_cos_cache", "rotary_sin_cache")
     return {

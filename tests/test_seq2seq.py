@@ -242,7 +242,7 @@ def test_cross_mask_that_is_not_padding_is_refused(tmp_path: Path) -> None:
 def test_cli_verify_generation(tmp_path: Path) -> None:
     """`--kv-cache standard --verify` on a seq2seq decoder compares greedy generation over random
     encoder states (verify_generation), exit 0."""
-    from fastopt.cli import main
+    from fastopt.cli.main import main
 
     fx = sg.seq2seq_fixtures("whisper", "float32")[0]
     out = tmp_path / "decoder.onnx"

@@ -119,7 +119,7 @@ def test_existing_past_sequence_length_refused(tmp_path: Path) -> None:
 def test_cli_verify_inplace(tmp_path: Path) -> None:
     """`--kv-cache inplace --verify` on a seq2seq decoder: verify_generation feeds
     past_sequence_length and max-length self buffers beside the standard cross cache, exit 0."""
-    from fastopt.cli import main
+    from fastopt.cli.main import main
 
     fx = sg.seq2seq_fixtures("whisper")[0]
     out = tmp_path / "decoder.onnx"
@@ -155,7 +155,7 @@ def test_cross_recomputed_decoder_generates_the_same_tokens(
 def test_genai_whisper_refuses_other_frame_counts(tmp_path: Path) -> None:
     """onnxruntime-genai 0.18 feeds a whisper encoder exactly 3000 frames; the fixtures' encoders
     take 64 (max_source_positions 32): refused with that reason, nothing written."""
-    from fastopt.genai_whisper import whisper_for_genai
+    from fastopt.genai.whisper import whisper_for_genai
 
     fx = sg.seq2seq_fixtures("whisper")[0]
     folder = tmp_path / "genai"
@@ -184,7 +184,7 @@ def test_genai_runs_whisper(
     tokens equal the original encoder + no-cache decoder's, with the cross cache computed by
     the encoder (genai binds it to the decoder) or recomputed by the decoder at every step."""
     og = pytest.importorskip("onnxruntime_genai")
-    from fastopt.genai_whisper import whisper_for_genai
+    from fastopt.genai.whisper import whisper_for_genai
 
     fx = sg.Seq2SeqFixture(whisper_3000)
     config = fx.meta["config"]
@@ -227,7 +227,7 @@ def test_cli_genai_whisper_refusal(tmp_path: Path, capsys: pytest.CaptureFixture
     """`fastopt genai-whisper` on an encoder of 64 frames: one line naming the reason, exit 2."""
     import json
 
-    from fastopt.cli import main
+    from fastopt.cli.main import main
 
     fx = sg.seq2seq_fixtures("whisper")[0]
     config = tmp_path / "config.json"

@@ -9,7 +9,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-import fastopt.ort_version as ort_version
+import fastopt.runtime.version as ort_version
 import pytest
 import tomllib
 
@@ -125,7 +125,9 @@ def test_import_fastopt_refuses_an_older_onnxruntime() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
     assert out.returncode == 1
     last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith("fastopt.ort_version.OnnxRuntimeTooOldError: fastopt needs onnxruntime")
+    assert last.startswith(
+        "fastopt.runtime.version.OnnxRuntimeTooOldError: fastopt needs onnxruntime"
+    )
 
 
 @pytest.mark.parametrize("argv0", ["/venv/bin/fastopt", "/x/fastopt/__main__.py"])
@@ -136,7 +138,7 @@ def test_the_fastopt_command_refuses_an_older_onnxruntime_in_one_line(argv0: str
         "real = m.version\n"
         "m.version = lambda n: '1.17.3' if n == 'onnxruntime' else real(n)\n"
         f"sys.argv = [{argv0!r}, '--version']\n"
-        "from fastopt.cli import main\n"
+        "from fastopt.cli.main import main\n"
         "sys.exit(main())\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")

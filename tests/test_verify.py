@@ -1,4 +1,4 @@
-"""fastopt.verify and fastopt.make_inputs: same inputs, both models in ONNX Runtime, outputs
+"""fastopt.verify.core and fastopt.make_inputs: same inputs, both models in ONNX Runtime, outputs
 compared by name within dtype-aware tolerances."""
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from wire import varint
 CORPUS_DIR = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 CORPUS = sorted(CORPUS_DIR.glob("*/model.onnx")) if CORPUS_DIR.is_dir() else []
 needs_corpus = pytest.mark.skipif(not CORPUS, reason="../shared/corpus is absent")
-# `fastopt.check` is the function; the module of the same name is reached through importlib.
-check_module = importlib.import_module("fastopt.check")
+# `fastopt.verify.check` is the function; the module of the same name is reached through importlib.
+check_module = importlib.import_module("fastopt.verify.check")
 
 F = TensorProto.FLOAT
 

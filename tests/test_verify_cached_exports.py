@@ -11,8 +11,8 @@ from pathlib import Path
 
 import fastopt
 import pytest
-from fastopt.quant_verify import verify_quantized
-from fastopt.verify_generation import verify_generation
+from fastopt.verify.generation import verify_generation
+from fastopt.verify.quantized import verify_quantized
 from llm_fixtures import FIXTURE_DIR
 
 BLOOM_CACHE = FIXTURE_DIR / "bloom_ts_float32_cache" / "model.onnx"

@@ -17,12 +17,12 @@ from typing import Any
 import fastopt
 import onnx
 import pytest
-from fastopt.cli import main
-from fastopt.providers import placement_from_events, provider_name, read_profile
+from fastopt.cli.main import main
+from fastopt.runtime.providers import placement_from_events, provider_name, read_profile
 from llm_fixtures import fixtures
 
-verify_module = importlib.import_module("fastopt.verify")
-check_module = importlib.import_module("fastopt.check")
+verify_module = importlib.import_module("fastopt.verify.core")
+check_module = importlib.import_module("fastopt.verify.check")
 
 # The CPU provider a second time: a run of its own with another label ("cpu#2").
 CPU_AGAIN = ("cpu", {"arena_extend_strategy": "kSameAsRequested"})

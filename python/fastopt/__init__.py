@@ -38,16 +38,10 @@ from fastopt._C import (
 )
 from fastopt._io import from_onnx, load, load_bytes, verify_checksums
 from fastopt._signatures import spell_out_aliases
-from fastopt.check import CheckError, CheckReport, check
 from fastopt.errors import OptionError, RejectedModelError, UnknownNameError, UnsupportedModelError
 from fastopt.optimize import OptimizeReport, PassReport, optimize
-from fastopt.options import OPTIONS, OptionSpec, register_option, unregister_option
-from fastopt.ort_version import OnnxRuntimeTooOldError as _OnnxRuntimeTooOldError
-from fastopt.ort_version import require_floor as _require_ort_floor
-from fastopt.quant_settings import QuantSettings, WeightQuantization
-from fastopt.quant_verify import QuantVerifyReport
-from fastopt.quantize import QuantizeReport, quantize
-from fastopt.registry import (
+from fastopt.pipeline.options import OPTIONS, OptionSpec, register_option, unregister_option
+from fastopt.pipeline.registry import (
     PRESET_DESCRIPTIONS,
     PRESETS,
     PassContext,
@@ -58,8 +52,13 @@ from fastopt.registry import (
     register_rules,
     unregister_pass,
 )
-from fastopt.shapes import infer_shapes
-from fastopt.verify import (
+from fastopt.pipeline.shapes import infer_shapes
+from fastopt.quant.quantize import QuantizeReport, quantize
+from fastopt.quant.settings import QuantSettings, WeightQuantization
+from fastopt.runtime.version import OnnxRuntimeTooOldError as _OnnxRuntimeTooOldError
+from fastopt.runtime.version import require_floor as _require_ort_floor
+from fastopt.verify.check import CheckError, CheckReport, check
+from fastopt.verify.core import (
     InputRejectedError,
     OutputRejectedError,
     VerifyError,
@@ -68,6 +67,7 @@ from fastopt.verify import (
     make_inputs,
     verify,
 )
+from fastopt.verify.quantized import QuantVerifyReport
 
 __version__ = "0.1.0"
 

@@ -1,5 +1,5 @@
 import sys
 
-from fastopt.cli import main
+from fastopt.cli.main import main
 
 sys.exit(main())

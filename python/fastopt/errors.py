@@ -21,8 +21,8 @@ Hierarchy (all importable from ``fastopt``):
     range; the message lists the known names. ``UnknownNameError`` (also a ``KeyError``) is the
     unknown-name case.
 ``VerifyError(ModelError)``, ``CheckError(ModelError)``
-    the optimized model's outputs differ / a check stage failed (``fastopt.verify``,
-    ``fastopt.check``); ``OutputRejectedError(VerifyError)``: ONNX Runtime loads or runs the
+    the optimized model's outputs differ / a check stage failed (``fastopt.verify.core``,
+    ``fastopt.verify.check``); ``OutputRejectedError(VerifyError)``: ONNX Runtime loads or runs the
     original but not the model fastopt produced, a fastopt bug (please report it).
 """
 

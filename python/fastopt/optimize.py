@@ -11,12 +11,9 @@ from typing import Any, Literal, Union
 from fastopt import _C
 from fastopt._io import check_output_path, load
 from fastopt.errors import OptionError, UnsupportedModelError, entry_point
-from fastopt.fp16_ranges import RangeCheck, check_ranges
-from fastopt.genai_config import GENAI_CONFIG, PRESENT_KEY, genai_config, genai_config_bytes
-from fastopt.options import check_options
-from fastopt.quant_checks import extra_options
-from fastopt.quant_settings import QDQ_OPSET, Mode, QuantSettings, WeightQuantization
-from fastopt.registry import (
+from fastopt.genai.config import GENAI_CONFIG, PRESENT_KEY, genai_config, genai_config_bytes
+from fastopt.pipeline.options import check_options
+from fastopt.pipeline.registry import (
     NO_INTERNAL_OPS,
     PassContext,
     Target,
@@ -28,7 +25,10 @@ from fastopt.registry import (
     place,
     preset,
 )
-from fastopt.run_check import run_check as check_runs
+from fastopt.quant.checks import extra_options
+from fastopt.quant.fp16_ranges import RangeCheck, check_ranges
+from fastopt.quant.settings import QDQ_OPSET, Mode, QuantSettings, WeightQuantization
+from fastopt.verify.run_check import run_check as check_runs
 
 # An encoder-decoder's cached decoder (add_kv_cache's seq2seq form) has optimum's names.
 SEQ2SEQ_PRESENT_KEY = "present.%d.decoder.key"
@@ -71,7 +71,7 @@ class OptimizeReport:
     shape_inference: list[str] = field(default_factory=list)
     # One entry per weight a quantization pass looked at (empty without quantize=...).
     quantization: list[WeightQuantization] = field(default_factory=list)
-    # The run check before the save (fastopt.run_check): "ran in N s", "skipped: why", or ""
+    # The run check before the save (fastopt.verify.run_check): "ran in N s", "skipped: why", or ""
     # when it did not apply (no output, or run_check=False).
     run_check: str = ""
     # fp16: the range check's findings (ops kept float32 because their values overflow).
@@ -180,7 +180,7 @@ def optimize(
         A rewrite asked for cannot be made (e.g. a KV cache for an encoder), with the reason.
     fastopt.RejectedModelError
         onnx, protobuf or ONNX Runtime refused the model.
-    fastopt.run_check.RunCheckError
+    fastopt.verify.run_check.RunCheckError
         ONNX Runtime cannot run the result (nothing is written).
     fastopt.ModelError
         Any other problem with the input or the output path.
@@ -278,7 +278,7 @@ def optimize(
         side_files: dict[str, bytes] = {}
         if kv_cache is not None and not seq2seq:
             # (onnxruntime-genai runs an encoder-decoder as a folder of encoder and decoder:
-            # fastopt.genai_whisper writes one for whisper; a decoder alone gets no config.)
+            # fastopt.genai.whisper writes one for whisper; a decoder alone gets no config.)
             # Before the model: a model without its config is of no use to onnxruntime-genai,
             # and a config that cannot be derived should leave nothing written. Committed with
             # the model, so an old config never sits beside the new model.

@@ -33,8 +33,8 @@ import fastopt
 import numpy as np
 import onnx
 import onnxruntime as ort
-from fastopt.quant_settings import QuantSettings
-from fastopt.quant_verify import THRESHOLDS, _accuracy
+from fastopt.quant.settings import QuantSettings
+from fastopt.verify.quantized import THRESHOLDS, _accuracy
 
 from .cases import Case, fixture_meta, load_fixture
 from .mutations import apply

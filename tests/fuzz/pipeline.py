@@ -14,7 +14,7 @@ from pathlib import Path
 
 import fastopt
 from fastopt import _C
-from fastopt.registry import PRESETS
+from fastopt.pipeline.registry import PRESETS
 
 QUANT_MODES = ("", "int4", "int8", "int8-dynamic", "fp16", "bf16")
 

@@ -12,9 +12,9 @@ from fastopt.bench.memory import PeakRssGrowth, cuda_memory_in_use
 from fastopt.bench.result import BenchResult
 from fastopt.bench.session import Runner, make_session, resolve_device
 from fastopt.bench.timing import Stats, interleaved
-from fastopt.check import ModelLike, onnxruntime
 from fastopt.errors import entry_point, foreign_errors
-from fastopt.verify import make_inputs
+from fastopt.verify.check import ModelLike, onnxruntime
+from fastopt.verify.core import make_inputs
 
 RUNS = 20
 WARMUP = 3

@@ -17,7 +17,7 @@ Kinds:
 ``encoder``
     takes ``input_ids`` but returns no logits (e.g. BERT): prefill only.
 ``other``
-    anything else: :func:`fastopt.verify.make_inputs` with ``batch`` and ``seq`` for the dims
+    anything else: :func:`fastopt.verify.core.make_inputs` with ``batch`` and ``seq`` for the dims
     named like them; prefill only.
 """
 
@@ -29,10 +29,10 @@ from typing import Any, Union
 
 import numpy as np
 
-from fastopt.bench.cache_dims import cache_geometry
 from fastopt.errors import UnsupportedModelError
-from fastopt.genai_config import GENAI_CONFIG
-from fastopt.verify import make_inputs
+from fastopt.genai.cache_dims import cache_geometry
+from fastopt.genai.config import GENAI_CONFIG
+from fastopt.verify.core import make_inputs
 
 PHASES = ("prefill", "decode")
 KINDS = ("decoder", "decoder_cache", "decoder_inplace", "encoder", "other")
@@ -144,7 +144,7 @@ def make_workload(
     seed: int = 0,
 ) -> Workload:
     """The feeds of one `phase` step for `model` (a path or anything
-    :func:`fastopt.verify.make_inputs` takes; token ids stay inside its vocabulary), whose
+    :func:`fastopt.verify.core.make_inputs` takes; token ids stay inside its vocabulary), whose
     graph inputs and outputs are `inputs` and `outputs`."""
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {', '.join(PHASES)}, not {phase!r}")
@@ -202,7 +202,7 @@ def make_workload(
 
 def _bind_cache_geometry(model: Any, pasts: Sequence[Port], dims: dict[str, int]) -> None:
     """Values for past inputs' kv-heads and head-size dims when they are symbolic (the
-    onnxruntime-genai builder's ``kv_cache_dim``); see :mod:`fastopt.bench.cache_dims`."""
+    onnxruntime-genai builder's ``kv_cache_dim``); see :mod:`fastopt.genai.cache_dims`."""
     symbolic = [p for p in pasts if any(isinstance(p.shape[i], str) for i in (1, 3))]
     if not symbolic:
         return

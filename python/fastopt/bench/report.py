@@ -13,7 +13,7 @@ from typing import Any
 from rich.table import Table
 
 from fastopt.bench.result import BenchResult
-from fastopt.check import onnxruntime
+from fastopt.verify.check import onnxruntime
 
 
 def _version(dist: str) -> str:

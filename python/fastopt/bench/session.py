@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from fastopt.bench.inputs import Port, Workload, make_workload, resolve_shape
-from fastopt.check import ModelLike, onnxruntime, open_source
 from fastopt.errors import foreign_errors
+from fastopt.verify.check import ModelLike, onnxruntime, open_source
 
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"

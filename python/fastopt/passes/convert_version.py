@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from fastopt import _C
 from fastopt.errors import OptionError, foreign_errors
-from fastopt.registry import PassContext, default_opset, register_pass
+from fastopt.pipeline.registry import PassContext, default_opset, register_pass
 
 
 @register_pass(

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 from fastopt import _C
 from fastopt._lazy import lazy_module
 from fastopt._numpy import numpy_dtype
-from fastopt.registry import PassContext, register_pass
+from fastopt.pipeline.registry import PassContext, register_pass
 
 if TYPE_CHECKING:
     import numpy as np

@@ -1,5 +1,5 @@
 """``infer_shapes``: value types from the native shape analysis, onnx's where it has no rule
-(see ``fastopt.shapes``).
+(see ``fastopt.pipeline.shapes``).
 
 Options: ``strict_shapes`` (bool, default False) runs onnx's inference too and raises on its
 errors; ``data_prop`` (bool, default True; False: onnx's inference without shape values);
@@ -11,8 +11,8 @@ the native analysis gave facts to, If/Loop/Scan bodies included), ``native_unkno
 
 from __future__ import annotations
 
-from fastopt.registry import PassContext, register_pass
-from fastopt.shapes import AUTO, run_inference
+from fastopt.pipeline.registry import PassContext, register_pass
+from fastopt.pipeline.shapes import AUTO, run_inference
 
 
 @register_pass(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
@@ -14,13 +13,22 @@ from rich.table import Table
 
 import fastopt
 from fastopt._io import check_output_path
-from fastopt.cli_output import console, print_table
-from fastopt.cli_progress import CommandProgress
+from fastopt.cli.common import (
+    add_quant_flags,
+    files_size,
+    parse_options,
+    parse_providers,
+    print_precision,
+    print_quantization,
+    quant_settings,
+    work_progress,
+)
+from fastopt.cli.output import console, print_table
+from fastopt.cli.progress import CommandProgress
 from fastopt.optimize import DEFAULT_PRESET, OptimizeReport
-from fastopt.options import OPTIONS, check_options
-from fastopt.registry import PRESET_DESCRIPTIONS, PRESETS, get_pass, preset
-from fastopt.run_check import RunCheckError
-from fastopt.summary import human_bytes
+from fastopt.pipeline.registry import PRESET_DESCRIPTIONS, PRESETS, get_pass, preset
+from fastopt.pipeline.summary import human_bytes
+from fastopt.verify.run_check import RunCheckError
 
 # Ops whose appearance means a fusion happened: the summary names them.
 _FUSED_DOMAINS = ("com.microsoft",)
@@ -102,8 +110,7 @@ def add_parser(sub: Any) -> None:
         "standard = growing past/present; inplace = one max-length buffer per layer shared by "
         "past and present (target ort); writes genai_config.json next to the output",
     )
-    from fastopt.cli_quantize import add_quant_flags
-    from fastopt.quant_settings import MODES
+    from fastopt.quant.settings import MODES
 
     opt.add_argument(
         "--quantize",
@@ -122,41 +129,6 @@ def preset_help() -> str:
     return f"the pass list to run, one of {names} (default: {DEFAULT_PRESET})"
 
 
-# Internal options and the flags that set them: `--option` takes what `fastopt passes` lists.
-_FLAG_OF_OPTION = {"kv_cache": "--kv-cache", "quant_bits": "--quantize/--mode"}
-
-
-def parse_options(items: list[str]) -> dict[str, object]:
-    """``KEY=VALUE`` items, checked against the declared options (values stay text until then).
-    Internal options (set by optimize itself from flags) are refused, as `fastopt passes`
-    does not list them."""
-    options: dict[str, object] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise fastopt.OptionError(f"--option takes KEY=VALUE, not {item!r}")
-        spec = OPTIONS.get(key)
-        if spec is not None and spec.internal:
-            flag = _FLAG_OF_OPTION.get(key, "the quantization flags" if "quant" in key else "")
-            raise fastopt.OptionError(
-                f"--option {key} is set by fastopt itself"
-                + (f" (use {flag})" if flag else "")
-                + "; `fastopt passes` lists the options --option takes"
-            )
-        options[key] = value
-    return dict(check_options(options))
-
-
-def parse_providers(text: str | None) -> list[str] | None:
-    """``cpu,cuda`` -> ["cpu", "cuda"]; None when not given."""
-    if not text:
-        return None
-    names = [p.strip() for p in text.split(",") if p.strip()]
-    if not names:
-        raise ValueError(f"--providers takes comma-separated names, not {text!r}")
-    return names
-
-
 def run_command(args: argparse.Namespace) -> int:
     if args.output:
         check_output_path(args.model, args.output)  # by identity; Model.save checks data files
@@ -169,12 +141,6 @@ def run_command(args: argparse.Namespace) -> int:
     options = parse_options(args.option)
     providers = parse_providers(args.providers)
     external = {"auto": None, "always": True, "never": False}[args.external_data]
-    from fastopt.cli_quantize import (
-        print_precision,
-        print_quantization,
-        quant_settings,
-        work_progress,
-    )
 
     quantize = quant_settings(args, args.quantize, args.output) if args.quantize else None
     if quantize is not None:
@@ -220,14 +186,14 @@ def run_command(args: argparse.Namespace) -> int:
     result: dict[str, object] = {"optimize": report.to_dict()}
     code = 0
     if args.verify:
-        from fastopt.verify import InputRejectedError, VerifyError, verify
-        from fastopt.verify_generation import verify_generation
+        from fastopt.verify.core import InputRejectedError, VerifyError, verify
+        from fastopt.verify.generation import verify_generation
 
         try:
             vreport: Any
             if args.quantize:
                 # Quantization changes outputs by design: its own criteria (quant_verify).
-                from fastopt.quant_verify import verify_quantized
+                from fastopt.verify.quantized import verify_quantized
 
                 vreport = verify_quantized(args.model, args.output, args.quantize)
                 if not vreport.ok and not vreport.skipped:
@@ -325,7 +291,7 @@ def print_summary(report: OptimizeReport, out: Console, input_path: str) -> None
         out.print(f"run check: {report.run_check}", **plain)  # type: ignore[arg-type]
     ran = f"preset {report.preset}" if report.preset else f"{len(report.passes)} passes"
     if report.output:
-        size = f"; wrote {report.output} ({human_bytes(_files_size(report.output))})"
+        size = f"; wrote {report.output} ({human_bytes(files_size(report.output))})"
     else:
         size = "; nothing written (a dry run: give -o FILE to write the output)"
     fused = fused_ops(report)
@@ -335,13 +301,3 @@ def print_summary(report: OptimizeReport, out: Console, input_path: str) -> None
         f"{report.nodes_after} nodes ({gained}) in {report.seconds:.2f} s{size}",
         **plain,  # type: ignore[arg-type]
     )
-
-
-def _files_size(model_path: str) -> int:
-    total = os.path.getsize(model_path)
-    folder = os.path.dirname(os.path.abspath(model_path))
-    base = os.path.basename(model_path) + ".data"
-    for name in os.listdir(folder):
-        if name == base or name.startswith(base + "."):
-            total += os.path.getsize(os.path.join(folder, name))
-    return total

@@ -1,4 +1,4 @@
-"""``fastopt.check``: is a model valid ONNX that ONNX Runtime can load?
+"""``fastopt.verify.check``: is a model valid ONNX that ONNX Runtime can load?
 
 Three independent stages, each timed and reported:
 
@@ -28,8 +28,8 @@ it is not fatal here: it is kept as a note in the stage's message. Errors on sta
 
 A model is judged against the runtime it targets: ONNX Runtime's own ops (its contrib domains, and
 the few it registers in the ONNX domain, such as the ``SimplifiedLayerNormalization`` that target
-"ort" writes) pass, checked against ORT's schemas (:mod:`fastopt.ort_ops`), and the report says the
-model runs in ONNX Runtime only (``CheckReport.runtime_ops``).
+"ort" writes) pass, checked against ORT's schemas (:mod:`fastopt.runtime.ops`), and the report says
+the model runs in ONNX Runtime only (``CheckReport.runtime_ops``).
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ from typing import TYPE_CHECKING, Any, Callable, Union
 from fastopt import _C
 from fastopt._io import load
 from fastopt.errors import entry_point
-from fastopt.ort_ops import describe, ort_knows, ort_schemas, runtime_ops
-from fastopt.providers import CPU, provider_name, resolve, short_name
+from fastopt.runtime.ops import describe, ort_knows, ort_schemas, runtime_ops
+from fastopt.runtime.providers import CPU, provider_name, resolve, short_name
 
 if TYPE_CHECKING:
     import onnx
@@ -71,7 +71,7 @@ _DETAIL_LIMIT = 20_000
 
 
 class CheckError(_C.ModelError):
-    """A model failed ``fastopt.check``; ``report`` holds every stage's outcome.
+    """A model failed ``fastopt.verify.check``; ``report`` holds every stage's outcome.
 
     A subclass of :class:`fastopt.ModelError`, so code that handles bad models catches it too.
     """
@@ -381,7 +381,7 @@ def ort_session(
     (name, options) pairs). ORT's habit of retrying on CPU when an accelerator fails is off, and
     a session that did not get every provider asked for is refused.
     profile_prefix: profile the session, writing its JSON under this prefix (see
-    :func:`fastopt.providers.read_profile`).
+    :func:`fastopt.runtime.providers.read_profile`).
     """
     ort = onnxruntime()
     so = ort.SessionOptions()

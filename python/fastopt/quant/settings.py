@@ -1,4 +1,4 @@
-"""Quantization settings and the per-weight report records, shared by ``fastopt.quantize`` and
+"""Quantization settings and the per-weight report records, shared by ``fastopt.quant.quantize`` and
 ``fastopt.optimize(quantize=...)`` (kept apart from both so neither imports the other).
 
 A mode maps to one C++ pass; the settings reach it as PassContext options (``quant_*``, see
@@ -54,7 +54,7 @@ class QuantSettings:
     keep_io_types: bool = False
     threads: int = 0
     tmpdir: str = ""
-    # fp16: keep the ops whose activations reach float16's range float32 (fastopt.fp16_ranges)
+    # fp16: keep the ops whose activations reach float16's range float32 (fastopt.quant.fp16_ranges)
     fp16_ranges: bool = True
 
     @classmethod

@@ -1,6 +1,6 @@
-"""Inputs for a model from its graph inputs' types (:func:`fastopt.verify.make_inputs`; the
-rules are in the ``fastopt.verify`` docstring): symbolic dims by what their names mean, token ids
-inside the vocabulary the ids reach, masks, positions and cache lengths that agree."""
+"""Inputs for a model from its graph inputs' types (:func:`fastopt.verify.core.make_inputs`; the
+rules are in the ``fastopt.verify.core`` docstring): symbolic dims by what their names mean, token
+ids inside the vocabulary the ids reach, masks, positions and cache lengths that agree."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from fastopt import _C
 from fastopt._io import from_onnx, load
 from fastopt._lazy import lazy_module
 from fastopt._numpy import numpy_dtype
-from fastopt.check import ModelLike
 from fastopt.errors import UnsupportedModelError, entry_point
+from fastopt.verify.check import ModelLike
 
 if TYPE_CHECKING:
     import numpy as np

@@ -4,8 +4,8 @@ float16 ends at 65504; activations of some models pass it (Gemma's residual stre
 embedding is scaled by sqrt(hidden) and grows layer by layer), and an fp16 model then computes
 inf and NaN. Before ``convert_precision`` runs in mode fp16, the model as it is then (after the
 preset's fusions) runs in ONNX Runtime on a few representative inputs
-(fastopt.activation_ranges: the inputs ``--verify`` uses, four seeds), and every op one of whose
-float32 inputs or outputs reached ``LIMIT`` stays float32, with Casts at its edges (the pass's
+(fastopt.quant.activation_ranges: the inputs ``--verify`` uses, four seeds), and every op one of
+whose float32 inputs or outputs reached ``LIMIT`` stays float32, with Casts at its edges (the pass's
 text option ``precision_f32_values``), as onnxconverter-common's and ORT's float16 converters do
 by hand with ``op_block_list`` / ``node_block_list``.
 
@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fastopt import _C
-from fastopt.activation_ranges import ActivationRanges, collect_ranges, describe
 from fastopt.forked import ChildDied, call_forked
+from fastopt.quant.activation_ranges import ActivationRanges, collect_ranges, describe
 
 FP16_MAX = 65504.0
 LIMIT = FP16_MAX / 4

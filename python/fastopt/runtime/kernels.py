@@ -4,7 +4,7 @@
   DynamicQuantizeMatMul, MatMulIntegerToFloat, ConvInteger) on x86 CPUs without VNNI adds each
   pair of products along K into an int16 with saturation (VPMADDUBSW): full-range int8 weights
   then lose the large sums. int8-dynamic with per-channel scales (whose every column reaches
-  +-127) turns on 7-bit weights there by default (quant_reduce_range; fastopt.quant_checks).
+  +-127) turns on 7-bit weights there by default (quant_reduce_range; fastopt.quant.checks).
 - ``dynamic_quantize_matmul_per_channel``: older CPU kernels refuse per-column scales ("Per-
   Channel is not supported yet"); int8-dynamic with per_channel for target ort asks this first and
   refuses clearly instead of writing a model that does not load (target onnx, MatMulInteger,

@@ -1,4 +1,4 @@
-"""``fastopt genai-whisper``: an onnxruntime-genai whisper folder (fastopt.genai_whisper)."""
+"""``fastopt genai-whisper``: an onnxruntime-genai whisper folder (fastopt.genai.whisper)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 from rich.markup import escape
 
-from fastopt.cli_output import console
-from fastopt.cli_progress import CommandProgress
+from fastopt.cli.output import console
+from fastopt.cli.progress import CommandProgress
 from fastopt.errors import OptionError
 
 
@@ -40,7 +40,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _cmd_genai_whisper(args: Any) -> int:
-    from fastopt.genai_whisper import whisper_for_genai
+    from fastopt.genai.whisper import whisper_for_genai
 
     with open(args.config) as f:
         try:

@@ -1,5 +1,5 @@
 """``--verify`` for quantized models: quantization changes the outputs by design, so instead of
-the elementwise tolerances of ``fastopt.verify`` the quantized model is compared with its float
+the elementwise tolerances of ``fastopt.verify.core`` the quantized model is compared with its float
 original by what quantization should preserve:
 
 - cosine similarity of the logits (each output flattened), per output;
@@ -15,7 +15,7 @@ original by what quantization should preserve:
   fails the verification, whatever the other measures say.
 
 Both models run in ONNX Runtime (CPU, optimizations off) on the same inputs
-(``fastopt.verify.make_inputs``: a prompt of 16 tokens; each model's own past inputs at past
+(``fastopt.verify.core.make_inputs``: a prompt of 16 tokens; each model's own past inputs at past
 length 0: an original exported with a cache gets empty pasts, a cache that ``--kv-cache`` added
 its empty cache or zeroed in-place buffers). A bf16 model ONNX Runtime's CPU provider has no
 kernels for is not compared: the report says why (``skipped``). Thresholds (``THRESHOLDS``)
@@ -180,8 +180,8 @@ def verify_quantized(
     says why it was not verified (``skipped``)."""
     from contextlib import ExitStack
 
-    from fastopt.check import open_source, summarize_error
-    from fastopt.verify import InputRejectedError, OutputRejectedError, _run, make_inputs
+    from fastopt.verify.check import open_source, summarize_error
+    from fastopt.verify.core import InputRejectedError, OutputRejectedError, _run, make_inputs
 
     if mode not in THRESHOLDS:
         raise _C.ModelError(f"no accuracy criteria for mode {mode!r}")

@@ -30,7 +30,7 @@ the defaults there are float32 1e-3/1e-3, float16 2e-2/2e-2, bfloat16 5e-2/5e-2.
 ``rtol`` override either.
 
 Providers (``providers=``, short names such as "cpu", "cuda", "tensorrt", "dml" or ORT's names,
-optionally as ``(name, options)``; see :mod:`fastopt.providers`):
+optionally as ``(name, options)``; see :mod:`fastopt.runtime.providers`):
 
 * none or one entry: both models run on that provider (CPU by default) and are compared, as
   always.
@@ -59,7 +59,9 @@ from typing import TYPE_CHECKING, Any
 
 from fastopt._lazy import lazy_module
 from fastopt._numpy import numpy_dtype
-from fastopt.check import (
+from fastopt.errors import entry_point
+from fastopt.runtime.providers import Placement, is_accelerator, labels, provider_name, read_profile
+from fastopt.verify.check import (
     ModelLike,
     Source,
     check_providers,
@@ -68,9 +70,7 @@ from fastopt.check import (
     ort_session,
     summarize_error,
 )
-from fastopt.errors import entry_point
-from fastopt.providers import Placement, is_accelerator, labels, provider_name, read_profile
-from fastopt.verify_compare import (
+from fastopt.verify.compare import (
     _ACCELERATOR_TOLERANCES,
     _TOLERANCES,
     Tolerance,
@@ -78,7 +78,7 @@ from fastopt.verify_compare import (
     _describe,
     _label,
 )
-from fastopt.verify_inputs import (
+from fastopt.verify.inputs import (
     BATCH,
     PAST,
     SEQUENCE,
@@ -87,7 +87,7 @@ from fastopt.verify_inputs import (
     _synthesize,
     make_inputs,
 )
-from fastopt.verify_report import (
+from fastopt.verify.report import (
     InputRejectedError,
     OutputComparison,
     OutputRejectedError,

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from fastopt import _C, ort_kernels
-from fastopt.precision import precision_options
-from fastopt.quant_settings import QuantSettings
+from fastopt import _C
+from fastopt.quant.precision import precision_options
+from fastopt.quant.settings import QuantSettings
+from fastopt.runtime import kernels as ort_kernels
 
 REDUCE_RANGE = "quant_reduce_range"
 

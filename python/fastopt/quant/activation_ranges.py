@@ -13,7 +13,7 @@ Magnitudes at or past ``SENTINEL`` (1e30) are not counted: they are masks' fill 
 model writes as its own extremes on purpose (convert_precision clamps the constants they come
 from to ±65504), not activations that grow. NaNs are not counted either.
 
-Used by the fp16 range check (fastopt.fp16_ranges); other consumers (activation-aware
+Used by the fp16 range check (fastopt.quant.fp16_ranges); other consumers (activation-aware
 quantization) read ``ActivationRanges.max_abs``.
 """
 
@@ -38,8 +38,8 @@ else:
 
 # |x| at or past this is a mask's fill value or an infinity, not a magnitude (module docstring).
 SENTINEL = 1e30
-# Inputs the range pass runs on: seeds of fastopt.verify.make_inputs (batch 2 of 16 tokens for a
-# decoder, as quantized --verify uses), so the statistics cover what --verify checks.
+# Inputs the range pass runs on: seeds of fastopt.verify.core.make_inputs (batch 2 of 16 tokens for
+# a decoder, as quantized --verify uses), so the statistics cover what --verify checks.
 DEFAULT_SAMPLES = 4
 DEFAULT_DIMS: dict[str, int] = {"sequence_length": 16, "past_sequence_length": 0}
 _PREFIX = "fastopt_range/"
@@ -66,7 +66,7 @@ def representative_inputs(
 ) -> list[dict[str, np.ndarray]]:
     """``samples`` input sets made by fastopt's input maker (seeds 0..samples-1): token ids in
     the vocabulary, masks, positions, a 16-token prompt for decoders (an empty past)."""
-    from fastopt.verify_inputs import make_inputs
+    from fastopt.verify.inputs import make_inputs
 
     return [
         make_inputs(model, dims={**DEFAULT_DIMS, **(dims or {})}, seed=s) for s in range(samples)
@@ -153,7 +153,7 @@ def collect_ranges(
     Runtime cannot run the instrumented model."""
     import onnx
 
-    from fastopt.check import summarize_error
+    from fastopt.verify.check import summarize_error
 
     start = time.perf_counter()
     feeds_list = list(inputs) if inputs is not None else representative_inputs(model)
@@ -206,8 +206,8 @@ def _session(
     the files' filesystem. Other weights (made in memory by earlier passes, or where no link
     can be made) are handed over as OrtValues, which ORT copies. Otherwise (large Constant
     tensors, subgraphs) the skeleton is bound back to the weights and serialized, as
-    fastopt.verify does."""
-    from fastopt.check import onnxruntime, open_source, ort_session, run_once_options
+    fastopt.verify.core does."""
+    from fastopt.verify.check import onnxruntime, open_source, ort_session, run_once_options
 
     ort = onnxruntime()
     by_name = {

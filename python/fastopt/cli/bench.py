@@ -19,9 +19,9 @@ from fastopt.bench.harness import RUNS, WARMUP, compare, sweep
 from fastopt.bench.inputs import PHASES, Port, detect_kind
 from fastopt.bench.report import document, same_work, short_labels, speedups, table, times, work
 from fastopt.bench.session import DEVICES
-from fastopt.cli_output import console as make_console
-from fastopt.cli_output import print_table
-from fastopt.cli_progress import CommandProgress
+from fastopt.cli.output import console as make_console
+from fastopt.cli.output import print_table
+from fastopt.cli.progress import CommandProgress
 
 
 def default_seqs(seq: int) -> list[int]:

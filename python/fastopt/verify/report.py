@@ -1,6 +1,6 @@
-"""What :func:`fastopt.verify.verify` reports: the comparisons per output and per provider
+"""What :func:`fastopt.verify.core.verify` reports: the comparisons per output and per provider
 pair, the runs, and the errors a failed verification raises (the public names are importable
-from ``fastopt.verify``)."""
+from ``fastopt.verify.core``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fastopt import _C
-from fastopt.check import format_table
-from fastopt.providers import Placement
+from fastopt.runtime.providers import Placement
+from fastopt.verify.check import format_table
 
 
 class VerifyError(_C.ModelError):

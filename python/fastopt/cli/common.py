@@ -1,10 +1,9 @@
-"""``fastopt quantize``: the subcommand, and the quantization flags ``fastopt optimize
---quantize MODE`` shares with it."""
+"""What ``fastopt optimize`` and ``fastopt quantize`` share: ``-o/--option`` and provider parsing,
+the quantization flags and settings, their report tables, the size of a written model."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from collections.abc import Callable
 from typing import Any
@@ -13,61 +12,57 @@ from rich.markup import escape
 from rich.table import Table
 
 import fastopt
-from fastopt.cli_optimize import _files_size, parse_options
-from fastopt.cli_output import console, print_table
-from fastopt.cli_progress import CommandProgress
-from fastopt.fp16_ranges import RangeCheck
+from fastopt.cli.output import console, print_table
+from fastopt.cli.progress import CommandProgress
 from fastopt.optimize import PassReport
-from fastopt.quant_settings import MODES, Mode, QuantSettings, QuantSummary, WeightQuantization
-from fastopt.summary import human_bytes
-from fastopt.verify import OutputRejectedError
+from fastopt.pipeline.options import OPTIONS, check_options
+from fastopt.pipeline.summary import human_bytes
+from fastopt.quant.fp16_ranges import RangeCheck
+from fastopt.quant.settings import Mode, QuantSettings, QuantSummary, WeightQuantization
+
+# Internal options and the flags that set them: `--option` takes what `fastopt passes` lists.
+_FLAG_OF_OPTION = {"kv_cache": "--kv-cache", "quant_bits": "--quantize/--mode"}
 
 
-def add_parser(sub: Any) -> None:
-    qnt = sub.add_parser(
-        "quantize",
-        help="quantize a model: weight-only int4/int8, int8 dynamic, fp16/bf16 (the input is "
-        "never modified)",
-    )
-    qnt.add_argument("model", help="input .onnx file")
-    qnt.add_argument("-o", "--output", required=True, help="output .onnx file")
-    qnt.add_argument(
-        "--mode", required=True, choices=tuple(MODES), help="the quantization: " + "|".join(MODES)
-    )
-    qnt.add_argument(
-        "-v",
-        "--verbose",
-        action="store_true",
-        help="print the table of weights (and of ops kept float32); default: a summary line",
-    )
-    qnt.add_argument(
-        "--target",
-        choices=("ort", "onnx"),
-        default="ort",
-        help="ort: com.microsoft ops (MatMulNBits, ...); onnx: standard ops (opset 21 QDQ)",
-    )
-    qnt.add_argument(
-        "--verify",
-        action="store_true",
-        help="compare with the original: logits cosine, max error relative to the logit "
-        "scale, top-1 agreement",
-    )
-    qnt.add_argument("--report", help="write a JSON report here")
-    qnt.add_argument(
-        "--external-data",
-        choices=("auto", "always", "never"),
-        default="auto",
-        help="auto: external data only when the model is over 2 GB",
-    )
-    qnt.add_argument(
-        "--option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a setting for the passes (repeatable; `fastopt passes` lists them)",
-    )
-    add_quant_flags(qnt)
-    qnt.set_defaults(func=run_command)
+def parse_options(items: list[str]) -> dict[str, object]:
+    """``KEY=VALUE`` items, checked against the declared options (values stay text until then).
+    Internal options (set by optimize itself from flags) are refused, as `fastopt passes`
+    does not list them."""
+    options: dict[str, object] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise fastopt.OptionError(f"--option takes KEY=VALUE, not {item!r}")
+        spec = OPTIONS.get(key)
+        if spec is not None and spec.internal:
+            flag = _FLAG_OF_OPTION.get(key, "the quantization flags" if "quant" in key else "")
+            raise fastopt.OptionError(
+                f"--option {key} is set by fastopt itself"
+                + (f" (use {flag})" if flag else "")
+                + "; `fastopt passes` lists the options --option takes"
+            )
+        options[key] = value
+    return dict(check_options(options))
+
+
+def parse_providers(text: str | None) -> list[str] | None:
+    """``cpu,cuda`` -> ["cpu", "cuda"]; None when not given."""
+    if not text:
+        return None
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    if not names:
+        raise ValueError(f"--providers takes comma-separated names, not {text!r}")
+    return names
+
+
+def files_size(model_path: str) -> int:
+    total = os.path.getsize(model_path)
+    folder = os.path.dirname(os.path.abspath(model_path))
+    base = os.path.basename(model_path) + ".data"
+    for name in os.listdir(folder):
+        if name == base or name.startswith(base + "."):
+            total += os.path.getsize(os.path.join(folder, name))
+    return total
 
 
 def add_quant_flags(p: argparse.ArgumentParser) -> None:
@@ -217,55 +212,3 @@ def work_progress(progress: CommandProgress) -> Callable[[int, int, str], None]:
             progress.update(what or "quantizing", done, total)
 
     return on_work
-
-
-def run_command(args: argparse.Namespace) -> int:
-    if os.path.abspath(args.output) == os.path.abspath(args.model):
-        raise fastopt.ModelError(
-            "the output path must differ from the input (it is never modified)"
-        )
-    settings = quant_settings(args, args.mode, args.output)
-    settings.validate()
-    external = {"auto": None, "always": True, "never": False}[args.external_data]
-    with CommandProgress("quantize") as progress:
-        try:
-            report = fastopt.quantize(
-                args.model,
-                args.output,
-                mode=settings.mode,
-                block_size=settings.block_size,
-                symmetric=settings.symmetric,
-                accuracy_level=settings.accuracy_level,
-                exclude=settings.exclude,
-                lm_head=settings.lm_head,
-                embeddings=settings.embeddings,
-                per_channel=settings.per_channel,
-                keep_io_types=settings.keep_io_types,
-                fp16_ranges=settings.fp16_ranges,
-                target=args.target,
-                threads=settings.threads,
-                verify=args.verify,
-                options=parse_options(args.option),
-                external_data=external,
-                progress=work_progress(progress),
-            )
-        except OutputRejectedError as e:
-            # ORT runs the original but not the output fastopt wrote: a failed verification (1).
-            console(stderr=True).print(f"verification failed: {e}", markup=False, highlight=False)
-            return 1
-    out = console()
-    print_quantization(report.weights, out, verbose=args.verbose)
-    print_precision(report.range_check, report.passes, settings.mode, out, verbose=args.verbose)
-    out.print(
-        f"{escape(args.model)} -> {escape(args.output)} ({human_bytes(_files_size(args.output))}) "
-        f"in {report.seconds:.2f} s"
-    )
-    code = 0
-    if report.verify is not None:
-        out.print(escape(str(report.verify)))
-        # Not verified (ORT's CPU provider has no bf16 kernels): the line says why; not a failure.
-        code = 0 if report.verify.ok or report.verify.skipped else 1
-    if args.report:
-        with open(args.report, "w") as f:
-            json.dump(report.to_dict(), f, indent=2, default=str)
-    return code

@@ -38,7 +38,7 @@ from typing import Any
 from fastopt import _C
 from fastopt._io import load
 from fastopt.errors import OptionError, UnsupportedModelError
-from fastopt.genai_config import GENAI_CONFIG, genai_config_bytes, int_dim
+from fastopt.genai.config import GENAI_CONFIG, genai_config_bytes, int_dim
 from fastopt.optimize import OptimizeReport, optimize
 
 # onnxruntime-genai 0.18's WhisperState accepts exactly this many audio frames.

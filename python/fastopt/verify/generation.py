@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 from fastopt import _C
 from fastopt._lazy import lazy_module
-from fastopt.bench.cache_dims import cache_geometry
-from fastopt.check import onnxruntime
 from fastopt.errors import UnsupportedModelError, entry_point, foreign_errors
-from fastopt.verify import InputRejectedError, OutputRejectedError, VerifyError, make_inputs
+from fastopt.genai.cache_dims import cache_geometry
+from fastopt.verify.check import onnxruntime
+from fastopt.verify.core import InputRejectedError, OutputRejectedError, VerifyError, make_inputs
 
 if TYPE_CHECKING:
     import numpy as np

@@ -15,7 +15,7 @@ import os
 from typing import Any
 
 from fastopt import _C
-from fastopt.genai_config import GENAI_CONFIG
+from fastopt.genai.config import GENAI_CONFIG
 
 
 def _from_config(path: str) -> tuple[int, int] | None:
@@ -71,7 +71,7 @@ def _from_graph(model: _C.Model) -> tuple[int, int] | None:
 
 
 def cache_geometry(model: Any) -> tuple[int, int] | None:
-    """(kv heads, head size) of `model` (a path, or anything else fastopt.verify takes), or
+    """(kv heads, head size) of `model` (a path, or anything else fastopt.verify.core takes), or
     None when neither genai_config.json nor the graph tells."""
     if isinstance(model, (str, os.PathLike)):
         found = _from_config(os.fspath(model))

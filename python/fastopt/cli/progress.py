@@ -17,7 +17,7 @@ from types import TracebackType
 
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from fastopt.cli_output import console
+from fastopt.cli.output import console
 
 DELAY_S = 2.0  # no line before the command has run this long
 EVERY_S = 2.0  # at most one line per this many seconds

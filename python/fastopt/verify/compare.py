@@ -1,5 +1,5 @@
 """Comparing one run's outputs with another's: tolerances by dtype (wider where an
-accelerator ran, see the ``fastopt.verify`` docstring), NaN/inf placement, and the text that
+accelerator ran, see the ``fastopt.verify.core`` docstring), NaN/inf placement, and the text that
 describes a mismatch."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any, Union
 
 from fastopt import _C
 from fastopt._lazy import lazy_module
-from fastopt.check import ModelLike
-from fastopt.verify_report import OutputComparison
+from fastopt.verify.check import ModelLike
+from fastopt.verify.report import OutputComparison
 
 if TYPE_CHECKING:
     import numpy as np

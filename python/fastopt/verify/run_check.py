@@ -1,6 +1,6 @@
 """The run check: before ``optimize`` commits an output, ONNX Runtime (CPU, optimizations off)
 creates a session of it and runs it once on small inputs made from its own graph inputs
-(:func:`fastopt.verify.make_inputs` with batch 1, sequence 2, no past rows: a KV-cached output
+(:func:`fastopt.verify.core.make_inputs` with batch 1, sequence 2, no past rows: a KV-cached output
 gets its own past inputs). An output it cannot load or run is not written: the error names ORT's
 message (:class:`RunCheckError`, an ``OutputRejectedError``; the CLI exits 1).
 
@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, Any
 
 from fastopt import _C
 from fastopt._lazy import lazy_module
-from fastopt.check import onnxruntime, run_once_options, summarize_error
 from fastopt.errors import UnsupportedModelError
 from fastopt.forked import call_forked
-from fastopt.verify_inputs import _synthesize
-from fastopt.verify_report import OutputRejectedError, VerifyReport
+from fastopt.verify.check import onnxruntime, run_once_options, summarize_error
+from fastopt.verify.inputs import _synthesize
+from fastopt.verify.report import OutputRejectedError, VerifyReport
 
 if TYPE_CHECKING:
     import numpy as np

@@ -1,12 +1,12 @@
-"""``fastopt.quantize``: weight-only int4/int8, int8 dynamic and fp16/bf16, in C++ over the mapped
-weights, with a per-weight report.
+"""``fastopt.quant.quantize``: weight-only int4/int8, int8 dynamic and fp16/bf16, in C++ over the
+mapped weights, with a per-weight report.
 
 Interface (shared by the quantization passes; keep it stable):
 
 - ``fastopt.quantize(model_or_path, output=None, *, mode, block_size=32, symmetric=True,
   accuracy_level=None, exclude=(), lm_head=None, embeddings="keep", per_channel=False,
   keep_io_types=False, target="ort", threads=0, verify=False) -> QuantizeReport``.
-- ``mode`` -> pass (fastopt.quant_settings.MODES): int4 / int8 -> ``quantize_weights``;
+- ``mode`` -> pass (fastopt.quant.settings.MODES): int4 / int8 -> ``quantize_weights``;
   int8-dynamic -> ``quantize_dynamic``; fp16 / bf16 -> ``convert_precision``. A mode whose pass
   is not registered raises ModelError "mode X is not available".
 - The settings reach the pass as PassContext options (``QuantSettings.options()``): quant_mode,
@@ -18,7 +18,7 @@ Interface (shared by the quantization passes; keep it stable):
   ``PassContext::quant_records`` (csrc/quant/quant_record.h: weight, node, op, quantized or kept
   with a reason, dtype and bytes before/after, max and mean relative reconstruction error);
   they surface as ``OptimizeReport.quantization`` and ``QuantizeReport.weights``
-  (fastopt.quant_settings.WeightQuantization). Long passes report progress through
+  (fastopt.quant.settings.WeightQuantization). Long passes report progress through
   ``PassContext::progress(done, total, what)``.
 - ``fastopt optimize ... --quantize MODE`` runs the same pass after the preset (fusions, KV
   cache, pack_matmuls), so packed QKV / gate-up are quantized packed.
@@ -33,13 +33,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fastopt import _C
-from fastopt.fp16_ranges import RangeCheck
 from fastopt.optimize import ModelOrPath, OptimizeReport, PassReport, WorkProgressFn, optimize
-from fastopt.options import check_options
-from fastopt.quant_checks import reduce_range
-from fastopt.quant_settings import Mode, QuantSettings, QuantSummary, WeightQuantization
-from fastopt.quant_verify import QuantVerifyReport, verify_quantized
-from fastopt.registry import Target
+from fastopt.pipeline.options import check_options
+from fastopt.pipeline.registry import Target
+from fastopt.quant.checks import reduce_range
+from fastopt.quant.fp16_ranges import RangeCheck
+from fastopt.quant.settings import Mode, QuantSettings, QuantSummary, WeightQuantization
+from fastopt.verify.quantized import QuantVerifyReport, verify_quantized
 
 
 @dataclass

@@ -9,10 +9,10 @@ conversion, sets ``ctx.model``). Register one with the decorator::
         ...
 
 A pass tagged ``"needs_shapes"`` gets value types first: unless the model's types are fresh
-(``infer_shapes`` ran, and no pass changed the graph since), ``fastopt.shapes.infer_shapes`` (the
-C++ shape analysis, onnx's inference for what it does not know) runs
-before it. Passes read their settings from ``ctx.options`` (``fastopt.optimize(options=...)``);
-C++ passes see the integer ones.
+(``infer_shapes`` ran, and no pass changed the graph since),
+``fastopt.pipeline.shapes.infer_shapes`` (the C++ shape analysis, onnx's inference for what it does
+not know) runs before it. Passes read their settings from ``ctx.options``
+(``fastopt.optimize(options=...)``); C++ passes see the integer ones.
 
 Presets are data: ordered lists of pass names.
 """
@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Literal
 
 from fastopt import _C
 from fastopt.errors import OptionError, UnknownNameError
-from fastopt.options import unknown_name
+from fastopt.pipeline.options import unknown_name
 
 if TYPE_CHECKING:
-    from fastopt.shapes import ShapeRun
+    from fastopt.pipeline.shapes import ShapeRun
 
 Target = Literal["ort", "onnx"]
 
@@ -52,7 +52,7 @@ class PassContext:
     # True while the model's value types are those of a shape inference run on its current graph.
     shapes_inferred: bool = False
     # (pass name, what ran) per shape inference of the run: the infer_shapes pass's, and those
-    # a "needs_shapes" pass triggered (fastopt.shapes.ShapeRun.describe() says which ran).
+    # a "needs_shapes" pass triggered (fastopt.pipeline.shapes.ShapeRun.describe() says which ran).
     shape_runs: list[tuple[str, ShapeRun]] = field(default_factory=list)
     # One record per weight a quantization pass looked at (quantized or kept, and why).
     quant_records: list[_C.QuantRecord] = field(default_factory=list)
@@ -93,7 +93,7 @@ class PassSpec:
 
     def run(self, ctx: PassContext) -> int:
         if "needs_shapes" in self.tags and not ctx.shapes_inferred:
-            from fastopt.shapes import infer_shapes_for_pass
+            from fastopt.pipeline.shapes import infer_shapes_for_pass
 
             ctx.shape_runs.append((self.name, infer_shapes_for_pass(ctx.model, ctx.options)))
             ctx.shapes_inferred = True

@@ -1,0 +1,1 @@
+"""The `fastopt` command: one module per command."""

@@ -1,0 +1,1 @@
+"""onnxruntime-genai: genai_config.json and the Whisper layout."""

@@ -1,0 +1,1 @@
+"""The pass pipeline: registry and presets, options, the shape-inference step."""

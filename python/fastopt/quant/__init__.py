@@ -1,0 +1,1 @@
+"""Quantization: quantize(), its settings and checks, precision and activation ranges."""

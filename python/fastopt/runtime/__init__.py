@@ -1,0 +1,1 @@
+"""What fastopt knows about ONNX Runtime: its ops, kernels, version floor, providers."""
