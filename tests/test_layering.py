@@ -1,5 +1,6 @@
-"""csrc/'s layering (tools/check_layering.py, ARCHITECTURE.md): no folder includes one above it,
-no two folders include each other. The check runs on the tree, and on small trees made here to
+"""The layering (tools/check_layering.py, ARCHITECTURE.md): in csrc/ no folder includes one above
+it and no two folders include each other; in python/fastopt/ no module imports a higher room and
+no two modules import each other. The check runs on the tree, and on small trees made here to
 show it fails on each kind of violation."""
 
 from __future__ import annotations
@@ -91,3 +92,75 @@ def test_main_before_the_moves_fails() -> None:
     assert "passes" not in checker.reach("quant")
     assert "pattern" not in checker.reach("analysis")
     assert "proto" not in checker.reach("ir")
+
+
+def write_package(root: Path, files: dict[str, str]) -> Path:
+    """A package named fastopt under `root` with these modules (relative paths, text)."""
+    package = root / "fastopt"
+    write(package, {"__init__.py": "", **files})
+    return package
+
+
+def test_the_python_package_is_layered() -> None:
+    assert load_checker().check_python(ROOT / "python" / "fastopt") == []
+
+
+def test_every_python_module_has_a_room() -> None:
+    checker = load_checker()
+    for module in checker.python_modules(ROOT / "python" / "fastopt"):
+        assert checker.room_of(module) is not None, module
+
+
+def test_an_upward_python_import_fails(tmp_path: Path) -> None:
+    # main's verify_generation imported the bench harness's cache geometry (issue 26): verify
+    # sits below bench. An import inside a function counts too.
+    package = write_package(
+        tmp_path,
+        {
+            "bench/__init__.py": "",
+            "bench/cache_dims.py": "X = 1\n",
+            "verify/__init__.py": "",
+            "verify/generation.py": "def f():\n    from fastopt.bench.cache_dims import X\n",
+        },
+    )
+    problems = load_checker().check_python(package)
+    assert problems == [
+        "fastopt/verify/generation.py:2: fastopt.verify.generation (verify) may not import "
+        "fastopt.bench.cache_dims (bench)"
+    ]
+
+
+def test_a_python_import_cycle_fails(tmp_path: Path) -> None:
+    # main's cli_optimize and cli_quantize imported each other (issue 26); one room, so only the
+    # cycle check sees it.
+    package = write_package(
+        tmp_path,
+        {
+            "cli/__init__.py": "",
+            "cli/optimize.py": "from fastopt.cli.quantize import add_quant_flags\n",
+            "cli/quantize.py": "from fastopt.cli import optimize\n",
+        },
+    )
+    problems = load_checker().check_python(package)
+    assert problems == ["modules import each other: fastopt.cli.optimize, fastopt.cli.quantize"]
+
+
+def test_a_python_module_without_a_room_fails(tmp_path: Path) -> None:
+    package = write_package(tmp_path, {"newroom/__init__.py": "", "newroom/x.py": ""})
+    problems = load_checker().check_python(package)
+    assert len(problems) == 2 and all("is in no room of ROOMS" in p for p in problems)
+
+
+def test_imports_for_type_checking_only_make_no_cycle(tmp_path: Path) -> None:
+    package = write_package(
+        tmp_path,
+        {
+            "pipeline/__init__.py": "",
+            "pipeline/a.py": "from fastopt.pipeline.b import B\n",
+            "pipeline/b.py": (
+                "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                "    from fastopt.pipeline.a import A\nB = 1\n"
+            ),
+        },
+    )
+    assert load_checker().check_python(package) == []

@@ -1,12 +1,16 @@
-"""The layering of csrc/: each folder may include only the folders below it (LAYERS), and no two
-folders may include each other, directly or through others. Run by .ci/run and
-tests/test_layering.py; ARCHITECTURE.md explains the layers.
+"""The layering of csrc/ and of the Python package. csrc/: each folder may include only the folders
+below it (LAYERS), and no two folders may include each other, directly or through others.
+python/fastopt/: each module may import only modules of its own room or of rooms below it
+(ROOMS, lowest first; imports inside functions count too), and no two modules may import each
+other at module level, directly or through others. Run by .ci/run and tests/test_layering.py;
+ARCHITECTURE.md explains the layers and the rooms.
 
-    python tools/check_layering.py [csrc]     # exit 1 with one line per violation
+    python tools/check_layering.py [csrc [python/fastopt]]   # exit 1 with one line per violation
 """
 
 from __future__ import annotations
 
+import ast
 import re
 import sys
 from pathlib import Path
@@ -123,13 +127,115 @@ def check(csrc: Path) -> list[str]:
     return problems
 
 
+# The Python package's rooms, lowest first: (room, the module prefixes it holds). A module belongs
+# to the room of its longest matching prefix, so an entry point inside a room (quantize(), the
+# Whisper layout: both run optimize()) can sit above the facade its room's helpers sit below.
+ROOMS: list[tuple[str, tuple[str, ...]]] = [
+    (
+        "base",
+        (
+            "fastopt._C",
+            "fastopt.errors",
+            "fastopt._io",
+            "fastopt._lazy",
+            "fastopt._numpy",
+            "fastopt._signatures",
+            "fastopt.forked",
+        ),
+    ),
+    ("runtime", ("fastopt.runtime",)),  # ORT facts: ops, kernels, version, providers
+    ("pipeline", ("fastopt.pipeline",)),  # registry, options, shapes
+    ("passes", ("fastopt.passes",)),  # Python passes (register into the pipeline)
+    ("genai", ("fastopt.genai",)),  # genai_config.json, cache geometry
+    ("verify", ("fastopt.verify",)),  # runs models in ORT: verify(), check(), generation
+    ("quant", ("fastopt.quant",)),  # settings, checks, ranges (ranges run models: above verify)
+    ("optimize", ("fastopt.optimize",)),  # the facade: passes, KV cache, genai config, quant
+    ("entries", ("fastopt.quant.quantize", "fastopt.genai.whisper")),  # run optimize()
+    ("bench", ("fastopt.bench",)),  # the harness: runs models, no CLI
+    ("api", ("fastopt",)),  # the public API: __init__ re-exports the rooms' public names
+    ("cli", ("fastopt.cli", "fastopt.__main__")),  # one module per command, over the public API
+]
+
+
+def room_of(module: str) -> tuple[int, str] | None:
+    """(level, room) of the longest ROOMS prefix of `module`, or None. The prefix "fastopt" is
+    the package's __init__ alone: a new module must be given a room."""
+    best: tuple[int, int, str] | None = None
+    for level, (room, prefixes) in enumerate(ROOMS):
+        for prefix in prefixes:
+            inside = prefix != "fastopt" and module.startswith(prefix + ".")
+            if (module == prefix or inside) and (best is None or len(prefix) > best[0]):
+                best = (len(prefix), level, room)
+    return None if best is None else (best[1], best[2])
+
+
+def python_modules(package: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py file under `package`."""
+    mods: dict[str, Path] = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        mods[".".join(parts)] = path
+    return mods
+
+
+def python_imports(path: Path, known: set[str]) -> list[tuple[str, int, bool]]:
+    """(module imported, line, at module level) for each import of the package in `path`.
+    `from a import b` names the submodule a.b when there is one, else a."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    top = {id(n) for n in tree.body}
+    for stmt in tree.body:  # if and try blocks at module level run at import, but TYPE_CHECKING's
+        checking = isinstance(stmt, ast.If) and ast.unparse(stmt.test) == "TYPE_CHECKING"
+        if isinstance(stmt, (ast.If, ast.Try)) and not checking:
+            top.update(id(n) for n in ast.walk(stmt))
+    found: list[tuple[str, int, bool]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                name = sub if sub in known or sub == "fastopt._C" else node.module
+                found.append((name, node.lineno, id(node) in top))
+        elif isinstance(node, ast.Import):
+            found.extend((alias.name, node.lineno, id(node) in top) for alias in node.names)
+    return [f for f in found if f[0] == "fastopt" or f[0].startswith("fastopt.")]
+
+
+def check_python(package: Path) -> list[str]:
+    """The violations of ROOMS in the Python package at `package`, one line each."""
+    problems: list[str] = []
+    mods = python_modules(package)
+    edges: dict[str, set[str]] = {}
+    for module, path in mods.items():
+        rel = path.relative_to(package.parent).as_posix()
+        src = room_of(module)
+        if src is None:
+            problems.append(
+                f"{rel}: module {module} is in no room of ROOMS (tools/check_layering.py)"
+            )
+            continue
+        for target, line, at_top in python_imports(path, set(mods)):
+            dst = room_of(target)
+            if dst is not None and dst[0] > src[0]:
+                problems.append(
+                    f"{rel}:{line}: {module} ({src[1]}) may not import {target} ({dst[1]})"
+                )
+            if at_top and target in mods and target != module:
+                edges.setdefault(module, set()).add(target)
+    for group in cycles(edges):
+        problems.append("modules import each other: " + ", ".join(group))
+    return problems
+
+
 def main(argv: list[str]) -> int:
-    csrc = Path(argv[1]) if len(argv) > 1 else Path(__file__).resolve().parents[1] / "csrc"
-    problems = check(csrc)
+    root = Path(__file__).resolve().parents[1]
+    csrc = Path(argv[1]) if len(argv) > 1 else root / "csrc"
+    package = Path(argv[2]) if len(argv) > 2 else root / "python" / "fastopt"
+    problems = check(csrc) + check_python(package)
     for line in problems:
         print(line)
     if not problems:
-        print(f"layering: ok ({len(LAYERS)} folders)")
+        print(f"layering: ok ({len(LAYERS)} folders, {len(ROOMS)} Python rooms)")
     return 1 if problems else 0
 
 
