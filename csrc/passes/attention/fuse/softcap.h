@@ -4,8 +4,8 @@
 //
 // i.e. c * tanh(s / c), applied after the scale and before the mask. GroupQueryAttention's and
 // Attention-23's `softcap` attribute compute exactly this in ONNX Runtime 1.32
-// (bench/probe_softcap.py; bench/results/softcap.md), so the internal op carries it as
-// `softcap` = c.
+// (tests/ort_behaviour/test_softcap_order.py; bench/results/softcap.md), so the internal op carries
+// it as `softcap` = c.
 #pragma once
 
 #include <optional>

@@ -18,8 +18,9 @@
 //
 // 4-D BNSH inputs; q_num_heads/kv_num_heads are carried (Attention-23 needs them only for 3-D
 // inputs, but they cost nothing and document GQA), scale, is_causal, softmax_precision and softcap
-// as set (ORT 1.32 CPU runs softcap, after the scale and before the mask: bench/probe_softcap.py).
-// ORT runs it on CPU since 1.23 (float, fp16; bool or float masks).
+// as set (ORT 1.32 CPU runs softcap, after the scale and before the mask:
+// tests/ort_behaviour/test_softcap_order.py). ORT runs it on CPU since 1.23 (float, fp16; bool or
+// float masks).
 #include "passes/attention/internal_op.h"
 #include "passes/attention/lowering_ops.h"
 #include "passes/attention/masked_rows.h"

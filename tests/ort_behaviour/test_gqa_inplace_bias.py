@@ -1,6 +1,8 @@
-"""Which attention_bias ONNX Runtime's in-place GroupQueryAttention takes (one single-node model).
+"""Which attention_bias ONNX Runtime's in-place GroupQueryAttention takes (one single-node model):
+a test that fails when ORT changes what the code relies on (issue 26; was
+bench/probe_gqa_inplace_bias.py).
 
-    python bench/probe_gqa_inplace_bias.py   # per case: accepted (max abs error) or ORT's message
+    python tests/ort_behaviour/test_gqa_inplace_bias.py   # per case: accepted (error) or refused
 
 In place, past and present are one (B, Hkv, max_length, D) buffer per layer, seqlens_k[b] is the
 row's valid length - 1 and total_sequence_length the attention_mask's width. add_kv_cache keeps
@@ -8,14 +10,15 @@ ALiBi's score bias in that form only if GQA reads it there: this binds one buffe
 present with IO binding, runs a right-padded prompt (lengths 5 and 3) and a decode step (6, 4),
 and tries bias key lengths total_sequence_length and the buffer's, and one query row broadcast over
 S. Accepted cases are compared with softmax(QK^T * scale + bias[b, h, s, :t+1]) V over each row's
-keys 0..t (t = the query's position). lower_attention_ort relies on (S, total_sequence_length);
-re-run this when onnxruntime is upgraded.
+keys 0..t (t = the query's position). lower_attention_ort relies on (S, total_sequence_length)
+and on nothing else being taken (README, "ALiBi"): the tests assert both.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper
 
 B, H, D, MAX = 2, 2, 8, 16
@@ -102,32 +105,52 @@ def _step(
     return f"accepted, max abs error {err:.2g}"
 
 
-def main() -> None:
+def _session() -> ort.InferenceSession:
     so = ort.SessionOptions()
     so.log_severity_level = 4
-    sess = ort.InferenceSession(_model(), so, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(_model(), so, providers=["CPUExecutionProvider"])
+
+
+def _fresh() -> dict[str, ort.OrtValue]:
+    zeros = np.zeros((B, H, MAX, D), np.float32)
+    return {kv: ort.OrtValue.ortvalue_from_numpy(zeros.copy()) for kv in ("k", "v")}
+
+
+PROMPT, DECODE = [5, 3], [6, 4]
+# case -> (decode step?, bias shape, accepted?)
+CASES = {
+    "prompt, bias (B, H, S, total)": (False, (B, H, 5, 5), True),
+    "prompt, bias (1, 1, S, total)": (False, (1, 1, 5, 5), True),
+    "prompt, bias (B, H, S, buffer)": (False, (B, H, 5, MAX), False),
+    "prompt, bias (B, H, 1, total)": (False, (B, H, 1, 5), False),
+    "decode, bias (B, H, 1, total)": (True, (B, H, 1, 6), True),
+    "decode, bias (B, H, 1, buffer)": (True, (B, H, 1, MAX), False),
+}
+
+
+def outcome(name: str) -> str:
+    decode, shape, _ = CASES[name]
+    sess, buffers = _session(), _fresh()
+    if not decode:
+        return _step(sess, buffers, PROMPT, 5, shape)
+    _step(sess, buffers, PROMPT, 5, (B, H, 5, 5))
+    return _step(sess, buffers, DECODE, 1, shape)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_in_place_gqa_takes_the_bias_at_s_by_total_only(name: str) -> None:
+    result = outcome(name)
+    if CASES[name][2]:
+        assert result.startswith("accepted"), result
+        assert float(result.rsplit(" ", 1)[1]) < 1e-5, result
+    else:
+        assert result.startswith("refused"), result
+
+
+def main() -> None:
     print(f"onnxruntime {ort.__version__}, buffer length {MAX}")
-
-    def fresh() -> dict[str, ort.OrtValue]:
-        zeros = np.zeros((B, H, MAX, D), np.float32)
-        return {kv: ort.OrtValue.ortvalue_from_numpy(zeros.copy()) for kv in ("k", "v")}
-
-    prompt, decode = [5, 3], [6, 4]
-    cases = [
-        ("prompt, bias (B, H, S, total)", (B, H, 5, 5)),
-        ("prompt, bias (1, 1, S, total)", (1, 1, 5, 5)),
-        ("prompt, bias (B, H, S, buffer)", (B, H, 5, MAX)),
-        ("prompt, bias (B, H, 1, total)", (B, H, 1, 5)),
-    ]
-    for name, shape in cases:
-        print(f"{name}: {_step(sess, fresh(), prompt, 5, shape)}")
-    for name, shape in [
-        ("decode, bias (B, H, 1, total)", (B, H, 1, 6)),
-        ("decode, bias (B, H, 1, buffer)", (B, H, 1, MAX)),
-    ]:
-        buffers = fresh()
-        _step(sess, buffers, prompt, 5, (B, H, 5, 5))
-        print(f"{name}: {_step(sess, buffers, decode, 1, shape)}")
+    for name in CASES:
+        print(f"{name}: {outcome(name)}")
 
 
 if __name__ == "__main__":
