@@ -5,8 +5,8 @@
 
 For each bloom_* / mpt_* fixture, target (ort, onnx) and --kv-cache form (standard; inplace for
 ort), the cached model made by fastopt.optimize(preset="llm") decodes 32 greedy tokens from a
-right-padded batch of two prompts (9 and 4 tokens) with tests/kv_generation.py's harness, and is
-compared with the no-cache original: full recompute on the layout the cache holds (contiguous
+right-padded batch of two prompts (9 and 4 tokens) with tests/support/kv_generation.py's harness,
+and is compared with the no-cache original: full recompute on the layout the cache holds (contiguous
 rows; for mpt's standard cache the holed layout, since its bias counts key indices, holes
 included, as the original does on the same attention_mask). Columns: the attention op the cache
 lowered to, tokens equal before the first mismatch, and the largest step-logit difference over
@@ -25,8 +25,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-import kv_generation as kg  # noqa: E402
-from llm_fixtures import ALIBI_ARCHS, fixtures  # noqa: E402
+from support import kv_generation as kg  # noqa: E402
+from support.llm_fixtures import ALIBI_ARCHS, fixtures  # noqa: E402
 
 STEPS = 32
 

@@ -25,8 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
 import fastopt  # noqa: E402
-import kv_generation as kg  # noqa: E402
-from llm_fixtures import fixtures  # noqa: E402
+from support import kv_generation as kg  # noqa: E402
+from support.llm_fixtures import fixtures  # noqa: E402
 
 
 def _session(path: Path) -> ort.InferenceSession:

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import fastopt  # noqa: E402
-import kv_generation as kg  # noqa: E402
+from support import kv_generation as kg  # noqa: E402
 
 EXPORTS = [
     "gemma2_ts_float32_cache",

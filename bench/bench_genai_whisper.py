@@ -41,8 +41,8 @@ def main() -> None:
     a = ap.parse_args()
     import make_seq2seq_fixtures as make
     import onnxruntime_genai as og
-    import seq2seq_generation as sg
     from fastopt.genai.whisper import whisper_for_genai
+    from support import seq2seq_generation as sg
 
     work = Path(tempfile.mkdtemp(prefix="bench-genai-whisper-"))
     overrides = {"max_source_positions": 1500, **json.loads(a.config)}

@@ -29,7 +29,7 @@ import numpy as np
 import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-import seq2seq_generation as sg
+from support import seq2seq_generation as sg
 
 
 def _session(path: Path, threads: int) -> ort.InferenceSession:

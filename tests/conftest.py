@@ -216,7 +216,7 @@ def assert_proto_equal(expected: Message, actual: Message) -> None:
 @pytest.hookimpl(tryfirst=True)  # before -m deselects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests parametrized by a fixture of llm_fixtures.SLOW_FIXTURES are slow."""
-    from llm_fixtures import SLOW_FIXTURES
+    from support.llm_fixtures import SLOW_FIXTURES
 
     for item in items:
         callspec = getattr(item, "callspec", None)

@@ -14,7 +14,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from fastopt.pipeline.registry import preset
-from llm_fixtures import PARITY_ATOL, Fixture, fixtures, ids, op_count
+from support.llm_fixtures import PARITY_ATOL, Fixture, fixtures, ids, op_count
 
 DECODERS = fixtures(decoder=True, kv_cache=True)
 PREFILL, TOTAL = 8, 12

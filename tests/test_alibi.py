@@ -30,14 +30,22 @@ import json
 from pathlib import Path
 
 import fastopt
-import kv_generation as kg
 import numpy as np
 import onnx
 import pytest
 from fastopt.genai.config import write_genai_config
-from llm_fixtures import ALIBI_ARCHS, PARITY_ATOL, Fixture, feeds, fixtures, op_count, optimize
-from llm_fixtures import run as ort_run
 from onnx import helper
+from support import kv_generation as kg
+from support.llm_fixtures import (
+    ALIBI_ARCHS,
+    PARITY_ATOL,
+    Fixture,
+    feeds,
+    fixtures,
+    op_count,
+    optimize,
+)
+from support.llm_fixtures import run as ort_run
 
 try:
     import onnxruntime_genai as og

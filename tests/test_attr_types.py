@@ -12,9 +12,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from attr_sweep import sweep
-from llm_fixtures import fixtures
 from onnx import TensorProto, helper, numpy_helper
+from support.attr_sweep import sweep
+from support.llm_fixtures import fixtures
 from test_fuse_norms import rms_model, run
 
 F = TensorProto.FLOAT

@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from wire import (
+from support.wire import (
     EGROUP_WT,
     I32_WT,
     I64_WT,
@@ -93,7 +93,7 @@ def _hang_guard() -> Iterator[None]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Models encoded by hand (tests/wire.py)
+# Models encoded by hand (tests/support/wire.py)
 
 
 OPSET = f_len(8, f_varint(2, 21))  # ModelProto.opset_import { version: 21 }

@@ -10,13 +10,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from bench_models import DECODER, ENCODER, cached_decoder
 from fastopt.bench import memory, report
 from fastopt.bench.inputs import Port
 from fastopt.bench.session import CUDA, plan_outputs
 from fastopt.bench.timing import Stats, interleaved
 from fastopt.cli.main import main
 from onnx import TensorProto, helper
+from support.bench_models import DECODER, ENCODER, cached_decoder
 
 HAS_CUDA = CUDA in ort.get_available_providers()
 

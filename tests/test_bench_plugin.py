@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from bench_models import cached_decoder
+from support.bench_models import cached_decoder
 
 pytest_plugins = ["pytester"]
 

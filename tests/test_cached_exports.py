@@ -24,11 +24,11 @@ import json
 from pathlib import Path
 
 import fastopt
-import kv_generation as kg
 import numpy as np
 import onnx
 import pytest
-from llm_fixtures import ALIBI_ARCHS, FIXTURE_DIR, Fixture, fixtures
+from support import kv_generation as kg
+from support.llm_fixtures import ALIBI_ARCHS, FIXTURE_DIR, Fixture, fixtures
 from test_alibi import genai_greedy, without_attention_bias
 
 try:

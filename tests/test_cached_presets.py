@@ -13,10 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import fastopt
-import kv_generation as kg
 import numpy as np
 import pytest
-from llm_fixtures import Fixture, fixtures, matrix_fixtures, matrix_params
+from support import kv_generation as kg
+from support.llm_fixtures import Fixture, fixtures, matrix_fixtures, matrix_params
 
 CACHED = fixtures(cache_export=True)
 STEPS = 6

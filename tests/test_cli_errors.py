@@ -15,8 +15,8 @@ import fastopt
 import fastopt.cli.main
 import onnx
 import pytest
-from hostile_models import HOSTILE
 from onnx import TensorProto, helper
+from support.hostile_models import HOSTILE
 
 LLAMA = Path(__file__).parent / "fixtures" / "models" / "llama_ts_float32" / "model.onnx"
 

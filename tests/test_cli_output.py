@@ -20,10 +20,10 @@ import fastopt
 import fastopt.bench
 import fastopt.cli.main
 import pytest
-from bench_models import DECODER, ENCODER, cached_decoder
 from fastopt.bench import report
 from fastopt.bench.result import BenchResult
 from fastopt.bench.timing import Stats
+from support.bench_models import DECODER, ENCODER, cached_decoder
 
 if TYPE_CHECKING:
     from types import ModuleType

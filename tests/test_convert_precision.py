@@ -17,8 +17,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from llm_fixtures import Fixture, feeds, fixtures
 from onnx import TensorProto, helper, numpy_helper
+from support.llm_fixtures import Fixture, feeds, fixtures
 
 DECODERS = fixtures(dtype="float32", decoder=True)
 LLAMA = fixtures(arch="llama", exporter="ts", dtype="float32")[0]

@@ -10,8 +10,8 @@ import numpy as np
 import onnx
 import pytest
 from conftest import CORPUS_DIR, random_feeds, run_ort
-from folding_helpers import assert_parity, make_model, optimize, out
 from onnx import TensorProto, helper
+from support.folding_helpers import assert_parity, make_model, optimize, out
 
 F = TensorProto.FLOAT
 

@@ -2,15 +2,15 @@
 target, and whether the KV-cache rewrite is accepted (or why not), on every LLM fixture and
 the version matrix, must equal the committed tests/fixtures/coverage.json. A change that loses
 a fusion or a cache fails here with the diff; after an intended improvement, regenerate the
-table (`python tests/coverage_table.py --write`) and commit it."""
+table (`python tests/support/coverage_table.py --write`) and commit it."""
 
 from __future__ import annotations
 
 import json
 
-import coverage_table as ct
 import pytest
-from llm_fixtures import fixtures, matrix_fixtures
+from support import coverage_table as ct
+from support.llm_fixtures import fixtures, matrix_fixtures
 
 
 def test_coverage_table_unchanged() -> None:
@@ -18,7 +18,8 @@ def test_coverage_table_unchanged() -> None:
     lines = ct.diff(expected, ct.compute())
     assert not lines, (
         "coverage changed (expected -> now); if intended, run "
-        "`python tests/coverage_table.py --write` and commit the table:\n" + "\n".join(lines)
+        "`python tests/support/coverage_table.py --write` and commit the table:\n"
+        + "\n".join(lines)
     )
 
 

@@ -15,10 +15,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-import seq2seq_generation as sg
 from fastopt import _C
 from fastopt.verify.generation import verify_generation
-from llm_fixtures import PARITY_ATOL
+from support import seq2seq_generation as sg
+from support.llm_fixtures import PARITY_ATOL
 
 STEPS = 16
 FIXTURES = sg.seq2seq_fixtures()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cleanup_testing import check_pass, model, node, ops, optimize, vi
 from onnx import TensorProto as T
 from onnx import helper, numpy_helper
+from support.cleanup_testing import check_pass, model, node, ops, optimize, vi
 
 PASS = "eliminate_cast"
 

@@ -8,9 +8,9 @@ import fastopt
 import numpy as np
 import onnx
 import pytest
-from cleanup_testing import check_pass, ints, model, node, ops, optimize, vi
 from onnx import TensorProto as T
 from onnx import helper, numpy_helper
+from support.cleanup_testing import check_pass, ints, model, node, ops, optimize, vi
 
 PASS = "eliminate_common_subexpressions"
 

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
-from cleanup_testing import INT64_MAX, check_pass, ints, model, ops, vi
 from onnx import AttributeProto, helper
 from onnx import TensorProto as T
+from support.cleanup_testing import INT64_MAX, check_pass, ints, model, ops, vi
 
 PASS = "eliminate_noop"
 

@@ -23,11 +23,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import fastopt
-import kv_generation as kg
 import numpy as np
 import onnx
 import pytest
-from llm_fixtures import (
+from onnx import TensorProto, helper, numpy_helper
+from support import kv_generation as kg
+from support.llm_fixtures import (
     Fixture,
     assert_parity,
     feeds,
@@ -37,7 +38,6 @@ from llm_fixtures import (
     op_count,
     optimize,
 )
-from onnx import TensorProto, helper, numpy_helper
 
 TARGETS = ("ort", "onnx")
 UNPADDED_AND_RIGHT = (None, "right")
@@ -258,7 +258,7 @@ def test_range_positions_fuse_with_parity(axes: list[int]) -> None:
     assert op_count(out, "RotaryEmbedding", "com.microsoft") == 1
     assert op_count(out, "Cos") == op_count(out, "Neg") == 0
     x = np.random.default_rng(0).standard_normal((2, 3, 5, 8)).astype(np.float32)
-    from llm_fixtures import run
+    from support.llm_fixtures import run
 
     np.testing.assert_allclose(run(out, {"x": x})[0], run(model, {"x": x})[0], atol=1e-5)
 

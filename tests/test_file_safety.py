@@ -25,6 +25,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from support.wire import SGROUP_WT, f_len, f_str, f_varint, key
 from test_bad_input import (
     add_model,
     model_from_graph,
@@ -33,7 +34,6 @@ from test_bad_input import (
     nested_type_model,
     wire_node,
 )
-from wire import SGROUP_WT, f_len, f_str, f_varint, key
 
 HERE = Path(__file__).resolve().parent
 CORPUS = HERE / "fuzz" / "corpus"

@@ -10,7 +10,7 @@ from pathlib import Path
 import fastopt
 import onnx
 import pytest
-from llm_fixtures import Fixture, matrix_fixtures, matrix_params
+from support.llm_fixtures import Fixture, matrix_fixtures, matrix_params
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures" / "models").glob("*/model.onnx"))
 CACHE_DIMS = {

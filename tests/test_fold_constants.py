@@ -12,8 +12,8 @@ import fastopt
 import numpy as np
 import onnx
 import pytest
-from folding_helpers import assert_parity, make_model, op_counts, optimize, out
 from onnx import TensorProto, helper, numpy_helper
+from support.folding_helpers import assert_parity, make_model, op_counts, optimize, out
 
 I64_MAX = np.iinfo(np.int64).max
 I64_MIN = np.iinfo(np.int64).min

@@ -8,9 +8,9 @@ import fastopt
 import numpy as np
 import onnx
 import pytest
-from cleanup_testing import attr, check_pass, const_input, ints, model, node, ops, vi
 from onnx import TensorProto as T
 from onnx import helper
+from support.cleanup_testing import attr, check_pass, const_input, ints, model, node, ops, vi
 
 PASS = "fold_reshapes"
 

@@ -8,7 +8,7 @@ zero, INT_MIN / -1), the optimized one fails too (nothing was folded away). Wher
 reference and ONNX Runtime disagree (Slice with a negative step and end INT_MAX), folding is
 refused and said (counters).
 
-Every case runs in a forked child of one worker subprocess (tests/fold_semantics_worker.py),
+Every case runs in a forked child of one worker subprocess (tests/support/fold_semantics_worker.py),
 so a crash (SIGFPE) fails that case instead of killing the test run.
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 import fastopt
 import numpy as np
 import pytest
-from fold_semantics_cases import CASES, PIPELINES, Case
+from support.fold_semantics_cases import CASES, PIPELINES, Case
 
 HERE = Path(__file__).resolve().parent
 
@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("fold_semantics") / "results.pkl"
     proc = subprocess.run(
-        [sys.executable, str(HERE / "fold_semantics_worker.py"), str(out)],
+        [sys.executable, str(HERE / "support" / "fold_semantics_worker.py"), str(out)],
         capture_output=True,
         text=True,
         timeout=600,

@@ -11,8 +11,8 @@ import numpy as np
 import onnx
 import pytest
 from conftest import corpus_models, model_id, random_feeds, run_ort
-from folding_helpers import assert_parity, make_model, op_counts, optimize, out
 from onnx import TensorProto, helper
+from support.folding_helpers import assert_parity, make_model, op_counts, optimize, out
 
 F, INT = TensorProto.FLOAT, TensorProto.INT64
 I64_MAX = np.iinfo(np.int64).max

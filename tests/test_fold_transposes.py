@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from cleanup_testing import attr, check_pass, model, node, ops, vi
 from onnx import TensorProto as T
 from onnx import helper
+from support.cleanup_testing import attr, check_pass, model, node, ops, vi
 
 PASS = "fold_transposes"
 

@@ -1,6 +1,6 @@
 """No public entry point lets a foreign exception escape: over a corpus of hostile models
-(tests/hostile_models.py: files fastopt reads but onnx, protobuf or ONNX Runtime refuse), every
-entry point either succeeds or raises fastopt.ModelError (or a documented subclass), with the
+(tests/support/hostile_models.py: files fastopt reads but onnx, protobuf or ONNX Runtime refuse),
+every entry point either succeeds or raises fastopt.ModelError (or a documented subclass), with the
 foreign exception kept as __cause__. Programming errors (a TypeError) are not converted."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import fastopt
 import fastopt.bench
 import onnx
 import pytest
-from hostile_models import HOSTILE
+from support.hostile_models import HOSTILE
 
 Entry = Callable[[Path, Path], Any]
 

@@ -21,8 +21,8 @@ import pytest
 from fastopt.quant.activation_ranges import SENTINEL, collect_ranges
 from fastopt.quant.fp16_ranges import FP16_MAX, LIMIT
 from fastopt.verify.quantized import verify_quantized
-from llm_fixtures import fixtures
 from onnx import TensorProto, helper, numpy_helper
+from support.llm_fixtures import fixtures
 
 GEMMA3 = fixtures(arch="gemma3", exporter="ts", dtype="float32")[0]
 EMBEDDING = "m.model.embed_tokens.weight"

@@ -11,8 +11,9 @@ import fastopt
 import numpy as np
 import onnx
 import pytest
-from fusion_util import make_model, ort_run, tensor
-from llm_fixtures import (
+from onnx import TensorProto, helper
+from support.fusion_util import make_model, ort_run, tensor
+from support.llm_fixtures import (
     Fixture,
     assert_parity,
     fixtures,
@@ -21,7 +22,6 @@ from llm_fixtures import (
     optimize,
     router_softmaxes,
 )
-from onnx import TensorProto, helper
 
 PASSES = ["fuse_attention", "lower_attention"]
 # gemma3 TorchScript: without fuse_rms_norm (not in these pass lists) its decomposed q/k norms

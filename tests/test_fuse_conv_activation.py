@@ -6,7 +6,8 @@ import fastopt
 import numpy as np
 import onnx
 import pytest
-from fusion_util import (
+from onnx import TensorProto, helper
+from support.fusion_util import (
     LIGHT_DIR,
     TORCH_EXPORTERS,
     check_fusion,
@@ -23,7 +24,6 @@ from fusion_util import (
     torch_cnn,
     torch_export,
 )
-from onnx import TensorProto, helper
 
 F = TensorProto.FLOAT
 PASS = ["fuse_conv_activation"]

@@ -8,7 +8,9 @@ import fastopt
 import numpy as np
 import onnx
 import pytest
-from fusion_util import (
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+from support.fusion_util import (
     TORCH_EXPORTERS,
     check_fusion,
     info,
@@ -26,8 +28,6 @@ from fusion_util import (
     torch_cnn,
     torch_export,
 )
-from onnx import TensorProto, helper, numpy_helper
-from onnx.reference import ReferenceEvaluator
 
 F = TensorProto.FLOAT
 PASS = ["fuse_conv_bn"]

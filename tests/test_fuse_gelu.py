@@ -9,9 +9,18 @@ import fastopt
 import numpy as np
 import onnx
 import pytest
-from fusion_util import check_fusion, info, make_model, ops, out_info, random, run_passes, tensor
-from llm_fixtures import assert_parity, fixtures, ids, op_count, optimize
 from onnx import TensorProto, helper
+from support.fusion_util import (
+    check_fusion,
+    info,
+    make_model,
+    ops,
+    out_info,
+    random,
+    run_passes,
+    tensor,
+)
+from support.llm_fixtures import assert_parity, fixtures, ids, op_count, optimize
 
 F = TensorProto.FLOAT
 MS = "com.microsoft"

@@ -9,7 +9,8 @@ import fastopt
 import numpy as np
 import onnx
 import pytest
-from fusion_util import (
+from onnx import TensorProto, helper
+from support.fusion_util import (
     TORCH_EXPORTERS,
     assert_close,
     check_fusion,
@@ -23,7 +24,6 @@ from fusion_util import (
     tensor,
     torch_export,
 )
-from onnx import TensorProto, helper
 
 F = TensorProto.FLOAT
 PASS = ["fuse_matmul_add"]

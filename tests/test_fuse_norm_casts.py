@@ -7,10 +7,10 @@ import fastopt
 import numpy as np
 import onnx
 import pytest
-from cleanup_testing import model, ops, session, vi
-from llm_fixtures import FIXTURE_DIR
 from onnx import TensorProto as T
 from onnx import helper, numpy_helper
+from support.cleanup_testing import model, ops, session, vi
+from support.llm_fixtures import FIXTURE_DIR
 
 PASS = "fuse_norm_casts"
 D = 64

@@ -9,9 +9,17 @@ import fastopt
 import numpy as np
 import onnx
 import pytest
-from fusion_util import info, make_model, ort_run, random, tensor
-from llm_fixtures import MOE_ARCHS, Fixture, assert_parity, fixtures, ids, op_count, optimize
 from onnx import TensorProto, helper
+from support.fusion_util import info, make_model, ort_run, random, tensor
+from support.llm_fixtures import (
+    MOE_ARCHS,
+    Fixture,
+    assert_parity,
+    fixtures,
+    ids,
+    op_count,
+    optimize,
+)
 
 F, H = TensorProto.FLOAT, TensorProto.FLOAT16
 D = 8

@@ -7,9 +7,9 @@ import fastopt
 import numpy as np
 import onnx
 import pytest
-from fusion_util import assert_close, info, ort_run, out_info, tensor
-from llm_fixtures import ROPE_ARCHS, Fixture, assert_parity, fixtures, op_count, optimize
 from onnx import TensorProto, helper, numpy_helper
+from support.fusion_util import assert_close, info, ort_run, out_info, tensor
+from support.llm_fixtures import ROPE_ARCHS, Fixture, assert_parity, fixtures, op_count, optimize
 
 INTERLEAVED_ARCHS = ("gptj", "cohere", "glm", "glm4")
 PARTIAL_DIM = {"gptj": 16, "glm": 8, "glm4": 8, "nemotron": 8}

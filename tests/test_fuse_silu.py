@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import fastopt
 import pytest
-from fusion_util import check_fusion, info, make_model, ops, out_info, random, run_passes
-from llm_fixtures import MOE_ARCHS, assert_parity, fixtures, ids, op_count, optimize
 from onnx import TensorProto, helper
+from support.fusion_util import check_fusion, info, make_model, ops, out_info, random, run_passes
+from support.llm_fixtures import MOE_ARCHS, assert_parity, fixtures, ids, op_count, optimize
 
 F = TensorProto.FLOAT
 # MoE decoders: the experts' SwiGLU on the gathered projections, one per layer; qwen2_moe's

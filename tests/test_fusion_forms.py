@@ -23,9 +23,9 @@ import numpy as np
 import onnx
 import pytest
 from fastopt import _C
-from fusion_util import info, make_model, ort_run, tensor
-from llm_fixtures import Fixture, assert_parity, op_count, optimize
 from onnx import TensorProto, helper
+from support.fusion_util import info, make_model, ort_run, tensor
+from support.llm_fixtures import Fixture, assert_parity, op_count, optimize
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FORMS = FIXTURES / "forms"

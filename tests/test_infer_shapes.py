@@ -9,8 +9,8 @@ import numpy as np
 import onnx
 import pytest
 from fastopt import _C
-from folding_helpers import assert_parity, make_model, optimize, out
 from onnx import TensorProto, helper, numpy_helper
+from support.folding_helpers import assert_parity, make_model, optimize, out
 
 F, INT = TensorProto.FLOAT, TensorProto.INT64
 

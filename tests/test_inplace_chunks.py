@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import fastopt
-import kv_generation as kg
 import numpy as np
 import pytest
-from llm_fixtures import PARITY_ATOL, Fixture, fixtures, ids
+from support import kv_generation as kg
+from support.llm_fixtures import PARITY_ATOL, Fixture, fixtures, ids
 
 CASES = [
     *fixtures(arch="llama", exporter="ts", dtype="float32"),

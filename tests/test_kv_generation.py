@@ -1,6 +1,7 @@
 """KV-cache rewrite (issue 5): the kv_cache option, genai_config.json, the generation harness
-(tests/kv_generation.py) validated on the reference corpus and on a hand-built GroupQueryAttention
-model, and the end-to-end proof on every decoder fixture once the pass add_kv_cache exists."""
+(tests/support/kv_generation.py) validated on the reference corpus and on a hand-built
+GroupQueryAttention model, and the end-to-end proof on every decoder fixture once the pass
+add_kv_cache exists."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import json
 from pathlib import Path
 
 import fastopt
-import kv_generation as kg
 import numpy as np
 import onnx
 import pytest
@@ -17,8 +17,9 @@ from fastopt.cli.main import build_parser, main
 from fastopt.genai.config import GenaiConfigError, genai_config, write_genai_config
 from fastopt.optimize import KV_CACHE_PASS, _with_kv_cache
 from fastopt.pipeline.registry import preset
-from llm_fixtures import MOE_ARCHS, fixtures, ids, matrix_fixtures, matrix_params
 from onnx import TensorProto, helper, numpy_helper
+from support import kv_generation as kg
+from support.llm_fixtures import MOE_ARCHS, fixtures, ids, matrix_fixtures, matrix_params
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 if not CORPUS.is_dir():  # a worktree under /work/wt: ../shared is two levels up from the repo

@@ -11,13 +11,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import fastopt
-import kv_generation as kg
 import numpy as np
 import onnx
 import pytest
 from fastopt.cli.main import main
-from llm_fixtures import fixtures
 from onnx import helper, numpy_helper
+from support import kv_generation as kg
+from support.llm_fixtures import fixtures
 
 HYBRID = Path(__file__).parent / "fixtures" / "hybrid"
 MUTATED = ["llama_ts_float32", "qwen2_dynamo_float32"]

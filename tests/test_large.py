@@ -24,7 +24,7 @@ import onnx
 import pytest
 from conftest import assert_outputs_identical, run_ort
 from onnx import TensorProto, helper
-from wire import varint
+from support.wire import varint
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ import fastopt
 import onnx
 import pytest
 from conftest import CORPUS_DIR
-from llm_fixtures import (
+from support.llm_fixtures import (
     MOE_ARCHS,
     ROPE_ARCHS,
     Fixture,

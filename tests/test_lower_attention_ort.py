@@ -12,8 +12,9 @@ import fastopt
 import numpy as np
 import onnx
 import pytest
-from fusion_util import ort_run
-from llm_fixtures import (
+from onnx import TensorProto, helper
+from support.fusion_util import ort_run
+from support.llm_fixtures import (
     ALIBI_ARCHS,
     Fixture,
     assert_parity,
@@ -22,7 +23,6 @@ from llm_fixtures import (
     op_count,
     router_softmaxes,
 )
-from onnx import TensorProto, helper
 
 INTERNAL = "ai.fastopt.internal"
 PASSES = ["lower_attention", "fold_transposes", "fold_reshapes", "eliminate_noop",
@@ -415,7 +415,7 @@ def test_ts_fixture_gqa(fx: Fixture) -> None:
     """Q and K come from one hidden state through head-split Reshapes whose target reads
     Shape(hidden)[1]: GroupQueryAttention (fp16 and fp32, Hkv < Hq) without shape facts."""
     import fastopt.pipeline.registry
-    from llm_fixtures import optimize
+    from support.llm_fixtures import optimize
 
     _, out = optimize(fx, passes=fastopt.pipeline.registry.preset("llm"), target="ort")
     assert op_count(out, GQA, "com.microsoft") == fx.layers

@@ -10,9 +10,9 @@ import fastopt.pipeline.registry
 import numpy as np
 import onnx
 import pytest
-from fusion_util import ort_run
-from llm_fixtures import Fixture, assert_parity, fixtures, ids, op_count, optimize
 from onnx import TensorProto, helper, numpy_helper
+from support.fusion_util import ort_run
+from support.llm_fixtures import Fixture, assert_parity, fixtures, ids, op_count, optimize
 
 INTERNAL = "ai.fastopt.internal"
 MS = "com.microsoft"

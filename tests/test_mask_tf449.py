@@ -13,9 +13,9 @@ import fastopt
 import numpy as np
 import onnx
 import pytest
-from folding_helpers import assert_parity, make_model, op_counts, optimize, out
-from llm_fixtures import matrix_fixtures
 from onnx import TensorProto, helper, numpy_helper
+from support.folding_helpers import assert_parity, make_model, op_counts, optimize, out
+from support.llm_fixtures import matrix_fixtures
 
 F, INT, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
 MIN = np.finfo(np.float32).min

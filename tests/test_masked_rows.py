@@ -15,13 +15,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import fastopt
-import kv_generation as kg
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from llm_fixtures import PARITY_ATOL, Fixture, feeds, fixtures, ids, optimize, run
 from onnx import TensorProto, helper
+from support import kv_generation as kg
+from support.llm_fixtures import PARITY_ATOL, Fixture, feeds, fixtures, ids, optimize, run
 
 CASES = [
     fx

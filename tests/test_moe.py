@@ -16,11 +16,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import fastopt
-import kv_generation as kg
 import numpy as np
 import onnx
 import pytest
-from llm_fixtures import (
+from support import kv_generation as kg
+from support.llm_fixtures import (
     MOE_ARCHS,
     PARITY_ATOL,
     Fixture,

@@ -19,15 +19,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import fastopt
-import kv_generation as kg
 import numpy as np
 import onnx
 import pytest
 from fastopt.verify.report import OutputRejectedError
 from fastopt.verify.run_check import RunCheckError
-from fusion_util import ort_run
-from llm_fixtures import Fixture, assert_parity, op_count
 from onnx import TensorProto, helper
+from support import kv_generation as kg
+from support.fusion_util import ort_run
+from support.llm_fixtures import Fixture, assert_parity, op_count
 from test_fuse_attention import run_sdpa, sdpa_feeds, sdpa_model
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -7,9 +7,18 @@ import fastopt
 import numpy as np
 import onnx
 import pytest
-from fusion_util import assert_close, info, make_model, ops, ort_run, out_info, random, tensor
-from llm_fixtures import assert_parity, fixtures, ids, op_count, optimize
 from onnx import TensorProto, helper
+from support.fusion_util import (
+    assert_close,
+    info,
+    make_model,
+    ops,
+    ort_run,
+    out_info,
+    random,
+    tensor,
+)
+from support.llm_fixtures import assert_parity, fixtures, ids, op_count, optimize
 
 F = TensorProto.FLOAT
 MS = "com.microsoft"

@@ -15,10 +15,10 @@ import fastopt
 import numpy as np
 import onnx
 import pytest
-from mapping_rss import quantize_rss_file
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import QuantType, quantize_dynamic
-from quant_reference import ort_quantize
+from support.mapping_rss import quantize_rss_file
+from support.quant_reference import ort_quantize
 
 logging.getLogger().setLevel(logging.ERROR)  # quantize_dynamic's "run pre-processing" warning
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import fastopt
 import onnx
 import pytest
-from llm_fixtures import fixtures
+from support.llm_fixtures import fixtures
 
 LLAMA = fixtures(arch="llama", exporter="ts", dtype="float32")[0]
 

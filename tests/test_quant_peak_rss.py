@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from mapping_rss import quantize_rss_file
 from onnx import TensorProto, helper, numpy_helper
+from support.mapping_rss import quantize_rss_file
 
 # 16 float16 weights of 8 MB (128 MB): [1024, 4096] tiles span the width, [4096, 1024] ones too;
 # the lm_head-like [1024, 12288] is cut in column tiles (rows read in parts).

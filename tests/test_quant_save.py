@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from quant_reference import ort_quantize
+from support.quant_reference import ort_quantize
 from test_quantize_weights import _matmul_model
 
 FIXTURES = Path(__file__).parent / "fixtures" / "models"

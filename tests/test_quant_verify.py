@@ -12,7 +12,7 @@ import fastopt
 import numpy as np
 import pytest
 from fastopt.verify.quantized import THRESHOLDS, _accuracy, verify_quantized
-from llm_fixtures import fixtures
+from support.llm_fixtures import fixtures
 
 LLAMA = fixtures(arch="llama", exporter="ts", dtype="float32")[0]
 

@@ -5,7 +5,8 @@ kept weights say why, bad settings are refused.
 What this machine's ONNX Runtime does decides two things, each probed by fastopt.runtime.kernels and
 followed here (the other branch is taken by replacing the probe): per-channel for target ort is
 refused where DynamicQuantizeMatMul refuses per-column scales; per-channel weights are 7-bit by
-default where the int8 GEMM saturates (x86 without VNNI; tests/int8_saturation.py emulates it)."""
+default where the int8 GEMM saturates (x86 without VNNI; tests/support/int8_saturation.py emulates
+it)."""
 
 from __future__ import annotations
 
@@ -20,10 +21,10 @@ import onnxruntime as ort
 import pytest
 from fastopt.runtime import kernels as ort_kernels
 from fastopt.verify.quantized import verify_quantized
-from int8_saturation import emulate_saturation, saturating_matmul
-from llm_fixtures import Fixture, feeds, fixtures
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import QuantType, quantize_dynamic
+from support.int8_saturation import emulate_saturation, saturating_matmul
+from support.llm_fixtures import Fixture, feeds, fixtures
 
 logging.getLogger().setLevel(logging.ERROR)  # quantize_dynamic's "run pre-processing" warning
 

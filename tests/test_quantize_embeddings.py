@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 
 import fastopt
-import kv_generation as kg
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -19,7 +18,8 @@ import pytest
 from fastopt.genai.config import write_genai_config
 from fastopt.quant.settings import QuantSettings
 from onnx import TensorProto, helper, numpy_helper
-from quant_reference import ort_quantize
+from support import kv_generation as kg
+from support.quant_reference import ort_quantize
 
 try:
     import onnxruntime_genai as og

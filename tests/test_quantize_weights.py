@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pytest
 from fastopt.cli.main import main
 from onnx import TensorProto, helper, numpy_helper
-from quant_reference import ort_quantize
+from support.quant_reference import ort_quantize
 
 FIXTURES = Path(__file__).parent / "fixtures" / "models"
 SETTINGS = list(itertools.product((4, 8), (16, 32, 64, 128, 256), (True, False)))

@@ -13,8 +13,8 @@ import fastopt
 import numpy as np
 import onnx
 import pytest
-from llm_fixtures import assert_parity, feeds, fixtures, max_abs_diff, op_count, optimize
 from onnx import TensorProto, helper, numpy_helper
+from support.llm_fixtures import assert_parity, feeds, fixtures, max_abs_diff, op_count, optimize
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
 B, H, S, D = 2, 3, 5, 8
@@ -81,7 +81,7 @@ def interleaved_model(neg_on_even: bool = False, opset: int = 23) -> onnx.ModelP
 
 
 def _run(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> np.ndarray:
-    from llm_fixtures import run
+    from support.llm_fixtures import run
 
     return np.asarray(run(model, feed)[0])
 

@@ -27,7 +27,7 @@ from conftest import (
     without_weights,
 )
 from onnx import TensorProto, helper, numpy_helper
-from wire import varint
+from support.wire import varint
 
 MODELS = backend_models() + corpus_models()
 

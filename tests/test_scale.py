@@ -22,7 +22,7 @@ import onnxruntime as ort
 import pytest
 from fastopt import _C
 from onnx import TensorProto, helper, numpy_helper
-from wire import f_len, f_str, f_varint
+from support.wire import f_len, f_str, f_varint
 
 
 def dead_initializers_model(n: int) -> bytes:

@@ -16,8 +16,8 @@ import fastopt
 import numpy as np
 import onnx
 import pytest
-import seq2seq_generation as sg
-from llm_fixtures import PARITY_ATOL
+from support import seq2seq_generation as sg
+from support.llm_fixtures import PARITY_ATOL
 
 STEPS = 32
 FIXTURES = sg.seq2seq_fixtures()

@@ -17,8 +17,8 @@ import onnxruntime as ort
 import pytest
 from conftest import corpus_models
 from fastopt import _C
-from llm_fixtures import fixtures
 from onnx import TensorProto, helper
+from support.llm_fixtures import fixtures
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
 MODELS = [fx.path for fx in fixtures()] + corpus_models()

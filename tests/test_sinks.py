@@ -17,11 +17,11 @@ import json
 from pathlib import Path
 
 import fastopt
-import kv_generation as kg
 import numpy as np
 import onnx
 import pytest
-from llm_fixtures import Fixture, assert_parity, op_count
+from support import kv_generation as kg
+from support.llm_fixtures import Fixture, assert_parity, op_count
 from test_alibi import genai_greedy, og
 
 SINK_FIXTURES = sorted((Path(__file__).parent / "fixtures" / "sinks").glob("*/model.onnx"))

@@ -12,8 +12,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from llm_fixtures import fixtures, ids
 from onnx import TensorProto, helper
+from support.llm_fixtures import fixtures, ids
 from test_add_kv_cache import attention_model
 
 GEMMA3 = fixtures(arch="gemma3", dtype="float32")

@@ -15,14 +15,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import fastopt
-import kv_generation as kg
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from fusion_util import make_model, ort_run, out_info, tensor
-from llm_fixtures import Fixture, assert_parity, fixtures, ids, op_count, optimize
 from onnx import TensorProto, helper
+from support import kv_generation as kg
+from support.fusion_util import make_model, ort_run, out_info, tensor
+from support.llm_fixtures import Fixture, assert_parity, fixtures, ids, op_count, optimize
 
 GEMMA2 = fixtures(arch="gemma2")
 GEMMA2_F32 = fixtures(arch="gemma2", dtype="float32")

@@ -13,14 +13,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import fastopt
-import kv_generation as kg
 import numpy as np
 import onnx
 import pytest
-from folding_helpers import assert_parity, make_model, op_counts
-from folding_helpers import optimize as run_passes
-from llm_fixtures import Fixture, matrix_fixtures, op_count, optimize
 from onnx import TensorProto, helper
+from support import kv_generation as kg
+from support.folding_helpers import assert_parity, make_model, op_counts
+from support.folding_helpers import optimize as run_passes
+from support.llm_fixtures import Fixture, matrix_fixtures, op_count, optimize
 
 CACHED_449 = matrix_fixtures(
     release="4.49.0", arch=("llama", "mistral", "phi3", "qwen2"), exporter="ts", cache_export=True

@@ -17,7 +17,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from wire import varint
+from support.wire import varint
 
 CORPUS_DIR = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 CORPUS = sorted(CORPUS_DIR.glob("*/model.onnx")) if CORPUS_DIR.is_dir() else []

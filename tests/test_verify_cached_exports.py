@@ -13,7 +13,7 @@ import fastopt
 import pytest
 from fastopt.verify.generation import verify_generation
 from fastopt.verify.quantized import verify_quantized
-from llm_fixtures import FIXTURE_DIR
+from support.llm_fixtures import FIXTURE_DIR
 
 BLOOM_CACHE = FIXTURE_DIR / "bloom_ts_float32_cache" / "model.onnx"
 MPT_CACHE = FIXTURE_DIR / "mpt_ts_float32_cache" / "model.onnx"
@@ -63,7 +63,7 @@ def test_cli_verify_of_a_cached_export(tmp_path: Path) -> None:
 def test_original_with_a_cross_cache_is_refused(tmp_path: Path) -> None:
     """A seq2seq decoder exported with a cross-attention cache: empty cross pasts would make
     the original attend to nothing, so it is refused with the reason, not compared wrongly."""
-    import seq2seq_generation as sg
+    from support import seq2seq_generation as sg
 
     fx = sg.seq2seq_fixtures("whisper", "float32")[0]
     cached = tmp_path / "decoder.onnx"

@@ -19,7 +19,7 @@ import onnx
 import pytest
 from fastopt.cli.main import main
 from fastopt.runtime.providers import placement_from_events, provider_name, read_profile
-from llm_fixtures import fixtures
+from support.llm_fixtures import fixtures
 
 verify_module = importlib.import_module("fastopt.verify.core")
 check_module = importlib.import_module("fastopt.verify.check")

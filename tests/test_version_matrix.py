@@ -10,9 +10,9 @@ import json
 from pathlib import Path
 
 import fastopt
-import kv_generation as kg
 import pytest
-from llm_fixtures import (
+from support import kv_generation as kg
+from support.llm_fixtures import (
     MATRIX_DIR,
     MATRIX_XFAIL,
     Fixture,
@@ -83,10 +83,10 @@ def test_matrix_cached_export_converts(fx: Fixture, mode: str, tmp_path: Path) -
 def test_fixtures_readme_shows_the_matrix_as_committed() -> None:
     """tests/fixtures/README.md's matrix tables are what coverage_table.py --markdown prints
     from the committed tables (regenerate both together)."""
-    import coverage_table as ct
+    from support import coverage_table as ct
 
     text = (MATRIX_DIR.parent / "README.md").read_text()
-    start = text.index("<!-- matrix table: python tests/coverage_table.py --markdown -->\n")
+    start = text.index("<!-- matrix table: python tests/support/coverage_table.py --markdown -->\n")
     end = text.index("<!-- end matrix table -->")
     shown = text[start:end].split("\n", 1)[1].strip()
     assert shown == ct.markdown().strip()

@@ -24,7 +24,8 @@ PRESETS = ("default", "llm", "classic", "cleanup")
 TARGETS = ("ort", "onnx")
 KV_MODES = ("none", "standard", "inplace")
 QUANT_MODES = ("none", "int4", "int8", "int8-dynamic", "fp16")
-# Decoders whose KV rewrite is refused by design or tested elsewhere (tests/llm_fixtures.py).
+# Decoders whose KV rewrite is refused by design or tested elsewhere
+# (tests/support/llm_fixtures.py).
 KV_REFUSED = {"phi3_longrope", "bloom", "mpt"}
 
 

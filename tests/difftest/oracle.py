@@ -11,7 +11,7 @@ loads in ONNX Runtime (CPU, optimizations off) and computes what the mutant comp
   unmutated exports; a mutant can fail them with no fastopt bug (cast_chain_int's rounding
   steps flip under fp16), so a run below a gate with finite outputs is reported as "gate",
   counted and printed, but is not a finding; cosine below 0.9 is one (far below every gate);
-- KV cache (standard, in place): greedy generation (tests/kv_generation.py, right-padded
+- KV cache (standard, in place): greedy generation (tests/support/kv_generation.py, right-padded
   prompts of two lengths; for a standard cache the reference lays out the same holes,
   greedy_no_cache_as_cached) gives the same tokens as the mutant without a cache, logits within
   the tolerance (a flip between near-tied logits is no finding); quantized and cached: the
@@ -40,7 +40,7 @@ from .cases import Case, fixture_meta, load_fixture
 from .mutations import apply
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: kv_generation
-import kv_generation as kg
+from support import kv_generation as kg
 
 ort.set_default_logger_severity(3)
 TOLERANCE = {"float32": 1e-4, "float16": 1e-2}

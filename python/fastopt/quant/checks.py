@@ -18,8 +18,9 @@ def reduce_range(settings: QuantSettings, given: Mapping[str, object]) -> bool:
     per-channel scales where this machine's ONNX Runtime int8 GEMM saturates (x86 without VNNI,
     ort_kernels.int8_matmul_saturates). There every per-channel column reaches +-127 and pairs
     of products overflow int16: the llama fixture's logits measured cosine 0.981, top-1 0.70
-    (gate 0.99 / 0.80) through an emulation of that kernel (tests/int8_saturation.py), 0.998 /
-    0.89 with 7-bit weights; per-tensor scales measured the same with and without saturation."""
+    (gate 0.99 / 0.80) through an emulation of that kernel (tests/support/int8_saturation.py),
+    0.998 / 0.89 with 7-bit weights; per-tensor scales measured the same with and without
+    saturation."""
     if settings.pass_name != "quantize_dynamic":
         return False
     if REDUCE_RANGE in given:

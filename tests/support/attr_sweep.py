@@ -3,7 +3,7 @@ node at a time gets that attribute in another type (an INT as a STRING, a FLOAT 
 Where ONNX Runtime refuses the result, fastopt's optimized model must still be refused: a node
 ORT refuses is never fused, folded or retyped away into a model it runs.
 
-    python tests/attr_sweep.py tests/fixtures/models/llama_dynamo_float32/model.onnx
+    python tests/support/attr_sweep.py tests/fixtures/models/llama_dynamo_float32/model.onnx
 """
 
 from __future__ import annotations

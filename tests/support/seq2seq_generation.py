@@ -25,9 +25,10 @@ from typing import Any
 import fastopt
 import numpy as np
 import onnxruntime as ort
-from kv_generation import session
 
-FIXTURE_DIR = Path(__file__).parent / "fixtures" / "models"
+from support.kv_generation import session
+
+FIXTURE_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 SEQ2SEQ_ARCHS = ("bart", "marian", "whisper", "t5")
 
 

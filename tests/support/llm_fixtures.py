@@ -23,11 +23,11 @@ import pytest
 
 ort.set_default_logger_severity(3)
 
-FIXTURE_DIR = Path(__file__).parent / "fixtures" / "models"
+FIXTURE_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 # The version matrix (tests/fixtures/make_matrix.py): MATRIX_DIR/<transformers release>/<name>/
 # model.onnx.gz (weights as mean/std, filled by materialize) + meta.json; exports.json per
 # release says which combinations failed to export, and why.
-MATRIX_DIR = Path(__file__).parent / "fixtures" / "matrix"
+MATRIX_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "matrix"
 # Expected failures of the matrix: {check: {fixture name: reason}} (strict xfails, so a fix
 # flips them; tests/fixtures/README.md says how to update it).
 MATRIX_XFAIL = MATRIX_DIR / "expected_failures.json"

@@ -5,7 +5,7 @@ the KV-cache rewrite (standard, inplace) is accepted or the reason it is refused
 
 After an intended change (a new fusion, a fixed refusal), regenerate it and commit the diff:
 
-    python tests/coverage_table.py --write
+    python tests/support/coverage_table.py --write
 
 A lost fusion or cache then shows in review as a diff of this file, and fails CI until then.
 """
@@ -20,10 +20,10 @@ from typing import Any
 
 import fastopt
 
-sys.path.insert(0, str(Path(__file__).parent))
-from llm_fixtures import Fixture, fixtures, matrix_fixtures
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: support
+from support.llm_fixtures import Fixture, fixtures, matrix_fixtures
 
-TABLE = Path(__file__).parent / "fixtures" / "coverage.json"
+TABLE = Path(__file__).resolve().parents[1] / "fixtures" / "coverage.json"
 # Standard-domain ops that are fusions (target onnx writes these); com.microsoft ops all are.
 FUSED_ONNX = {"Attention", "RotaryEmbedding", "RMSNormalization", "LayerNormalization", "Gelu"}
 # Ops that only a decomposed norm, softmax attention, rotary or GELU leaves.
@@ -89,7 +89,7 @@ def diff(expected: dict[str, Any], got: dict[str, Any]) -> list[str]:
 
 
 def _exports() -> dict[str, dict[str, str]]:
-    from llm_fixtures import MATRIX_DIR, matrix_releases
+    from support.llm_fixtures import MATRIX_DIR, matrix_releases
 
     return {r: json.loads((MATRIX_DIR / r / "exports.json").read_text()) for r in matrix_releases()}
 
@@ -125,7 +125,7 @@ def _cell(name: str, state: str, table: dict[str, Any], xfails: dict[str, dict[s
 def markdown() -> str:
     """The matrix as tables (one per release: family x exporter, without / with a cache), from
     the committed exports.json, coverage.json and expected_failures.json."""
-    from llm_fixtures import MATRIX_XFAIL
+    from support.llm_fixtures import MATRIX_XFAIL
 
     table = json.loads(TABLE.read_text())
     xfails = json.loads(MATRIX_XFAIL.read_text())

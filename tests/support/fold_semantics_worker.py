@@ -14,7 +14,9 @@ import fastopt
 import numpy as np
 import onnx
 import onnxruntime as ort
-from fold_semantics_cases import CASES, PIPELINES
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+from support.fold_semantics_cases import CASES, PIPELINES
 
 
 def forked(fn: Callable[[Callable[[str], None]], dict[str, Any]]) -> dict[str, Any]:

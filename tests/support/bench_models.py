@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import fastopt
-from llm_fixtures import FIXTURE_DIR
+
+from support.llm_fixtures import FIXTURE_DIR
 
 DECODER = FIXTURE_DIR / "llama_ts_float32" / "model.onnx"
 ENCODER = FIXTURE_DIR / "bert_ts_float32" / "model.onnx"

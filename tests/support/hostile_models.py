@@ -8,7 +8,8 @@ from collections.abc import Callable
 
 import onnx
 from onnx import TensorProto, helper
-from wire import f_len
+
+from support.wire import f_len
 
 F = TensorProto.FLOAT
 X = helper.make_tensor_value_info("x", F, [2, 3])
