@@ -139,83 +139,105 @@ Replacement fold_into_computed_weight(const Match& m, Rewriter& rw, Node* conv_n
   return std::vector<Value*>{rw.op1("Conv", {m.value("x"), w_new, b_new}, std::move(attrs))};
 }
 
+// An inference-mode BatchNormalization (batch statistics would replace mean/var) with
+// per-channel statistics and unused statistics outputs; "" or the refusal.
+std::string inference_problem(const Node* bn_node, int64_t opset) {
+  if (auto* a = bn_node->attribute("training_mode"); a && a->i && *a->i != 0) {
+    return "training_mode is set";
+  }
+  if (opset > 0 && opset < 7) {
+    auto* a = bn_node->attribute("is_test");
+    if (!a || !a->i || *a->i == 0) return "opset < 7 without is_test=1 (training)";
+  }
+  if (auto* a = bn_node->attribute("spatial"); a && a->i && *a->i != 1) {
+    return "spatial=0 (per-activation statistics)";
+  }
+  for (size_t i = 1; i < bn_node->outputs().size(); ++i) {
+    Value* o = bn_node->outputs()[i];
+    if (o && (!o->uses().empty() || o->is_graph_output())) {
+      return "a statistics output of the BatchNormalization is used";
+    }
+  }
+  return "";
+}
+
+// A constant weight's dtype and [M, C/g, k...] shape; "" or the refusal.
+std::string weight_problem(const Tensor& wt) {
+  const int32_t dtype = wt.dtype();
+  if (dtype != kFloat && dtype != kDouble && dtype != kFloat16) {
+    return "weight dtype " + dtype_name(dtype) + " is not handled";
+  }
+  if (wt.dims.size() < 3 || wt.dims[0] <= 0) return "the weight is not [M, C/g, k...]";
+  return "";
+}
+
+// Every value within what `dtype` holds (fp16 tops out at 65504): folding must not overflow
+// what the original computed in range.
+bool in_range(const std::vector<double>& v, int32_t dtype) {
+  double limit = std::numeric_limits<double>::max();
+  if (dtype == kFloat) limit = std::numeric_limits<float>::max();
+  if (dtype == kFloat16) limit = 65504.0;
+  for (double d : v) {
+    if (!(std::fabs(d) <= limit)) return false;
+  }
+  return true;
+}
+
+struct ConvBn {
+  P x, w, conv, bn;
+};
+
+Replacement fuse_conv_bn(const ConvBn& h, const Match& m, Rewriter& rw) {
+  Node* bn_node = m.node(h.bn);
+  Node* conv_node = m.node(h.conv);
+  if (conv_node->graph() != &rw.graph()) return rw.fail("the producer is in an enclosing graph");
+  const int64_t opset = default_opset(*rw.graph().model());
+  if (std::string why = inference_problem(bn_node, opset); !why.empty()) return rw.fail(why);
+  double eps = 1e-5;
+  if (auto* a = bn_node->attribute("epsilon"); a && a->f) eps = *a->f;
+
+  auto wt = constant_tensor(m.value(h.w));
+  if (!wt) return fold_into_computed_weight(m, rw, conv_node, eps);
+  if (std::string why = weight_problem(*wt); !why.empty()) return rw.fail(why);
+  const int32_t dtype = wt->dtype();
+  const int64_t channels = wt->dims[0];
+
+  std::vector<double> factor, new_bias;
+  if (auto why = fold_factors(m, conv_node, channels, dtype, eps, factor, new_bias)) {
+    return rw.fail(*why);
+  }
+  // The weight is decoded last: every cheaper check has passed.
+  auto weights = tensor_doubles(*wt, wt->numel());
+  if (!weights) return rw.fail("the weight cannot be decoded");
+  const size_t per_channel = weights->size() / static_cast<size_t>(channels);
+  for (size_t i = 0; i < weights->size(); ++i) (*weights)[i] *= factor[i / per_channel];
+  if (!in_range(*weights, dtype) || !in_range(new_bias, dtype)) {
+    return rw.fail("a folded value overflows " + dtype_name(dtype));
+  }
+
+  Value* w_new = add_constant(rw, m.value(h.w)->name() + "_bn",
+                              make_tensor(dtype, wt->dims, encode(dtype, *weights)));
+  const Value* conv_bias = conv_node->inputs().size() > 2 ? conv_node->inputs()[2] : nullptr;
+  const std::string bias_base = conv_bias ? conv_bias->name() : m.value(h.w)->name() + "_bias";
+  Value* b_new =
+      add_constant(rw, bias_base + "_bn", make_tensor(dtype, {channels}, encode(dtype, new_bias)));
+  std::vector<Attribute> attrs;
+  for (const Attribute& a : conv_node->attributes) attrs.push_back(copy_attribute(a));
+  Value* y = rw.op1("Conv", {m.value(h.x), w_new, b_new}, std::move(attrs));
+  return std::vector<Value*>{y};
+}
+
 std::vector<Rule> rules(const PassContext&) {
   auto p = std::make_shared<Pattern>("fuse_conv_bn");
-  P x = p->var("x"), w = p->var("w");
-  P conv = p->op("Conv", {x, w}).extra_inputs();  // optional bias
-  P bn = p->op("BatchNormalization",
-               {conv, p->var("scale"), p->var("B"), p->var("mean"), p->var("var")});
-  p->root(bn);
-
-  RewriteFn rewrite = [=](const Match& m, Rewriter& rw) -> Replacement {
-    Node* bn_node = m.node(bn);
-    Node* conv_node = m.node(conv);
-    if (conv_node->graph() != &rw.graph()) return rw.fail("the producer is in an enclosing graph");
-    // Inference mode only: batch statistics would replace mean/var.
-    if (auto* a = bn_node->attribute("training_mode"); a && a->i && *a->i != 0) {
-      return rw.fail("training_mode is set");
-    }
-    const int64_t opset = default_opset(*rw.graph().model());
-    if (opset > 0 && opset < 7) {
-      auto* a = bn_node->attribute("is_test");
-      if (!a || !a->i || *a->i == 0) return rw.fail("opset < 7 without is_test=1 (training)");
-    }
-    if (auto* a = bn_node->attribute("spatial"); a && a->i && *a->i != 1) {
-      return rw.fail("spatial=0 (per-activation statistics)");
-    }
-    for (size_t i = 1; i < bn_node->outputs().size(); ++i) {
-      Value* o = bn_node->outputs()[i];
-      if (o && (!o->uses().empty() || o->is_graph_output())) {
-        return rw.fail("a statistics output of the BatchNormalization is used");
-      }
-    }
-    double eps = 1e-5;
-    if (auto* a = bn_node->attribute("epsilon"); a && a->f) eps = *a->f;
-
-    auto wt = constant_tensor(m.value(w));
-    if (!wt) return fold_into_computed_weight(m, rw, conv_node, eps);
-    const int32_t dtype = wt->dtype();
-    if (dtype != kFloat && dtype != kDouble && dtype != kFloat16) {
-      return rw.fail("weight dtype " + dtype_name(dtype) + " is not handled");
-    }
-    if (wt->dims.size() < 3 || wt->dims[0] <= 0) return rw.fail("the weight is not [M, C/g, k...]");
-    const int64_t channels = wt->dims[0];
-
-    std::vector<double> factor, new_bias;
-    if (auto why = fold_factors(m, conv_node, channels, dtype, eps, factor, new_bias)) {
-      return rw.fail(*why);
-    }
-    // The weight is decoded last: every cheaper check has passed.
-    auto weights = tensor_doubles(*wt, wt->numel());
-    if (!weights) return rw.fail("the weight cannot be decoded");
-    const size_t per_channel = weights->size() / static_cast<size_t>(channels);
-    for (size_t i = 0; i < weights->size(); ++i) (*weights)[i] *= factor[i / per_channel];
-    // Folding must not overflow what the original computed in range (fp16 tops out at 65504).
-    double limit = std::numeric_limits<double>::max();
-    if (dtype == kFloat) limit = std::numeric_limits<float>::max();
-    if (dtype == kFloat16) limit = 65504.0;
-    auto in_range = [limit](const std::vector<double>& v) {
-      for (double d : v) {
-        if (!(std::fabs(d) <= limit)) return false;
-      }
-      return true;
-    };
-    if (!in_range(*weights) || !in_range(new_bias)) {
-      return rw.fail("a folded value overflows " + dtype_name(dtype));
-    }
-
-    Value* w_new = add_constant(rw, m.value(w)->name() + "_bn",
-                                make_tensor(dtype, wt->dims, encode(dtype, *weights)));
-    const Value* conv_bias = conv_node->inputs().size() > 2 ? conv_node->inputs()[2] : nullptr;
-    const std::string bias_base = conv_bias ? conv_bias->name() : m.value(w)->name() + "_bias";
-    Value* b_new = add_constant(rw, bias_base + "_bn",
-                                make_tensor(dtype, {channels}, encode(dtype, new_bias)));
-    std::vector<Attribute> attrs;
-    for (const Attribute& a : conv_node->attributes) attrs.push_back(copy_attribute(a));
-    Value* y = rw.op1("Conv", {m.value(x), w_new, b_new}, std::move(attrs));
-    return std::vector<Value*>{y};
-  };
-  return {{"fuse_conv_bn", p, rewrite}};
+  ConvBn h;
+  h.x = p->var("x");
+  h.w = p->var("w");
+  h.conv = p->op("Conv", {h.x, h.w}).extra_inputs();  // optional bias
+  h.bn = p->op("BatchNormalization",
+               {h.conv, p->var("scale"), p->var("B"), p->var("mean"), p->var("var")});
+  p->root(h.bn);
+  return {
+      {"fuse_conv_bn", p, [h](const Match& m, Rewriter& rw) { return fuse_conv_bn(h, m, rw); }}};
 }
 
 const PassRegistrar kRegister{rule_pass(

@@ -117,64 +117,92 @@ struct Tail {
   Node* cast_out = nullptr;  // Cast after the weight Mul (or after the core, without weight)
 };
 
-Replacement fuse(const Core& c, const Tail& t, const Match& m, Rewriter& rw, PassContext& ctx) {
+// The core's checks: one graph, a float input, a last-axis mean, not a LayerNorm's variance,
+// an epsilon in [0, 1), a known normalized dim. "" or the refusal.
+std::string core_problem(const Core& c, const Match& m, Rewriter& rw) {
   Value* x = m.value(c.x);
   Node* mean = m.node(c.mean);
-  if (mean->graph() != &rw.graph()) return rw.fail("the norm starts in an enclosing graph");
-  const int32_t xdt = value_dtype(x);
-  if (!norm::is_float_type(xdt)) return rw.fail("the input's dtype is unknown or not float");
-  if (auto e = norm::check_last_axis_mean(mean, value_rank(x))) return rw.fail(*e);
+  if (mean->graph() != &rw.graph()) return "the norm starts in an enclosing graph";
+  if (!norm::is_float_type(value_dtype(x))) return "the input's dtype is unknown or not float";
+  if (auto e = norm::check_last_axis_mean(mean, value_rank(x))) return *e;
   if (is_centered(x) && default_opset(*rw.graph().model()) >= 17) {
-    return rw.fail("the input is x - ReduceMean(x): a LayerNorm's variance (fuse_layer_norm)");
+    return "the input is x - ReduceMean(x): a LayerNorm's variance (fuse_layer_norm)";
   }
   auto eps = constant_scalar(m.value(c.eps));
-  if (!eps) return rw.fail("epsilon is not a constant scalar");
-  if (!std::isfinite(*eps) || *eps < 0 || *eps >= 1) return rw.fail("epsilon outside [0, 1)");
-  auto size = norm::last_dim(x);
-  if (!size) return rw.fail("the normalized (last) dim of the input is unknown");
+  if (!eps) return "epsilon is not a constant scalar";
+  if (!std::isfinite(*eps) || *eps < 0 || *eps >= 1) return "epsilon outside [0, 1)";
+  if (!norm::last_dim(x)) return "the normalized (last) dim of the input is unknown";
+  return "";
+}
 
+// An input cast up from the dtype the output is cast back to: the original input (a down-cast
+// is kept: the norm of the rounded input is what the model computes); else x.
+Value* norm_input(Value* x, int32_t out_dt, const Graph& g) {
+  Node* up = x->producer();
+  const int32_t xdt = value_dtype(x);
+  if (out_dt != xdt && is_float_cast(up) && up->graph() == &g &&
+      value_dtype(up->inputs()[0]) == out_dt && dtype_bits(out_dt) < dtype_bits(xdt)) {
+    return up->inputs()[0];
+  }
+  return x;
+}
+
+// The fused op for the target (in_dt: its input's dtype), or "" with the refusal in `why`.
+std::string norm_op(const PassContext& ctx, const Graph& g, int32_t in_dt, std::string* why) {
+  if (ctx.target == Target::kOnnx) {
+    if (default_opset(*g.model()) >= kFusedOpsOpset) return "RMSNormalization";
+    *why = "RMSNormalization needs opset >= 23 (run convert_version first)";
+    return "";
+  }
+  if (in_dt != kBFloat16) return "SimplifiedLayerNormalization";
+  *why = "bfloat16 (no CPU kernel for the ORT op)";
+  return "";
+}
+
+// The scale input: the weight (in the input's dtype) or ones; null with the refusal in `why`.
+Value* norm_scale(const Tail& t, int64_t size, int32_t weight_dt, int32_t in_dt, Rewriter& rw,
+                  PassContext& ctx, std::string* why) {
+  if (!t.weight) {
+    auto ones = norm::ones(in_dt, size);
+    if (!ones) {
+      *why = "no ones scale for dtype " + dtype_name(in_dt);
+      return nullptr;
+    }
+    ++ctx.counters["rms_norm_ones_scale"];
+    return rw.initializer("rms_norm_ones", ones);
+  }
+  if (value_dtype(t.weight) != weight_dt) {
+    *why = "the weight's dtype differs";
+    return nullptr;
+  }
+  auto s = norm::scale_input(rw, t.weight, size, in_dt, "the weight");
+  if (!s.value) {
+    *why = s.error;
+    return nullptr;
+  }
+  if (s.converted) ++ctx.counters["rms_norm_scale_converted"];
+  return s.value;
+}
+
+Replacement fuse(const Core& c, const Tail& t, const Match& m, Rewriter& rw, PassContext& ctx) {
+  if (std::string why = core_problem(c, m, rw); !why.empty()) return rw.fail(why);
+  Value* x = m.value(c.x);
+  const double eps = *constant_scalar(m.value(c.eps));
+  const int64_t size = *norm::last_dim(x);
   if (t.cast_mid && !is_float_cast(t.cast_mid)) return rw.fail("the Cast is not to a float");
   // Output dtype: the input's, changed by each Cast of the tail.
-  int32_t out_dt = xdt;
+  int32_t out_dt = value_dtype(x);
   if (t.cast_mid) out_dt = cast_to(t.cast_mid);
   const int32_t weight_dt = out_dt;
   if (t.cast_out) out_dt = cast_to(t.cast_out);
-
-  // An input cast up from the dtype the output is cast back to: take the original input (a
-  // down-cast is kept: the norm of the rounded input is what the model computes).
-  Value* in = x;
-  Node* up = x->producer();
-  if (out_dt != xdt && is_float_cast(up) && up->graph() == &rw.graph() &&
-      value_dtype(up->inputs()[0]) == out_dt && dtype_bits(out_dt) < dtype_bits(xdt)) {
-    in = up->inputs()[0];
-  }
+  Value* in = norm_input(x, out_dt, rw.graph());
   const int32_t in_dt = value_dtype(in);
-
-  std::string op;
-  if (ctx.target == Target::kOnnx) {
-    if (default_opset(*rw.graph().model()) < kFusedOpsOpset) {
-      return rw.fail("RMSNormalization needs opset >= 23 (run convert_version first)");
-    }
-    op = "RMSNormalization";
-  } else {
-    if (in_dt == kBFloat16) return rw.fail("bfloat16 (no CPU kernel for the ORT op)");
-    op = "SimplifiedLayerNormalization";
-  }
-
-  Value* scale = nullptr;
-  if (t.weight) {
-    if (value_dtype(t.weight) != weight_dt) return rw.fail("the weight's dtype differs");
-    auto s = norm::scale_input(rw, t.weight, *size, in_dt, "the weight");
-    if (!s.value) return rw.fail(s.error);
-    if (s.converted) ++ctx.counters["rms_norm_scale_converted"];
-    scale = s.value;
-  } else {
-    auto ones = norm::ones(in_dt, *size);
-    if (!ones) return rw.fail("no ones scale for dtype " + dtype_name(in_dt));
-    scale = rw.initializer("rms_norm_ones", ones);
-    ++ctx.counters["rms_norm_ones_scale"];
-  }
-  Value* y = rw.op1(op, {in, scale}, norm::norm_attrs(*eps));
+  std::string why;
+  const std::string op = norm_op(ctx, rw.graph(), in_dt, &why);
+  if (op.empty()) return rw.fail(why);
+  Value* scale = norm_scale(t, size, weight_dt, in_dt, rw, ctx, &why);
+  if (!scale) return rw.fail(why);
+  Value* y = rw.op1(op, {in, scale}, norm::norm_attrs(eps));
   if (in_dt != out_dt) y = rw.op1("Cast", {y}, cast_attrs(out_dt));
   ++ctx.counters["rms_norm"];
   return std::vector<Value*>{y};

@@ -20,6 +20,8 @@
 // Shapes: input (B, S, D) (or (T, D) for the simplified op), skip the same or (1, S, D) / (S, D)
 // (what the kernels broadcast); gamma, beta and bias (D). Dims the model leaves unknown are
 // checked by the kernels at run time.
+#include <algorithm>
+
 #include "ir/constant.h"
 #include "passes/fusion/norm_util.h"
 #include "passes/fusion_util.h"
@@ -65,27 +67,42 @@ bool broadcasts_batch(const std::vector<Dim>& a, const std::vector<Dim>& b) {
          !(b[0].value && *b[0].value == 1);
 }
 
-Replacement fuse(Value* a, Value* b, Value* bias, Value* sum, const Match& m, Rewriter& rw,
-                 PassContext& ctx) {
-  Node* norm_node = m.root();
-  Graph& g = rw.graph();
-  if (sum->producer()->graph() != &g) return rw.fail("the Add is in an enclosing graph");
-  const bool simplified = norm_node->op_type == "SimplifiedLayerNormalization";
+// The norm's mean / inv_std_var outputs, which the Skip ops do not give, are unused.
+bool stats_unused(const Node* norm_node) {
   const auto& outs = norm_node->outputs();
   for (size_t i = 1; i < outs.size(); ++i) {
-    if (outs[i] && (!outs[i]->uses().empty() || outs[i]->is_graph_output())) {
-      return rw.fail("the norm's mean / inv_std_var output is used");
-    }
+    if (outs[i] && (!outs[i]->uses().empty() || outs[i]->is_graph_output())) return false;
   }
-  const int32_t dt = value_dtype(sum);
+  return true;
+}
+
+// The kernels' dtypes, the same for both Add operands, and the default stash_type.
+std::string dtype_problem(const Value* a, const Value* b, int32_t dt, const Node* norm_node) {
   if (dt != kFloat && dt != kFloat16 && dt != kDouble) {
-    return rw.fail("dtype " + dtype_name(dt) + " (Skip norms: float, float16, double)");
+    return "dtype " + dtype_name(dt) + " (Skip norms: float, float16, double)";
   }
-  if (value_dtype(a) != dt || value_dtype(b) != dt) return rw.fail("the Add's dtypes differ");
+  if (value_dtype(a) != dt || value_dtype(b) != dt) return "the Add's dtypes differ";
   const Attribute* stash = norm_node->attribute("stash_type");
-  if (stash && stash->i && *stash->i != 1) return rw.fail("stash_type is not 1");
+  if (stash && stash->i && *stash->i != 1) return "stash_type is not 1";
+  return "";
+}
+
+// The Add's operands as input and skip, with their dims.
+struct SkipOperands {
+  Value* input;
+  Value* skip;
+  std::vector<Dim> in_dims, skip_dims;
+};
+
+// Input and skip of known shapes (the one broadcast up is the skip), normalized on the last
+// axis; nullopt with the refusal in `why`.
+std::optional<SkipOperands> skip_operands(Value* a, Value* b, const Node* norm_node,
+                                          std::string* why) {
   auto da = norm::dims_of(a), db = norm::dims_of(b);
-  if (!da || !db || da->empty() || db->empty()) return rw.fail("an Add operand's shape is unknown");
+  if (!da || !db || da->empty() || db->empty()) {
+    *why = "an Add operand's shape is unknown";
+    return std::nullopt;
+  }
   if (broadcasts_batch(*da, *db)) {
     std::swap(a, b);
     std::swap(da, db);
@@ -93,45 +110,55 @@ Replacement fuse(Value* a, Value* b, Value* bias, Value* sum, const Match& m, Re
   const int rank = static_cast<int>(da->size());
   const Attribute* axis = norm_node->attribute("axis");
   const int64_t ax = axis && axis->i ? *axis->i : -1;
-  if (ax != -1 && ax != rank - 1) return rw.fail("the norm's axis is not the last one");
+  if (ax != -1 && ax != rank - 1) {
+    *why = "the norm's axis is not the last one";
+    return std::nullopt;
+  }
+  return SkipOperands{a, b, *da, *db};
+}
 
-  const auto& in = norm_node->inputs();
-  Value* gamma = in.size() > 1 ? in[1] : nullptr;
-  Value* beta = !simplified && in.size() > 2 ? in[2] : nullptr;
+// 1-D (D) parameters in the input's dtype: gamma (D from it), beta, the constant bias.
+std::string params_problem(const Value* gamma, const Value* beta, const Value* bias, int32_t dt,
+                           int64_t* d) {
   auto dg = gamma ? norm::dims_of(gamma) : std::nullopt;
-  if (!dg || dg->size() != 1 || !dg->front().value)
-    return rw.fail("gamma is not 1-D of known size");
-  const int64_t d = *dg->front().value;
-  if (value_dtype(gamma) != dt) return rw.fail("gamma's dtype differs from the input's");
+  if (!dg || dg->size() != 1 || !dg->front().value) return "gamma is not 1-D of known size";
+  *d = *dg->front().value;
+  if (value_dtype(gamma) != dt) return "gamma's dtype differs from the input's";
   if (beta) {
     auto dbeta = norm::dims_of(beta);
-    if (!dbeta || dbeta->size() != 1 || !dbeta->front().value || *dbeta->front().value != d) {
-      return rw.fail("beta is not 1-D of gamma's size");
+    if (!dbeta || dbeta->size() != 1 || !dbeta->front().value || *dbeta->front().value != *d) {
+      return "beta is not 1-D of gamma's size";
     }
-    if (value_dtype(beta) != dt) return rw.fail("beta's dtype differs from the input's");
+    if (value_dtype(beta) != dt) return "beta's dtype differs from the input's";
   }
   if (bias) {
     const Tensor* t = constant_tensor_view(bias);
-    if (!t || t->dims.size() != 1 || t->dims[0] != d) return rw.fail("the bias is not 1-D (D)");
-    if (t->dtype() != dt) return rw.fail("the bias's dtype differs from the input's");
+    if (!t || t->dims.size() != 1 || t->dims[0] != *d) return "the bias is not 1-D (D)";
+    if (t->dtype() != dt) return "the bias's dtype differs from the input's";
   }
-  const std::string err = shape_error(*da, *db, d, simplified);
-  if (!err.empty()) return rw.fail(err);
+  return "";
+}
 
-  // Other readers of the sum (the next residual Add) move to output 3.
-  bool other_readers = sum->is_graph_output();
-  for (const Use& u : sum->uses()) other_readers |= u.node != norm_node;
-  // The fused node goes right after the Add, so readers of the sum placed before the norm still
-  // come after it; gamma/beta/bias must then be made before that point too.
-  Node* add_node = sum->producer();
+// The fused node goes right after the Add, so readers of the sum placed before the norm still
+// come after it; gamma/beta/bias must then be made before that point too.
+bool params_made_before(const Node* add_node, const Node* norm_node,
+                        const std::vector<const Value*>& params) {
   for (Node* k = add_node->next(); k && k != norm_node; k = k->next()) {
     for (const Value* o : k->outputs()) {
-      if (o && (o == gamma || o == beta || o == bias)) {
-        return rw.fail("a norm constant is made between the Add and the norm");
-      }
+      if (o && std::find(params.begin(), params.end(), o) != params.end()) return false;
     }
   }
-  std::vector<Value*> inputs = {a, b, gamma};
+  return true;
+}
+
+// Builds the Skip op after the Add (all checks done, nothing can fail); other readers of the
+// sum (the next residual Add) move to output 3.
+Value* build_skip_norm(const SkipOperands& ops, Value* gamma, Value* beta, Value* bias, Value* sum,
+                       Node* norm_node, Graph& g, PassContext& ctx) {
+  const bool simplified = norm_node->op_type == "SimplifiedLayerNormalization";
+  bool other_readers = sum->is_graph_output();
+  for (const Use& u : sum->uses()) other_readers |= u.node != norm_node;
+  std::vector<Value*> inputs = {ops.input, ops.skip, gamma};
   if (simplified) {
     if (bias) inputs.push_back(bias);
   } else if (beta || bias) {
@@ -143,8 +170,8 @@ Replacement fuse(Value* a, Value* b, Value* bias, Value* sum, const Match& m, Re
                            "_" + std::to_string(g.model()->next_node_id++);
   std::vector<std::string> names = {base};
   if (other_readers) names = {base, "", "", base + ":sum"};
-  // Built directly (the Rewriter makes every output): all checks are done, nothing can fail.
-  Node* n = g.create_node(op, kMsDomain, inputs, names, add_node->next());
+  // Built directly (the Rewriter makes every output).
+  Node* n = g.create_node(op, kMsDomain, inputs, names, sum->producer()->next());
   n->name.set(base);
   n->attributes.push_back(attr_float("epsilon", float_attr(norm_node, "epsilon", 1e-5f)));
   import_domain(g, kMsDomain);
@@ -154,7 +181,32 @@ Replacement fuse(Value* a, Value* b, Value* bias, Value* sum, const Match& m, Re
   }
   if (bias) ++ctx.counters["skip_norm_bias"];
   ++ctx.counters[simplified ? "skip_simplified_layer_norm" : "skip_layer_norm"];
-  return std::vector<Value*>{n->outputs()[0]};
+  return n->outputs()[0];
+}
+
+Replacement fuse(Value* a, Value* b, Value* bias, Value* sum, const Match& m, Rewriter& rw,
+                 PassContext& ctx) {
+  Node* norm_node = m.root();
+  Graph& g = rw.graph();
+  if (sum->producer()->graph() != &g) return rw.fail("the Add is in an enclosing graph");
+  const bool simplified = norm_node->op_type == "SimplifiedLayerNormalization";
+  if (!stats_unused(norm_node)) return rw.fail("the norm's mean / inv_std_var output is used");
+  const int32_t dt = value_dtype(sum);
+  std::string why = dtype_problem(a, b, dt, norm_node);
+  if (!why.empty()) return rw.fail(why);
+  auto ops = skip_operands(a, b, norm_node, &why);
+  if (!ops) return rw.fail(why);
+  const auto& in = norm_node->inputs();
+  Value* gamma = in.size() > 1 ? in[1] : nullptr;
+  Value* beta = !simplified && in.size() > 2 ? in[2] : nullptr;
+  int64_t d = 0;
+  why = params_problem(gamma, beta, bias, dt, &d);
+  if (why.empty()) why = shape_error(ops->in_dims, ops->skip_dims, d, simplified);
+  if (!why.empty()) return rw.fail(why);
+  if (!params_made_before(sum->producer(), norm_node, {gamma, beta, bias})) {
+    return rw.fail("a norm constant is made between the Add and the norm");
+  }
+  return std::vector<Value*>{build_skip_norm(*ops, gamma, beta, bias, sum, norm_node, g, ctx)};
 }
 
 std::vector<Rule> rules(PassContext& ctx) {

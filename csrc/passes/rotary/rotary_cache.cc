@@ -206,43 +206,79 @@ bool take_scaling(Value** cur, const std::string& fn, CosSinSource* s, std::stri
   return true;
 }
 
-std::optional<CosSinSource> trace_cos_sin(Value* v, const std::string& fn, std::string* why) {
-  CosSinSource s;
-  s.dtype = value_dtype(v);
-  // Cast? -> Unsqueeze(1) -> Cast?: the casts say how the fp32 values were rounded.
+bool take_cache_casts(const std::vector<int32_t>& casts, const std::string& fn, CosSinSource* s,
+                      std::string* why) {
+  for (int32_t to : casts) {
+    if (to == kFloat16) s->via_half = true;
+    if (to != kFloat && to != kFloat16) {
+      *why = "the " + fn + " is cast to " + dtype_name(to) + " (caches: float, float16)";
+      return false;
+    }
+  }
+  return true;
+}
+
+namespace {
+
+// Cast? -> Unsqueeze(1) -> Cast? from `*cur` back: the casts (outermost first), which say how
+// the fp32 values were rounded; `*cur` ends before the first other op.
+std::vector<int32_t> peel_casts_and_unsqueeze(Value** cur, bool* unsqueezed) {
   std::vector<int32_t> casts;
-  Value* cur = v;
-  bool unsqueezed = false;
-  while (Node* n = cur->producer()) {
-    if (made_by(cur, "Cast")) {
+  while (Node* n = (*cur)->producer()) {
+    if (made_by(*cur, "Cast")) {
       casts.push_back(static_cast<int32_t>(int_attr(n, "to").value_or(0)));
-    } else if (!unsqueezed && made_by(cur, "Unsqueeze") && unsqueezes_at(n, 1, 1)) {
-      unsqueezed = true;
+    } else if (!*unsqueezed && made_by(*cur, "Unsqueeze") && unsqueezes_at(n, 1, 1)) {
+      *unsqueezed = true;
     } else {
       break;
     }
-    cur = n->inputs()[0];
+    *cur = n->inputs()[0];
   }
+  return casts;
+}
+
+// A gathered table in the input's dtype, every Cast keeping it.
+bool take_gathered_table(Node* gather, const std::vector<int32_t>& casts, const std::string& fn,
+                         CosSinSource* s, std::string* why) {
+  if (!trace_table(gather, s, why)) return false;
+  if (s->dtype == 0) s->dtype = casts.empty() ? s->table->dtype() : casts.front();
+  bool same = s->table->dtype() == s->dtype;
+  for (int32_t to : casts) same = same && to == s->dtype;
+  if (!same) {
+    *why = "the " + fn + " table's dtype differs from the input's";
+    return false;
+  }
+  return true;
+}
+
+// angles = Concat(f, f, -1): rotate_half's layout repeats the frequencies f.
+bool take_angles(const Node* trig, CosSinSource* s, std::string* why) {
+  Node* cat = made_by(trig->inputs()[0], "Concat");
+  const auto axis = cat ? int_attr(cat, "axis") : std::nullopt;
+  if (!cat || cat->inputs().size() != 2 || cat->inputs()[0] != cat->inputs()[1] ||
+      !(axis == -1 || axis == 2)) {
+    *why = "the angles are not Concat(f, f, axis -1)";
+    return false;
+  }
+  s->angles = cat->outputs()[0];
+  return trace_frequencies(cat->inputs()[0], s, why);
+}
+
+}  // namespace
+
+std::optional<CosSinSource> trace_cos_sin(Value* v, const std::string& fn, std::string* why) {
+  CosSinSource s;
+  s.dtype = value_dtype(v);
+  Value* cur = v;
+  bool unsqueezed = false;
+  const std::vector<int32_t> casts = peel_casts_and_unsqueeze(&cur, &unsqueezed);
   if (!unsqueezed) {
     *why = "the " + fn + " operand is not Unsqueeze(axis 1) of a (B, S, D) " + fn;
     return std::nullopt;
   }
-  for (int32_t to : casts) {
-    if (to == kFloat16) s.via_half = true;
-    if (to != kFloat && to != kFloat16) {
-      *why = "the " + fn + " is cast to " + dtype_name(to) + " (caches: float, float16)";
-      return std::nullopt;
-    }
-  }
+  if (!take_cache_casts(casts, fn, &s, why)) return std::nullopt;
   if (Node* gather = made_by(cur, "Gather")) {
-    if (!trace_table(gather, &s, why)) return std::nullopt;
-    if (s.dtype == 0) s.dtype = casts.empty() ? s.table->dtype() : casts.front();
-    bool same = s.table->dtype() == s.dtype;
-    for (int32_t to : casts) same = same && to == s.dtype;
-    if (!same) {
-      *why = "the " + fn + " table's dtype differs from the input's";
-      return std::nullopt;
-    }
+    if (!take_gathered_table(gather, casts, fn, &s, why)) return std::nullopt;
     return s;
   }
   if (!take_scaling(&cur, fn, &s, why)) return std::nullopt;
@@ -253,16 +289,7 @@ std::optional<CosSinSource> trace_cos_sin(Value* v, const std::string& fn, std::
   }
   // fp32: the angles come from Cast(float) positions times float inv_freq (checked below).
   if (s.dtype == 0) s.dtype = casts.empty() ? kFloat : casts.front();  // no type info
-  // angles = Concat(f, f, -1): rotate_half's layout repeats the frequencies.
-  Node* cat = made_by(trig->inputs()[0], "Concat");
-  const auto axis = cat ? int_attr(cat, "axis") : std::nullopt;
-  if (!cat || cat->inputs().size() != 2 || cat->inputs()[0] != cat->inputs()[1] ||
-      !(axis == -1 || axis == 2)) {
-    *why = "the angles are not Concat(f, f, axis -1)";
-    return std::nullopt;
-  }
-  s.angles = cat->outputs()[0];
-  if (!trace_frequencies(cat->inputs()[0], &s, why)) return std::nullopt;
+  if (!take_angles(trig, &s, why)) return std::nullopt;
   return s;
 }
 

@@ -84,6 +84,11 @@ std::optional<std::vector<int64_t>> unsqueeze_axes(const Node* n);
 // positions and half of `s`, or returns false with the reason in `why`.
 bool trace_frequencies(Value* f, CosSinSource* s, std::string* why);
 
+// The Casts between a cos/sin operand and its source (`casts`, outermost first) go to float or
+// float16 only (the caches' dtypes); sets s->via_half for a float16 one. false with the reason.
+bool take_cache_casts(const std::vector<int32_t>& casts, const std::string& fn, CosSinSource* s,
+                      std::string* why);
+
 // A Mul(scalar constant, fn(...)) at *cur (attention_scaling): records the scalar in s->scaling
 // and steps *cur past it. True when there is none; false (why set) for another Mul.
 bool take_scaling(Value** cur, const std::string& fn, CosSinSource* s, std::string* why);

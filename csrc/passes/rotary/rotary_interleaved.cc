@@ -6,19 +6,12 @@
 #include "ir/constant.h"
 
 namespace fastopt::passes::rotary {
-namespace {
 
 std::optional<int64_t> single(const Value* v) {
   auto c = v ? constant_ints(v) : std::nullopt;
   if (!c || c->size() != 1) return std::nullopt;
   return (*c)[0];
 }
-
-// A Slice with constant start, end and step on the last axis of its input (axes -1, or the
-// last index where the rank is known).
-struct LastAxisSlice {
-  int64_t start, end, step;
-};
 
 std::optional<LastAxisSlice> last_axis_slice(const Node* sl) {
   const auto& in = sl->inputs();
@@ -31,6 +24,8 @@ std::optional<LastAxisSlice> last_axis_slice(const Node* sl) {
   if (!start || !end || !step) return std::nullopt;
   return LastAxisSlice{*start, *end, *step};
 }
+
+namespace {
 
 // A value of a known rank whose first dims a shape copies.
 struct Source {
@@ -102,70 +97,97 @@ bool keeps_leading_dims(const Value* shape, const std::vector<Source>& sources, 
 
 }  // namespace
 
+namespace {
+
+// The Tile or Expand of repeat_interleave by (1, .., 1, 2): y's rank, or nullopt.
+std::optional<int64_t> repeat_rank(const Node* rep) {
+  auto reps = constant_ints(rep->inputs()[1]);
+  if (!reps || reps->size() < 2 || reps->back() != 2) return std::nullopt;
+  for (size_t i = 0; i + 1 < reps->size(); ++i) {
+    if ((*reps)[i] != 1) return std::nullopt;
+  }
+  return static_cast<int64_t>(reps->size()) - 1;
+}
+
+// Unsqueeze(y, last) or, merged by fold_reshapes, Unsqueeze(z, [heads axis, last]): its axes.
+std::optional<std::vector<int64_t>> repeat_unsqueeze_axes(const Node* unsq, int64_t rank) {
+  auto axes = unsq ? unsqueeze_axes(unsq) : std::nullopt;
+  if (!axes || axes->empty() || axes->size() > 2 ||
+      (axes->back() != rank && !(axes->size() == 1 && axes->back() == -1))) {
+    return std::nullopt;
+  }
+  return axes;
+}
+
+// The values whose leading dims the repeat's shape may copy; with a heads axis also the
+// exporter's own Unsqueeze(z, heads axis).
+std::vector<Source> repeat_sources(const Node* unsq, const Value* grown, const Value* z,
+                                   int64_t rank, std::optional<int64_t> head_axis) {
+  std::vector<Source> sources = {{unsq->outputs()[0], rank + 1}, {grown, rank + 1}};
+  if (!head_axis) {
+    sources.push_back({z, rank});
+    return sources;
+  }
+  for (const Use& u : z->uses()) {
+    auto a = made_by(u.node->outputs()[0], "Unsqueeze") ? unsqueeze_axes(u.node) : std::nullopt;
+    if (a && *a == std::vector<int64_t>{*head_axis})
+      sources.push_back({u.node->outputs()[0], rank});
+  }
+  return sources;
+}
+
+}  // namespace
+
 Repeated repeated_twice(const Value* v) {
   Node* rs = made_by(v, "Reshape");
   if (!rs) return {};
   Value* grown = rs->inputs()[0];
   Node* rep = made_by(grown, "Tile");
   if (!rep) rep = made_by(grown, "Expand");
-  if (!rep) return {};
-  auto reps = constant_ints(rep->inputs()[1]);
-  if (!reps || reps->size() < 2 || reps->back() != 2) return {};
-  for (size_t i = 0; i + 1 < reps->size(); ++i) {
-    if ((*reps)[i] != 1) return {};
-  }
-  const int64_t rank = static_cast<int64_t>(reps->size()) - 1;  // y's rank
+  auto rank = rep ? repeat_rank(rep) : std::nullopt;  // y's rank
+  if (!rank) return {};
   Node* unsq = made_by(rep->inputs()[0], "Unsqueeze");
-  auto axes = unsq ? unsqueeze_axes(unsq) : std::nullopt;
-  // Unsqueeze(y, last) or, merged by fold_reshapes, Unsqueeze(z, [heads axis, last]).
-  if (!axes || axes->empty() || axes->size() > 2 ||
-      (axes->back() != rank && !(axes->size() == 1 && axes->back() == -1))) {
-    return {};
-  }
+  auto axes = repeat_unsqueeze_axes(unsq, *rank);
+  if (!axes) return {};
   Repeated out;
   Value* z = unsq->inputs()[0];
-  const int64_t z_rank = rank + 1 - static_cast<int64_t>(axes->size());
+  const int64_t z_rank = *rank + 1 - static_cast<int64_t>(axes->size());
   if (value_rank(z) != -1 && value_rank(z) != z_rank) return {};
-  std::vector<Source> sources = {{unsq->outputs()[0], rank + 1}, {grown, rank + 1}};
   if (axes->size() == 2) {
     out.head_axis = (*axes)[0];
-    if (*out.head_axis < 0 || *out.head_axis >= rank - 1) return {};
-    // The shape may read the dims of the exporter's own Unsqueeze(z, heads axis).
-    for (const Use& u : z->uses()) {
-      auto a = made_by(u.node->outputs()[0], "Unsqueeze") ? unsqueeze_axes(u.node) : std::nullopt;
-      if (a && *a == std::vector<int64_t>{*out.head_axis}) {
-        sources.push_back({u.node->outputs()[0], rank});
-      }
-    }
-  } else {
-    sources.push_back({z, rank});
+    if (*out.head_axis < 0 || *out.head_axis >= *rank - 1) return {};
   }
+  const std::vector<Source> sources = repeat_sources(unsq, grown, z, *rank, out.head_axis);
   const bool allowzero = int_attr(rs, "allowzero").value_or(0) != 0;
   std::optional<int64_t> width;
   if (z->type.has_shape && !z->type.dims.empty() && z->type.dims.back().value) {
     width = 2 * *z->type.dims.back().value;
   }
-  if (!keeps_leading_dims(rs->inputs()[1], sources, z, rank - 1, width, allowzero, out.head_axis)) {
+  if (!keeps_leading_dims(rs->inputs()[1], sources, z, *rank - 1, width, allowzero,
+                          out.head_axis)) {
     return {};
   }
   out.y = z;
   return out;
 }
 
-std::string check_rotate_every_two(const Value* rot, const Value* x, int64_t d) {
-  Node* rs = made_by(rot, "Reshape");
-  Node* cat = rs ? made_by(rs->inputs()[0], "Concat") : nullptr;
-  if (!cat || cat->inputs().size() != 2) return "the rotated x is not Reshape(Concat(a, b))";
+namespace {
+
+// Unsqueeze(a, -1) and Unsqueeze(b, -1) stacked on a new last axis; "" or the reason.
+std::string stacked_pairs_problem(const Node* cat, const Node* u_odd, const Node* u_even) {
   const auto axis = int_attr(cat, "axis");
   if (axis != -1 && axis != 4) return "the pairs are not stacked on a new last axis";
-  Node* u_odd = made_by(cat->inputs()[0], "Unsqueeze");
-  Node* u_even = made_by(cat->inputs()[1], "Unsqueeze");
   for (const Node* u : {u_odd, u_even}) {
     auto axes = u ? unsqueeze_axes(u) : std::nullopt;
     if (!axes || axes->size() != 1 || ((*axes)[0] != -1 && (*axes)[0] != 4)) {
       return "the pairs are not stacked on a new last axis";
     }
   }
+  return "";
+}
+
+// The stacked values: -x[..., 1::2] and x[..., 0::2] (D: x's last dim).
+std::string odd_even_problem(const Node* u_odd, const Node* u_even, const Value* x, int64_t d) {
   Node* neg = made_by(u_odd->inputs()[0], "Neg");
   Node* odd = neg ? made_by(neg->inputs()[0], "Slice") : nullptr;
   Node* even = made_by(u_even->inputs()[0], "Slice");
@@ -178,24 +200,24 @@ std::string check_rotate_every_two(const Value* rot, const Value* x, int64_t d) 
       se->end < d) {
     return "the slices are not x[..., 1::2] and x[..., 0::2]";
   }
-  const bool allowzero = int_attr(rs, "allowzero").value_or(0) != 0;
-  // The flatten keeps x's (B, ., ., D/2) dims and merges the pairs: back to x's shape.
-  if (auto c = constant_ints(rs->inputs()[1])) {
-    if (c->size() != 4 || (c->back() != d && c->back() != -1)) {
-      return "the stacked pairs are not flattened back to (.., D)";
-    }
-    for (size_t i = 0; i < 3; ++i) {
-      if ((*c)[i] == -1) return "the stacked pairs are not flattened back to x's shape";
-    }
-    return "";
+  return "";
+}
+
+// A constant flatten shape: 4 elements, the last D (or -1), no -1 before.
+std::string constant_flatten_problem(const std::vector<int64_t>& c, int64_t d) {
+  if (c.size() != 4 || (c.back() != d && c.back() != -1)) {
+    return "the stacked pairs are not flattened back to (.., D)";
   }
-  if (keeps_leading_dims(rs->inputs()[1], {{cat->outputs()[0], 5}, {u_odd->outputs()[0], 5}}, x, 3,
-                         d, allowzero)) {
-    return "";
+  for (size_t i = 0; i < 3; ++i) {
+    if (c[i] == -1) return "the stacked pairs are not flattened back to x's shape";
   }
-  // Dynamo writes the target shape from the graph inputs' dims: a Concat of 1-element pieces,
-  // the last D and no -1 (the pieces from Shape -> Gather are the dims exporters copy).
-  Node* pieces = made_by(rs->inputs()[1], "Concat");
+  return "";
+}
+
+// Dynamo writes the target shape from the graph inputs' dims: a Concat of 1-element pieces,
+// the last D and no -1 (the pieces from Shape -> Gather are the dims exporters copy).
+std::string pieces_flatten_problem(const Value* shape, int64_t d) {
+  Node* pieces = made_by(shape, "Concat");
   if (!pieces || pieces->inputs().size() != 4 || single(pieces->inputs()[3]) != d) {
     return "the stacked pairs are not flattened back to (.., D)";
   }
@@ -205,6 +227,28 @@ std::string check_rotate_every_two(const Value* rot, const Value* x, int64_t d) 
     if (value_rank(p) != 1) return "the flatten's shape is not made of 1-element pieces";
   }
   return "";
+}
+
+}  // namespace
+
+std::string check_rotate_every_two(const Value* rot, const Value* x, int64_t d) {
+  Node* rs = made_by(rot, "Reshape");
+  Node* cat = rs ? made_by(rs->inputs()[0], "Concat") : nullptr;
+  if (!cat || cat->inputs().size() != 2) return "the rotated x is not Reshape(Concat(a, b))";
+  Node* u_odd = made_by(cat->inputs()[0], "Unsqueeze");
+  Node* u_even = made_by(cat->inputs()[1], "Unsqueeze");
+  std::string why = stacked_pairs_problem(cat, u_odd, u_even);
+  if (why.empty()) why = odd_even_problem(u_odd, u_even, x, d);
+  if (!why.empty()) return why;
+  // The flatten keeps x's (B, ., ., D/2) dims and merges the pairs: back to x's shape.
+  const Value* shape = rs->inputs()[1];
+  if (auto c = constant_ints(shape)) return constant_flatten_problem(*c, d);
+  const bool allowzero = int_attr(rs, "allowzero").value_or(0) != 0;
+  if (keeps_leading_dims(shape, {{cat->outputs()[0], 5}, {u_odd->outputs()[0], 5}}, x, 3, d,
+                         allowzero)) {
+    return "";
+  }
+  return pieces_flatten_problem(shape, d);
 }
 
 std::string check_even_odd(const Node* even, const Node* odd, const Value* x, int64_t d) {
@@ -217,206 +261,6 @@ std::string check_even_odd(const Node* even, const Node* odd, const Value* x, in
     return "the halves are not x[..., 0::2] and x[..., 1::2]";
   }
   return "";
-}
-
-std::optional<InterleavedSource> trace_interleaved(Value* v, const std::string& fn,
-                                                   std::string* why, bool repeated_pairs) {
-  InterleavedSource out;
-  CosSinSource& s = out.source;
-  s.dtype = value_dtype(v);
-  std::vector<int32_t> casts;
-  // Half-width values (no repeated pairs) are read as if the repeat were already passed.
-  bool repeated = !repeated_pairs, unsqueezed = false;
-  std::optional<int64_t> first_cols;  // a Slice [0:w] of the values (glm's [..., :r/2])
-  Value* cur = v;
-  for (int hops = 0; hops < 16; ++hops) {
-    Node* n = cur->producer();
-    if (!n) break;
-    if (made_by(cur, "Cast")) {
-      casts.push_back(static_cast<int32_t>(int_attr(n, "to").value_or(0)));
-      cur = n->inputs()[0];
-    } else if (Repeated r = !repeated ? repeated_twice(cur) : Repeated{}; r.y) {
-      repeated = true;
-      cur = r.y;
-      if (r.head_axis) {  // the heads' Unsqueeze merged into the repeat's
-        if (unsqueezed || (*r.head_axis != 1 && *r.head_axis != 2)) {
-          *why = "the " + fn + " is not unsqueezed once at axis 1 or 2 for the heads";
-          return std::nullopt;
-        }
-        unsqueezed = true;
-        out.seq_axis = *r.head_axis == 1 ? 2 : 1;
-      }
-    } else if (!unsqueezed && made_by(cur, "Unsqueeze")) {
-      auto axes = unsqueeze_axes(n);
-      const int in_rank = value_rank(n->inputs()[0]);
-      if (!axes || axes->size() != 1 || ((*axes)[0] != 1 && (*axes)[0] != 2) ||
-          (in_rank != -1 && in_rank != 3)) {
-        *why = "the " + fn + " (B, S, D) is not unsqueezed at axis 1 or 2 for the heads";
-        return std::nullopt;
-      }
-      unsqueezed = true;
-      out.seq_axis = (*axes)[0] == 1 ? 2 : 1;
-      cur = n->inputs()[0];
-    } else if (Node* sl = !first_cols ? made_by(cur, "Slice") : nullptr) {
-      auto b = last_axis_slice(sl);
-      if (!b || b->start != 0 || b->step != 1 || b->end <= 0) break;
-      first_cols = b->end;
-      cur = sl->inputs()[0];
-    } else {
-      break;
-    }
-  }
-  const std::string not_repeated = "the " + fn + " operand is not repeat_interleave(2) of a " +
-                                   "(B, S, D/2) " + fn + " unsqueezed for the heads";
-  if (!unsqueezed) {
-    *why = not_repeated;
-    return std::nullopt;
-  }
-  for (int32_t to : casts) {
-    if (to == kFloat16) s.via_half = true;
-    if (to != kFloat && to != kFloat16) {
-      *why = "the " + fn + " is cast to " + dtype_name(to) + " (caches: float, float16)";
-      return std::nullopt;
-    }
-  }
-  // gptj: columns of a gathered table (Split, a Slice, or the [..., :w] taken above).
-  Node* split = made_by(cur, "Split");
-  Node* cols = split ? nullptr : made_by(cur, "Slice");
-  const Value* peeled = cur;
-  while (Node* c = made_by(peeled, "Cast")) peeled = c->inputs()[0];
-  const bool leading =
-      !split && !cols && first_cols && (made_by(peeled, "Gather") || made_by(peeled, "GatherND"));
-  if (split || cols || leading) {
-    if (!repeated) {
-      *why = not_repeated;
-      return std::nullopt;
-    }
-    Value* whole = split ? split->inputs()[0] : cols ? cols->inputs()[0] : cur;
-    int64_t column = 0, width = 0;
-    if (leading) {
-      width = *first_cols;
-    } else if (cols) {
-      auto b = last_axis_slice(cols);
-      if (!b || b->step != 1 || b->start < 0 || b->end <= b->start) {
-        *why = "the " + fn + " columns are not a constant Slice of the table";
-        return std::nullopt;
-      }
-      column = b->start;
-      width = b->end - b->start;  // clipped against the table below
-    } else {
-      const int64_t axis = int_attr(split, "axis").value_or(0);
-      if (axis != -1 && !(value_rank(whole) > 0 && axis == value_rank(whole) - 1)) {
-        *why = "the " + fn + " table is not split along its last axis";
-        return std::nullopt;
-      }
-      std::optional<std::vector<int64_t>> sizes;
-      if (split->inputs().size() > 1 && split->inputs()[1]) {
-        sizes = constant_ints(split->inputs()[1]);
-      }
-      size_t k = 0;
-      while (k < split->outputs().size() && split->outputs()[k] != cur) ++k;
-      if (sizes && sizes->size() == split->outputs().size()) {
-        for (size_t i = 0; i < k; ++i) column += (*sizes)[i];
-        width = (*sizes)[k];
-      } else if (!sizes && split->outputs().size() == 2) {
-        width = -1;  // equal halves of the table: known below
-        column = static_cast<int64_t>(k);
-      } else {
-        *why = "the " + fn + " table's Split sizes are not constant";
-        return std::nullopt;
-      }
-    }
-    Value* src = whole;
-    std::vector<int32_t> inner_casts;
-    while (Node* c = made_by(src, "Cast")) {
-      inner_casts.push_back(static_cast<int32_t>(int_attr(c, "to").value_or(0)));
-      src = c->inputs()[0];
-    }
-    Node* gather = made_by(src, "Gather");
-    Node* gnd = gather ? nullptr : made_by(src, "GatherND");
-    Value* table = nullptr;
-    if (gather && int_attr(gather, "axis").value_or(0) == 0) {
-      table = gather->inputs()[0];
-      s.positions = gather->inputs()[1];
-    } else if (gnd && int_attr(gnd, "batch_dims").value_or(0) == 0) {
-      // GatherND(table, Unsqueeze(pos, -1)) reads the rows pos: Gather(table, pos).
-      Node* u = made_by(gnd->inputs()[1], "Unsqueeze");
-      auto axes = u ? unsqueeze_axes(u) : std::nullopt;
-      if (axes && axes->size() == 1 && ((*axes)[0] == -1 || (*axes)[0] == 2) &&
-          value_rank(u->inputs()[0]) == 2) {
-        table = gnd->inputs()[0];
-        s.positions = u->inputs()[0];
-      }
-    }
-    auto t = table ? constant_tensor(table) : nullptr;
-    if (!t || t->dims.size() != 2) {
-      *why = "the " + fn +
-             " columns are not split from a constant (M, r) table gathered by the "
-             "positions";
-      return std::nullopt;
-    }
-    if (width == -1) {
-      width = t->dims[1] / 2;
-      column *= width;
-    }
-    width = std::min(width, t->dims[1] - column);
-    if (first_cols) width = std::min(width, *first_cols);
-    if (width <= 0) {
-      *why = "the " + fn + " columns of the table are empty";
-      return std::nullopt;
-    }
-    for (int32_t to : inner_casts) casts.push_back(to);
-    if (s.dtype == 0) s.dtype = casts.empty() ? t->dtype() : casts.front();
-    bool same = t->dtype() == s.dtype;
-    for (int32_t to : casts) same = same && to == s.dtype;
-    if (!same) {
-      *why = "the " + fn + " table's dtype differs from the input's";
-      return std::nullopt;
-    }
-    s.kind = CosSinSource::Kind::kTable;
-    s.table = t;
-    s.table_column = column;
-    s.half = width;
-    return out;
-  }
-  if (!take_scaling(&cur, fn, &s, why)) return std::nullopt;
-  Node* trig = made_by(cur, fn.c_str());
-  if (!trig) {
-    *why = "the " + fn + " operand comes neither from " + fn + "(angles) nor from a table";
-    return std::nullopt;
-  }
-  if (s.dtype == 0) s.dtype = casts.empty() ? kFloat : casts.front();
-  Value* angles = trig->inputs()[0];
-  s.angles = angles;
-  Value* f = nullptr;
-  if (Node* cat = made_by(angles, "Concat")) {
-    // glm: Concat(f, f) read through [..., :half].
-    const auto axis = int_attr(cat, "axis");
-    if (cat->inputs().size() != 2 || cat->inputs()[0] != cat->inputs()[1] ||
-        !(axis == -1 || axis == 2) || !first_cols || !repeated) {
-      *why = "the angles are not Concat(f, f, axis -1) read through [..., :D/2]";
-      return std::nullopt;
-    }
-    f = cat->inputs()[0];
-  } else if (Repeated r = repeated_twice(angles); r.y && !r.head_axis) {
-    // cohere: Cos(repeat_interleave(f)), the repeat before the Cos.
-    Value* y = r.y;
-    if (first_cols || repeated) {
-      *why = "the repeated angles are sliced or repeated again";
-      return std::nullopt;
-    }
-    f = y;
-  } else {
-    *why = "the angles are neither Concat(f, f) nor repeat_interleave(f)";
-    return std::nullopt;
-  }
-  if (!trace_frequencies(f, &s, why)) return std::nullopt;
-  if (first_cols && *first_cols != s.half) {
-    *why = "the " + fn + " is sliced to " + std::to_string(*first_cols) + " columns, not the " +
-           std::to_string(s.half) + " frequencies";
-    return std::nullopt;
-  }
-  return out;
 }
 
 }  // namespace fastopt::passes::rotary

@@ -71,4 +71,14 @@ std::string check_even_odd(const Node* even, const Node* odd, const Value* x, in
 // else the reason.
 std::string check_rotate_every_two(const Value* rot, const Value* x, int64_t d);
 
+// Shared by rotary_interleaved*.cc: a constant one-element int `v`, or nullopt.
+std::optional<int64_t> single(const Value* v);
+
+// A Slice with constant start, end and step on the last axis of its input (axes -1, or the
+// last index where the rank is known).
+struct LastAxisSlice {
+  int64_t start, end, step;
+};
+std::optional<LastAxisSlice> last_axis_slice(const Node* sl);
+
 }  // namespace fastopt::passes::rotary

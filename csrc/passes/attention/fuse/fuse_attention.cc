@@ -177,54 +177,69 @@ class AttentionWalk {
     return kv;
   }
 
+  // K^T = Transpose(K, (0,1,3,2)) of BNSH K, or Transpose(k_BSHD, (0,2,3,1)).
+  bool take_kt_transpose(Node* t) {
+    const Attribute* perm = t->attribute("perm");
+    if (perm && perm->ints == std::vector<int64_t>{0, 1, 3, 2}) {
+      take(t);
+      f_.k = t->inputs()[0];
+      return true;
+    }
+    if (perm && perm->ints == std::vector<int64_t>{0, 2, 3, 1}) {
+      take(t);
+      f_.k = t->inputs()[0];
+      f_.k_bshd = true;
+      return rank_of(f_.k) == 4 || fail("K is not 4-D");
+    }
+    return fail("K is transposed with an unsupported permutation");
+  }
+
+  // torchlib: Reshape(k, (-1, T, D)) -> Transpose(0,2,1) -> Reshape(lead..., D, T).
+  bool take_kt_reshapes(Node* outer) {
+    Node* t = producer_of(outer->inputs()[0], "Transpose");
+    Node* inner = t ? producer_of(t->inputs()[0], "Reshape") : nullptr;
+    const Attribute* perm = t ? t->attribute("perm") : nullptr;
+    if (!inner || !perm || perm->ints != std::vector<int64_t>{0, 2, 1}) {
+      return fail("K^T is not Transpose(K) nor Reshape-Transpose-Reshape");
+    }
+    Value* k = inner->inputs()[0];
+    if (rank_of(k) != 4) return fail("K is not 4-D");
+    // The 3-D view keeps K's last two dims; the 4-D result is (lead..., D, T).
+    if (shape_length(inner->inputs()[1]) != 3 || shape_length(outer->inputs()[1]) != 4) {
+      return fail("K^T's reshapes are not 4-D -> 3-D -> 4-D");
+    }
+    auto d = resolve_dim(k, 3);
+    auto d1 = shape_element(inner->inputs()[1], 2), d2 = shape_element(outer->inputs()[1], 2);
+    if (!d || !d1 || !d2 || *d != *d1 || *d != *d2) {
+      return fail("K^T's reshapes do not keep the head size");
+    }
+    take(outer);
+    take(t);
+    take(inner);
+    f_.k = k;
+    return true;
+  }
+
+  // Flat heads: Transpose(Reshape(k, (B*H, T, D)), (0, 2, 1)).
+  bool take_flat_kt(Value* kt) {
+    Node* t = alibi::flat_kt_transpose(kt);
+    if (!t) return fail("flat heads: K^T is not Transpose(K, (0, 2, 1))");
+    take(t);
+    f_.k = unflatten(t->inputs()[0], "K");
+    return f_.k != nullptr;
+  }
+
   // K^T forms; sets f_.k (BNSH before transposing, or BSNH with k_bshd).
   bool match_kt(Value* kt) {
     while (peel_scale(kt)) {
     }
     if (!error.empty()) return false;
-    if (f_.flat) {  // Transpose(Reshape(k, (B*H, T, D)), (0, 2, 1))
-      Node* t = alibi::flat_kt_transpose(kt);
-      if (!t) return fail("flat heads: K^T is not Transpose(K, (0, 2, 1))");
-      take(t);
-      f_.k = unflatten(t->inputs()[0], "K");
-      return f_.k != nullptr;
-    }
+    if (f_.flat) return take_flat_kt(kt);
     if (Node* t = producer_of(kt, "Transpose")) {
-      const Attribute* perm = t->attribute("perm");
-      if (perm && perm->ints == std::vector<int64_t>{0, 1, 3, 2}) {
-        take(t);
-        f_.k = t->inputs()[0];
-      } else if (perm && perm->ints == std::vector<int64_t>{0, 2, 3, 1}) {
-        take(t);
-        f_.k = t->inputs()[0];
-        f_.k_bshd = true;
-        return rank_of(f_.k) == 4 || fail("K is not 4-D");
-      } else {
-        return fail("K is transposed with an unsupported permutation");
-      }
+      if (!take_kt_transpose(t)) return false;
+      if (f_.k_bshd) return true;
     } else if (Node* outer = producer_of(kt, "Reshape")) {
-      // torchlib: Reshape(k, (-1, T, D)) -> Transpose(0,2,1) -> Reshape(lead..., D, T)
-      Node* t = producer_of(outer->inputs()[0], "Transpose");
-      Node* inner = t ? producer_of(t->inputs()[0], "Reshape") : nullptr;
-      const Attribute* perm = t ? t->attribute("perm") : nullptr;
-      if (!inner || !perm || perm->ints != std::vector<int64_t>{0, 2, 1}) {
-        return fail("K^T is not Transpose(K) nor Reshape-Transpose-Reshape");
-      }
-      Value* k = inner->inputs()[0];
-      if (rank_of(k) != 4) return fail("K is not 4-D");
-      // The 3-D view keeps K's last two dims; the 4-D result is (lead..., D, T).
-      if (shape_length(inner->inputs()[1]) != 3 || shape_length(outer->inputs()[1]) != 4) {
-        return fail("K^T's reshapes are not 4-D -> 3-D -> 4-D");
-      }
-      auto d = resolve_dim(k, 3);
-      auto d1 = shape_element(inner->inputs()[1], 2), d2 = shape_element(outer->inputs()[1], 2);
-      if (!d || !d1 || !d2 || *d != *d1 || *d != *d2) {
-        return fail("K^T's reshapes do not keep the head size");
-      }
-      take(outer);
-      take(t);
-      take(inner);
-      f_.k = k;
+      if (!take_kt_reshapes(outer)) return false;
     } else {
       return fail("K^T is not a Transpose or Reshape");
     }
@@ -343,120 +358,169 @@ class AttentionWalk {
     return true;
   }
 
-  bool match(Node* root) {
-    model_ = root->graph()->model();
-    Value* p = root->inputs()[0];
-    Value* v = root->inputs()[1];
-    const int32_t out_dtype = dtype_of(root->outputs()[0]);
-    if (Node* r = producer_of(p, "Reshape"); r && rank_of(p) == 3) {  // flat heads (alibi.h)
-      take(r);
-      f_.flat = true;
-      f_.probs3 = p;
-      p = f_.probs4 = r->inputs()[0];
+  // The walk from the Softmax down to the scores MatMul.
+  struct Scores {
+    Node* softmax = nullptr;
+    Value* s = nullptr;  // the scores where the walk stands
+    int32_t dtype = 0;   // the softmax's dtype
+    Node* mm = nullptr;  // the scores MatMul, once reached
+    bool casted = false;
+    bool scaled = false;  // a scale factor was peeled (the walk meets a later one first)
+  };
+
+  // Flat heads (alibi.h): the output is Reshape(probs4 (B, H, S, T)) to 3-D.
+  void take_flat_probs(Value*& p) {
+    Node* r = producer_of(p, "Reshape");
+    if (!r || rank_of(p) != 3) return;
+    take(r);
+    f_.flat = true;
+    f_.probs3 = p;
+    p = f_.probs4 = r->inputs()[0];
+  }
+
+  // Where(IsNaN(p), 0, p) of the Softmax (rows whose keys are all masked give 0).
+  bool take_nan_guard(Node* w, Scores& sc) {
+    if (w->inputs().size() != 3) return fail("a Where without three inputs");
+    Node* isnan = producer_of(w->inputs()[0], "IsNaN");
+    auto zero = constant_doubles(w->inputs()[1], 1);
+    if (!isnan || isnan->inputs().empty() || isnan->inputs()[0] != w->inputs()[2] || !zero ||
+        zero->size() != 1 || (*zero)[0] != 0.0) {
+      return fail("the probabilities are a Where that is not Where(IsNaN(p), 0, p)");
     }
-    // Probabilities side: [Cast] <- [Where(IsNaN(s), 0, s)] <- Softmax.
+    Node* softmax = producer_of(w->inputs()[2], "Softmax");
+    if (!softmax) return fail("Where(IsNaN(p), 0, p) of something other than a Softmax");
+    take(w);
+    f_.nodes.push_back(isnan);
+    // The softmax output feeds both the IsNaN and the Where.
+    for (const Use& u : softmax->outputs()[0]->uses()) {
+      if (u.node != isnan && u.node != w) return fail("the softmax output has other uses");
+    }
+    f_.nodes.push_back(softmax);
+    sc.softmax = softmax;
+    sc.s = softmax->inputs()[0];
+    return true;
+  }
+
+  // The Softmax over the scores joined to a sink column (sinks.h).
+  bool take_sinks(Value* p, Scores& sc) {
+    std::string why;
+    auto sinks = attention_sinks::match_sinks(p, why);
+    if (!sinks) return fail(why.empty() ? "the first MatMul input is not a softmax" : why);
+    for (Node* n : sinks->nodes) take(n);
+    sc.softmax = sinks->softmax;
+    f_.sink_logits = sinks->logits;
+    sc.s = sinks->scores ? sinks->scores : sc.softmax->inputs()[0];
+    return true;
+  }
+
+  // Probabilities side: [Cast] <- [Where(IsNaN(s), 0, s)] <- Softmax, or the sinks' form.
+  bool match_probs(Value* p, Scores& sc) {
     if (Node* c = producer_of(p, "Cast")) {
       take(c);
       p = c->inputs()[0];
     }
-    Node* softmax = nullptr;
-    Value* sink_scores = nullptr;  // the scores joined to the sink column (sinks.h)
-    if (Node* w = producer_of(p, "Where")) {
-      if (w->inputs().size() != 3) return fail("a Where without three inputs");
-      Node* isnan = producer_of(w->inputs()[0], "IsNaN");
-      auto zero = constant_doubles(w->inputs()[1], 1);
-      if (!isnan || isnan->inputs().empty() || isnan->inputs()[0] != w->inputs()[2] || !zero ||
-          zero->size() != 1 || (*zero)[0] != 0.0) {
-        return fail("the probabilities are a Where that is not Where(IsNaN(p), 0, p)");
-      }
-      softmax = producer_of(w->inputs()[2], "Softmax");
-      if (!softmax) return fail("Where(IsNaN(p), 0, p) of something other than a Softmax");
-      take(w);
-      f_.nodes.push_back(isnan);
-      // The softmax output feeds both the IsNaN and the Where.
-      for (const Use& u : softmax->outputs()[0]->uses()) {
-        if (u.node != isnan && u.node != w) return fail("the softmax output has other uses");
-      }
-      f_.nodes.push_back(softmax);
-    } else if ((softmax = producer_of(p, "Softmax"))) {
+    if (Node* w = producer_of(p, "Where")) return take_nan_guard(w, sc);
+    if (Node* softmax = producer_of(p, "Softmax")) {
       take(softmax);
-    } else {
-      std::string why;
-      auto sinks = attention_sinks::match_sinks(p, why);
-      if (!sinks) return fail(why.empty() ? "the first MatMul input is not a softmax" : why);
-      for (Node* n : sinks->nodes) take(n);
-      softmax = sinks->softmax;
-      f_.sink_logits = sinks->logits;
-      sink_scores = sinks->scores;
+      sc.softmax = softmax;
+      sc.s = softmax->inputs()[0];
+      return true;
     }
-    Value* s = sink_scores ? sink_scores : softmax->inputs()[0];
-    const int sr = rank_of(s);
-    if (sr != 4) return fail("the scores are not 4-D");
+    return take_sinks(p, sc);
+  }
+
+  // 4-D scores normalized over the keys.
+  bool check_softmax(Scores& sc) {
+    if (rank_of(sc.s) != 4) return fail("the scores are not 4-D");
     // Softmax-13 normalizes over `axis` (default -1); before opset 13 it flattens the input to
     // 2-D at `axis` (default 1) and normalizes over the flattened tail, which is the last axis
     // alone only when axis is the last one.
     const int64_t opset = default_opset(*model_);
-    const int64_t axis = int_attr_or(softmax, "axis", opset < 13 ? 1 : -1);
+    const int64_t axis = int_attr_or(sc.softmax, "axis", opset < 13 ? 1 : -1);
     if (axis != -1 && axis != 3) {
       return fail(opset < 13 ? "Softmax (opset " + std::to_string(opset) + ") with axis " +
                                    std::to_string(axis) +
                                    " normalizes over the flattened axes from it, not the keys"
                              : std::string("Softmax is not over the last axis"));
     }
-    const int32_t score_dtype = dtype_of(s);
-    // Scores side: [Add(mask)] / [Cast] / [Mul|Div c] in any order, down to MatMul(q', Kt').
-    Node* mm = nullptr;
-    bool casted = false;
-    bool scaled = false;  // a scale factor was peeled (the walk meets a later one first)
-    while (!mm) {
-      Node* n = s->producer();
-      if (!n) return fail("the scores have no producer");
-      // fuzz_pipeline: a one-input MatMul on the scores (read as two) overflowed.
-      const size_t arity = n->op_type == "Cast" ? 1 : 2;
-      if ((n->op_type == "MatMul" || n->op_type == "Cast" || n->op_type == "Add") &&
-          (n->inputs().size() != arity || !n->inputs()[0] || !n->inputs()[arity - 1])) {
-        return fail("a " + n->op_type + " on the scores with " +
-                    std::to_string(n->inputs().size()) + " inputs");
-      }
-      if (n->op_type == "MatMul") {
-        mm = n;
-        take(n);
-      } else if (n->op_type == "Cast") {
-        if (casted) return fail("two Casts on the scores");
-        casted = true;
-        take(n);
-        s = n->inputs()[0];
-      } else if (n->op_type == "Add" && !f_.mask && !f_.scores3) {
-        if (f_.softcap) return fail("the mask is added before the soft-cap");
-        Value *a = n->inputs()[0], *b = n->inputs()[1];
-        if (!reaches_matmul(a) && reaches_matmul(b)) std::swap(a, b);
-        if (!reaches_matmul(a)) return fail("neither Add input comes from the scores MatMul");
-        if (!match_mask(b, dtype_of(n->outputs()[0]))) return false;
-        take(n);
-        s = a;
-      } else if (auto cap = attention_softcap::match_softcap(s)) {
-        if (f_.softcap) return fail("two soft-caps on the scores");
-        if (scaled) return fail("a scale factor after the soft-cap");
-        f_.softcap = cap->cap;
-        for (Node* c : cap->nodes) take(c);
-        s = cap->capped;
-      } else if (n->op_type == "Add" && !f_.bias) {
-        if (!take_bias(n, s)) return false;
-      } else if (n->op_type == "Where" && !f_.mask && n->inputs().size() == 3) {
-        if (!take_masked_fill(n, s)) return false;
-      } else if (n->op_type == "Reshape" && f_.flat && !f_.scores3) {
-        take(n);
-        f_.scores4 = s;
-        s = f_.scores3 = n->inputs()[0];
-      } else if (peel_scale(s)) {
-        scaled = true;
-      } else {
-        if (!error.empty()) return false;
-        return fail("unexpected " + n->op_type + " between the scores MatMul and the Softmax");
-      }
+    sc.dtype = dtype_of(sc.s);
+    return true;
+  }
+
+  // fuzz_pipeline: a one-input MatMul on the scores (read as two) overflowed.
+  bool check_score_arity(const Node* n) {
+    if (n->op_type != "MatMul" && n->op_type != "Cast" && n->op_type != "Add") return true;
+    const size_t arity = n->op_type == "Cast" ? 1 : 2;
+    if (n->inputs().size() == arity && n->inputs()[0] && n->inputs()[arity - 1]) return true;
+    return fail("a " + n->op_type + " on the scores with " + std::to_string(n->inputs().size()) +
+                " inputs");
+  }
+
+  bool take_score_cast(Node* n, Scores& sc) {
+    if (sc.casted) return fail("two Casts on the scores");
+    sc.casted = true;
+    take(n);
+    sc.s = n->inputs()[0];
+    return true;
+  }
+
+  // Add(scores, mask): the attention mask.
+  bool take_mask_add(Node* n, Value*& s) {
+    if (f_.softcap) return fail("the mask is added before the soft-cap");
+    Value *a = n->inputs()[0], *b = n->inputs()[1];
+    if (!reaches_matmul(a) && reaches_matmul(b)) std::swap(a, b);
+    if (!reaches_matmul(a)) return fail("neither Add input comes from the scores MatMul");
+    if (!match_mask(b, dtype_of(n->outputs()[0]))) return false;
+    take(n);
+    s = a;
+    return true;
+  }
+
+  bool take_softcap(const attention_softcap::Softcap& cap, Scores& sc) {
+    if (f_.softcap) return fail("two soft-caps on the scores");
+    if (sc.scaled) return fail("a scale factor after the soft-cap");
+    f_.softcap = cap.cap;
+    for (Node* c : cap.nodes) take(c);
+    sc.s = cap.capped;
+    return true;
+  }
+
+  // Flat heads: the scores Reshape (B*H, S, T) -> (B, H, S, T).
+  bool take_flat_scores(Node* n, Scores& sc) {
+    take(n);
+    f_.scores4 = sc.s;
+    sc.s = f_.scores3 = n->inputs()[0];
+    return true;
+  }
+
+  // One op of the scores side: [Add(mask)] / [Cast] / [Mul|Div c] in any order, down to
+  // MatMul(q', Kt').
+  bool step_scores(Scores& sc) {
+    Node* n = sc.s->producer();
+    if (!n) return fail("the scores have no producer");
+    if (!check_score_arity(n)) return false;
+    const std::string& op = n->op_type;
+    if (op == "MatMul") {
+      sc.mm = n;
+      take(n);
+      return true;
     }
-    // Q side.
-    Value* q = mm->inputs()[0];
+    if (op == "Cast") return take_score_cast(n, sc);
+    if (op == "Add" && !f_.mask && !f_.scores3) return take_mask_add(n, sc.s);
+    if (auto cap = attention_softcap::match_softcap(sc.s)) return take_softcap(*cap, sc);
+    if (op == "Add" && !f_.bias) return take_bias(n, sc.s);
+    if (op == "Where" && !f_.mask && n->inputs().size() == 3) return take_masked_fill(n, sc.s);
+    if (op == "Reshape" && f_.flat && !f_.scores3) return take_flat_scores(n, sc);
+    if (peel_scale(sc.s)) {
+      sc.scaled = true;
+      return true;
+    }
+    if (!error.empty()) return false;
+    return fail("unexpected " + op + " between the scores MatMul and the Softmax");
+  }
+
+  // Q side: [Mul|Div c] (flat heads: Reshape back to 4-D).
+  bool match_q(Value* q) {
     while (peel_scale(q)) {
     }
     if (!error.empty()) return false;
@@ -465,35 +529,45 @@ class AttentionWalk {
       if (!(q = unflatten(q, "Q"))) return false;
     }
     f_.q = q;
-    if (!match_kt(mm->inputs()[1])) return false;
-    // V side: [Cast] <- [repeat_kv].
+    return true;
+  }
+
+  // V side: [Cast] <- [repeat_kv].
+  bool match_v(Value* v) {
     if (Node* c = producer_of(v, "Cast")) {
       take(c);
       v = c->inputs()[0];
     }
     if (f_.flat && !(v = unflatten(v, "V"))) return false;
     f_.v = through_repeat_kv(v);
-    if (f_.flat && !check_flat()) return false;
-    // Types.
+    return !f_.flat || check_flat();
+  }
+
+  // Float Q, K, V of one dtype, 4-D; the softmax in it or in fp32; the mask's and output's.
+  bool check_types(const Scores& sc, int32_t out_dtype) {
     const int32_t t = dtype_of(f_.q);
     if (!norm::is_float_type(t)) return fail("Q is not a float tensor");
     if (dtype_of(f_.k) != t || dtype_of(f_.v) != t) return fail("Q, K, V dtypes differ");
     if (rank_of(f_.q) != 4 || rank_of(f_.k) != 4 || rank_of(f_.v) != 4) {
       return fail("Q, K, V are not 4-D");
     }
-    if (score_dtype != t) {
-      if (!casted || score_dtype != kFloat) return fail("the softmax runs in an unexpected dtype");
+    if (sc.dtype != t) {
+      if (!sc.casted || sc.dtype != kFloat) return fail("the softmax runs in an unexpected dtype");
       f_.softmax_precision = kFloat;
     }
-    if (out_dtype != t && out_dtype != score_dtype) return fail("unexpected output dtype");
+    if (out_dtype != t && out_dtype != sc.dtype) return fail("unexpected output dtype");
     if (f_.mask && !f_.mask_bool && !f_.masked_value && dtype_of(f_.mask) != t &&
         dtype_of(f_.mask) != kFloat) {
       return fail("the mask's dtype is neither Q's nor float");
     }
-    // Heads: from Q (or from the repeated K it is multiplied with), kv heads from K and V.
+    return true;
+  }
+
+  // Heads: from Q (or from the repeated K it is multiplied with), kv heads from K and V.
+  bool read_heads(const Scores& sc) {
     auto hq = resolve_dim(f_.q, 1);
-    if (!hq) hq = resolve_dim(mm->inputs()[0], 1);
-    if (!hq) hq = resolve_dim(s, 1);
+    if (!hq) hq = resolve_dim(sc.mm->inputs()[0], 1);
+    if (!hq) hq = resolve_dim(sc.s, 1);
     auto hkv = resolve_dim(f_.k, f_.k_bshd ? 2 : 1);
     auto hv = resolve_dim(f_.v, 1);
     if (!hq) return fail("the number of query heads is unknown");
@@ -502,9 +576,12 @@ class AttentionWalk {
     if (*hkv <= 0 || *hq % *hkv != 0) return fail("query heads are not a multiple of kv heads");
     f_.hq = *hq;
     f_.hkv = *hkv;
-    if (f_.sink_logits && !sinks_fit(t)) return false;
-    // Nothing computed inside may be used outside (Shape reads of the repeated K excepted:
-    // torchlib's K^T reshapes read them, and they only need the shape).
+    return true;
+  }
+
+  // Nothing computed inside may be used outside (Shape reads of the repeated K excepted:
+  // torchlib's K^T reshapes read them, and they only need the shape).
+  bool check_inside(const Node* root) {
     std::set<const Node*> inside(f_.nodes.begin(), f_.nodes.end());
     inside.insert(root);
     for (const Value* x : f_.intermediates) {
@@ -521,6 +598,24 @@ class AttentionWalk {
       }
     }
     return true;
+  }
+
+  bool match(Node* root) {
+    model_ = root->graph()->model();
+    Value* p = root->inputs()[0];
+    const int32_t out_dtype = dtype_of(root->outputs()[0]);
+    take_flat_probs(p);
+    Scores sc;
+    if (!match_probs(p, sc) || !check_softmax(sc)) return false;
+    while (!sc.mm) {
+      if (!step_scores(sc)) return false;
+    }
+    if (!match_q(sc.mm->inputs()[0]) || !match_kt(sc.mm->inputs()[1])) return false;
+    if (!match_v(root->inputs()[1]) || !check_types(sc, out_dtype) || !read_heads(sc)) {
+      return false;
+    }
+    if (f_.sink_logits && !sinks_fit(dtype_of(f_.q))) return false;
+    return check_inside(root);
   }
 
  private:
@@ -612,36 +707,24 @@ bool match_flat_attention(Node* root, CodeMatch& m, MatchFailure& why, PassConte
   return true;
 }
 
-Replacement rewrite_attention(const CodeMatch& m, Rewriter& rw, PassContext& ctx) {
-  const Found& f = std::any_cast<const Found&>(m.found);
-  Graph& g = rw.graph();
-  Node* root = m.root;
-  // Every rule's match checks it first (match_attention says why); this covers them all.
-  if (default_opset(*g.model()) < kDecomposeOpset) return rw.fail("opset below 11");
-  const int32_t t = dtype_of(f.q);
-  Value* k = f.k;
-  if (f.k_bshd) k = rw.op1("Transpose", {k}, one_attr(attr_ints("perm", {0, 2, 1, 3})));
-  std::vector<Value*> inputs = {f.q, k, f.v};
+// The internal op's mask input (t: Q's dtype), or null without one.
+Value* attention_mask(const Found& f, Rewriter& rw, int32_t t) {
   if (f.bias) {  // alibi.h: one additive mask, bias + the export's mask
     Value* bias = f.bias;
     if (f.bias_flat != alibi::FlatBias::kNone) bias = alibi::bias_4d(rw, bias, f.bias_flat, f.hq);
     Value* mask = alibi::combine(rw, bias, f.mask_bool ? f.mask_additive : f.mask,
                                  f.masked_value ? f.mask : nullptr, f.masked_value);
     if (dtype_of(mask) != t) mask = rw.op1("Cast", {mask}, one_attr(attr_int("to", t)));
-    inputs.push_back(mask);
-  } else if (f.masked_value) {  // masked_fill without a bias: the kept keys as a bool mask
-    inputs.push_back(rw.op1("Not", {f.mask}));
-  } else if (f.mask) {
-    Value* mask = f.mask;
-    if (!f.mask_bool && dtype_of(mask) != t) {
-      mask = rw.op1("Cast", {mask}, one_attr(attr_int("to", t)));
-    }
-    inputs.push_back(mask);
+    return mask;
   }
-  if (f.sinks) {  // input 4, after the mask (or its empty slot)
-    inputs.resize(4);
-    inputs.push_back(rw.initializer("attention_sinks", f.sinks));
+  if (f.masked_value) return rw.op1("Not", {f.mask});  // masked_fill without a bias: kept keys
+  if (f.mask && !f.mask_bool && dtype_of(f.mask) != t) {
+    return rw.op1("Cast", {f.mask}, one_attr(attr_int("to", t)));
   }
+  return f.mask;
+}
+
+std::vector<Attribute> attention_attrs(const Found& f) {
   std::vector<Attribute> attrs;
   attrs.push_back(attr_float("scale", static_cast<float>(f.scale)));
   attrs.push_back(attr_int("is_causal", 0));
@@ -657,7 +740,37 @@ Replacement rewrite_attention(const CodeMatch& m, Rewriter& rw, PassContext& ctx
                         ? attr_int("masked_rows_mean", 1)
                         : attr_float("masked_value", static_cast<float>(f.mask_value)));
   }
-  Value* y = rw.op1(kInternalAttention, inputs, std::move(attrs), kInternalDomain);
+  return attrs;
+}
+
+void count_fused(const Found& f, PassContext& ctx) {
+  ctx.counters["attention"] += 1;
+  if (f.hkv != f.hq) ctx.counters["grouped kv heads"] += 1;
+  if (f.mask) ctx.counters[f.mask_bool || f.masked_value ? "boolean mask" : "additive mask"] += 1;
+  if (f.softcap) ctx.counters["soft-capped"] += 1;
+  if (f.sinks) ctx.counters["attention sinks"] += 1;
+  if (f.bias) {
+    ctx.counters[f.position_terms ? "disentangled position terms" : "attention bias (ALiBi)"] += 1;
+  }
+  if (f.flat) ctx.counters["flat heads"] += 1;
+}
+
+Replacement rewrite_attention(const CodeMatch& m, Rewriter& rw, PassContext& ctx) {
+  const Found& f = std::any_cast<const Found&>(m.found);
+  Graph& g = rw.graph();
+  Node* root = m.root;
+  // Every rule's match checks it first (match_attention says why); this covers them all.
+  if (default_opset(*g.model()) < kDecomposeOpset) return rw.fail("opset below 11");
+  const int32_t t = dtype_of(f.q);
+  Value* k = f.k;
+  if (f.k_bshd) k = rw.op1("Transpose", {k}, one_attr(attr_ints("perm", {0, 2, 1, 3})));
+  std::vector<Value*> inputs = {f.q, k, f.v};
+  if (Value* mask = attention_mask(f, rw, t)) inputs.push_back(mask);
+  if (f.sinks) {  // input 4, after the mask (or its empty slot)
+    inputs.resize(4);
+    inputs.push_back(rw.initializer("attention_sinks", f.sinks));
+  }
+  Value* y = rw.op1(kInternalAttention, inputs, attention_attrs(f), kInternalDomain);
   const int32_t out_dtype = dtype_of(root->outputs()[0]);
   if (out_dtype != t) y = rw.op1("Cast", {y}, one_attr(attr_int("to", out_dtype)));
   // Flat heads: the root is the Reshape of the flat output; a Reshape of y with its target is
@@ -671,15 +784,7 @@ Replacement rewrite_attention(const CodeMatch& m, Rewriter& rw, PassContext& ctx
   }
   if (f.flat) alibi::shape_reads_to_q3(root, f.q3);  // proven the same (match_flat_attention)
   import_domain(g, kInternalDomain);
-  ctx.counters["attention"] += 1;
-  if (f.hkv != f.hq) ctx.counters["grouped kv heads"] += 1;
-  if (f.mask) ctx.counters[f.mask_bool || f.masked_value ? "boolean mask" : "additive mask"] += 1;
-  if (f.softcap) ctx.counters["soft-capped"] += 1;
-  if (f.sinks) ctx.counters["attention sinks"] += 1;
-  if (f.bias) {
-    ctx.counters[f.position_terms ? "disentangled position terms" : "attention bias (ALiBi)"] += 1;
-  }
-  if (f.flat) ctx.counters["flat heads"] += 1;
+  count_fused(f, ctx);
   return std::vector<Value*>{y};
 }
 

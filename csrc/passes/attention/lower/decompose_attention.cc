@@ -62,78 +62,99 @@ Value* causal_mask(Value* q, Value* k, int64_t opset, Rewriter& rw) {
   return rw.op1("LessOrEqual", {cols, rows});
 }
 
-}  // namespace
-
-pattern::Replacement decompose_attention(Node* node, pattern::Rewriter& rw, PassContext&) {
-  const auto& in = node->inputs();
-  if (in.size() < 3) return rw.fail("Attention has fewer than 3 inputs");
-  Value *q = in[0], *k = in[1], *v = in[2];
-  Value* mask = in.size() > 3 ? in[3] : nullptr;
-  Value* sinks = in.size() > 4 ? in[4] : nullptr;
-  if (in.size() > 5) return rw.fail("Attention has inputs after the sinks");
-  const int64_t opset = default_opset(*rw.graph().model());
-  if (opset < kDecomposeOpset) return rw.fail("opset " + std::to_string(opset) + " < 11");
-  const int32_t t = dtype_of(q);
-  const int64_t hq = int_attr_or(node, "q_num_heads", 0),
-                hkv = int_attr_or(node, "kv_num_heads", 0);
-  const int32_t precision = static_cast<int32_t>(int_attr_or(node, "softmax_precision", 0));
-  const Attribute* scale_attr = node->attribute("scale");
-  if (hq <= 0 || hkv <= 0 || hq % hkv != 0) return rw.fail("bad q_num_heads / kv_num_heads");
-  if (!scale_attr || !scale_attr->f) return rw.fail("no scale attribute");
-  const int32_t ct = precision && precision != t ? precision : t;  // softmax dtype
-  auto scale_t = scalar_tensor(t, *scale_attr->f);
-  if (!scale_t || !scalar_tensor(ct, 0.0)) return rw.fail("unsupported dtype " + dtype_name(t));
-  if (hkv != hq) {
-    k = repeat_kv(k, hq / hkv, opset, rw);
-    v = repeat_kv(v, hq / hkv, opset, rw);
+// 0 and -inf in the softmax dtype, made once, when first needed.
+struct MaskConstants {
+  Value* zero = nullptr;
+  Value* neg = nullptr;
+  void make(pattern::Rewriter& rw, int32_t ct) {
+    if (zero) return;
+    zero = rw.initializer("attention_zero", scalar_tensor(ct, 0.0));
+    // -inf, not the lowest finite value: a row whose keys are all masked then becomes NaN,
+    // which the Where(IsNaN) below turns into the 0 the op specifies (a finite bias would
+    // give the mean of V instead).
+    neg = rw.initializer("attention_masked",
+                         scalar_tensor(ct, -std::numeric_limits<double>::infinity()));
   }
+};
+
+// The mask as a bias in the softmax dtype ct.
+Value* mask_bias(const Node* node, Value* mask, int32_t ct, MaskConstants& c,
+                 pattern::Rewriter& rw) {
+  if (dtype_of(mask) != kBool) {
+    return dtype_of(mask) != ct ? rw.op1("Cast", {mask}, one_attr(attr_int("to", ct))) : mask;
+  }
+  c.make(rw, ct);
+  // The export's finite masking value where it had one: its all-masked rows average the
+  // keys rather than give 0 (internal_op.h).
+  Value* masked = c.neg;
+  if (masked_rows(node) == MaskedRows::kScores) {
+    masked = rw.initializer("attention_masked", scalar_tensor(ct, masked_value(node)));
+  } else if (masked_rows(node) == MaskedRows::kMean) {
+    masked = rw.initializer("attention_masked", scalar_tensor(ct, absorbing_mask_value(ct)));
+  }
+  return rw.op1("Where", {mask, c.zero, masked});
+}
+
+// scale * Q K^T [soft-capped], in the softmax dtype ct.
+Value* scores(const Node* node, Value* q, Value* k, int32_t t, int32_t ct,
+              const std::shared_ptr<Tensor>& scale, pattern::Rewriter& rw) {
   Value* kt = rw.op1("Transpose", {k}, one_attr(attr_ints("perm", {0, 1, 3, 2})));
   Value* s = rw.op1("MatMul", {q, kt});
-  s = rw.op1("Mul", {s, rw.initializer("attention_scale", scale_t)});
+  s = rw.op1("Mul", {s, rw.initializer("attention_scale", scale)});
   if (const float cap = float_attr(node, "softcap", 0.0f); cap > 0) {  // c * tanh(s / c)
     Value* c = rw.initializer("attention_softcap", scalar_tensor(t, cap));
     s = rw.op1("Mul", {rw.op1("Tanh", {rw.op1("Div", {s, c})}), c});
   }
   if (ct != t) s = rw.op1("Cast", {s}, one_attr(attr_int("to", ct)));
-  Value* zero = nullptr;
-  Value* neg = nullptr;
-  auto constants = [&]() {
-    if (!zero) {
-      zero = rw.initializer("attention_zero", scalar_tensor(ct, 0.0));
-      // -inf, not the lowest finite value: a row whose keys are all masked then becomes NaN,
-      // which the Where(IsNaN) below turns into the 0 the op specifies (a finite bias would
-      // give the mean of V instead).
-      neg = rw.initializer("attention_masked",
-                           scalar_tensor(ct, -std::numeric_limits<double>::infinity()));
-    }
-  };
-  if (mask) {
-    Value* bias = mask;
-    if (dtype_of(mask) == kBool) {
-      constants();
-      // The export's finite masking value where it had one: its all-masked rows average the
-      // keys rather than give 0 (internal_op.h).
-      Value* masked = neg;
-      if (masked_rows(node) == MaskedRows::kScores) {
-        masked = rw.initializer("attention_masked", scalar_tensor(ct, masked_value(node)));
-      } else if (masked_rows(node) == MaskedRows::kMean) {
-        masked = rw.initializer("attention_masked", scalar_tensor(ct, absorbing_mask_value(ct)));
-      }
-      bias = rw.op1("Where", {mask, zero, masked});
-    } else if (dtype_of(mask) != ct) {
-      bias = rw.op1("Cast", {mask}, one_attr(attr_int("to", ct)));
-    }
-    s = rw.op1("Add", {s, bias});
+  return s;
+}
+
+// The op's inputs and attributes the decomposition reads; "" or the refusal.
+std::string inputs_problem(const Node* node, int64_t opset) {
+  const auto& in = node->inputs();
+  if (in.size() < 3) return "Attention has fewer than 3 inputs";
+  if (in.size() > 5) return "Attention has inputs after the sinks";
+  if (opset < kDecomposeOpset) return "opset " + std::to_string(opset) + " < 11";
+  const int64_t hq = int_attr_or(node, "q_num_heads", 0),
+                hkv = int_attr_or(node, "kv_num_heads", 0);
+  if (hq <= 0 || hkv <= 0 || hq % hkv != 0) return "bad q_num_heads / kv_num_heads";
+  const Attribute* scale_attr = node->attribute("scale");
+  if (!scale_attr || !scale_attr->f) return "no scale attribute";
+  return "";
+}
+
+}  // namespace
+
+pattern::Replacement decompose_attention(Node* node, pattern::Rewriter& rw, PassContext&) {
+  const int64_t opset = default_opset(*rw.graph().model());
+  if (std::string why = inputs_problem(node, opset); !why.empty()) return rw.fail(why);
+  const auto& in = node->inputs();
+  Value *q = in[0], *k = in[1], *v = in[2];
+  Value* mask = in.size() > 3 ? in[3] : nullptr;
+  Value* sinks = in.size() > 4 ? in[4] : nullptr;
+  const int32_t t = dtype_of(q);
+  const int64_t hq = int_attr_or(node, "q_num_heads", 0),
+                hkv = int_attr_or(node, "kv_num_heads", 0);
+  const int32_t precision = static_cast<int32_t>(int_attr_or(node, "softmax_precision", 0));
+  const int32_t ct = precision && precision != t ? precision : t;  // softmax dtype
+  auto scale_t = scalar_tensor(t, *node->attribute("scale")->f);
+  if (!scale_t || !scalar_tensor(ct, 0.0)) return rw.fail("unsupported dtype " + dtype_name(t));
+  if (hkv != hq) {
+    k = repeat_kv(k, hq / hkv, opset, rw);
+    v = repeat_kv(v, hq / hkv, opset, rw);
   }
+  Value* s = scores(node, q, k, t, ct, scale_t, rw);
+  MaskConstants c;
+  if (mask) s = rw.op1("Add", {s, mask_bias(node, mask, ct, c, rw)});
   if (int_attr_or(node, "is_causal", 0) != 0) {
-    constants();
-    s = rw.op1("Add", {s, rw.op1("Where", {causal_mask(q, k, opset, rw), zero, neg})});
+    c.make(rw, ct);
+    s = rw.op1("Add", {s, rw.op1("Where", {causal_mask(q, k, opset, rw), c.zero, c.neg})});
   }
   Value* p = sinks ? attention_sinks::softmax_with_sinks(rw, s, sinks)
                    : rw.op1("Softmax", {s}, one_attr(attr_int("axis", -1)));
   // Rows whose every key is masked: -inf masks make them NaN, the op's semantics make them 0.
-  constants();
-  p = rw.op1("Where", {rw.op1("IsNaN", {p}), zero, p});
+  c.make(rw, ct);
+  p = rw.op1("Where", {rw.op1("IsNaN", {p}), c.zero, p});
   if (ct != t) p = rw.op1("Cast", {p}, one_attr(attr_int("to", t)));
   return std::vector<Value*>{rw.op1("MatMul", {p, v})};
 }

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ir/constant.h"
@@ -19,42 +20,53 @@ namespace fastopt::passes {
 namespace {
 using namespace pattern;
 
+// Add(MatMul, constant bias): the bias into `p`, `n` to the MatMul; false with the reason.
+bool peel_bias(const Node*& n, Projection& p, std::string* why) {
+  for (int i = 0; i < 2 && !p.b; ++i) {
+    auto b = constant_tensor(n->inputs()[i]);
+    const Value* product = n->inputs()[1 - i];
+    const Node* mm = product->producer();
+    if (!b || !mm || mm->op_type != "MatMul") continue;
+    p.b = b;
+    if (product->uses().size() != 1 || product->is_graph_output()) {
+      *why = "a projection's MatMul has readers besides its bias Add";
+      return false;
+    }
+    n = mm;
+  }
+  if (!p.b) *why = "Q/K/V is an Add that is not MatMul + constant bias";
+  return p.b != nullptr;
+}
+
+bool is_binary(const Node* n, const char* op) {
+  return n && is_standard(n) && n->op_type == op && n->inputs().size() == 2 && n->inputs()[0] &&
+         n->inputs()[1];
+}
+
+// A constant 2-D weight and 1-D bias of its width, in Q's dtype.
+std::string weights_problem(const Projection& p, int32_t dtype) {
+  if (!p.w || p.w->dims.size() != 2 || p.w->dtype() != dtype) {
+    return "a projection weight is not a constant 2-D tensor of Q's dtype";
+  }
+  if (p.b && (p.b->dims.size() != 1 || p.b->dims[0] != p.n() || p.b->dtype() != dtype)) {
+    return "a projection bias is not 1-D of the weight's width and Q's dtype";
+  }
+  return "";
+}
+
 std::optional<Projection> projection(Value* out, int32_t dtype, std::string* why) {
   Projection p;
   p.out = out;
   const Node* n = out->producer();
-  if (n && is_standard(n) && n->op_type == "Add" && n->inputs().size() == 2 && n->inputs()[0] &&
-      n->inputs()[1]) {
-    for (int i = 0; i < 2 && !p.b; ++i) {
-      auto b = constant_tensor(n->inputs()[i]);
-      const Node* mm = n->inputs()[1 - i]->producer();
-      if (b && mm && mm->op_type == "MatMul") {
-        p.b = b;
-        if (n->inputs()[1 - i]->uses().size() != 1 || n->inputs()[1 - i]->is_graph_output()) {
-          *why = "a projection's MatMul has readers besides its bias Add";
-          return std::nullopt;
-        }
-        n = mm;
-      }
-    }
-    if (!p.b) {
-      *why = "Q/K/V is an Add that is not MatMul + constant bias";
-      return std::nullopt;
-    }
-  }
-  if (!n || !is_standard(n) || n->op_type != "MatMul" || n->inputs().size() != 2 ||
-      !n->inputs()[0] || !n->inputs()[1]) {
+  if (is_binary(n, "Add") && !peel_bias(n, p, why)) return std::nullopt;
+  if (!is_binary(n, "MatMul")) {
     *why = "Q/K/V do not come from a MatMul (+ bias)";
     return std::nullopt;
   }
   p.x = n->inputs()[0];
   p.w = constant_tensor(n->inputs()[1]);
-  if (!p.w || p.w->dims.size() != 2 || p.w->dtype() != dtype) {
-    *why = "a projection weight is not a constant 2-D tensor of Q's dtype";
-    return std::nullopt;
-  }
-  if (p.b && (p.b->dims.size() != 1 || p.b->dims[0] != p.n() || p.b->dtype() != dtype)) {
-    *why = "a projection bias is not 1-D of the weight's width and Q's dtype";
+  if (std::string problem = weights_problem(p, dtype); !problem.empty()) {
+    *why = std::move(problem);
     return std::nullopt;
   }
   return p;
