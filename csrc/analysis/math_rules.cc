@@ -281,23 +281,46 @@ bool norm(const Node& n, RuleContext& ctx, std::vector<Facts>& out) {
   return true;
 }
 
+bool is_arg_reduce(const Node& n) {
+  return n.op_type == "ArgMax" || n.op_type == "ArgMin";
+}
+
+// The reduced axes of an op: ArgMax/ArgMin's `axis`, the `axes` attribute or input; nullopt
+// for all (or none, with noop_with_empty_axes). `unknown`: the axes input is not known.
+std::optional<std::vector<int64_t>> reduce_axes(const Node& n, RuleContext& ctx, bool* unknown) {
+  if (is_arg_reduce(n)) return std::vector<int64_t>{attr_i(n, "axis").value_or(0)};
+  auto axes = attr_is(n, "axes");
+  if (!axes && ctx.present(1)) {
+    axes = ctx.ints(1);
+    *unknown = !axes;
+  }
+  return axes;
+}
+
+// ReduceProd(Shape(x)) is x's element count (TorchScript's numel()); ReduceSum a sum of sizes:
+// the value of a 1-D int shape value reduced whole.
+void reduce_shape_value(const Node& n, const Facts& x, Facts& out) {
+  const bool prod = n.op_type == "ReduceProd", sum = n.op_type == "ReduceSum";
+  if (!(prod || sum) || !x.has_value || (x.dtype != kInt64 && x.dtype != kInt32)) return;
+  std::optional<DimExpr> acc = DimExpr::constant(prod ? 1 : 0);
+  for (size_t i = 0; acc && i < x.value.size(); ++i) {
+    acc = prod ? DimExpr::mul(*acc, x.value[i]) : DimExpr::add(*acc, x.value[i]);
+  }
+  if (acc && (x.dtype == kInt64 || fits_int32(*acc))) {
+    out.has_value = true;
+    out.value = {*acc};
+  }
+}
+
 bool reduce(const Node& n, RuleContext& ctx, std::vector<Facts>& out) {
   const Facts& x = ctx.in(0);
-  out[0].dtype = x.dtype;
-  if (n.op_type == "ArgMax" || n.op_type == "ArgMin") out[0].dtype = kInt64;
+  out[0].dtype = is_arg_reduce(n) ? kInt64 : x.dtype;
   if (!x.ranked) return true;
   const int64_t r = static_cast<int64_t>(x.dims.size());
   const bool keep = attr_i(n, "keepdims").value_or(1) != 0;
-  std::optional<std::vector<int64_t>> axes;
-  if (n.op_type == "ArgMax" || n.op_type == "ArgMin") {
-    axes = std::vector<int64_t>{attr_i(n, "axis").value_or(0)};
-  } else {
-    axes = attr_is(n, "axes");
-    if (!axes && ctx.present(1)) {
-      axes = ctx.ints(1);
-      if (!axes) return true;
-    }
-  }
+  bool unknown = false;
+  std::optional<std::vector<int64_t>> axes = reduce_axes(n, ctx, &unknown);
+  if (unknown) return true;
   std::vector<bool> reduced(static_cast<size_t>(r), false);
   if (!axes || axes->empty()) {
     if (attr_i(n, "noop_with_empty_axes").value_or(0) != 0) {
@@ -313,24 +336,13 @@ bool reduce(const Node& n, RuleContext& ctx, std::vector<Facts>& out) {
   }
   out[0].ranked = true;
   for (int64_t i = 0; i < r; ++i) {
-    if (!reduced[static_cast<size_t>(i)])
+    if (!reduced[static_cast<size_t>(i)]) {
       out[0].dims.push_back(x.dims[static_cast<size_t>(i)]);
-    else if (keep)
+    } else if (keep) {
       out[0].dims.push_back(DimExpr::constant(1));
-  }
-  // ReduceProd(Shape(x)) is x's element count (TorchScript's numel()); ReduceSum a sum of sizes.
-  const bool prod = n.op_type == "ReduceProd", sum = n.op_type == "ReduceSum";
-  if ((prod || sum) && x.has_value && r == 1 && reduced[0] &&
-      (x.dtype == kInt64 || x.dtype == kInt32)) {
-    std::optional<DimExpr> acc = DimExpr::constant(prod ? 1 : 0);
-    for (size_t i = 0; acc && i < x.value.size(); ++i) {
-      acc = prod ? DimExpr::mul(*acc, x.value[i]) : DimExpr::add(*acc, x.value[i]);
-    }
-    if (acc && (x.dtype == kInt64 || fits_int32(*acc))) {
-      out[0].has_value = true;
-      out[0].value = {*acc};
     }
   }
+  if (r == 1 && reduced[0]) reduce_shape_value(n, x, out[0]);
   return true;
 }
 

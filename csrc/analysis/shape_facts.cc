@@ -419,10 +419,46 @@ ShapeFacts& facts_of(Model& model) {
   return *model.shape_facts;
 }
 
+namespace {
+
+// What the rules know of `v`: its leaf facts, or a Constant's value.
+Facts input_facts(SymbolTable& symbols, const Value* v) {
+  Facts f = leaf_facts(symbols, v);
+  if (!f.has_value && v->producer() && v->producer()->op_type == "Constant") {
+    if (auto t = constant_tensor(v)) f = facts_from_tensor(*t);
+  }
+  return f;
+}
+
+// The type that facts `f` give an output (symbolic dims named where the symbols allow).
+TypeInfo type_of(const Facts& f, const SymbolTable& symbols) {
+  TypeInfo t;
+  t.known = t.is_tensor = true;
+  t.elem_type = f.dtype;
+  t.has_shape = f.ranked;
+  for (const DimExpr& e : f.dims) {
+    Dim d;
+    if (auto c = e.constant_value(); c && *c >= 0) {
+      d.value = *c;
+    } else if (symbols.all_named(e) && symbols.nonneg(e)) {
+      d.param = symbols.str(e);
+    }
+    t.dims.push_back(std::move(d));
+  }
+  return t;
+}
+
+bool has_untyped_output(const Node& node) {
+  for (const Value* o : node.outputs()) {
+    if (o && !o->type.known) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 void type_new_node(const Model& model, Node& node) {
-  bool needed = false;
-  for (Value* o : node.outputs()) needed = needed || (o && !o->type.known);
-  if (!needed || node.has_subgraphs()) return;
+  if (!has_untyped_output(node) || node.has_subgraphs()) return;
   OpRule rule = find_rule(node.domain.value, node.op_type);
   if (!rule) return;
   SymbolTable symbols;
@@ -432,10 +468,7 @@ void type_new_node(const Model& model, Node& node) {
   std::vector<bool> present;
   for (Value* v : node.inputs()) {
     present.push_back(v != nullptr);
-    in_facts.push_back(v ? leaf_facts(symbols, v) : Facts{});
-    if (v && !in_facts.back().has_value && v->producer() && v->producer()->op_type == "Constant") {
-      if (auto t = constant_tensor(v)) in_facts.back() = facts_from_tensor(*t);
-    }
+    in_facts.push_back(v ? input_facts(symbols, v) : Facts{});
   }
   for (size_t i = 0; i < in_facts.size(); ++i) ins.push_back(present[i] ? &in_facts[i] : nullptr);
   RuleContext ctx(symbols, main_opset(model));
@@ -448,21 +481,7 @@ void type_new_node(const Model& model, Node& node) {
   }
   for (size_t i = 0; i < node.outputs().size(); ++i) {
     Value* o = node.outputs()[i];
-    if (!o || o->type.known || !outs[i].dtype) continue;
-    TypeInfo t;
-    t.known = t.is_tensor = true;
-    t.elem_type = outs[i].dtype;
-    t.has_shape = outs[i].ranked;
-    for (const DimExpr& e : outs[i].dims) {
-      Dim d;
-      if (auto c = e.constant_value(); c && *c >= 0) {
-        d.value = *c;
-      } else if (symbols.all_named(e) && symbols.nonneg(e)) {
-        d.param = symbols.str(e);
-      }
-      t.dims.push_back(std::move(d));
-    }
-    o->type = std::move(t);
+    if (o && !o->type.known && outs[i].dtype) o->type = type_of(outs[i], symbols);
   }
 }
 

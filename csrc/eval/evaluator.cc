@@ -1,13 +1,16 @@
 // The native evaluator's entry points and its dispatch on the op type (see evaluator.h).
 #include "eval/evaluator.h"
 
+#include <string>
+#include <unordered_map>
+
 #include "eval/evaluator_class.h"
 #include "ir/error.h"
 #include "schema/attr_schema.h"
 
 namespace fastopt::eval {
 
-Result Evaluator::run() {
+bool Evaluator::read_inputs() {
   for (size_t i = 0; i < n_.inputs().size(); ++i) {
     Value* v = n_.inputs()[i];
     if (!v) {
@@ -15,32 +18,36 @@ Result Evaluator::run() {
       continue;
     }
     auto t = given_ ? (i < given_->size() ? (*given_)[i] : nullptr) : constant_tensor(v);
-    if (!t) return std::nullopt;
+    if (!t) return false;
     inputs_.push_back(std::move(t));
     in_bytes_ += inputs_.back()->nbytes();
   }
-  const std::string& op = n_.op_type;
-  if (op == "Shape") return shape();
-  if (op == "Size") return size();
-  if (op == "Gather") return gather();
-  if (op == "GatherND") return gather_nd();
-  if (op == "Unsqueeze") return unsqueeze();
-  if (op == "Squeeze") return squeeze();
-  if (op == "Flatten") return flatten();
-  if (op == "Reshape") return reshape();
-  if (op == "Concat") return concat();
-  if (op == "Cast" || op == "CastLike") return cast();
-  if (op == "Slice") return slice();
-  if (op == "Transpose") return transpose();
-  if (op == "Where") return where();
-  if (op == "Range") return range();
-  if (op == "ConstantOfShape") return constant_of_shape();
-  if (op == "Expand") return expand();
-  if (op == "OneHot") return one_hot();
-  if (op == "Trilu") return trilu();
-  if (op == "ScatterND") return scatter_nd();
-  if (op == "Neg" || op == "Abs" || op == "Not" || op == "Sqrt") return unary();
-  return elementwise();
+  return true;
+}
+
+Result Evaluator::dispatch() {
+  using Op = Result (Evaluator::*)();
+  static const std::unordered_map<std::string, Op> ops = {
+      {"Shape", &Evaluator::shape},         {"Size", &Evaluator::size},
+      {"Gather", &Evaluator::gather},       {"GatherND", &Evaluator::gather_nd},
+      {"Unsqueeze", &Evaluator::unsqueeze}, {"Squeeze", &Evaluator::squeeze},
+      {"Flatten", &Evaluator::flatten},     {"Reshape", &Evaluator::reshape},
+      {"Concat", &Evaluator::concat},       {"Cast", &Evaluator::cast},
+      {"CastLike", &Evaluator::cast},       {"Slice", &Evaluator::slice},
+      {"Transpose", &Evaluator::transpose}, {"Where", &Evaluator::where},
+      {"Range", &Evaluator::range},         {"ConstantOfShape", &Evaluator::constant_of_shape},
+      {"Expand", &Evaluator::expand},       {"OneHot", &Evaluator::one_hot},
+      {"Trilu", &Evaluator::trilu},         {"ScatterND", &Evaluator::scatter_nd},
+      {"Neg", &Evaluator::unary},           {"Abs", &Evaluator::unary},
+      {"Not", &Evaluator::unary},           {"Sqrt", &Evaluator::unary},
+  };
+  auto it = ops.find(n_.op_type);
+  return it != ops.end() ? (this->*(it->second))() : elementwise();
+}
+
+Result Evaluator::run() {
+  if (!read_inputs()) return std::nullopt;
+  return dispatch();
 }
 
 const std::vector<std::string>& native_fold_ops() {

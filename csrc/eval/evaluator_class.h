@@ -26,6 +26,11 @@ class Evaluator {
   Result run();
 
  private:
+  // Reads every present input as a constant (or from `given_`); false when one is not.
+  bool read_inputs();
+  // The evaluation of n_'s op type.
+  Result dispatch();
+
   // ---- helpers ----
   std::optional<Arr> in(size_t i, bool need_bytes = true) const {
     if (i >= inputs_.size() || !inputs_[i]) return std::nullopt;

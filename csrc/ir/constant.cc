@@ -73,12 +73,8 @@ T load(const uint8_t* p) {
   return v;
 }
 
-// Calls fn(double, int64) for each element; false for non-numeric types.
-template <typename F>
-bool for_each_element(const Tensor& t, uint64_t max_elements, F&& fn) {
-  const int32_t dt = t.dtype();
-  uint64_t n = t.numel();
-  if (n > max_elements) return false;
+// The dtypes for_each_element reads.
+bool is_numeric(int32_t dt) {
   switch (dt) {
     case kFloat:
     case kDouble:
@@ -92,35 +88,48 @@ bool for_each_element(const Tensor& t, uint64_t max_elements, F&& fn) {
     case kUint32:
     case kInt64:
     case kUint64:
-    case kBool: break;
+    case kBool: return true;
     default: return false;
   }
+}
+
+// The element at `p` of a numeric dtype but int64, as a double.
+double element_at(int32_t dt, const uint8_t* p) {
+  switch (dt) {
+    case kFloat: return static_cast<double>(load<float>(p));
+    case kDouble: return load<double>(p);
+    case kFloat16: return static_cast<double>(half_to_float(load<uint16_t>(p)));
+    case kBFloat16: {
+      uint32_t bits = static_cast<uint32_t>(load<uint16_t>(p)) << 16;
+      float f;
+      std::memcpy(&f, &bits, 4);
+      return static_cast<double>(f);
+    }
+    case kInt8: return static_cast<double>(load<int8_t>(p));
+    case kInt16: return static_cast<double>(load<int16_t>(p));
+    case kUint16: return static_cast<double>(load<uint16_t>(p));
+    case kInt32: return static_cast<double>(load<int32_t>(p));
+    case kUint32: return static_cast<double>(load<uint32_t>(p));
+    case kUint64: return static_cast<double>(load<uint64_t>(p));
+    default: return static_cast<double>(load<uint8_t>(p));  // kUint8, kBool
+  }
+}
+
+// Calls fn(double, int64) for each element; false for non-numeric types.
+template <typename F>
+bool for_each_element(const Tensor& t, uint64_t max_elements, F&& fn) {
+  const int32_t dt = t.dtype();
+  uint64_t n = t.numel();
+  if (n > max_elements || !is_numeric(dt)) return false;
   ByteRef bytes = t.bytes();
   const uint8_t* p = bytes.data();
   const uint64_t size = static_cast<uint64_t>(dtype_bits(dt) / 8);
   if (bytes.size != n * size) return false;
   for (uint64_t i = 0; i < n; ++i, p += size) {
-    switch (dt) {
-      case kFloat: fn(static_cast<double>(load<float>(p))); break;
-      case kDouble: fn(load<double>(p)); break;
-      case kFloat16: fn(static_cast<double>(half_to_float(load<uint16_t>(p)))); break;
-      case kBFloat16: {
-        uint32_t bits = static_cast<uint32_t>(load<uint16_t>(p)) << 16;
-        float f;
-        std::memcpy(&f, &bits, 4);
-        fn(static_cast<double>(f));
-        break;
-      }
-      case kInt8: fn(static_cast<double>(load<int8_t>(p))); break;
-      case kUint8:
-      case kBool: fn(static_cast<double>(load<uint8_t>(p))); break;
-      case kInt16: fn(static_cast<double>(load<int16_t>(p))); break;
-      case kUint16: fn(static_cast<double>(load<uint16_t>(p))); break;
-      case kInt32: fn(static_cast<double>(load<int32_t>(p))); break;
-      case kUint32: fn(static_cast<double>(load<uint32_t>(p))); break;
-      case kInt64: fn(static_cast<double>(load<int64_t>(p)), load<int64_t>(p)); continue;
-      case kUint64: fn(static_cast<double>(load<uint64_t>(p))); break;
-      default: return false;
+    if (dt == kInt64) {
+      fn(static_cast<double>(load<int64_t>(p)), load<int64_t>(p));
+    } else {
+      fn(element_at(dt, p));
     }
   }
   return true;

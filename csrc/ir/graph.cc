@@ -549,48 +549,65 @@ std::map<std::string, int64_t> Model::op_counts() const {
   return counts;
 }
 
+namespace {
+
+// Input i of `n` (in graph g): in its value's use list, defined in scope, from a live node.
+void verify_input(const Graph& g, Node* n, size_t i) {
+  Value* v = n->inputs()[i];
+  if (!v) return;
+  const auto& uses = v->uses();
+  const uint32_t slot = n->use_slot(static_cast<int>(i));
+  if (slot >= uses.size() || !(uses[slot] == Use{n, static_cast<int>(i)})) {
+    throw ModelError("use list of '" + v->name() + "' misses node '" + n->name.value + "'");
+  }
+  if (v->name().empty() || g.lookup(v->name()) != v) {
+    throw ModelError("node '" + n->name.value + "' (" + n->op_type + ") reads '" + v->name() +
+                     "', which is not defined in scope");
+  }
+  if (v->producer() && !v->producer()->alive()) {
+    throw ModelError("'" + v->name() + "' is produced by a removed node");
+  }
+}
+
+// A live node of g whose inputs are sound and whose outputs point back to it.
+void verify_node(const Graph& g, Node* n, const std::string& gname) {
+  if (!n->alive()) throw ModelError(gname + " links a removed node");
+  if (n->graph() != &g) throw ModelError(gname + " holds a node of another graph");
+  for (size_t i = 0; i < n->inputs().size(); ++i) verify_input(g, n, i);
+  for (size_t i = 0; i < n->outputs().size(); ++i) {
+    Value* v = n->outputs()[i];
+    if (v && (v->producer() != n || v->producer_output() != static_cast<int>(i))) {
+      throw ModelError("output '" + v->name() + "' does not point back to its producer");
+    }
+  }
+}
+
+// Every use of a value in scope is a live node's input that reads it.
+void verify_use_lists(const Graph& g) {
+  for (const auto& kv : g.scope()) {
+    if (!kv.second->defined()) continue;
+    for (const Use& u : kv.second->uses()) {
+      if (!u.node->alive() || u.input_index < 0 ||
+          static_cast<size_t>(u.input_index) >= u.node->inputs().size() ||
+          u.node->inputs()[u.input_index] != kv.second) {
+        throw ModelError("use list of '" + std::string(kv.first) + "' holds a stale use");
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void Model::verify() const {
   for_each_graph([&](Graph& g) {
     const std::string gname = "graph '" + g.name.value + "'";
     size_t count = 0;
     for (Node* n = g.first(); n; n = n->next()) {
       ++count;
-      if (!n->alive()) throw ModelError(gname + " links a removed node");
-      if (n->graph() != &g) throw ModelError(gname + " holds a node of another graph");
-      for (size_t i = 0; i < n->inputs().size(); ++i) {
-        Value* v = n->inputs()[i];
-        if (!v) continue;
-        const auto& uses = v->uses();
-        const uint32_t slot = n->use_slot(static_cast<int>(i));
-        if (slot >= uses.size() || !(uses[slot] == Use{n, static_cast<int>(i)})) {
-          throw ModelError("use list of '" + v->name() + "' misses node '" + n->name.value + "'");
-        }
-        if (v->name().empty() || g.lookup(v->name()) != v) {
-          throw ModelError("node '" + n->name.value + "' (" + n->op_type + ") reads '" + v->name() +
-                           "', which is not defined in scope");
-        }
-        if (v->producer() && !v->producer()->alive()) {
-          throw ModelError("'" + v->name() + "' is produced by a removed node");
-        }
-      }
-      for (size_t i = 0; i < n->outputs().size(); ++i) {
-        Value* v = n->outputs()[i];
-        if (v && (v->producer() != n || v->producer_output() != static_cast<int>(i))) {
-          throw ModelError("output '" + v->name() + "' does not point back to its producer");
-        }
-      }
+      verify_node(g, n, gname);
     }
     if (count != g.node_count()) throw ModelError(gname + " node count is inconsistent");
-    for (const auto& kv : g.scope()) {
-      if (!kv.second->defined()) continue;
-      for (const Use& u : kv.second->uses()) {
-        if (!u.node->alive() || u.input_index < 0 ||
-            static_cast<size_t>(u.input_index) >= u.node->inputs().size() ||
-            u.node->inputs()[u.input_index] != kv.second) {
-          throw ModelError("use list of '" + std::string(kv.first) + "' holds a stale use");
-        }
-      }
-    }
+    verify_use_lists(g);
     for (const auto& e : g.output_entries) {
       if (e.value && g.lookup(e.value->name()) != e.value) {
         throw ModelError(gname + " output '" + e.value->name() + "' is not defined");

@@ -297,9 +297,10 @@ struct Counts {
   int64_t nodes = 0, constants = 0, initializers = 0;
 };
 
-void cse_graph(Graph& g, Counts& counts) {
-  std::unordered_map<ConstantKey, Value*, ConstantKeyHash> constants;
-  // Initializers first: they are visible to every node, so they make the best representatives.
+using ConstantTable = std::unordered_map<ConstantKey, Value*, ConstantKeyHash>;
+
+// Initializers first: they are visible to every node, so they make the best representatives.
+void merge_initializers(Graph& g, ConstantTable& constants, Counts& counts) {
   std::vector<Value*> initializers = g.initializer_order, merged;
   for (Value* v : initializers) {
     if (!fixed_initializer(v) || v->is_graph_input()) continue;  // keep the interface
@@ -315,41 +316,59 @@ void cse_graph(Graph& g, Counts& counts) {
     counts.initializers += changed;
   }
   g.remove_initializers(merged);  // one sweep (one by one is quadratic)
+}
+
+bool is_plain_constant(const Node* n) {
+  return n->op_type == "Constant" && normalized_domain(n).empty() && n->outputs().size() == 1 &&
+         n->outputs()[0] && !cleanup::has_attr_refs(n);
+}
+
+// A Constant node merged into an equal constant seen before (big or string Constants are left
+// alone).
+void merge_constant(Graph& g, Node* n, ConstantTable& constants, Counts& counts) {
+  Value* out = n->outputs()[0];
+  auto t = constant_tensor(out);
+  auto key = t ? constant_key(*t) : std::nullopt;
+  if (!key) return;
+  auto [it, inserted] = constants.emplace(std::move(*key), out);
+  if (inserted) return;
+  bool changed = merge_value(g, out, it->second);
+  if (unused(out)) {
+    g.remove_node(n);
+    changed = true;
+  }
+  counts.constants += changed;
+}
+
+// A node merged into an equal one seen before (same op, attributes and inputs).
+void merge_node(Graph& g, Node* n, NodeTable& table, Counts& counts) {
+  if (n->outputs().empty() || !eligible(n)) return;
+  Node* same = table.find_or_insert(n);
+  if (!same) return;
+  bool changed = false;
+  bool dead = true;
+  for (size_t i = 0; i < n->outputs().size(); ++i) {
+    Value* o = n->outputs()[i];
+    if (!o) continue;
+    changed = merge_value(g, o, same->outputs()[i]) || changed;
+    dead = dead && unused(o);
+  }
+  if (dead) g.remove_node(n);
+  counts.nodes += changed || dead;
+}
+
+void cse_graph(Graph& g, Counts& counts) {
+  ConstantTable constants;
+  merge_initializers(g, constants, counts);
   std::vector<Node*> order = topological_order(g);
   NodeTable table(order.size());
   for (Node* n : order) {
     if (!n->alive()) continue;
-    if (n->op_type == "Constant" && normalized_domain(n).empty() && n->outputs().size() == 1 &&
-        n->outputs()[0] && !cleanup::has_attr_refs(n)) {
-      Value* out = n->outputs()[0];
-      auto t = constant_tensor(out);
-      auto key = t ? constant_key(*t) : std::nullopt;
-      if (key) {
-        auto [it, inserted] = constants.emplace(std::move(*key), out);
-        if (!inserted) {
-          bool changed = merge_value(g, out, it->second);
-          if (unused(out)) {
-            g.remove_node(n);
-            changed = true;
-          }
-          counts.constants += changed;
-        }
-      }
-      continue;  // big or string Constants are left alone
+    if (is_plain_constant(n)) {
+      merge_constant(g, n, constants, counts);
+    } else {
+      merge_node(g, n, table, counts);
     }
-    if (n->outputs().empty() || !eligible(n)) continue;
-    Node* same = table.find_or_insert(n);
-    if (!same) continue;
-    bool changed = false;
-    bool dead = true;
-    for (size_t i = 0; i < n->outputs().size(); ++i) {
-      Value* o = n->outputs()[i];
-      if (!o) continue;
-      changed = merge_value(g, o, same->outputs()[i]) || changed;
-      dead = dead && unused(o);
-    }
-    if (dead) g.remove_node(n);
-    counts.nodes += changed || dead;
   }
 }
 

@@ -89,13 +89,16 @@ const char* transpose_noop(const Node* n) {
   return nullptr;
 }
 
-const char* slice_noop(const Node* n) {
-  auto dims = value_dims(n->inputs()[0]);
-  const int64_t rank = dims ? static_cast<int64_t>(dims->size()) : -1;
-  auto starts = int_list(n, "starts", 1);
-  auto ends = int_list(n, "ends", 2);
-  auto axes = int_list(n, "axes", 3);
-  auto steps = int_list(n, "steps", 4);
+// Whether [s, e) covers an axis of size d (unknown: nullopt) whole.
+bool full_range(int64_t s, int64_t e, std::optional<int64_t> d) {
+  const bool from_start = s == 0 || (d && s < 0 && s + *d <= 0);
+  const bool to_end = e == INT64_MAX || (d && e >= *d);
+  return from_start && to_end;
+}
+
+// Constant starts, ends, axes and steps of one length; nullptr or the reason.
+const char* slice_inputs_problem(const IntList& starts, const IntList& ends, const IntList& axes,
+                                 const IntList& steps) {
   if (!starts.known || !ends.known) return "starts or ends are not constants";
   if ((axes.present && !axes.known) || (steps.present && !steps.known)) {
     return "axes or steps are not constants";
@@ -105,6 +108,18 @@ const char* slice_noop(const Node* n) {
       (steps.present && steps.values.size() != k)) {
     return "starts, ends, axes and steps differ in length";
   }
+  return nullptr;
+}
+
+const char* slice_noop(const Node* n) {
+  auto dims = value_dims(n->inputs()[0]);
+  const int64_t rank = dims ? static_cast<int64_t>(dims->size()) : -1;
+  auto starts = int_list(n, "starts", 1);
+  auto ends = int_list(n, "ends", 2);
+  auto axes = int_list(n, "axes", 3);
+  auto steps = int_list(n, "steps", 4);
+  if (const char* why = slice_inputs_problem(starts, ends, axes, steps)) return why;
+  const size_t k = starts.values.size();
   std::vector<int64_t> ax = axes.present ? axes.values : std::vector<int64_t>();
   if (!axes.present) {
     for (size_t i = 0; i < k; ++i) ax.push_back(static_cast<int64_t>(i));
@@ -115,10 +130,9 @@ const char* slice_noop(const Node* n) {
     if (steps.present && steps.values[i] != 1) return "a step is not 1";
     std::optional<int64_t> d;
     if (dims) d = (*dims)[(*norm)[i]];
-    const int64_t s = starts.values[i], e = ends.values[i];
-    const bool from_start = s == 0 || (d && s < 0 && s + *d <= 0);
-    const bool to_end = e == INT64_MAX || (d && e >= *d);
-    if (!from_start || !to_end) return "an axis is not sliced over its full range";
+    if (!full_range(starts.values[i], ends.values[i], d)) {
+      return "an axis is not sliced over its full range";
+    }
   }
   return nullptr;
 }

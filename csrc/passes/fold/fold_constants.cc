@@ -92,47 +92,52 @@ struct Folder {
       if (!standard_domain(*n) || !n->subgraphs().empty()) continue;
       if (n->op_type == "Constant") {
         rewrites += initializers_allowed && lift(g, n);
-        continue;
+      } else if (all_inputs_constant(*n) && !dead(*n)) {
+        rewrites += n->op_type == "Identity" ? fold_identity(g, n) : fold_node(g, n, opset);
       }
-      if (!all_inputs_constant(*n) || dead(*n)) continue;
-      if (n->op_type == "Identity") {
-        Value* x = n->inputs()[0];
-        Value* y = n->outputs()[0];
-        if (!y || !pattern::can_replace(g, y, x) || x->graph() != &g) continue;
-        pattern::replace_value(g, y, x);
-        g.remove_node(n);
-        ++ctx.counters["folded_Identity"];
-        ++rewrites;
-        continue;
-      }
-      eval::Refusal refused;
-      auto outs = evaluate_node(*n, opset, limits, nullptr, &refused);
-      if (!outs && !refused.code.empty()) {
-        // Values ONNX Runtime fails on or computes otherwise than ONNX: left to run time.
-        ++ctx.counters["refused_" + n->op_type + "(" + refused.code + ")"];
-        ctx.explain("fold_constants", (n->name.value.empty() ? n->op_type : n->name.value) +
-                                          ": not folded: " + refused.text);
-      }
-      if (!outs || outs->size() != n->outputs().size()) continue;
-      for (size_t i = 0; i < outs->size(); ++i) {
-        Value* v = n->outputs()[i];
-        if (!used(v)) continue;
-        Value* c = replace_with_constant(g, v, (*outs)[i]);
-        if (c->initializer()) created.emplace_back(&g, c);
-      }
-      const std::vector<Value*> inputs = n->inputs();
-      g.remove_node(n);
-      // Constant nodes only this node read (function bodies keep Constant nodes).
-      for (Value* v : inputs) {
-        Node* p = v ? v->producer() : nullptr;
-        if (p && p->alive() && p->graph() == &g && p->op_type == "Constant" && dead(*p)) {
-          g.remove_node(p);
-        }
-      }
-      ++ctx.counters["folded_" + n->op_type];
-      ++rewrites;
     }
     return rewrites;
+  }
+
+  // Identity(constant): its readers read the constant.
+  bool fold_identity(Graph& g, Node* n) {
+    Value* x = n->inputs()[0];
+    Value* y = n->outputs()[0];
+    if (!y || !pattern::can_replace(g, y, x) || x->graph() != &g) return false;
+    pattern::replace_value(g, y, x);
+    g.remove_node(n);
+    ++ctx.counters["folded_Identity"];
+    return true;
+  }
+
+  // A node of constant inputs evaluated: its used outputs become constants, and it goes with
+  // the Constant nodes only it read (function bodies keep Constant nodes).
+  bool fold_node(Graph& g, Node* n, int64_t opset) {
+    eval::Refusal refused;
+    auto outs = evaluate_node(*n, opset, limits, nullptr, &refused);
+    if (!outs && !refused.code.empty()) {
+      // Values ONNX Runtime fails on or computes otherwise than ONNX: left to run time.
+      ++ctx.counters["refused_" + n->op_type + "(" + refused.code + ")"];
+      ctx.explain("fold_constants", (n->name.value.empty() ? n->op_type : n->name.value) +
+                                        ": not folded: " + refused.text);
+    }
+    if (!outs || outs->size() != n->outputs().size()) return false;
+    for (size_t i = 0; i < outs->size(); ++i) {
+      Value* v = n->outputs()[i];
+      if (!used(v)) continue;
+      Value* c = replace_with_constant(g, v, (*outs)[i]);
+      if (c->initializer()) created.emplace_back(&g, c);
+    }
+    const std::vector<Value*> inputs = n->inputs();
+    g.remove_node(n);
+    for (Value* v : inputs) {
+      Node* p = v ? v->producer() : nullptr;
+      if (p && p->alive() && p->graph() == &g && p->op_type == "Constant" && dead(*p)) {
+        g.remove_node(p);
+      }
+    }
+    ++ctx.counters["folded_" + n->op_type];
+    return true;
   }
 
   // Constant node -> initializer (the tensor is shared, not copied).

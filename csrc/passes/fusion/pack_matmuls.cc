@@ -157,32 +157,9 @@ class Packer {
   int64_t unsplit_gqa() {
     int64_t changed = 0;
     for (Node* n = g_.first(); n; n = n->next()) {
-      if (!is_gqa(n) || n->inputs().size() < 3 || !mistyped_reason(n).empty()) continue;
-      Value *q = n->inputs()[0], *k = n->inputs()[1], *v = n->inputs()[2];
-      if (!q || !k || !v) continue;
-      Node* split = q->producer();
-      if (!split || split->op_type != "Split" || !split->domain.value.empty() ||
-          k->producer() != split || v->producer() != split || split->outputs().size() != 3 ||
-          q->producer_output() != 0 || k->producer_output() != 1 || v->producer_output() != 2 ||
-          !mistyped_reason(split).empty()) {
-        continue;
-      }
-      Value* qkv = split->inputs()[0];
-      const int rank = value_rank(qkv);
-      const int64_t axis = int_attr_or(split, "axis", 0);
-      if (!(axis == -1 || (rank > 0 && axis == rank - 1))) continue;
-      std::optional<std::vector<int64_t>> sizes;
-      if (split->inputs().size() > 1 && split->inputs()[1]) {
-        sizes = constant_ints(split->inputs()[1]);
-      } else if (const Attribute* a = split->attribute("split")) {
-        sizes = a->ints;
-      }
-      if (!sizes || sizes->size() != 3) continue;
-      const int64_t h = int_attr_or(n, "num_heads", 0), hkv = int_attr_or(n, "kv_num_heads", 0);
-      if (h <= 0 || hkv <= 0 || (*sizes)[0] % h) continue;
-      const int64_t d = (*sizes)[0] / h;
-      if ((*sizes)[1] != hkv * d || (*sizes)[2] != hkv * d) continue;
-      n->set_input(0, qkv);
+      Node* split = qkv_split(n);
+      if (!split || !splits_heads(split, n)) continue;
+      n->set_input(0, split->inputs()[0]);
       n->set_input(1, nullptr);
       n->set_input(2, nullptr);
       remove_dead(g_, {split});
@@ -193,6 +170,39 @@ class Packer {
   }
 
  private:
+  // The Split whose outputs 0, 1, 2 are the GQA node `n`'s q, k, v, or null.
+  static Node* qkv_split(const Node* n) {
+    if (!is_gqa(n) || n->inputs().size() < 3 || !mistyped_reason(n).empty()) return nullptr;
+    const Value *q = n->inputs()[0], *k = n->inputs()[1], *v = n->inputs()[2];
+    if (!q || !k || !v) return nullptr;
+    Node* split = q->producer();
+    if (!split || split->op_type != "Split" || !split->domain.value.empty() ||
+        k->producer() != split || v->producer() != split || split->outputs().size() != 3 ||
+        q->producer_output() != 0 || k->producer_output() != 1 || v->producer_output() != 2 ||
+        !mistyped_reason(split).empty()) {
+      return nullptr;
+    }
+    return split;
+  }
+
+  // The Split cuts the last axis into H * D, Hkv * D, Hkv * D (the heads of GQA node `n`).
+  static bool splits_heads(const Node* split, const Node* n) {
+    const int rank = value_rank(split->inputs()[0]);
+    const int64_t axis = int_attr_or(split, "axis", 0);
+    if (!(axis == -1 || (rank > 0 && axis == rank - 1))) return false;
+    std::optional<std::vector<int64_t>> sizes;
+    if (split->inputs().size() > 1 && split->inputs()[1]) {
+      sizes = constant_ints(split->inputs()[1]);
+    } else if (const Attribute* a = split->attribute("split")) {
+      sizes = a->ints;
+    }
+    if (!sizes || sizes->size() != 3) return false;
+    const int64_t h = int_attr_or(n, "num_heads", 0), hkv = int_attr_or(n, "kv_num_heads", 0);
+    if (h <= 0 || hkv <= 0 || (*sizes)[0] % h) return false;
+    const int64_t d = (*sizes)[0] / h;
+    return (*sizes)[1] == hkv * d && (*sizes)[2] == hkv * d;
+  }
+
   // `first`: the group's earliest MatMul (where A is defined for all of them).
   void pack(const std::vector<Member>& group, Node* first) {
     const int64_t k = group[0].weight->dims[0];
