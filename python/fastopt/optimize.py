@@ -11,7 +11,23 @@ from typing import Any, Literal, Union
 from fastopt import _C
 from fastopt._io import check_output_path, load
 from fastopt.errors import OptionError, UnsupportedModelError, entry_point
-from fastopt.genai.config import GENAI_CONFIG, PRESENT_KEY, genai_config, genai_config_bytes
+from fastopt.genai.config import (
+    GENAI_CONFIG,
+    PRESENT_KEY,
+    GenaiConfigError,
+    build_genai_config,
+    genai_config_bytes,
+    is_in_place,
+)
+from fastopt.genai.hf import (
+    CONFIG,
+    GENERATION_CONFIG,
+    TOKENIZER_CONFIG,
+    TOKENIZER_FILES,
+    HfFiles,
+    find_hf_files,
+    hf_values,
+)
 from fastopt.pipeline.options import check_options
 from fastopt.pipeline.registry import (
     NO_INTERNAL_OPS,
@@ -76,6 +92,9 @@ class OptimizeReport:
     run_check: str = ""
     # fp16: the range check's findings (ops kept float32 because their values overflow).
     range_check: RangeCheck | None = None
+    # With a genai_config.json written: where its values and the copied tokenizer files came
+    # from, the values no file told (genai's defaults written), and what genai will not do.
+    genai_notes: list[str] = field(default_factory=list)
     # The optimized model (not part of to_dict()).
     model: _C.Model | None = field(default=None, repr=False, compare=False)
 
@@ -121,6 +140,7 @@ def optimize(
     quantize: QuantSettings | Mode | None = None,
     work_progress: WorkProgressFn | None = None,
     run_check: bool = True,
+    hf_config: str | os.PathLike[str] | None = None,
 ) -> OptimizeReport:
     """Optimize a model: run a preset (or a list of passes) and report what each pass did.
 
@@ -154,7 +174,7 @@ def optimize(
     kv_cache : {"standard", "inplace"}, optional
         Give a decoder exported without a KV cache one: "standard" (growing past/present) or
         "inplace" (one max-length buffer per layer, target "ort"). With `output`, a
-        ``genai_config.json`` for onnxruntime-genai is written next to it.
+        ``genai_config.json`` for onnxruntime-genai is written next to it (see `hf_config`).
     quantize : str or fastopt.QuantSettings, optional
         Quantize last, after the fusions, the cache and pack_matmuls: a mode name as
         ``--quantize`` takes ("int4", "int8", "int8-dynamic", "fp16", "bf16", default settings)
@@ -164,6 +184,14 @@ def optimize(
     run_check : bool, default True
         Before `output` is written, ONNX Runtime loads the result and runs it once on small
         inputs.
+    hf_config : str or os.PathLike, optional
+        The Hugging Face checkpoint folder (config.json, generation_config.json, tokenizer
+        files); without it they are looked for beside the input model. genai_config.json takes
+        token ids, model type, context length and search defaults from them, and the files are
+        copied beside `output`. A genai_config.json is written with `kv_cache`, or when these
+        files are known and the output already has genai's cache inputs and outputs.
+        ``report.genai_notes`` says where each value came from and which fell back to genai's
+        defaults.
 
     Returns
     -------
@@ -201,6 +229,13 @@ def optimize(
     if explain:
         check_explain(explain)
     pass_options: dict[str, object] = dict(check_options(options or {}))
+    source = model_or_path.path if isinstance(model_or_path, _C.Model) else model_or_path
+    # Before any work: a bad hf_config fails first. A dry run writes no folder to describe.
+    hf_files = find_hf_files(hf_config, os.fspath(source) if source and output else None)
+    hf = hf_values(hf_files)
+    if hf.context_length is not None and "rotary_max_positions" not in pass_options:
+        # The rotary caches fuse_rotary builds cover the model's context, not its default 4096.
+        pass_options["rotary_max_positions"] = min(hf.context_length, _C.ROTARY_MAX_POSITIONS_LIMIT)
     if kv_cache is not None:
         names = _with_kv_cache(names, kv_cache, target)
         pass_options["kv_cache"] = _KV_CACHE_MODES[kv_cache]
@@ -273,17 +308,47 @@ def optimize(
         checked = f"ran in {result.seconds:.2f} s" if result.ran else result.note
         if result.ran and result.note:
             checked = f"{result.note}, {result.seconds:.2f} s"
+    genai_notes: list[str] = []
     if output is not None:
         out_path = os.fspath(output)
         side_files: dict[str, bytes] = {}
-        if kv_cache is not None and not seq2seq:
+        if (
+            kv_cache is None
+            and hf_files is not None
+            and hf_files.genai
+            and _in_source_folder(hf_files, out_path)
+        ):
+            # Never replace the input's own genai_config.json unasked (it names the input).
+            genai_notes = [
+                f"genai_config.json not written: {hf_files.folder} holds the input's; write the "
+                "output to another folder for a genai folder of its own"
+            ]
+        elif not seq2seq and (kv_cache is not None or hf_files is not None):
             # (onnxruntime-genai runs an encoder-decoder as a folder of encoder and decoder:
             # fastopt.genai.whisper writes one for whisper; a decoder alone gets no config.)
             # Before the model: a model without its config is of no use to onnxruntime-genai,
-            # and a config that cannot be derived should leave nothing written. Committed with
+            # and a config that cannot be derived should leave nothing written (with kv_cache;
+            # without it a model that is not genai's form just gets no config). Committed with
             # the model, so an old config never sits beside the new model.
-            config = genai_config(model, os.path.basename(out_path), inplace=kv_cache == "inplace")
-            side_files[GENAI_CONFIG] = genai_config_bytes(config)
+            inplace = kv_cache == "inplace"
+            if kv_cache is None:  # as the folder's genai_config.json binds it, else the graph
+                inplace = is_in_place(model) if hf.share_buffer is None else hf.share_buffer
+            try:
+                config, notes = build_genai_config(
+                    model, os.path.basename(out_path), inplace=inplace, hf=hf
+                )
+            except GenaiConfigError as e:
+                if kv_cache is not None:
+                    raise
+                assert hf_files is not None
+                genai_notes = [
+                    f"genai_config.json not written (checkpoint files {hf_files.how} in "
+                    f"{hf_files.folder}): {e}; kv_cache / --kv-cache gives a decoder its cache"
+                ]
+            else:
+                side_files[GENAI_CONFIG] = genai_config_bytes(config)
+                genai_notes = _genai_notes(hf_files, notes, out_path)
+                side_files |= _copies(hf_files, out_path)
         model.save(out_path, external_data, side_files=side_files, fsync=fsync)
     return OptimizeReport(
         passes=reports,
@@ -300,8 +365,59 @@ def optimize(
         quantization=[WeightQuantization.from_record(r) for r in ctx.quant_records],
         run_check=checked,
         range_check=range_check,
+        genai_notes=genai_notes,
         model=model,
     )
+
+
+def _same_folder(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _in_source_folder(files: HfFiles, out_path: str) -> bool:
+    return _same_folder(files.folder, os.path.dirname(os.path.abspath(out_path)))
+
+
+def _copies(files: HfFiles | None, out_path: str) -> dict[str, bytes]:
+    """The checkpoint files to write beside the output (none when it is their own folder)."""
+    if files is None or _in_source_folder(files, out_path):
+        return {}
+    return {k: v for k, v in files.copies.items() if k != GENAI_CONFIG}
+
+
+def _genai_notes(files: HfFiles | None, notes: list[str], out_path: str) -> list[str]:
+    """The report's lines on a written genai_config.json: its sources, then build_genai_config's
+    notes, then the tokenizer."""
+    if files is None:
+        lines = [
+            "genai_config.json: no checkpoint files (config.json, generation_config.json, "
+            "tokenizer) beside the model and no hf_config (--hf-config DIR)"
+        ]
+    else:
+        lines = [f"genai_config.json from {files.describe()}"]
+    lines += notes
+    if files is not None and files.has_tokenizer:
+        copied = _copies(files, out_path)
+        names = [n for n in TOKENIZER_FILES if n in copied]
+        also = [n for n in (GENERATION_CONFIG, CONFIG) if n in copied]
+        lines.append(
+            f"tokenizer: copied {', '.join(names)}"
+            + (f" (and {', '.join(also)})" if also else "")
+            + f" from {files.folder}"
+            if names
+            else f"tokenizer: the output's folder {files.folder} holds the tokenizer files"
+        )
+    else:
+        where = f"in {files.folder}" if files is not None else "beside the model"
+        lines.append(
+            f"tokenizer: no {TOKENIZER_CONFIG} with tokenizer.json or a sentencepiece model "
+            f"{where}: onnxruntime-genai's Tokenizer will not open the output's folder; pass "
+            "hf_config (--hf-config DIR) with the checkpoint's tokenizer files, or copy them in"
+        )
+    return lines
 
 
 def _not_for_cpu(ctx: PassContext, quantize: QuantSettings | None) -> str:

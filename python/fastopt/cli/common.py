@@ -65,6 +65,23 @@ def files_size(model_path: str) -> int:
     return total
 
 
+def add_hf_config_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--hf-config",
+        metavar="DIR",
+        help="the Hugging Face checkpoint folder (config.json, generation_config.json, tokenizer "
+        "files) that genai_config.json takes token ids, model type, context length and search "
+        "defaults from, and whose tokenizer files are copied beside the output (default: those "
+        "beside the input model)",
+    )
+
+
+def print_genai_notes(notes: list[str], out: Any) -> None:
+    """Where genai_config.json's values came from and which fell back to genai's defaults."""
+    for line in notes:
+        out.print(line, markup=False, highlight=False)
+
+
 def add_quant_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--block-size", type=int, default=32, help="int4/int8: power of two in 16..256 (32)"

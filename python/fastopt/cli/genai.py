@@ -61,6 +61,8 @@ def _cmd_genai_whisper(args: Any) -> int:
             cross_cache=args.cross_cache,
         )
     out = console()
+    for line in report.notes:
+        out.print(line, markup=False, highlight=False)
     out.print(
         f"wrote {escape(report.folder)}: encoder {report.encoder.nodes_before} -> "
         f"{report.encoder.nodes_after} nodes, decoder {report.decoder.nodes_before} -> "

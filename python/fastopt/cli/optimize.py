@@ -14,10 +14,12 @@ from rich.table import Table
 import fastopt
 from fastopt._io import check_output_path
 from fastopt.cli.common import (
+    add_hf_config_flag,
     add_quant_flags,
     files_size,
     parse_options,
     parse_providers,
+    print_genai_notes,
     print_precision,
     print_quantization,
     quant_settings,
@@ -110,6 +112,7 @@ def add_parser(sub: Any) -> None:
         "standard = growing past/present; inplace = one max-length buffer per layer shared by "
         "past and present (target ort); writes genai_config.json next to the output",
     )
+    add_hf_config_flag(opt)
     from fastopt.quant.settings import MODES
 
     opt.add_argument(
@@ -169,6 +172,7 @@ def run_command(args: argparse.Namespace) -> int:
                 quantize=quantize,
                 work_progress=work_progress(progress),
                 run_check=not args.no_run_check,
+                hf_config=args.hf_config,
             )
         except RunCheckError as e:  # ORT cannot run fastopt's output: a failed check, exit 1
             print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
@@ -182,6 +186,7 @@ def run_command(args: argparse.Namespace) -> int:
     print_quantization(report.quantization, out, verbose=args.verbose)
     if quantize is not None:
         print_precision(report.range_check, report.passes, quantize.mode, out, verbose=args.verbose)
+    print_genai_notes(report.genai_notes, out)
     print_summary(report, out, args.model)
     result: dict[str, object] = {"optimize": report.to_dict()}
     code = 0

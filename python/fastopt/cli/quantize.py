@@ -12,9 +12,11 @@ from rich.markup import escape
 
 import fastopt
 from fastopt.cli.common import (
+    add_hf_config_flag,
     add_quant_flags,
     files_size,
     parse_options,
+    print_genai_notes,
     print_precision,
     print_quantization,
     quant_settings,
@@ -70,6 +72,7 @@ def add_parser(sub: Any) -> None:
         metavar="KEY=VALUE",
         help="a setting for the passes (repeatable; `fastopt passes` lists them)",
     )
+    add_hf_config_flag(qnt)
     add_quant_flags(qnt)
     qnt.set_defaults(func=run_command)
 
@@ -103,6 +106,7 @@ def run_command(args: argparse.Namespace) -> int:
                 options=parse_options(args.option),
                 external_data=external,
                 progress=work_progress(progress),
+                hf_config=args.hf_config,
             )
         except OutputRejectedError as e:
             # ORT runs the original but not the output fastopt wrote: a failed verification (1).
@@ -111,6 +115,7 @@ def run_command(args: argparse.Namespace) -> int:
     out = console()
     print_quantization(report.weights, out, verbose=args.verbose)
     print_precision(report.range_check, report.passes, settings.mode, out, verbose=args.verbose)
+    print_genai_notes(report.genai_notes, out)
     out.print(
         f"{escape(args.model)} -> {escape(args.output)} ({human_bytes(files_size(args.output))}) "
         f"in {report.seconds:.2f} s"

@@ -38,7 +38,14 @@ from typing import Any
 from fastopt import _C
 from fastopt._io import load
 from fastopt.errors import OptionError, UnsupportedModelError
-from fastopt.genai.config import GENAI_CONFIG, genai_config_bytes, int_dim
+from fastopt.genai.config import (
+    GENAI_CONFIG,
+    PLACEHOLDER_CONTEXT_LENGTH,
+    context_rows,
+    genai_config_bytes,
+    int_dim,
+)
+from fastopt.genai.hf import GENAI_DEFAULTS
 from fastopt.optimize import OptimizeReport, optimize
 
 # onnxruntime-genai 0.18's WhisperState accepts exactly this many audio frames.
@@ -63,6 +70,8 @@ class GenaiWhisperReport:
     encoder: OptimizeReport
     decoder: OptimizeReport
     config: dict[str, Any]
+    # Token ids and the context length no config told: genai's defaults written (one line).
+    notes: list[str]
 
 
 def _frames(encoder: str | os.PathLike[str]) -> int | None:
@@ -129,7 +138,29 @@ def whisper_for_genai(
             if name not in inputs:
                 raise UnsupportedModelError(f"the cached decoder has no input {name}")
     head_size = hidden // heads
-    context = int(config.get("max_target_positions", 448))
+    notes: list[str] = []
+    unknown: list[str] = []
+    context = _positive(config.get("max_target_positions"))
+    if context is None:
+        context = context_rows(graph)
+        if context is not None:
+            notes.append(f"context_length {context}: from the decoder's position table")
+        else:
+            context = PLACEHOLDER_CONTEXT_LENGTH
+            unknown.append(f"context_length {context} (placeholder: genai needs one)")
+    ids: dict[str, int] = {}
+    for key in ("pad_token_id", "bos_token_id", "decoder_start_token_id", "eos_token_id"):
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            ids[key] = value
+        else:  # genai 0.18's defaults: 0, and eos = pad
+            ids[key] = ids["pad_token_id"] if key == "eos_token_id" else 0
+            unknown.append(f"{key} {ids[key]}")
+    if unknown:
+        notes.append(
+            "not known (the config does not tell them), onnxruntime-genai's defaults written: "
+            + ", ".join(unknown)
+        )
     decoder_inputs = {
         "input_ids": "input_ids",
         "past_key_names": SELF_PAST_KEY,
@@ -158,10 +189,10 @@ def whisper_for_genai(
     genai = {
         "model": {
             "type": "whisper",
-            "bos_token_id": int(config.get("bos_token_id", 1)),
-            "eos_token_id": int(config.get("eos_token_id", 2)),
-            "pad_token_id": int(config.get("pad_token_id", 0)),
-            "decoder_start_token_id": int(config.get("decoder_start_token_id", 1)),
+            "bos_token_id": ids["bos_token_id"],
+            "eos_token_id": ids["eos_token_id"],
+            "pad_token_id": ids["pad_token_id"],
+            "decoder_start_token_id": ids["decoder_start_token_id"],
             "context_length": context,
             "vocab_size": vocab or 0,
             "encoder": {
@@ -190,7 +221,7 @@ def whisper_for_genai(
             "num_beams": 1,
             "num_return_sequences": 1,
             "past_present_share_buffer": inplace,
-            "top_k": 1,
+            "top_k": GENAI_DEFAULTS["top_k"],
         },
     }
     out = os.fspath(folder)
@@ -205,4 +236,8 @@ def whisper_for_genai(
         report.output = os.path.join(out, name)
         report.ops_after = report.model.op_counts()
         report.nodes_after = sum(report.ops_after.values())
-    return GenaiWhisperReport(out, enc, dec, genai)
+    return GenaiWhisperReport(out, enc, dec, genai, notes)
+
+
+def _positive(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

@@ -54,6 +54,8 @@ class QuantizeReport:
     verify: QuantVerifyReport | None = None
     # fp16: ops kept float32 because their activations reach float16's range (fp16_ranges)
     range_check: RangeCheck | None = None
+    # With a genai_config.json written: its sources and fallbacks (OptimizeReport.genai_notes).
+    genai_notes: list[str] = field(default_factory=list)
     model: _C.Model | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -75,6 +77,7 @@ class QuantizeReport:
             "weights": [asdict(w) for w in self.weights],
             "verify": self.verify.to_dict() if self.verify else None,
             "range_check": self.range_check.to_dict() if self.range_check else None,
+            "genai_notes": self.genai_notes,
         }
 
 
@@ -99,6 +102,7 @@ def quantize(
     external_data: bool | str | None = None,
     progress: WorkProgressFn | None = None,
     run_check: bool = True,
+    hf_config: str | os.PathLike[str] | None = None,
 ) -> QuantizeReport:
     """Quantize a model's weights (int4/int8 weight-only, int8 dynamic) or its precision
     (fp16/bf16).
@@ -145,6 +149,10 @@ def quantize(
         ``progress(done, total, what)``: bytes quantized so far.
     run_check : bool, default True
         ONNX Runtime runs the output once before it is written.
+    hf_config : str or os.PathLike, optional
+        The Hugging Face checkpoint folder, as for :func:`fastopt.optimize`: a decoder with
+        genai's cache gets a genai_config.json from it (or from the files beside the input) and
+        its tokenizer files beside the output (``report.genai_notes``).
 
     Returns
     -------
@@ -194,6 +202,7 @@ def quantize(
         quantize=settings,
         work_progress=progress,
         run_check=run_check,
+        hf_config=hf_config,
     )
     seconds = time.perf_counter() - start
     vreport = None
@@ -214,5 +223,6 @@ def quantize(
         output=report.output,
         verify=vreport,
         range_check=report.range_check,
+        genai_notes=report.genai_notes,
         model=report.model,
     )
