@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 from fastopt.cli.main import main
 from support import kv_generation as kg
+from support.paths import TESTS
 
-MODELS = Path(__file__).parent / "fixtures" / "models"
+MODELS = TESTS / "fixtures" / "models"
 GEMMA3 = MODELS / "gemma3_dynamo_float32"
 QWEN2 = MODELS / "qwen2_dynamo_float32"
 LLAMA = MODELS / "llama_ts_float32"
@@ -307,7 +308,7 @@ def test_genai_whisper_token_ids_not_guessed(tmp_path: Path) -> None:
     from fastopt.genai.whisper import whisper_for_genai
     from support import seq2seq_generation as sg
 
-    fx = sg.Seq2SeqFixture(Path(__file__).parent / "fixtures" / "whisper_genai" / "ts_float32")
+    fx = sg.Seq2SeqFixture(TESTS / "fixtures" / "whisper_genai" / "ts_float32")
     config = dict(fx.meta["config"])
     for key in ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"):
         config.pop(key, None)
@@ -327,7 +328,7 @@ def test_quantize_keeps_the_ids_of_a_model_builder_folder(tmp_path: Path) -> Non
     quantize's output folder gets a genai_config.json with that config's ids, type, context
     and shared buffer (its past and present dims have different names), and the tokenizer."""
     og = pytest.importorskip("onnxruntime_genai")
-    folder = Path(__file__).parent / "fixtures" / "genai" / "qwen2_builder_fp32"
+    folder = TESTS / "fixtures" / "genai" / "qwen2_builder_fp32"
     before = json.loads((folder / "genai_config.json").read_text())
     out = tmp_path / "int4" / "model.onnx"
     report = fastopt.quantize(folder / "model.onnx", out, mode="int4")
@@ -348,7 +349,7 @@ def test_quantize_keeps_the_ids_of_a_model_builder_folder(tmp_path: Path) -> Non
 def test_the_input_folders_genai_config_is_not_replaced(tmp_path: Path) -> None:
     """quantize into the input's own folder: its genai_config.json (naming the input) stays,
     and the report says why no config was written."""
-    source = Path(__file__).parent / "fixtures" / "genai" / "qwen2_builder_fp32"
+    source = TESTS / "fixtures" / "genai" / "qwen2_builder_fp32"
     folder = tmp_path / "builder"
     shutil.copytree(source, folder)
     before = (folder / "genai_config.json").read_bytes()
