@@ -82,6 +82,22 @@ def print_genai_notes(notes: list[str], out: Any) -> None:
         out.print(line, markup=False, highlight=False)
 
 
+def add_text_flags(p: argparse.ArgumentParser) -> None:
+    """--verify's real-text inputs (fastopt.verify.real_text), shared by optimize and quantize."""
+    p.add_argument(
+        "--verify-text",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="with --verify: a UTF-8 text file scored besides the built-in prose (repeatable)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="with --verify: tokenizer.json or a folder with one (default: beside the model)",
+    )
+
+
 def add_quant_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--block-size", type=int, default=32, help="int4/int8: power of two in 16..256 (32)"

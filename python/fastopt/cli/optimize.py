@@ -16,6 +16,7 @@ from fastopt._io import check_output_path
 from fastopt.cli.common import (
     add_hf_config_flag,
     add_quant_flags,
+    add_text_flags,
     files_size,
     parse_options,
     parse_providers,
@@ -122,6 +123,7 @@ def add_parser(sub: Any) -> None:
         help="quantize after the preset's passes (fusions, KV cache, packing): " + "|".join(MODES),
     )
     add_quant_flags(opt)
+    add_text_flags(opt)
     opt.set_defaults(func=run_command)
 
 
@@ -148,6 +150,10 @@ def run_command(args: argparse.Namespace) -> int:
     quantize = quant_settings(args, args.quantize, args.output) if args.quantize else None
     if quantize is not None:
         quantize.validate()
+    if args.verify:  # a bad --verify-text file or tokenizer fails before any work
+        from fastopt.verify.text_tokens import check_text_inputs
+
+        check_text_inputs(args.verify_text, args.tokenizer)
     with CommandProgress("optimize") as progress:
 
         def on_pass(i: int, n: int, name: str) -> None:
@@ -200,7 +206,13 @@ def run_command(args: argparse.Namespace) -> int:
                 # Quantization changes outputs by design: its own criteria (quant_verify).
                 from fastopt.verify.quantized import verify_quantized
 
-                vreport = verify_quantized(args.model, args.output, args.quantize)
+                vreport = verify_quantized(
+                    args.model,
+                    args.output,
+                    args.quantize,
+                    tokenizer=args.tokenizer,
+                    texts=args.verify_text,
+                )
                 if not vreport.ok and not vreport.skipped:
                     code = 1
             elif args.kv_cache:
@@ -210,6 +222,12 @@ def run_command(args: argparse.Namespace) -> int:
                 vreport = verify(args.model, args.output, providers=providers)
             out.print(escape(str(vreport)))
             result["verify"] = vreport.to_dict()
+            if not args.quantize:  # a rewrite: the same language model on real text too
+                text = verify_rewrite_on_text(args)
+                if text is not None:
+                    out.print(escape(str(text)))
+                    result["verify_text"] = text.to_dict()
+                    code = code if text.ok else 1
         except InputRejectedError:
             raise  # the input does not run: bad input, exit 2
         except VerifyError as e:
@@ -220,6 +238,20 @@ def run_command(args: argparse.Namespace) -> int:
         with open(args.report, "w") as f:
             json.dump(result, f, indent=2, default=str)
     return code
+
+
+def verify_rewrite_on_text(args: argparse.Namespace) -> Any:
+    """optimize --verify without --quantize: the real-text check (fastopt.verify.real_text) at
+    the rewrite's thresholds, for a causal LM; None (a line says why) for other models."""
+    from fastopt.verify.real_text import ModelRunError, NotLanguageModel, evaluate_text
+
+    try:
+        return evaluate_text(
+            args.model, args.output, "rewrite", tokenizer=args.tokenizer, texts=args.verify_text
+        )
+    except (NotLanguageModel, ModelRunError) as e:
+        console().print(f"no real-text check: {escape(str(e))}", highlight=False)
+        return None
 
 
 def fused_ops(report: OptimizeReport) -> dict[str, int]:

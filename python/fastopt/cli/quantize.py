@@ -14,6 +14,7 @@ import fastopt
 from fastopt.cli.common import (
     add_hf_config_flag,
     add_quant_flags,
+    add_text_flags,
     files_size,
     parse_options,
     print_genai_notes,
@@ -55,9 +56,11 @@ def add_parser(sub: Any) -> None:
     qnt.add_argument(
         "--verify",
         action="store_true",
-        help="compare with the original: logits cosine, max error relative to the logit "
-        "scale, top-1 agreement",
+        help="compare with the original: a causal LM on real text (perplexity ratio, KL, "
+        "top-1; the built-in prose with the tokenizer.json beside the model, else text sampled "
+        "from the original), other models by logits cosine, max relative error, top-1",
     )
+    add_text_flags(qnt)
     qnt.add_argument("--report", help="write a JSON report here")
     qnt.add_argument(
         "--external-data",
@@ -103,6 +106,8 @@ def run_command(args: argparse.Namespace) -> int:
                 target=args.target,
                 threads=settings.threads,
                 verify=args.verify,
+                verify_text=args.verify_text,
+                tokenizer=args.tokenizer,
                 options=parse_options(args.option),
                 external_data=external,
                 progress=work_progress(progress),
@@ -116,9 +121,10 @@ def run_command(args: argparse.Namespace) -> int:
     print_quantization(report.weights, out, verbose=args.verbose)
     print_precision(report.range_check, report.passes, settings.mode, out, verbose=args.verbose)
     print_genai_notes(report.genai_notes, out)
+    accuracy = f"; {report.verify.accuracy}" if report.verify and report.verify.accuracy else ""
     out.print(
         f"{escape(args.model)} -> {escape(args.output)} ({human_bytes(files_size(args.output))}) "
-        f"in {report.seconds:.2f} s"
+        f"in {report.seconds:.2f} s{escape(accuracy)}"
     )
     code = 0
     if report.verify is not None:

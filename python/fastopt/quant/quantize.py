@@ -30,7 +30,7 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastopt import _C
 from fastopt.optimize import ModelOrPath, OptimizeReport, PassReport, WorkProgressFn, optimize
@@ -40,6 +40,10 @@ from fastopt.quant.checks import reduce_range
 from fastopt.quant.fp16_ranges import RangeCheck
 from fastopt.quant.settings import Mode, QuantSettings, QuantSummary, WeightQuantization
 from fastopt.verify.quantized import QuantVerifyReport, verify_quantized
+from fastopt.verify.text_tokens import check_text_inputs
+
+if TYPE_CHECKING:
+    from fastopt.verify.real_text import TextReport
 
 
 @dataclass
@@ -59,6 +63,11 @@ class QuantizeReport:
     model: _C.Model | None = field(default=None, repr=False, compare=False)
 
     @property
+    def accuracy(self) -> TextReport | None:
+        """The real-text measures of `verify` (perplexity ratio, KL, top-1), when it ran them."""
+        return self.verify.text if self.verify else None
+
+    @property
     def quantized(self) -> list[WeightQuantization]:
         return [w for w in self.weights if w.action == "quantized"]
 
@@ -76,9 +85,24 @@ class QuantizeReport:
             "passes": [asdict(p) for p in self.passes],
             "weights": [asdict(w) for w in self.weights],
             "verify": self.verify.to_dict() if self.verify else None,
+            "accuracy": _accuracy_dict(self.accuracy),
             "range_check": self.range_check.to_dict() if self.range_check else None,
             "genai_notes": self.genai_notes,
         }
+
+
+def _accuracy_dict(text: TextReport | None) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    return {
+        "perplexity_original": text.perplexity_original,
+        "perplexity_output": text.perplexity_output,
+        "perplexity_ratio": text.perplexity_ratio,
+        "kl": text.kl_mean,
+        "top1": text.top1,
+        "ok": text.ok,
+        "tokens": text.source,
+    }
 
 
 def quantize(
@@ -98,6 +122,8 @@ def quantize(
     target: Target = "ort",
     threads: int = 0,
     verify: bool = False,
+    verify_text: Sequence[str | os.PathLike[str]] = (),
+    tokenizer: str | os.PathLike[str] | None = None,
     options: Mapping[str, object] | None = None,
     external_data: bool | str | None = None,
     progress: WorkProgressFn | None = None,
@@ -140,7 +166,12 @@ def quantize(
     threads : int, default 0
         Quantizing threads (0: all cores).
     verify : bool, default False
-        Compare the output with the original (needs a path and `output`).
+        Compare the output with the original (needs a path and `output`); a causal LM on real
+        text (perplexity ratio, KL, top-1: ``report.accuracy``, fastopt.verify.real_text).
+    verify_text : sequence of paths, default ()
+        With `verify`: UTF-8 text files scored besides the built-in prose (needs a tokenizer).
+    tokenizer : str or os.PathLike, optional
+        With `verify`: a tokenizer.json or a folder with one (default: beside the model).
     options : mapping, optional
         Pass settings, as for :func:`fastopt.optimize`.
     external_data : bool or None, default None
@@ -185,6 +216,8 @@ def quantize(
     settings.validate()
     if verify and (isinstance(model_or_path, _C.Model) or output is None):
         raise _C.ModelError("verify needs the input as a path and an output path")
+    if verify:  # a bad text file or tokenizer fails before any work
+        check_text_inputs(verify_text, tokenizer)
     if (
         output is not None
         and not isinstance(model_or_path, _C.Model)
@@ -208,7 +241,9 @@ def quantize(
     vreport = None
     if verify:
         assert output is not None and not isinstance(model_or_path, _C.Model)
-        vreport = verify_quantized(model_or_path, output, mode)
+        vreport = verify_quantized(
+            model_or_path, output, mode, tokenizer=tokenizer, texts=verify_text
+        )
     shown = {k: v for k, v in asdict(settings).items() if k != "tmpdir"}
     shown["target"] = target
     if settings.pass_name == "quantize_dynamic":
