@@ -161,10 +161,11 @@ def tokenize(path: str, texts: Sequence[tuple[str, str]], vocab: int) -> Tokens:
 
 def start_token(model: str | os.PathLike[str], vocab: int) -> tuple[int, str]:
     """The token sampled sequences start from: bos_token_id from config.json /
-    generation_config.json / genai_config.json / a fixture's meta.json beside the model, else 0
-    (also when the id is outside the model's vocabulary); and where it came from."""
+    generation_config.json / a fixture's meta.json / genai_config.json (last: an older fastopt
+    wrote its bos without knowing it) beside the model, else 0 (also when the id is outside the
+    model's vocabulary); and where it came from."""
     folder = os.path.dirname(os.path.abspath(os.fspath(model)))
-    for name in ("config.json", "generation_config.json", "genai_config.json", "meta.json"):
+    for name in ("config.json", "generation_config.json", "meta.json", "genai_config.json"):
         try:
             with open(os.path.join(folder, name), encoding="utf-8") as f:
                 data = json.load(f)
