@@ -1,6 +1,6 @@
-"""Calibration of ``--verify``'s real-text check (fastopt.verify.real_text): per mode, what the check
-measures on a real trained model and on the random-weight fixtures, next to what the random-id
-judging (fastopt.quant_verify's logits cosine / top-1 on 16 uniform ids) measured.
+"""Calibration of ``--verify``'s real-text check (fastopt.verify.real_text): per mode, what the
+check measures on a real trained model and on the random-weight fixtures, next to what the
+random-id judging (fastopt.verify.quantized's logits cosine / top-1 on 16 uniform ids) measured.
 
     python bench/bench_verify_real_text.py --model DIR/model.onnx [--variants int8,int4,...]
     python bench/bench_verify_real_text.py --fixtures llama_ts_float32,qwen2_ts_float32
@@ -69,11 +69,10 @@ def measure(name: str, src: Path, variant: str, work: Path) -> dict[str, Any]:
 
 
 def word_tokenizer(folder: Path) -> None:
+    from fastopt.verify.text_tokens import prose
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import Whitespace
-
-    from fastopt.verify.text_tokens import prose
 
     vocab = {"[UNK]": 0}
     for w, _ in Whitespace().pre_tokenize_str(prose()):

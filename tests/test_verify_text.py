@@ -18,12 +18,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from fastopt.cli import main
-from fastopt.quant_verify import verify_quantized
+from fastopt.cli.main import main
+from fastopt.verify.quantized import verify_quantized
 from fastopt.verify.real_text import THRESHOLDS, WINDOW, evaluate_text
 from fastopt.verify.text_tokens import SAMPLED_ROWS, SAMPLED_STEPS, TEMPERATURE, prose
-from llm_fixtures import fixtures
 from onnx import numpy_helper
+from support.llm_fixtures import fixtures
 
 LLAMA = fixtures(arch="llama", exporter="ts", dtype="float32")[0]
 

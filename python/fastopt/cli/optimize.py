@@ -203,7 +203,7 @@ def run_command(args: argparse.Namespace) -> int:
         try:
             vreport: Any
             if args.quantize:
-                # Quantization changes outputs by design: its own criteria (quant_verify).
+                # Quantization changes outputs by design: its own criteria (verify.quantized).
                 from fastopt.verify.quantized import verify_quantized
 
                 vreport = verify_quantized(

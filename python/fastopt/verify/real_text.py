@@ -2,9 +2,9 @@
 differ from the original's on text?
 
 Both models run in ONNX Runtime (CPU, graph optimizations off) on the same token sequences
-(:mod:`fastopt.verify.text_tokens`: the built-in prose and ``--verify-text`` files through the model's
-tokenizer, else sequences sampled from the original), in windows of at most ``WINDOW`` tokens,
-each from an empty cache. Over every next-token position of every window:
+(:mod:`fastopt.verify.text_tokens`: the built-in prose and ``--verify-text`` files through the
+model's tokenizer, else sequences sampled from the original), in windows of at most ``WINDOW``
+tokens, each from an empty cache. Over every next-token position of every window:
 
 - perplexity of each model, exp(mean -log p(next token)), and their ratio (output / original);
 - KL(original || output) of the next-token distributions, mean over positions (nats);
@@ -25,7 +25,22 @@ A model is scored this way when it is a causal language model: an ``input_ids`` 
 ``logits`` output [batch, sequence, vocab], no encoder states, and logits at a position that do
 not change with later tokens (checked). Otherwise :class:`NotLanguageModel` says why.
 
-Thresholds per mode (``THRESHOLDS``) are calibrated in bench/results/verify_real_text.md.
+Thresholds per mode (``THRESHOLDS``), from bench/results/verify_real_text.md: SmolLM2-135M-Instruct
+(a real trained model, its tokenizer, the built-in prose, 484 positions) and the random-weight
+fixtures (sampled and tokenized):
+
+============  ==========  ========  ======  =============================================
+mode          ppl ratio   KL <=     top-1   measured (SmolLM2: ratio / KL / decisive top-1)
+============  ==========  ========  ======  =============================================
+fp32 rewrite  1.001       1e-4      0.98    llm preset, KV cache: 1.0000 / 9e-12 / 1.000
+fp16          1.005       1e-3      0.95    0.9999 / 9.2e-6 / 1.000
+bf16          1.02        0.01      0.90    not measured: ORT's CPU provider has no kernels
+int8          1.02        0.01      0.90    block 32: 1.0052 / 0.0043 / 1.000
+int8-dynamic  1.02        0.01      0.90    fails: 1.879 / 0.61 / 0.688 (fixtures 0.001)
+int4          1.50        0.50      0.70    block 32: 1.158 / 0.366 / 0.786; asymmetric
+                                            1.334 / 0.374 / 0.774; block 128 fails: 1.464 /
+                                            0.597 / 0.669
+============  ==========  ========  ======  =============================================
 """
 
 from __future__ import annotations
@@ -74,11 +89,11 @@ class TextThresholds:
 # mode -> gates; "fp32": a rewrite that should compute the same (optimize --verify).
 THRESHOLDS: dict[str, TextThresholds] = {
     "fp32": TextThresholds(1.001, 1e-4, 0.98),
-    "fp16": TextThresholds(1.01, 0.005, 0.95),
-    "bf16": TextThresholds(1.03, 0.02, 0.90),
+    "fp16": TextThresholds(1.005, 1e-3, 0.95),
+    "bf16": TextThresholds(1.02, 0.01, 0.90),
     "int8": TextThresholds(1.02, 0.01, 0.90),
-    "int8-dynamic": TextThresholds(1.05, 0.05, 0.85),
-    "int4": TextThresholds(1.25, 0.25, 0.70),
+    "int8-dynamic": TextThresholds(1.02, 0.01, 0.90),
+    "int4": TextThresholds(1.50, 0.50, 0.70),
 }
 
 

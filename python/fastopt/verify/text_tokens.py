@@ -1,7 +1,7 @@
 """Where the real-text check's tokens come from (:mod:`fastopt.verify.real_text`).
 
 With a tokenizer (``tokenizer.json`` given, or in the folder given, or beside the original or the
-output model), the built-in prose (``prose.txt`` in this folder, written for fastopt) and the user's text
+output model), the built-in prose (``prose.txt`` here, written for fastopt) and the user's text
 files are tokenized: with the ``tokenizers`` package when it is installed, else with
 onnxruntime-genai's tokenizer (it reads the same folder). Without one, the tokens are sampled
 from the original model itself: from its start token, one greedy row and the rest sampled at
