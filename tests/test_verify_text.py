@@ -243,6 +243,19 @@ def test_text_file_without_tokenizer_is_an_error(tmp_path: Path) -> None:
         evaluate_text(LLAMA.path, LLAMA.path, "fp32", tokenizer=tmp_path)
 
 
+def test_without_a_tokenizer_library_tokens_are_sampled(
+    llama_with_tokenizer: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tokenizers is optional: without it, and without a genai_config.json beside the
+    tokenizer for onnxruntime-genai's, the check samples its tokens and says why."""
+    from fastopt.verify import text_tokens
+
+    monkeypatch.setattr(text_tokens, "tokenizers_installed", lambda: False)
+    r = evaluate_text(llama_with_tokenizer, llama_with_tokenizer, "fp32")
+    assert r.source.startswith("no tokenizer library (") and "genai_config.json" in r.source
+    assert "sampled from the original model" in r.source and r.ok
+
+
 def test_optimize_verify_scores_the_rewrite_on_text(
     llama_with_tokenizer: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -257,7 +270,8 @@ def test_optimize_verify_scores_the_rewrite_on_text(
 # --- a real trained model (opt-in) ---------------------------------------------------------------
 
 MAKE_SMOLLM2 = Path("/work/shared/realmodels/make-smollm2.sh")
-EXPECTED_SMOLLM2 = {"int8": 0.98, "int4": 0.80}  # least top-1 (bench/results/verify_real_text.md)
+# least top-1 over all positions (bench/results/verify_real_text.md: int8 0.952, int4 0.638)
+EXPECTED_SMOLLM2 = {"int8": 0.93, "int4": 0.60}
 
 
 def _smollm2_onnx(cache: Path) -> Path:
@@ -287,4 +301,7 @@ def test_smollm2_int4_and_int8_pass_their_real_text_gates(tmp_path: Path) -> Non
         assert t is not None and "tokenizers" in t.source
         assert report.verify is not None and report.verify.ok, str(report.verify)
         assert t.top1 >= least_top1 and t.perplexity_original < 100, str(t)
+        if mode == "int4":  # issue 29: random ids said 0.33 (0.25 on Gemma 3), text 0.64
+            random_ids = report.verify.outputs[0].top1_agreement
+            assert random_ids is not None and random_ids < t.top1 - 0.2, (random_ids, t.top1)
         out.unlink()

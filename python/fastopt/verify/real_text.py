@@ -55,6 +55,8 @@ from fastopt import _C
 from fastopt.verify.check import onnxruntime, summarize_error
 from fastopt.verify.text_tokens import (
     PROSE,
+    NoTokenizerLibrary,
+    TextFileError,
     Tokens,
     find_tokenizer,
     prose,
@@ -404,19 +406,21 @@ def gather_tokens(
     """The sequences to score: the prose and `texts` tokenized, or sampled from `original`."""
     files = [(os.fspath(t), read_text_file(t)) for t in texts]  # bad files fail first
     path = find_tokenizer(tokenizer, models)
+    why = "no tokenizer"
     if path is not None:
-        return tokenize(path, [(PROSE, prose()), *files], vocab)
+        try:
+            return tokenize(path, [(PROSE, prose()), *files], vocab)
+        except NoTokenizerLibrary as e:
+            why = f"no tokenizer library ({e})"
     if files:
-        from fastopt.verify.text_tokens import TextFileError
-
         raise TextFileError(
-            f"--verify-text {files[0][0]}: no tokenizer to read it with (no tokenizer.json "
-            "beside the model; give one with --tokenizer)"
+            f"--verify-text {files[0][0]}: no tokenizer to read it with ({why}; a tokenizer.json "
+            "beside the model, or --tokenizer)"
         )
     start, where = start_token(models[0], vocab)
     ids = sample_tokens(original.logits, start, vocab, seed=seed)
     sampled = Tokens(
-        f"no tokenizer: {len(ids)} sequences sampled from the original model (greedy and "
+        f"{why}: {len(ids)} sequences sampled from the original model (greedy and "
         f"temperature, seed {seed}) from {where}",
         sampled=True,
     )

@@ -102,12 +102,22 @@ def find_tokenizer(
     return None
 
 
-def _encoder(path: str) -> tuple[str, Callable[[str], list[int]], list[int]]:
-    """(what encodes, encode(text) -> ids without specials, the ids every sequence starts
-    with): the tokenizers package, else onnxruntime-genai's tokenizer."""
+class NoTokenizerLibrary(Exception):
+    """Neither the tokenizers package nor onnxruntime-genai can read the tokenizer here; the
+    message says why (the check then samples its tokens from the model)."""
+
+
+def tokenizers_installed() -> bool:
     import importlib.util
 
-    if importlib.util.find_spec("tokenizers") is not None:
+    return importlib.util.find_spec("tokenizers") is not None
+
+
+def _encoder(path: str) -> tuple[str, Callable[[str], list[int]], list[int]]:
+    """(what encodes, encode(text) -> ids without specials, the ids every sequence starts
+    with): the tokenizers package, else onnxruntime-genai's tokenizer (it reads a folder with a
+    genai_config.json); NoTokenizerLibrary when neither can."""
+    if tokenizers_installed():
         import tokenizers
 
         try:
@@ -122,15 +132,20 @@ def _encoder(path: str) -> tuple[str, Callable[[str], list[int]], list[int]]:
             lambda text: tok.encode(text, add_special_tokens=False).ids,
             list(start),
         )
+    folder = os.path.dirname(path)
+    if not os.path.isfile(os.path.join(folder, "genai_config.json")):
+        raise NoTokenizerLibrary(
+            f"{path} found, but the tokenizers package is not installed and onnxruntime-genai "
+            "reads a tokenizer only beside a genai_config.json"
+        )
     try:
         import onnxruntime_genai as og  # type: ignore[import-untyped]
     except ImportError:
-        raise TextFileError(
-            f"tokenizer {path}: neither the tokenizers package nor onnxruntime-genai is "
-            "installed to read it (pip install tokenizers)"
+        raise NoTokenizerLibrary(
+            f"{path} found, but neither the tokenizers package nor onnxruntime-genai is installed"
         ) from None
     try:
-        gtok = og.Tokenizer(os.path.dirname(path))
+        gtok = og.Tokenizer(folder)
     except Exception as e:
         raise TextFileError(f"tokenizer {path}: onnxruntime-genai cannot read it: {e}") from None
     return (
