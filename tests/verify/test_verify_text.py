@@ -24,6 +24,7 @@ from fastopt.verify.real_text import THRESHOLDS, WINDOW, evaluate_text
 from fastopt.verify.text_tokens import SAMPLED_ROWS, SAMPLED_STEPS, TEMPERATURE, prose
 from onnx import numpy_helper
 from support.llm_fixtures import fixtures
+from support.paths import TESTS
 
 LLAMA = fixtures(arch="llama", exporter="ts", dtype="float32")[0]
 
@@ -285,7 +286,7 @@ def _smollm2_onnx(cache: Path) -> Path:
             pytest.skip(f"make-smollm2.sh failed (no PyPI?): {p.stderr[-300:]}")
     onnx_dir = cache / "smollm2-onnx"
     if not (onnx_dir / "model.onnx").exists():
-        script = Path(__file__).parent / "fixtures" / "export_causal_lm.py"
+        script = TESTS / "fixtures" / "export_causal_lm.py"
         subprocess.run(["python", str(script), str(hf), str(onnx_dir)], check=True)
     return onnx_dir / "model.onnx"
 
