@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal, Union
 
@@ -41,6 +42,7 @@ from fastopt.pipeline.registry import (
     place,
     preset,
 )
+from fastopt.quant import recipe as quant_recipe
 from fastopt.quant.checks import extra_options
 from fastopt.quant.fp16_ranges import RangeCheck, check_ranges
 from fastopt.quant.settings import QDQ_OPSET, Mode, QuantSettings, WeightQuantization
@@ -95,6 +97,8 @@ class OptimizeReport:
     # With a genai_config.json written: where its values and the copied tokenizer files came
     # from, the values no file told (genai's defaults written), and what genai will not do.
     genai_notes: list[str] = field(default_factory=list)
+    # int4/int8 with calibration, AWQ or a bits budget: fastopt.quant.recipe's report.
+    quant_recipe: Any = None
     # The optimized model (not part of to_dict()).
     model: _C.Model | None = field(default=None, repr=False, compare=False)
 
@@ -103,6 +107,7 @@ class OptimizeReport:
         d["passes"] = [asdict(p) for p in self.passes]
         d["quantization"] = [asdict(w) for w in self.quantization]
         d["range_check"] = self.range_check.to_dict() if self.range_check else None
+        d["quant_recipe"] = self.quant_recipe.to_dict() if self.quant_recipe else None
         return d
 
     @property
@@ -255,6 +260,7 @@ def optimize(
     )
     reports: list[PassReport] = []
     range_check: RangeCheck | None = None
+    recipe = None
     for i, name in enumerate(names):
         if progress is not None:
             progress(i, len(names), name)
@@ -283,7 +289,7 @@ def optimize(
     if quantize is not None:
         if progress is not None:
             progress(len(names), len(names) + 1, quantize.pass_name)
-        quant_reports, range_check = _quantize(ctx, quantize, work_progress)
+        quant_reports, range_check, recipe = _quantize(ctx, quantize, work_progress)
         reports.extend(quant_reports)
     if progress is not None:
         progress(len(names), len(names), "")
@@ -366,6 +372,7 @@ def optimize(
         run_check=checked,
         range_check=range_check,
         genai_notes=genai_notes,
+        quant_recipe=recipe,
         model=model,
     )
 
@@ -476,11 +483,13 @@ def _check_quantize(settings: QuantSettings) -> None:
 
 def _quantize(
     ctx: PassContext, settings: QuantSettings, work_progress: WorkProgressFn | None
-) -> tuple[list[PassReport], RangeCheck | None]:
+) -> tuple[list[PassReport], RangeCheck | None, quant_recipe.RecipeReport | None]:
     """The quantization step: target onnx's blocked DequantizeLinear needs opset 21 first; fp16
-    measures the activations first and keeps the ops that overflow float32 (fp16_ranges)."""
+    measures the activations first and keeps the ops that overflow float32 (fp16_ranges);
+    int4/int8 runs calibration, AWQ and the bits budget first when asked (quant_recipe)."""
     reports = []
     range_check = None
+    recipe = None
     if (
         ctx.target == "onnx"
         and settings.pass_name == "quantize_weights"
@@ -496,13 +505,17 @@ def _quantize(
         range_check = check_ranges(ctx.model, workdir=settings.tmpdir)
         ctx.options["precision_f32_values"] = range_check.option()
     ctx.progress = work_progress
-    try:
-        reports.append(_run_pass(settings.pass_name, ctx))
-    finally:
-        ctx.progress = None
+    with ExitStack() as stack:  # the recipe's temporary files live until the pass is done
+        if quant_recipe.needed(settings):
+            recipe, recipe_options = quant_recipe.prepare(ctx.model, settings, stack)
+            ctx.options.update(recipe_options)
+        try:
+            reports.append(_run_pass(settings.pass_name, ctx))
+        finally:
+            ctx.progress = None
     if range_check is not None:
         range_check.newly_kept = reports[-1].counters.get("nodes_kept_range", 0)
-    return reports, range_check
+    return reports, range_check, recipe
 
 
 def _has_bodies(model: _C.Model) -> bool:

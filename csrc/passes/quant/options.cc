@@ -2,6 +2,8 @@
 
 #include <fnmatch.h>
 
+#include <algorithm>
+
 #include "ir/error.h"
 
 namespace fastopt::quant {
@@ -13,7 +15,25 @@ std::string text(const passes::PassContext& ctx, const std::string& key,
   return it == ctx.text_options.end() ? fallback : it->second;
 }
 
+// The non-empty comma-separated parts of `text`.
+std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = text.find(',', start);
+    if (comma == std::string::npos) comma = text.size();
+    std::string part = text.substr(start, comma - start);
+    if (!part.empty()) parts.push_back(part);
+    start = comma + 1;
+  }
+  return parts;
+}
+
 }  // namespace
+
+bool QuantOptions::forced_int8(const std::string& name) const {
+  return std::find(int8_weights.begin(), int8_weights.end(), name) != int8_weights.end();
+}
 
 std::string QuantOptions::excluded(const std::string& name) const {
   for (const std::string& g : exclude) {
@@ -45,15 +65,8 @@ QuantOptions read_options(const passes::PassContext& ctx) {
         "(int8), not " +
         std::to_string(o.accuracy_level));
   }
-  const std::string ex = text(ctx, "quant_exclude", "");
-  size_t start = 0;
-  while (start <= ex.size()) {
-    size_t comma = ex.find(',', start);
-    if (comma == std::string::npos) comma = ex.size();
-    std::string g = ex.substr(start, comma - start);
-    if (!g.empty()) o.exclude.push_back(g);
-    start = comma + 1;
-  }
+  o.exclude = split_commas(text(ctx, "quant_exclude", ""));
+  o.int8_weights = split_commas(text(ctx, "quant_int8_weights", ""));
   o.lm_head = text(ctx, "quant_lm_head", "");
   if (!o.lm_head.empty() && o.lm_head != "keep" && o.lm_head != "int4" && o.lm_head != "int8") {
     throw ModelError("lm_head must be keep, int4 or int8, not '" + o.lm_head + "'");

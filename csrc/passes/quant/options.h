@@ -8,6 +8,8 @@
 //   quant_exclude        text: comma-separated globs on node or weight names, kept in float
 //   quant_lm_head        text: "" (same as the rest) | keep | int4 | int8
 //   quant_embeddings     text: keep (default) | int4 | int8
+//   quant_int8_weights   text: comma-separated weight names quantized at int8 whatever quant_bits
+//                        says (the --bits-budget allocation, fastopt.quant_budget)
 //   quant_per_channel    1 | 0 (default)      quant_keep_io_types  1 | 0 (default)
 //   quant_threads        threads (0 = all cores)
 //   quant_tmpdir         text: folder for the temporary file of quantized bytes ("" = $TMPDIR)
@@ -30,6 +32,7 @@ struct QuantOptions {
   std::vector<std::string> exclude;
   std::string lm_head;  // "" = same as the rest
   std::string embeddings = "keep";
+  std::vector<std::string> int8_weights;  // names, exact
   bool per_channel = false;
   bool keep_io_types = false;
   int threads = 0;
@@ -41,6 +44,9 @@ struct QuantOptions {
   // kernel at level 4 with fp16 activations gives wrong logits on the dynamo fp16 fixtures:
   // cosine 0.36 vs 0.9998 at level 0) and with cuda=1.
   int64_t accuracy_for(int32_t dtype) const;
+
+  // Whether `name` is one of int8_weights.
+  bool forced_int8(const std::string& name) const;
 
   // The glob of `exclude` matching `name`, or "".
   std::string excluded(const std::string& name) const;

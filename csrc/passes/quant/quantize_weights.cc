@@ -301,6 +301,7 @@ class Quantizer {
       if (opt_.lm_head == "keep") return keep(w, mm, "lm_head (lm_head=keep)", t.get());
       bits = opt_.lm_head == "int8" ? 8 : 4;
     }
+    if (opt_.forced_int8(w->name())) bits = 8;  // --bits-budget's allocation
     Candidate c{&g, mm, nullptr, mm->inputs()[1], t, bits, 0, w, is_lm_head(mm)};
     if (!qdq_) c.add = bias_add(mm, transposed ? t->dims[0] : t->dims[1], t->dtype());
     c.job = job_for(w->name(), t, bits, transposed,

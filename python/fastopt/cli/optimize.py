@@ -150,6 +150,8 @@ def run_command(args: argparse.Namespace) -> int:
     quantize = quant_settings(args, args.quantize, args.output) if args.quantize else None
     if quantize is not None:
         quantize.validate()
+    if args.tokenizer is None and args.hf_config is not None:  # the checkpoint's tokenizer
+        args.tokenizer = args.hf_config
     if args.verify:  # a bad --verify-text file or tokenizer fails before any work
         from fastopt.verify.text_tokens import check_text_inputs
 

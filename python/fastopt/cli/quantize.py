@@ -9,6 +9,7 @@ import os
 from typing import Any
 
 from rich.markup import escape
+from rich.table import Table
 
 import fastopt
 from fastopt.cli.common import (
@@ -23,9 +24,10 @@ from fastopt.cli.common import (
     quant_settings,
     work_progress,
 )
-from fastopt.cli.output import console
+from fastopt.cli.output import console, print_table
 from fastopt.cli.progress import CommandProgress
 from fastopt.pipeline.summary import human_bytes
+from fastopt.quant.recipe import RecipeReport
 from fastopt.quant.settings import MODES
 from fastopt.verify.core import OutputRejectedError
 
@@ -77,7 +79,79 @@ def add_parser(sub: Any) -> None:
     )
     add_hf_config_flag(qnt)
     add_quant_flags(qnt)
+    add_recipe_flags(qnt)
     qnt.set_defaults(func=run_command)
+
+
+def add_recipe_flags(p: argparse.ArgumentParser) -> None:
+    """Calibration, AWQ and the bits budget (fastopt quantize only)."""
+    p.add_argument(
+        "--calibration",
+        metavar="FILE|builtin",
+        help="int4/int8: run the float model on this text (or fastopt's built-in prose) to "
+        "measure each weight's input importance (mean x^2 per channel)",
+    )
+    p.add_argument(
+        "--awq",
+        action="store_true",
+        help="with --calibration: AWQ per-channel scales folded into the preceding norms",
+    )
+    p.add_argument(
+        "--bits-budget",
+        type=float,
+        metavar="BITS",
+        help="int4: average bits per weight (scales included); the weights that gain most move "
+        "to int8",
+    )
+    p.add_argument("--save-importance", metavar="PATH", help="keep the importance file here")
+
+
+def print_recipe(recipe: RecipeReport, out: Any, verbose: bool = False) -> None:
+    """Calibration, AWQ and the bits allocation: a line each; the allocation's table (each
+    weight's bits and error at int4 / int8) when `verbose`."""
+    cal = recipe.calibration
+    if cal is not None:
+        out.print(
+            f"calibration: {cal.tokens} tokens from {cal.source}; {len(cal.vectors)} importance "
+            f"vectors in {cal.seconds:.2f} s (ONNX Runtime runs {cal.forward_seconds:.2f} s)",
+            markup=False,
+            highlight=False,
+        )
+    if recipe.awq is not None:
+        scaled = recipe.awq.scaled
+        before = sum(g.error_before for g in scaled)
+        after = sum(g.error_after for g in scaled)
+        drop = f", estimated error {after / before:.2f}x" if before else ""
+        out.print(
+            f"awq: {len(scaled)} of {len(recipe.awq.groups)} scale groups scaled{drop}",
+            markup=False,
+            highlight=False,
+        )
+    alloc = recipe.allocation
+    if alloc is None:
+        return
+    if verbose:
+        table = Table(title="bits per weight", show_edge=False)
+        for col in ("weight", "shape", "bits", "bits/weight", "error int4", "error int8"):
+            table.add_column(col, justify="left" if col == "weight" else "right")
+        for t in alloc.tensors:
+            table.add_row(
+                escape(t.weight + (" (lm_head)" if t.lm_head else "")),
+                f"{t.shape[0]}x{t.shape[1]}",
+                str(t.bits),
+                f"{t.bits_per_weight:.3f}",
+                f"{t.error_int4:.4g}",
+                f"{t.error_int8:.4g}",
+            )
+        print_table(out, table)
+    budget = f" (budget {alloc.budget:g})" if alloc.budget is not None else ""
+    out.print(
+        f"bits: {len(alloc.int8_weights)} of {len(alloc.tensors)} weights int8, average "
+        f"{alloc.average_bits:.3f} bits per weight{budget}; errors "
+        f"{'weighted by importance' if alloc.weighted else 'unweighted'}",
+        markup=False,
+        highlight=False,
+    )
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -112,6 +186,10 @@ def run_command(args: argparse.Namespace) -> int:
                 external_data=external,
                 progress=work_progress(progress),
                 hf_config=args.hf_config,
+                calibration=settings.calibration,
+                awq=settings.awq,
+                bits_budget=settings.bits_budget,
+                importance_output=settings.importance_output,
             )
         except OutputRejectedError as e:
             # ORT runs the original but not the output fastopt wrote: a failed verification (1).
@@ -122,6 +200,8 @@ def run_command(args: argparse.Namespace) -> int:
     print_precision(report.range_check, report.passes, settings.mode, out, verbose=args.verbose)
     print_genai_notes(report.genai_notes, out)
     accuracy = f"; {report.verify.accuracy}" if report.verify and report.verify.accuracy else ""
+    if report.recipe is not None:
+        print_recipe(report.recipe, out, verbose=args.verbose or settings.bits_budget is not None)
     out.print(
         f"{escape(args.model)} -> {escape(args.output)} ({human_bytes(files_size(args.output))}) "
         f"in {report.seconds:.2f} s{escape(accuracy)}"

@@ -38,6 +38,7 @@ from fastopt.pipeline.options import check_options
 from fastopt.pipeline.registry import Target
 from fastopt.quant.checks import reduce_range
 from fastopt.quant.fp16_ranges import RangeCheck
+from fastopt.quant.recipe import RecipeReport
 from fastopt.quant.settings import Mode, QuantSettings, QuantSummary, WeightQuantization
 from fastopt.verify.quantized import QuantVerifyReport, verify_quantized
 from fastopt.verify.text_tokens import check_text_inputs
@@ -60,6 +61,8 @@ class QuantizeReport:
     range_check: RangeCheck | None = None
     # With a genai_config.json written: its sources and fallbacks (OptimizeReport.genai_notes).
     genai_notes: list[str] = field(default_factory=list)
+    # int4/int8: calibration, AWQ and the bits allocation (fastopt.quant.recipe), when asked
+    recipe: RecipeReport | None = None
     model: _C.Model | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -88,6 +91,7 @@ class QuantizeReport:
             "accuracy": _accuracy_dict(self.accuracy),
             "range_check": self.range_check.to_dict() if self.range_check else None,
             "genai_notes": self.genai_notes,
+            "recipe": self.recipe.to_dict() if self.recipe else None,
         }
 
 
@@ -129,6 +133,10 @@ def quantize(
     progress: WorkProgressFn | None = None,
     run_check: bool = True,
     hf_config: str | os.PathLike[str] | None = None,
+    calibration: str | None = None,
+    awq: bool = False,
+    bits_budget: float | None = None,
+    importance_output: str | os.PathLike[str] | None = None,
 ) -> QuantizeReport:
     """Quantize a model's weights (int4/int8 weight-only, int8 dynamic) or its precision
     (fp16/bf16).
@@ -184,6 +192,21 @@ def quantize(
         The Hugging Face checkpoint folder, as for :func:`fastopt.optimize`: a decoder with
         genai's cache gets a genai_config.json from it (or from the files beside the input) and
         its tokenizer files beside the output (``report.genai_notes``).
+    calibration : str, optional
+        int4/int8: a text file, or "builtin" (prose shipped with fastopt), run through the float
+        model in ONNX Runtime to measure each weight's input importance (mean x^2 per channel,
+        fastopt.quant.calibration); tokenized with the model's tokenizer (tokenizer.json beside
+        the model or in `hf_config`), else the model samples its own text.
+    awq : bool, default False
+        int4/int8 with calibration: AWQ per-channel scaling folded into the norms that precede
+        the weights (fastopt.quant.awq).
+    bits_budget : float, optional
+        int4: the average bits per weight of the quantized MatMul weights (scales and zero
+        points included); the weights whose error drops most per extra bit go to int8
+        (fastopt.quant.budget). ``report.recipe.allocation`` lists each weight's bits and error.
+    importance_output : str or os.PathLike, optional
+        With calibration: keep the importance file here (float32 1-D initializers named as the
+        weights).
 
     Returns
     -------
@@ -212,10 +235,17 @@ def quantize(
         threads=threads,
         # Quantized bytes wait beside the output: the save then copies within one filesystem.
         tmpdir=os.path.dirname(os.path.abspath(os.fspath(output))) if output else "",
+        calibration=calibration,
+        hf_config=os.fspath(hf_config) if hf_config is not None else None,
+        awq=awq,
+        bits_budget=bits_budget,
+        importance_output=os.fspath(importance_output) if importance_output is not None else None,
     )
     settings.validate()
     if verify and (isinstance(model_or_path, _C.Model) or output is None):
         raise _C.ModelError("verify needs the input as a path and an output path")
+    if tokenizer is None and hf_config is not None:  # the checkpoint's tokenizer scores --verify
+        tokenizer = hf_config
     if verify:  # a bad text file or tokenizer fails before any work
         check_text_inputs(verify_text, tokenizer)
     if (
@@ -259,5 +289,6 @@ def quantize(
         verify=vreport,
         range_check=report.range_check,
         genai_notes=report.genai_notes,
+        recipe=report.quant_recipe,
         model=report.model,
     )

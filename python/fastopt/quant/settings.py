@@ -56,6 +56,14 @@ class QuantSettings:
     tmpdir: str = ""
     # fp16: keep the ops whose activations reach float16's range float32 (fastopt.quant.fp16_ranges)
     fp16_ranges: bool = True
+    # int4/int8 (fastopt.quant.recipe): calibration text (a file or "builtin"), the folder of
+    # the model's tokenizer when not beside it, AWQ scaling, the average bits per weight of the
+    # int4/int8 mix, and where to keep the importance file
+    calibration: str | None = None
+    hf_config: str | None = None
+    awq: bool = False
+    bits_budget: float | None = None
+    importance_output: str | None = None
 
     @classmethod
     def of(cls, quantize: QuantSettings | str) -> QuantSettings:
@@ -112,9 +120,38 @@ class QuantSettings:
             raise _C.ModelError("keep_io_types applies to fp16 and bf16")
         if not 0 <= self.threads <= 4096:  # csrc/passes/quant/options.cc's bound (and int64's)
             raise _C.ModelError(f"threads must be 0 (all cores) up to 4096, not {self.threads}")
+        self._validate_recipe()
         for g in self.exclude:
             if not g or "," in g:
                 raise _C.ModelError(f"exclude patterns must be non-empty, without ',': {g!r}")
+
+    def _validate_recipe(self) -> None:
+        weight_only = self.mode in ("int4", "int8")
+        for name, given in (
+            ("calibration", self.calibration is not None),
+            ("awq", self.awq),
+            ("bits_budget", self.bits_budget is not None),
+        ):
+            if given and not weight_only:
+                raise _C.ModelError(f"{name} applies to weight-only int4/int8, not to {self.mode}")
+        if self.calibration not in (None, "builtin") and not os.path.isfile(self.calibration):
+            raise _C.ModelError(
+                f"calibration: no file {self.calibration!r} (give a text file or 'builtin')"
+            )
+        if self.awq and not self.calibration:
+            raise _C.ModelError("awq needs calibration (--calibration FILE|builtin)")
+        if self.hf_config is not None and not os.path.isdir(self.hf_config):
+            raise _C.ModelError(f"hf_config: {self.hf_config!r} is not a folder")
+        if self.bits_budget is not None:
+            b = self.bits_budget
+            if isinstance(b, bool) or not isinstance(b, (int, float)) or not 4 <= b <= 16:
+                raise _C.ModelError(
+                    f"bits budget must be a number of bits per weight from 4 to 16, not {b!r}"
+                )
+            if self.mode != "int4":
+                raise _C.ModelError("bits_budget mixes int4 and int8: use it with mode int4")
+        if (self.importance_output is not None) and not self.calibration:
+            raise _C.ModelError("importance_output needs calibration")
 
     def options(self) -> dict[str, object]:
         o: dict[str, object] = {

@@ -1,0 +1,419 @@
+"""Calibration for weight quantization: the importance of each input channel of each weight
+MatMul, measured by running the float model in ONNX Runtime on calibration text.
+
+For every MatMul whose B is a 2-D float initializer W [K, N] (or Transpose of one: a tied
+lm_head), the graph gets ``ReduceSumSquare(Reshape(A, [-1, K]), axes=[0])`` (length K) and
+``Size(A)`` as extra outputs, so nothing the size of an activation is kept: ONNX Runtime frees
+the activations as it always does. Summed over the batches and divided by the rows seen, that is
+the importance vector of W: mean x_k^2 over tokens, per input channel k (what llama.cpp's
+imatrix holds). A weight read by several MatMuls accumulates over all of them.
+
+The text (``--calibration FILE|builtin``; builtin: ``fastopt/quant/calibration.txt``, prose
+written for this package) is tokenized with the model's tokenizer: ``tokenizer.json`` beside the
+model or in the ``hf_config`` folder, read with the ``tokenizers`` package, else with
+onnxruntime-genai's tokenizer when the folder holds a genai_config.json. With no tokenizer the
+model writes its own calibration text: continuations of its BOS token sampled at temperature 0.8
+(never uniform random ids, which no layer sees in use).
+
+The importance file (``write_importance``) is an ONNX model whose graph holds only initializers:
+one float32 1-D tensor of length K per weight, named as the MatMul's weight initializer. The
+quantization pass reads it as option ``quant_importance=PATH``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+from fastopt import _C
+from fastopt._lazy import lazy_module
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
+else:
+    np = lazy_module("numpy")
+
+BUILTIN = "builtin"
+# Tokens per calibration sequence, and the most tokens taken from the text in all.
+SEQUENCE = 128
+MAX_TOKENS = 4096
+# Sampling when the model has no tokenizer: sequences x tokens, temperature.
+SAMPLED_SEQUENCES = 4
+SAMPLED_TOKENS = 48
+TEMPERATURE = 0.8
+_PREFIX = "fastopt_calib/"
+_FLOAT_TYPES = (1, 10, 16)  # float, float16, bfloat16
+
+
+@dataclass
+class Importance:
+    """Per weight initializer: mean x_k^2 of its MatMul's input over the calibration tokens."""
+
+    vectors: dict[str, np.ndarray] = field(default_factory=dict)
+    tokens: int = 0  # tokens run through the model
+    source: str = ""  # what the tokens came from
+    seconds: float = 0.0  # the whole calibration
+    forward_seconds: float = 0.0  # ONNX Runtime's runs of the instrumented model alone
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "weights": len(self.vectors),
+            "tokens": self.tokens,
+            "source": self.source,
+            "seconds": self.seconds,
+            "forward_seconds": self.forward_seconds,
+        }
+
+
+@dataclass(frozen=True)
+class WeightUse:
+    """A MatMul reading a weight: the node, the A input, the weight's name and K."""
+
+    node: str
+    a: str
+    weight: str
+    k: int
+
+
+def weight_matmuls(model: _C.Model) -> list[WeightUse]:
+    """The main graph's MatMuls whose B is a 2-D float initializer (or a Transpose of one)."""
+    out = []
+    for n in model.graph.nodes:
+        if n.op_type != "MatMul" or n.domain not in ("", "ai.onnx") or len(n.inputs) != 2:
+            continue
+        a, b = n.inputs
+        if a is None or b is None:
+            continue
+        t, k = b.initializer, 0
+        if t is not None and len(t.shape) == 2:
+            k = t.shape[0]
+        elif t is None and b.producer is not None and b.producer.op_type == "Transpose":
+            src = b.producer.inputs[0]
+            t = src.initializer if src is not None else None
+            perm = b.producer.attributes.get("perm")
+            if t is not None and len(t.shape) == 2 and perm in (None, [1, 0]):
+                k = t.shape[1]
+            else:
+                t = None
+        if t is None or k == 0 or t.dtype not in _FLOAT_TYPES:
+            continue
+        out.append(WeightUse(n.name, a.name, t.name, int(k)))
+    return out
+
+
+def builtin_text() -> str:
+    return resources.files("fastopt.quant").joinpath("calibration.txt").read_text("utf-8")
+
+
+def calibration_text(calibration: str) -> str:
+    """The text of ``--calibration``: ``builtin`` or a UTF-8 text file; ModelError otherwise."""
+    if calibration == BUILTIN:
+        return builtin_text()
+    try:
+        with open(calibration, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise _C.ModelError(
+            f"calibration: cannot read {calibration!r} as UTF-8 text ({e.__class__.__name__}); "
+            "give a text file or 'builtin'"
+        ) from e
+    if not text.strip():
+        raise _C.ModelError(f"calibration: {calibration!r} is empty")
+    return text
+
+
+def tokenizer_folders(model: _C.Model, hf_config: str | None) -> list[str]:
+    folders = [hf_config] if hf_config else []
+    if model.path:
+        folders.append(os.path.dirname(os.path.abspath(model.path)))
+    return folders
+
+
+def find_tokenizer(folders: Sequence[str]) -> tuple[Callable[[str], list[int]] | None, str]:
+    """An encode function for the first folder with a tokenizer, and what was used (or why
+    none was: the message names what to install or pass)."""
+    for folder in folders:
+        path = os.path.join(folder, "tokenizer.json")
+        if os.path.isfile(path):
+            try:
+                import tokenizers
+            except ImportError:
+                break  # maybe onnxruntime-genai's, below
+            tok = tokenizers.Tokenizer.from_file(path)
+            return (lambda text, tok=tok: list(tok.encode(text).ids)), f"tokenizer {path}"
+    for folder in folders:
+        if os.path.isfile(os.path.join(folder, "genai_config.json")):
+            try:
+                import onnxruntime_genai as og  # type: ignore[import-untyped]
+
+                gtok = og.Tokenizer(og.Model(folder))
+            except Exception:
+                continue
+            return (lambda text, gtok=gtok: [int(i) for i in gtok.encode(text)]), (
+                f"onnxruntime-genai tokenizer in {folder}"
+            )
+    where = ", ".join(folders) or "no folder (the model is not a file)"
+    has_json = any(os.path.isfile(os.path.join(f, "tokenizer.json")) for f in folders)
+    why = (
+        "tokenizer.json found but neither the tokenizers package nor onnxruntime-genai can read it"
+        if has_json
+        else f"no tokenizer.json in {where}"
+    )
+    return None, why
+
+
+def _ids_input(model: _C.Model) -> str:
+    from fastopt.verify.inputs import _is_ids_name
+
+    for v in model.graph.inputs:
+        if v is not None and _is_ids_name(v.name) and v.dtype in (6, 7):  # int32, int64
+            return v.name
+    raise _C.ModelError(
+        "calibration: the model has no token ids input (an input named *ids of int32/int64)"
+    )
+
+
+def _feeds(
+    model: _C.Model, ids_name: str, ids: np.ndarray, wanted: set[str]
+) -> dict[str, np.ndarray]:
+    """Inputs for one sequence: ``ids`` [1, T] and the rest as fastopt.verify makes them for
+    batch 1, T tokens, no past (masks of ones, positions 0..T-1)."""
+    from fastopt.verify.inputs import make_inputs
+
+    t = int(ids.shape[1])
+    dims = {"batch": 1, "batch_size": 1, "sequence_length": t, "past_sequence_length": 0}
+    feeds = make_inputs(model, dims=dims, seed=0)
+    dtype = feeds[ids_name].dtype if ids_name in feeds else np.int64
+    feeds[ids_name] = ids.astype(dtype)
+    return {k: np.asarray(v) for k, v in feeds.items() if k in wanted}
+
+
+def _bos(folders: Sequence[str]) -> int:
+    for folder in folders:
+        for name in ("generation_config.json", "config.json"):
+            try:
+                with open(os.path.join(folder, name)) as f:
+                    bos = json.load(f).get("bos_token_id")
+            except (OSError, ValueError):
+                continue
+            if isinstance(bos, list) and bos:
+                bos = bos[0]
+            if isinstance(bos, int):
+                return bos
+    return 0
+
+
+def _logits_output(sess: Any) -> str:
+    outs = [o.name for o in sess.get_outputs() if not o.name.startswith(_PREFIX)]
+    for name in outs:
+        if "logits" in name:
+            return name
+    return outs[0]
+
+
+class _Accumulator:
+    def __init__(self, uses: Sequence[WeightUse]) -> None:
+        self.uses = uses
+        self.sums: dict[str, np.ndarray] = {}
+        self.rows: dict[str, int] = {}
+
+    def outputs(self) -> list[str]:
+        out = []
+        for i in range(len(self.uses)):
+            out += [f"{_PREFIX}{i}/sumsq", f"{_PREFIX}{i}/size"]
+        return out
+
+    def add(self, got: Sequence[Any]) -> None:
+        for i, u in enumerate(self.uses):
+            sumsq = np.asarray(got[2 * i], dtype=np.float64)
+            rows = int(np.asarray(got[2 * i + 1])) // u.k
+            if u.weight in self.sums:
+                self.sums[u.weight] += sumsq
+            else:
+                self.sums[u.weight] = sumsq.copy()
+            self.rows[u.weight] = self.rows.get(u.weight, 0) + rows
+
+    def vectors(self) -> dict[str, np.ndarray]:
+        return {w: (s / max(self.rows[w], 1)).astype(np.float32) for w, s in self.sums.items()}
+
+
+def _instrument(proto: onnx.ModelProto, uses: Sequence[WeightUse], opset: int) -> None:
+    """Adds per use i the outputs ``<prefix>i/sumsq`` (float32 [K]) and ``<prefix>i/size``."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    g = proto.graph
+    axes = _PREFIX + "axes0"
+    g.initializer.append(numpy_helper.from_array(np.array([0], np.int64), axes))
+    for i, u in enumerate(uses):
+        t = f"{_PREFIX}{i}/"
+        shape = t + "shape"
+        g.initializer.append(numpy_helper.from_array(np.array([-1, u.k], np.int64), shape))
+        g.node.extend(
+            [
+                helper.make_node("Cast", [u.a], [t + "f32"], name=t + "Cast", to=TensorProto.FLOAT),
+                helper.make_node("Reshape", [t + "f32", shape], [t + "rows"], name=t + "Reshape"),
+                helper.make_node("Size", [u.a], [t + "size"], name=t + "Size"),
+            ]
+        )
+        if opset >= 18:
+            g.node.append(
+                helper.make_node(
+                    "ReduceSumSquare", [t + "rows", axes], [t + "sumsq"], name=t + "RSS", keepdims=0
+                )
+            )
+        else:
+            g.node.append(
+                helper.make_node(
+                    "ReduceSumSquare",
+                    [t + "rows"],
+                    [t + "sumsq"],
+                    name=t + "RSS",
+                    axes=[0],
+                    keepdims=0,
+                )
+            )
+        g.output.extend(
+            [
+                helper.make_tensor_value_info(t + "sumsq", TensorProto.FLOAT, [u.k]),
+                helper.make_tensor_value_info(t + "size", TensorProto.INT64, []),
+            ]
+        )
+
+
+def _chunks(ids: Sequence[int], length: int, limit: int) -> list[np.ndarray]:
+    ids = list(ids)[:limit]
+    return [
+        np.array([ids[i : i + length]], np.int64) for i in range(0, len(ids), length) if ids[i:]
+    ]
+
+
+def collect_importance(
+    model: _C.Model,
+    calibration: str = BUILTIN,
+    hf_config: str | None = None,
+    *,
+    sequence: int = SEQUENCE,
+    max_tokens: int = MAX_TOKENS,
+    token_batches: Iterable[np.ndarray] | None = None,
+    workdir: str = "",
+) -> Importance:
+    """Runs ``model`` (not changed) in ONNX Runtime on the calibration tokens and returns the
+    importance vectors of its MatMul weights. ``token_batches`` ([1, T] id arrays) replace the
+    text when given. ModelError when the model cannot run or has no weight MatMul."""
+    import onnx
+
+    from fastopt.quant.activation_ranges import _PLACEHOLDER, _session
+    from fastopt.verify.check import summarize_error
+
+    start = time.perf_counter()
+    uses = weight_matmuls(model)
+    if not uses:
+        raise _C.ModelError("calibration: the model has no MatMul with a constant 2-D weight")
+    folders = tokenizer_folders(model, hf_config)
+    encode, source = None, "token batches given"
+    batches: list[np.ndarray] | None = None
+    if token_batches is not None:
+        batches = [np.asarray(b, np.int64).reshape(1, -1) for b in token_batches]
+    else:
+        text = calibration_text(calibration)
+        encode, source = find_tokenizer(folders)
+        if encode is not None:
+            batches = _chunks(encode(text), sequence, max_tokens)
+            what = "builtin text" if calibration == BUILTIN else calibration
+            source = f"{what} ({source})"
+    ids_name = _ids_input(model)
+    opset = next((v for k, v in model.opset_imports.items() if k in ("", "ai.onnx")), 17)
+    skeleton = model.skeleton()
+    proto = onnx.load_from_string(skeleton)
+    _instrument(proto, uses, opset)
+    acc = _Accumulator(uses)
+    imp = Importance()
+    with ExitStack() as stack:
+        try:
+            sess = _session(proto, skeleton.count(_PLACEHOLDER), model, stack, workdir)
+            del proto
+            wanted = {i.name for i in sess.get_inputs()}
+            if batches is None:  # no tokenizer: the model writes its own text
+                batches = _sample(sess, model, ids_name, wanted, _bos(folders), imp)
+                source = f"{SAMPLED_SEQUENCES} sequences sampled from the model ({source})"
+            outputs = acc.outputs()
+            for ids in batches:
+                t0 = time.perf_counter()
+                got = sess.run(outputs, _feeds(model, ids_name, ids, wanted))
+                imp.forward_seconds += time.perf_counter() - t0
+                acc.add(got)
+                imp.tokens += int(ids.size)
+        except _C.ModelError:
+            raise
+        except Exception as e:
+            raise _C.ModelError(
+                f"calibration: ONNX Runtime could not run the model: {summarize_error(str(e))}"
+            ) from e
+    imp.vectors = acc.vectors()
+    imp.source = source
+    imp.seconds = time.perf_counter() - start
+    return imp
+
+
+def _sample(
+    sess: Any, model: _C.Model, ids_name: str, wanted: set[str], bos: int, imp: Importance
+) -> list[np.ndarray]:
+    """SAMPLED_SEQUENCES continuations of BOS, SAMPLED_TOKENS each, sampled at TEMPERATURE
+    (seeded: the same model gives the same text). Whole-sequence runs, no cache: short."""
+    logits_name = _logits_output(sess)
+    rng = np.random.default_rng(0)
+    out = []
+    for _ in range(SAMPLED_SEQUENCES):
+        ids = [bos]
+        for _ in range(SAMPLED_TOKENS - 1):
+            t0 = time.perf_counter()
+            (logits,) = sess.run([logits_name], _feeds(model, ids_name, np.array([ids]), wanted))
+            imp.forward_seconds += time.perf_counter() - t0
+            z = np.asarray(logits, np.float64)[0, -1] / TEMPERATURE
+            p = np.exp(z - z.max())
+            ids.append(int(rng.choice(len(p), p=p / p.sum())))
+        out.append(np.array([ids], np.int64))
+    return out
+
+
+def write_importance(vectors: Mapping[str, np.ndarray], path: str | os.PathLike[str]) -> None:
+    """The importance file: an ONNX model holding one float32 1-D initializer per weight, named
+    as the weight (written atomically)."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    inits = [
+        numpy_helper.from_array(np.ascontiguousarray(v, np.float32).reshape(-1), name)
+        for name, v in sorted(vectors.items())
+    ]
+    graph = helper.make_graph([], "fastopt_importance", [], [], initializer=inits)
+    proto = helper.make_model(
+        graph, producer_name="fastopt", opset_imports=[helper.make_opsetid("", 17)]
+    )
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".importance-", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(proto.SerializeToString())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    del onnx
+
+
+def read_importance(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    import onnx
+    from onnx import numpy_helper
+
+    proto = onnx.load(os.fspath(path))
+    return {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}

@@ -1,0 +1,101 @@
+"""The steps before weight quantization that settings ask for, run by fastopt.optimize right
+before the quantize_weights pass, on the model about to be quantized:
+
+1. ``calibration``: importance vectors from ONNX Runtime runs (fastopt.quant.calibration),
+   written to an importance file the pass reads (option ``quant_importance``);
+2. ``awq``: per-channel scaling of norms into the weights that read them (fastopt.quant.awq);
+3. ``bits_budget``: the int4/int8 choice per weight (fastopt.quant.budget), given to the pass as
+   ``quant_int8_weights``; without a budget the errors are still measured when calibrated, for
+   the report.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+from fastopt import _C
+from fastopt.quant.awq import AwqReport, apply_awq
+from fastopt.quant.budget import BitsAllocation, allocate
+from fastopt.quant.calibration import Importance, collect_importance, write_importance
+from fastopt.quant.settings import QuantSettings
+
+
+@dataclass
+class RecipeReport:
+    calibration: Importance | None = None
+    importance_file: str | None = None  # kept only when the settings named one
+    awq: AwqReport | None = None
+    allocation: BitsAllocation | None = None
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "calibration": self.calibration.to_dict() if self.calibration else None,
+            "importance_file": self.importance_file,
+            "awq": self.awq.to_dict() if self.awq else None,
+            "allocation": self.allocation.to_dict() if self.allocation else None,
+            "seconds": self.seconds,
+        }
+
+
+def needed(settings: QuantSettings) -> bool:
+    return bool(settings.calibration or settings.awq or settings.bits_budget is not None)
+
+
+def prepare(
+    model: _C.Model, settings: QuantSettings, stack: ExitStack
+) -> tuple[RecipeReport, dict[str, object]]:
+    """Runs the steps on ``model`` (AWQ edits it) and returns their report and the pass options
+    they add. Temporary files live as long as ``stack``."""
+    start = time.perf_counter()
+    report = RecipeReport()
+    options: dict[str, object] = {}
+    bits = 8 if settings.mode == "int8" else 4
+    # the rounding the pass will use (part of the settings where the search exists)
+    method: str | None = getattr(settings, "method", None)
+    importance = None
+    if settings.calibration:
+        report.calibration = collect_importance(
+            model, settings.calibration, settings.hf_config, workdir=settings.tmpdir
+        )
+        importance = report.calibration.vectors
+    if settings.awq:
+        if importance is None:
+            raise _C.ModelError("awq needs calibration (--calibration FILE|builtin)")
+        report.awq, importance = apply_awq(
+            model,
+            importance,
+            bits=bits,
+            block_size=settings.block_size,
+            symmetric=settings.symmetric,
+            method=method,
+        )
+    if importance is not None:
+        path = settings.importance_output
+        if not path:
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="fastopt-imp-"))
+            path = os.path.join(folder, "importance.onnx")
+        write_importance(importance, path)
+        report.importance_file = settings.importance_output
+        if method != "rtn":  # (rtn's bytes are onnxruntime's: no weights)
+            options["quant_importance"] = os.fspath(path)
+    if settings.bits_budget is not None or importance is not None:
+        report.allocation = allocate(
+            model,
+            settings.bits_budget,
+            block_size=settings.block_size,
+            symmetric=settings.symmetric,
+            importance=importance,
+            exclude=settings.exclude,
+            lm_head=settings.lm_head,
+            method=method,
+        )
+        if settings.bits_budget is not None:
+            options["quant_int8_weights"] = ",".join(report.allocation.int8_weights)
+    report.seconds = time.perf_counter() - start
+    return report, options
