@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from fastopt.cli import main
+from fastopt.cli.main import main
 from fastopt.quant.awq import apply_awq
 from fastopt.quant.budget import allocate
 from fastopt.quant.calibration import (
