@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import fastopt
 import numpy as np
@@ -234,6 +235,24 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     text = capsys.readouterr().out
     assert "calibration: " in text and "awq: " in text and "(budget 5.5)" in text
     assert "error int4" in text  # the per-weight table
+    fp16 = FIXTURES / "llama_dynamo_float16" / "model.onnx"
+    assert (
+        main(
+            [
+                "quantize",
+                str(fp16),
+                "-o",
+                str(out),
+                "--mode",
+                "int4",
+                "--calibration",
+                "builtin",
+                "--awq",
+            ]
+        )
+        == 0
+    )
+    assert "awq: no norm or scale feeds float32 weight MatMuls" in capsys.readouterr().out
     assert main([*args, "--bits-budget", "4.1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: bits budget 4.1 is below") and err.count("\n") == 1
@@ -244,9 +263,21 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 MAKE_SMOLLM2 = Path("/work/shared/realmodels/make-smollm2.sh")
 
 
+def _bench() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_quant_calibration",
+        Path(__file__).parents[1] / "bench" / "bench_quant_calibration.py",
+    )
+    assert spec and spec.loader
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
 def _smollm2(cache: Path) -> tuple[Path, Path]:
     """SmolLM2-135M-Instruct (transformers folder, ONNX export) built into ``cache``, or skip."""
-    import importlib.util
     import subprocess
     import sys
 
@@ -260,33 +291,19 @@ def _smollm2(cache: Path) -> tuple[Path, Path]:
         if p.returncode != 0:
             pytest.skip(f"make-smollm2.sh failed (no PyPI?): {p.stderr[-300:]}")
     onnx_path = cache / "smollm2_onnx" / "model.onnx"
-    spec = importlib.util.spec_from_file_location(
-        "bench_quant_calibration",
-        Path(__file__).parents[1] / "bench" / "bench_quant_calibration.py",
-    )
-    assert spec and spec.loader
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     if not onnx_path.exists():
-        bench.export(str(hf), onnx_path)
+        _bench().export(str(hf), onnx_path)
     return hf, onnx_path
 
 
 @pytest.mark.slow
 def test_smollm2_awq_and_budget_lower_kl(tmp_path_factory: pytest.TempPathFactory) -> None:
-    import importlib.util
     import os
 
     cache = Path(os.environ.get("FASTOPT_TEST_CACHE", Path.home() / ".cache" / "fastopt-tests"))
     cache.mkdir(parents=True, exist_ok=True)
     hf, src = _smollm2(cache)
-    spec = importlib.util.spec_from_file_location(
-        "bench_quant_calibration",
-        Path(__file__).parents[1] / "bench" / "bench_quant_calibration.py",
-    )
-    assert spec and spec.loader
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench()
     import tokenizers
 
     tok = tokenizers.Tokenizer.from_file(str(hf / "tokenizer.json"))

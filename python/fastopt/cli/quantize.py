@@ -119,14 +119,21 @@ def print_recipe(recipe: RecipeReport, out: Any, verbose: bool = False) -> None:
         )
     if recipe.awq is not None:
         scaled = recipe.awq.scaled
+        if not recipe.awq.groups:
+            out.print(
+                "awq: no norm or scale feeds float32 weight MatMuls (it rewrites float32 only)",
+                markup=False,
+                highlight=False,
+            )
         before = sum(g.error_before for g in scaled)
         after = sum(g.error_after for g in scaled)
         drop = f", estimated error {after / before:.2f}x" if before else ""
-        out.print(
-            f"awq: {len(scaled)} of {len(recipe.awq.groups)} scale groups scaled{drop}",
-            markup=False,
-            highlight=False,
-        )
+        if recipe.awq.groups:
+            out.print(
+                f"awq: {len(scaled)} of {len(recipe.awq.groups)} scale groups scaled{drop}",
+                markup=False,
+                highlight=False,
+            )
     alloc = recipe.allocation
     if alloc is None:
         return
