@@ -26,8 +26,9 @@ from fastopt.quant.calibration import (
     write_importance,
 )
 from fastopt.verify.inputs import make_inputs
+from support.paths import ROOT, TESTS
 
-FIXTURES = Path(__file__).parent / "fixtures" / "models"
+FIXTURES = TESTS / "fixtures" / "models"
 LLAMA = FIXTURES / "llama_ts_float32" / "model.onnx"
 # Token batches the tests feed (the fixture has random weights and no tokenizer).
 BATCHES = [
@@ -268,7 +269,7 @@ def _bench() -> Any:
 
     spec = importlib.util.spec_from_file_location(
         "bench_quant_calibration",
-        Path(__file__).parents[1] / "bench" / "bench_quant_calibration.py",
+        ROOT / "bench" / "bench_quant_calibration.py",
     )
     assert spec and spec.loader
     bench = importlib.util.module_from_spec(spec)
