@@ -66,5 +66,6 @@ void bind_folding(py::module_& m);                                        // fol
 void bind_patterns(py::module_& m);
 void bind_analysis(py::module_& m);
 void bind_passes(py::module_& m);  // passes.cc
+void bind_quant(py::module_& m);   // quant.cc
 
 }  // namespace fastopt::bindings

@@ -44,6 +44,7 @@ PYBIND11_MODULE(_C, m) {
   bind_model(m, model_cls);
   bind_folding(m);
   bind_passes(m);
+  bind_quant(m);
   bind_patterns(m);
   bind_analysis(m);
 }

@@ -76,7 +76,9 @@ void bind_passes(py::module_& m) {
       .def_readonly("bytes_before", &quant::QuantRecord::bytes_before)
       .def_readonly("bytes_after", &quant::QuantRecord::bytes_after)
       .def_readonly("max_rel_error", &quant::QuantRecord::max_rel_error)
-      .def_readonly("mean_rel_error", &quant::QuantRecord::mean_rel_error);
+      .def_readonly("mean_rel_error", &quant::QuantRecord::mean_rel_error)
+      .def_readonly("rel_mse", &quant::QuantRecord::rel_mse,
+                    "sum imp[k] (w - w')^2 / sum imp[k] w^2 (imp = 1 without an importance file)");
 
   py::class_<passes::PassContext>(m, "PassResult", "What one run of a C++ pass did")
       .def_readonly("counters", &passes::PassContext::counters)

@@ -14,6 +14,8 @@ void ErrorSums::merge(const ErrorSums& o) {
   abs += o.abs;
   max_err = o.max_err > max_err || std::isnan(o.max_err) ? o.max_err : max_err;
   max_abs = o.max_abs > max_abs ? o.max_abs : max_abs;
+  sq_err += o.sq_err;
+  sq += o.sq;
   count += o.count;
 }
 
@@ -59,9 +61,10 @@ FASTOPT_VECTOR_CLONES void column_range(const float* __restrict src, int64_t ld,
 // compiler vectorizes it across columns.
 FASTOPT_VECTOR_CLONES void quantize_row(const float* __restrict row, const float* __restrict rs,
                                         const float* __restrict zf, const float* __restrict ds,
-                                        float kmax, int64_t n, uint8_t* __restrict q,
+                                        float kmax, float weight, int64_t n, uint8_t* __restrict q,
                                         float* __restrict ce, float* __restrict ca,
-                                        float* __restrict cme, float* __restrict cma) {
+                                        float* __restrict cme, float* __restrict cma,
+                                        float* __restrict cse, float* __restrict csq) {
   for (int64_t c = 0; c < n; ++c) {
     const float v = row[c];
     // clamp(roundf(x), 0, kmax) == roundf(clamp(x, 0, kmax)) since kmax is whole; for
@@ -72,10 +75,13 @@ FASTOPT_VECTOR_CLONES void quantize_row(const float* __restrict row, const float
     const int32_t t = static_cast<int32_t>(x);
     const int32_t qi = t + ((x - static_cast<float>(t)) >= 0.5f ? 1 : 0);
     q[c] = static_cast<uint8_t>(qi);
-    const float e = std::fabs(v - (static_cast<float>(qi) - zf[c]) * ds[c]);
+    const float d = v - (static_cast<float>(qi) - zf[c]) * ds[c];
+    const float e = std::fabs(d);
     const float a = std::fabs(v);
     ce[c] += e;
     ca[c] += a;
+    cse[c] += weight * d * d;
+    csq[c] += weight * v * v;
     cme[c] = e > cme[c] ? e : cme[c];
     cma[c] = a > cma[c] ? a : cma[c];
   }
@@ -83,7 +89,23 @@ FASTOPT_VECTOR_CLONES void quantize_row(const float* __restrict row, const float
 
 }  // namespace
 
-void BlockQuantizer::run(const float* src, int64_t ld, int64_t rows, int64_t cols, ErrorSums& err) {
+float BlockQuantizer::store(size_t c, float scale) {
+  if (spec_.scale_dtype == 10) {
+    const uint16_t h = float_to_half(scale);
+    stored_[c] = h;
+    return half_to_float(h);
+  }
+  if (spec_.scale_dtype == 16) {
+    const uint16_t b = float_to_bfloat16(scale);
+    stored_[c] = b;
+    return bfloat16_to_float(b);
+  }
+  std::memcpy(&stored_[c], &scale, 4);
+  return scale;
+}
+
+void BlockQuantizer::run(const float* src, int64_t ld, int64_t rows, int64_t cols, ErrorSums& err,
+                         const float* importance) {
   const size_t n = static_cast<size_t>(cols);
   min_.resize(n);
   max_.resize(n);
@@ -119,23 +141,16 @@ void BlockQuantizer::run(const float* src, int64_t ld, int64_t rows, int64_t col
         zp = static_cast<uint8_t>(std::roundf(zp_f));
       }
     }
-    float used = scale, dequant = scale;  // the scale the codes use, and the one stored
-    if (spec_.scale_dtype == 10) {
-      const uint16_t h = float_to_half(scale);
-      stored_[c] = h;
-      used = dequant = half_to_float(h);
-    } else if (spec_.scale_dtype == 16) {
-      const uint16_t b = float_to_bfloat16(scale);
-      stored_[c] = b;
-      dequant = bfloat16_to_float(b);
-    } else {
-      std::memcpy(&stored_[c], &scale, 4);
-    }
+    // The scale the codes use, and the one stored: onnxruntime quantizes bfloat16 weights with
+    // the float scale and casts it afterwards.
+    const float dequant = store(c, scale);
+    const float used = spec_.scale_dtype == 16 ? scale : dequant;
     recip_[c] = used != 0.0f ? 1.0f / used : 0.0f;
     zero_[c] = static_cast<float>(zp);
     dequant_scale_[c] = dequant;
     zp_[c] = zp;
   }
+  if (spec_.method == Method::kSearch) search(src, ld, rows, static_cast<int64_t>(n), importance);
 
   const float* __restrict rs = recip_.data();
   const float* __restrict zf = zero_.data();
@@ -146,24 +161,33 @@ void BlockQuantizer::run(const float* src, int64_t ld, int64_t rows, int64_t col
   col_abs_.assign(n, 0.0f);
   col_max_err_.assign(n, 0.0f);
   col_max_abs_.assign(n, 0.0f);
+  col_sq_err_.assign(n, 0.0f);
+  col_sq_.assign(n, 0.0f);
+  float* __restrict cse = col_sq_err_.data();
+  float* __restrict csq = col_sq_.data();
   float* __restrict ce = col_err_.data();
   float* __restrict ca = col_abs_.data();
   float* __restrict cme = col_max_err_.data();
   float* __restrict cma = col_max_abs_.data();
   for (int64_t r = 0; r < rows; ++r) {
-    quantize_row(src + r * ld, rs, zf, ds, kmax, static_cast<int64_t>(n),
-                 codes_.data() + static_cast<size_t>(r) * n, ce, ca, cme, cma);
+    quantize_row(src + r * ld, rs, zf, ds, kmax, importance ? importance[r] : 1.0f,
+                 static_cast<int64_t>(n), codes_.data() + static_cast<size_t>(r) * n, ce, ca, cme,
+                 cma, cse, csq);
   }
-  double abs_err = 0, abs_sum = 0;
+  double abs_err = 0, abs_sum = 0, sq_err = 0, sq = 0;
   float max_err = err.max_err, max_abs = err.max_abs;
   for (size_t c = 0; c < n; ++c) {
     abs_err += static_cast<double>(ce[c]);  // a NaN shows in the sums
     abs_sum += static_cast<double>(ca[c]);
+    sq_err += static_cast<double>(cse[c]);
+    sq += static_cast<double>(csq[c]);
     max_err = cme[c] > max_err ? cme[c] : max_err;
     max_abs = cma[c] > max_abs ? cma[c] : max_abs;
   }
   err.abs_err += abs_err;
   err.abs += abs_sum;
+  err.sq_err += sq_err;
+  err.sq += sq;
   err.max_err = max_err;
   err.max_abs = max_abs;
   err.count += static_cast<uint64_t>(rows) * n;

@@ -12,14 +12,22 @@
 // (bf16 weights: onnxruntime quantizes them as fp32 and casts the scales to bf16 afterwards.)
 // The loops run across columns of a row-major block, so the compiler vectorizes them; the file
 // is built with -ffp-contract=off (no fused multiply-adds: the rounding must match).
+// Method::kSearch replaces nearest rounding's scale (and zero point) per block and column with
+// the one that minimises the importance-weighted squared error (quant/search.cc).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
 namespace fastopt::quant {
 
+// How a block's scale and zero point are chosen: onnxruntime's round-to-nearest from the block's
+// range (its bytes), or searched for the least weighted squared error (quant/search.cc).
+enum class Method { kRtn = 0, kSearch = 1 };
+
 struct BlockwiseSpec {
+  Method method = Method::kRtn;
   int bits = 4;  // 4 or 8
   int64_t block_size = 32;
   bool symmetric = true;
@@ -33,9 +41,13 @@ struct BlockwiseSpec {
 struct ErrorSums {
   double abs_err = 0, abs = 0;  // sums of |w - w'| and |w|
   float max_err = 0, max_abs = 0;
+  // Importance-weighted sums of (w - w')^2 and w^2 (weights 1 without an importance vector).
+  double sq_err = 0, sq = 0;
   uint64_t count = 0;
   void merge(const ErrorSums& o);
   bool finite() const;  // false when the weight held NaN or infinities
+  // sq_err / sq: the relative weighted mean squared error (0 for an all-zero weight).
+  double rel_mse() const { return sq > 0 ? sq_err / sq : 0.0; }
 };
 
 class BlockQuantizer {
@@ -44,8 +56,10 @@ class BlockQuantizer {
 
   // Quantizes `rows` (1..block_size) rows x `cols` columns of a row-major float block whose rows
   // are `ld` floats apart. Results: codes()[r * cols + c], and per column the stored scale,
-  // the scale the codes were computed with, and the zero point.
-  void run(const float* src, int64_t ld, int64_t rows, int64_t cols, ErrorSums& err);
+  // the scale the codes were computed with, and the zero point. `importance` (null: uniform)
+  // weights row r's squared errors by importance[r] (>= 0) in the search and in err.sq_err.
+  void run(const float* src, int64_t ld, int64_t rows, int64_t cols, ErrorSums& err,
+           const float* importance = nullptr);
 
   const uint8_t* codes() const { return codes_.data(); }
   uint8_t zero_point(int64_t c) const { return zp_[c]; }
@@ -53,9 +67,17 @@ class BlockQuantizer {
   void store_scale(int64_t c, uint8_t* dst) const;
 
  private:
+  // Method::kSearch (search.cc): replaces the nearest-rounding parameters of each column where
+  // a searched scale (and zero point) gives a smaller weighted squared error.
+  void search(const float* src, int64_t ld, int64_t rows, int64_t n, const float* importance);
+  // The stored form of scale s in column c, and the value dequantization reads back.
+  float store(size_t c, float s);
+
   BlockwiseSpec spec_;
   std::vector<float> min_, max_, recip_, zero_, dequant_scale_;
-  std::vector<float> col_err_, col_abs_, col_max_err_, col_max_abs_;
+  std::vector<float> col_err_, col_abs_, col_max_err_, col_max_abs_, col_sq_err_, col_sq_;
+  std::vector<float> s_sums_;  // search's per-column sums (search.cc)
+  std::vector<double> s_err_;
   std::vector<uint32_t> stored_;  // bits of the stored scale
   std::vector<uint8_t> zp_, codes_;
 };

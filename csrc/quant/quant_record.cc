@@ -30,6 +30,7 @@ QuantRecord quantized_record(const std::string& weight, const Node* node, uint64
   r.bytes_before = bytes_before;
   r.max_rel_error = e.max_abs > 0 ? static_cast<double>(e.max_err) / e.max_abs : 0.0;
   r.mean_rel_error = e.abs > 0 ? e.abs_err / e.abs : 0.0;
+  r.rel_mse = e.rel_mse();
   return r;
 }
 

@@ -26,6 +26,9 @@ struct QuantRecord {
   // max |w - w'| / max |w| and mean |w - w'| / mean |w| (0 when kept).
   double max_rel_error = 0;
   double mean_rel_error = 0;
+  // sum k,n imp[k] (w - w')^2 / sum k,n imp[k] w^2 (imp = 1 without quant_importance): the
+  // relative weighted mean squared error the search minimises (0 when kept).
+  double rel_mse = 0;
 };
 
 // A weight left as it is: bytes unchanged; `node` (may be null) is its reader, `tensor` (may be

@@ -121,7 +121,7 @@ void nbits_tile(WeightJob& job, int64_t c0, int64_t c1, TempFile& out, Scratch& 
     // Column chunks small enough for the block's rows to stay in L1 between the two passes.
     for (int64_t cc = 0; cc < cols; cc += kChunk) {
       const int64_t w = std::min(kChunk, cols - cc);
-      bq.run(block + cc, ld, rows, w, err);
+      bq.run(block + cc, ld, rows, w, err, job.importance ? job.importance + r0 : nullptr);
       const uint8_t* q = bq.codes();
       if (rows == bs) {
         pack_columns(q, rows, w, spec.bits, s.data.data() + (cc * kb_count + kb) * blob,
@@ -192,11 +192,12 @@ void qdq_tile(WeightJob& job, int64_t r0, int64_t r1, TempFile& out, Scratch& s)
     for (int64_t c0 = 0; c0 < N; c0 += chunk) {
       const int64_t cols = std::min(chunk, N - c0);
       const float* in_place = job.src.in_place();
+      const float* imp = job.importance ? job.importance + br : nullptr;
       if (in_place) {
-        bq.run(in_place + br * N + c0, N, rows, cols, err);
+        bq.run(in_place + br * N + c0, N, rows, cols, err, imp);
       } else {
         job.src.read(br, rows, c0, cols, s.block.data());
-        bq.run(s.block.data(), cols, rows, cols, err);
+        bq.run(s.block.data(), cols, rows, cols, err, imp);
       }
       const uint8_t* q = bq.codes();
       for (int64_t r = 0; r < rows; ++r) {

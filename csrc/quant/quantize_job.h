@@ -36,6 +36,9 @@ struct WeightJob {
   WeightSource src;
   BlockwiseSpec spec;
   Layout layout = Layout::kNBits;
+  // Per input channel (K floats, >= 0): weights of the squared errors the search minimises and
+  // error.sq_err sums; null for uniform. Owned by the caller, alive until run_jobs returns.
+  const float* importance = nullptr;
 
   int64_t k_blocks() const { return (src.K + spec.block_size - 1) / spec.block_size; }
   int64_t blob() const { return spec.block_size * spec.bits / 8; }

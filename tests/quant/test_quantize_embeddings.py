@@ -82,7 +82,13 @@ def test_bytes_and_rows_like_onnxruntime(tmp_path: Path, hidden: int) -> None:
     for bits, bs, sym in SETTINGS:
         out = tmp_path / f"q{bits}_{bs}_{sym}.onnx"
         r = fastopt.quantize(
-            src, out, mode="int4", embeddings=f"int{bits}", block_size=bs, symmetric=sym
+            src,
+            out,
+            mode="int4",
+            embeddings=f"int{bits}",
+            block_size=bs,
+            symmetric=sym,
+            method="rtn",
         )
         [w] = r.quantized
         assert (w.weight, w.op, w.dtype_after) == (
@@ -122,7 +128,14 @@ def test_target_onnx_dequantize_linear_axis_1(tmp_path: Path, bits: int, sym: bo
     src, out = tmp_path / "m.onnx", tmp_path / "q.onnx"
     onnx.save(_gather_model(table), src)
     fastopt.quantize(
-        src, out, mode="int4", embeddings=f"int{bits}", block_size=32, symmetric=sym, target="onnx"
+        src,
+        out,
+        mode="int4",
+        embeddings=f"int{bits}",
+        block_size=32,
+        symmetric=sym,
+        target="onnx",
+        method="rtn",
     )
     m = onnx.load(out)
     onnx.checker.check_model(m, full_check=True)

@@ -85,6 +85,13 @@ QuantOptions read_options(const passes::PassContext& ctx) {
   o.threads = static_cast<int>(threads);
   o.tmpdir = text(ctx, "quant_tmpdir", "");
   o.cuda = option(ctx, "cuda", 0) != 0;
+  const int64_t method = option(ctx, "quant_method", kDefaultMethod);
+  if (method != static_cast<int64_t>(Method::kRtn) &&
+      method != static_cast<int64_t>(Method::kSearch)) {
+    throw ModelError("quant_method must be 0 (rtn) or 1 (search), not " + std::to_string(method));
+  }
+  o.method = static_cast<Method>(method);
+  o.importance = text(ctx, "quant_importance", "");
   return o;
 }
 

@@ -13,6 +13,9 @@
 //   quant_per_channel    1 | 0 (default)      quant_keep_io_types  1 | 0 (default)
 //   quant_threads        threads (0 = all cores)
 //   quant_tmpdir         text: folder for the temporary file of quantized bytes ("" = $TMPDIR)
+//   quant_method         0 rtn (onnxruntime's bytes) | 1 search (default; quant/search.cc)
+//   quant_importance     text: an ONNX file of float32 [K] initializers named as the weights
+//                        (mean x^2 per input channel) weighting the search's squared errors
 #pragma once
 
 #include <cstdint>
@@ -20,6 +23,7 @@
 #include <vector>
 
 #include "passes/registry.h"
+#include "quant/blockwise.h"
 
 namespace fastopt::quant {
 
@@ -38,6 +42,8 @@ struct QuantOptions {
   int threads = 0;
   std::string tmpdir;
   bool cuda = false;  // option cuda=1
+  Method method = Method::kSearch;
+  std::string importance;  // path, "" for none
 
   // MatMulNBits accuracy_level for a weight of `dtype` when none was given: 4 (int8 compute,
   // what the model builder uses on CPU) for float32; 0 for float16/bfloat16 (ORT 1.32's CPU
@@ -51,6 +57,10 @@ struct QuantOptions {
   // The glob of `exclude` matching `name`, or "".
   std::string excluded(const std::string& name) const;
 };
+
+// The default of quant_method: the search (within 2x of RTN's time; bench/results/
+// quantize_accuracy.md).
+inline constexpr int64_t kDefaultMethod = static_cast<int64_t>(Method::kSearch);
 
 // Reads and validates the options; ModelError on a bad value.
 QuantOptions read_options(const passes::PassContext& ctx);

@@ -1,5 +1,8 @@
-// Weight-only int4 / int8 quantization of MatMuls with constant 2-D weights (round to nearest,
-// blockwise along K, byte for byte what onnxruntime's MatMulNBitsQuantizer writes).
+// Weight-only int4 / int8 quantization of MatMuls with constant 2-D weights, blockwise along K:
+// quant_method 1 (search, the default) picks each block's scale and zero point for the least
+// (importance-weighted) squared error (quant/search.cc); 0 (rtn) rounds to nearest, byte for
+// byte what onnxruntime's MatMulNBitsQuantizer writes. quant_importance names an ONNX file of
+// float32 [K] initializers, one per weight (mean x^2 of the MatMul's input per channel).
 //
 //   target ort:   A ── MatMul(A, W [K, N]) (── Add(b [N]))?   ==>   MatMulNBits(A, Wq, scales, zp?,
 //                                                                     "", b?)  com.microsoft
@@ -29,7 +32,9 @@
 // Quantized bytes go to an unlinked temporary file (quant/temp_file.h), not to memory.
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
+#include <list>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -39,6 +44,7 @@
 #include "passes/fusion_util.h"
 #include "passes/quant/options.h"
 #include "passes/registry.h"
+#include "proto/onnx_reader.h"
 #include "proto/onnx_writer.h"
 #include "quant/quantize_job.h"
 #include "schema/attr_schema.h"
@@ -205,6 +211,7 @@ class Quantizer {
     }
     model_.for_each_graph([&](Graph& g) { collect(g); });
     if (jobs_.empty()) return 0;
+    read_importance();
     // Room for each part's framing as its first user will name it, so that a self-contained
     // save can keep the quantized bytes where they are written (quant/temp_file.h).
     for (size_t j = 0; j < jobs_.size(); ++j) {
@@ -226,6 +233,50 @@ class Quantizer {
   }
 
  private:
+  // quant_importance: each job whose weight has an entry gets its K weights (read in place from
+  // the file's mapping; copied only when unaligned).
+  void read_importance() {
+    if (opt_.importance.empty()) return;
+    importance_model_ = read_model_file(opt_.importance);
+    std::map<std::string, const Value*> by_name;
+    for (const Value* v : importance_model_->graph->initializer_order)
+      by_name.emplace(v->name(), v);
+    for (quant::WeightJob& job : jobs_) {
+      auto it = by_name.find(job.name);
+      if (it == by_name.end()) continue;  // uniform
+      const Tensor* t = constant_tensor_view(it->second);
+      const std::string where = "importance '" + job.name + "' in " + opt_.importance;
+      if (!t || t->dtype() != kFloat) {
+        throw ModelError(where + ": must be float32, not " + (t ? dtype_name(t->dtype()) : "?"));
+      }
+      if (t->dims.size() != 1 || t->dims[0] != job.src.K) {
+        std::string shape;
+        for (int64_t d : t->dims) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+        throw ModelError(where + ": must be 1-D of length " + std::to_string(job.src.K) +
+                         " (the weight's input channels), not [" + shape + "]");
+      }
+      importance_bytes_.push_back(t->bytes());  // a view, or the decoded copy of typed fields
+      const ByteRef& bytes = importance_bytes_.back();
+      if (bytes.size != static_cast<uint64_t>(job.src.K) * 4) {
+        throw ModelError(where + ": holds " + std::to_string(bytes.size) + " bytes, not " +
+                         std::to_string(job.src.K * 4));
+      }
+      const float* p = reinterpret_cast<const float*>(bytes.data());
+      if (reinterpret_cast<uintptr_t>(p) % alignof(float) != 0) {
+        importance_copies_.emplace_back(static_cast<size_t>(job.src.K));
+        std::memcpy(importance_copies_.back().data(), bytes.data(), bytes.size);
+        p = importance_copies_.back().data();
+      }
+      for (int64_t k = 0; k < job.src.K; ++k) {
+        if (!(p[k] >= 0.0f) || !std::isfinite(p[k])) {
+          throw ModelError(where + ": value " + std::to_string(k) + " is negative or not finite (" +
+                           std::to_string(p[k]) + ")");
+        }
+      }
+      job.importance = p;
+    }
+  }
+
   void keep(const Value* w, const Node* n, std::string reason, const Tensor* t) {
     ctx_.quant_records.push_back(quant::kept_record(w, n, std::move(reason), t));
     ++ctx_.counters["weights_kept"];
@@ -327,6 +378,7 @@ class Quantizer {
     job.spec.block_size = opt_.block_size;
     job.spec.symmetric = opt_.symmetric;
     job.spec.scale_dtype = t->dtype();
+    job.spec.method = opt_.method;
     job.layout = layout;
     job_of_.emplace(key, jobs_.size());
     jobs_.push_back(std::move(job));
@@ -581,6 +633,9 @@ class Quantizer {
   std::vector<size_t> first_user_;                   // per job: its first candidate
   std::map<std::tuple<const Tensor*, int, bool, int>, size_t> job_of_;
   std::map<std::pair<Graph*, size_t>, Made> made_;
+  std::unique_ptr<Model> importance_model_;  // its mapping backs the jobs' importance
+  std::list<ByteRef> importance_bytes_;
+  std::list<std::vector<float>> importance_copies_;
 };
 
 int64_t quantize_weights(Model& model, PassContext& ctx) {
@@ -591,10 +646,17 @@ const PassRegistrar kRegister{
     PassDecl("quantize_weights",
              "weight-only int4/int8 (options quant_bits, quant_block_size, quant_symmetric, ...): "
              "MatMul with a constant 2-D float weight -> com.microsoft MatMulNBits (target ort) or "
-             "blocked DequantizeLinear + MatMul (target onnx, opset 21); bytes as onnxruntime's "
-             "MatMulNBitsQuantizer (RTN)")
+             "blocked DequantizeLinear + MatMul (target onnx, opset 21); quant_method search "
+             "(least weighted squared error per block) or rtn (onnxruntime's bytes)")
         .tags({"quantization"})
         .not_idempotent()
+        .options({OptionDecl("quant_method",
+                             "weight-only int4/int8 rounding: each block's scale (and zero point) "
+                             "searched for the least weighted squared error, or onnxruntime's "
+                             "round-to-nearest bytes")
+                      .default_value(quant::kDefaultMethod)
+                      .choices({{0, "rtn"}, {1, "search"}})
+                      .internal()})
         .run(quantize_weights)};
 
 }  // namespace

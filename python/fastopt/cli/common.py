@@ -18,7 +18,14 @@ from fastopt.optimize import PassReport
 from fastopt.pipeline.options import OPTIONS, check_options
 from fastopt.pipeline.summary import human_bytes
 from fastopt.quant.fp16_ranges import RangeCheck
-from fastopt.quant.settings import Mode, QuantSettings, QuantSummary, WeightQuantization
+from fastopt.quant.settings import (
+    DEFAULT_METHOD,
+    METHODS,
+    Mode,
+    QuantSettings,
+    QuantSummary,
+    WeightQuantization,
+)
 
 # Internal options and the flags that set them: `--option` takes what `fastopt passes` lists.
 _FLAG_OF_OPTION = {"kv_cache": "--kv-cache", "quant_bits": "--quantize/--mode"}
@@ -113,6 +120,19 @@ def add_quant_flags(p: argparse.ArgumentParser) -> None:
         help="int4/int8: a zero point per block (uses the full range of lopsided weights)",
     )
     p.add_argument(
+        "--method",
+        choices=METHODS,
+        default=DEFAULT_METHOD,
+        help="int4/int8 rounding: search (default) picks each block's scale and zero point for "
+        "the least squared error; rtn rounds to nearest (onnxruntime's bytes)",
+    )
+    p.add_argument(
+        "--importance",
+        metavar="FILE",
+        help="int4/int8 --method search: an ONNX file of float32 [K] initializers named as the "
+        "weights (mean x^2 per input channel) weighting each weight's squared errors",
+    )
+    p.add_argument(
         "--accuracy-level",
         type=int,
         help="MatMulNBits accuracy_level 0..4 (default 4; 0 with --option cuda=1)",
@@ -149,6 +169,8 @@ def quant_settings(args: argparse.Namespace, mode: Mode, output: str | None) -> 
         mode=mode,
         block_size=args.block_size,
         symmetric=args.symmetric,
+        method=args.method,
+        importance=args.importance or "",
         accuracy_level=args.accuracy_level,
         exclude=tuple(args.exclude),
         lm_head=args.lm_head,
@@ -182,6 +204,7 @@ def print_quantization(weights: list[WeightQuantization], out: Any, verbose: boo
             ("bytes", "right"),
             ("max rel err", "right"),
             ("mean rel err", "right"),
+            ("rel mse", "right"),
             ("action", "left"),
         ):
             table.add_column(col, justify=justify)  # type: ignore[arg-type]
@@ -193,6 +216,7 @@ def print_quantization(weights: list[WeightQuantization], out: Any, verbose: boo
                 f"{human_bytes(w.bytes_before)} -> {human_bytes(w.bytes_after)}",
                 f"{w.max_rel_error:.4f}" if w.action == "quantized" else "",
                 f"{w.mean_rel_error:.4f}" if w.action == "quantized" else "",
+                f"{w.rel_mse:.3g}" if w.action == "quantized" else "",
                 escape(action),
             )
         print_table(out, table)

@@ -177,6 +177,8 @@ def run_command(args: argparse.Namespace) -> int:
                 mode=settings.mode,
                 block_size=settings.block_size,
                 symmetric=settings.symmetric,
+                method=settings.method,
+                importance=settings.importance or None,
                 accuracy_level=settings.accuracy_level,
                 exclude=settings.exclude,
                 lm_head=settings.lm_head,

@@ -39,7 +39,13 @@ from fastopt.pipeline.registry import Target
 from fastopt.quant.checks import reduce_range
 from fastopt.quant.fp16_ranges import RangeCheck
 from fastopt.quant.recipe import RecipeReport
-from fastopt.quant.settings import Mode, QuantSettings, QuantSummary, WeightQuantization
+from fastopt.quant.settings import (
+    DEFAULT_METHOD,
+    Mode,
+    QuantSettings,
+    QuantSummary,
+    WeightQuantization,
+)
 from fastopt.verify.quantized import QuantVerifyReport, verify_quantized
 from fastopt.verify.text_tokens import check_text_inputs
 
@@ -116,6 +122,8 @@ def quantize(
     mode: Mode,
     block_size: int = 32,
     symmetric: bool = True,
+    method: str = DEFAULT_METHOD,
+    importance: str | os.PathLike[str] | None = None,
     accuracy_level: int | None = None,
     exclude: Sequence[str] = (),
     lm_head: str | None = None,
@@ -154,6 +162,14 @@ def quantize(
         int4/int8: rows per block, a power of two in 16..256.
     symmetric : bool, default True
         int4/int8: False adds a zero point per block.
+    method : {"search", "rtn"}, default "search"
+        int4/int8 rounding: "search" picks each block's scale (and zero point) for the least
+        (importance-weighted) squared error, as llama.cpp's k-quants; "rtn" rounds to nearest,
+        byte for byte onnxruntime's MatMulNBitsQuantizer.
+    importance : str or os.PathLike, optional
+        int4/int8 search: an ONNX file whose float32 1-D initializers, named as the MatMul
+        weights and of length K, weight each input channel's squared error (mean x^2 of the
+        MatMul's input); weights without an entry are weighted uniformly.
     accuracy_level : int, optional
         MatMulNBits' accuracy_level 0..4 (default 4 for fp32, 0 for fp16/bf16 or option cuda=1).
     exclude : sequence of str, default ()
@@ -225,6 +241,8 @@ def quantize(
         mode=mode,
         block_size=block_size,
         symmetric=symmetric,
+        method=method,
+        importance=os.fspath(importance) if importance else "",
         accuracy_level=accuracy_level,
         exclude=tuple(exclude),
         lm_head=lm_head,

@@ -33,6 +33,11 @@ MODES: dict[str, str] = {
     "bf16": "convert_precision",
 }
 WEIGHT_POLICIES = ("keep", "int4", "int8")
+# int4/int8 rounding (pass option quant_method, declared by quantize_weights): "search" picks each
+# block's scale (and zero point) for the least weighted squared error (csrc/quant/search.cc);
+# "rtn" is onnxruntime's round-to-nearest, byte for byte.
+METHODS = ("rtn", "search")
+DEFAULT_METHOD = "search"
 # Opset of the blocked DequantizeLinear (block_size attribute, int4 types).
 QDQ_OPSET = 21
 
@@ -46,6 +51,8 @@ class QuantSettings:
     mode: Mode
     block_size: int = 32
     symmetric: bool = True
+    method: str = DEFAULT_METHOD
+    importance: str = ""  # path of an importance file ("" for uniform weights)
     accuracy_level: int | None = None  # None: 4 for fp32 weights; 0 for fp16/bf16 or cuda=1
     exclude: Sequence[str] = ()
     lm_head: str | None = None  # None: as the rest
@@ -97,6 +104,14 @@ class QuantSettings:
                 f"block size must be a power of two in 16..256 (what onnxruntime's "
                 f"MatMulNBits kernels run), not {bs!r}"
             )
+        if self.method not in METHODS:
+            raise _C.ModelError(f"method must be {' or '.join(METHODS)}, not {self.method!r}")
+        if self.importance and self.mode not in ("int4", "int8"):
+            raise _C.ModelError(f"importance applies to int4/int8, not to {self.mode}")
+        if self.importance and self.method != "search":
+            raise _C.ModelError("importance weights the search: it needs method search")
+        if self.importance and not os.path.isfile(self.importance):
+            raise _C.ModelError(f"importance file {self.importance!r} does not exist")
         if self.accuracy_level is not None and self.accuracy_level not in range(5):
             raise _C.ModelError(
                 "accuracy level must be 0 (unset), 1 (fp32), 2 (fp16), 3 (bf16) or 4 (int8), "
@@ -169,6 +184,9 @@ class QuantSettings:
         }
         if self.mode in ("int4", "int8"):
             o["quant_bits"] = 4 if self.mode == "int4" else 8
+            o["quant_method"] = METHODS.index(self.method)
+            if self.importance:
+                o["quant_importance"] = os.path.abspath(self.importance)
         if self.accuracy_level is not None:
             o["quant_accuracy_level"] = self.accuracy_level
         return o
@@ -177,7 +195,8 @@ class QuantSettings:
 @dataclass
 class WeightQuantization:
     """One weight: quantized or kept (and why), bytes, reconstruction error relative to the
-    weight's scale (max |w - w'| / max |w|, mean |w - w'| / mean |w|)."""
+    weight's scale (max |w - w'| / max |w|, mean |w - w'| / mean |w|) and the relative weighted
+    mean squared error (sum imp (w - w')^2 / sum imp w^2; imp = 1 without an importance file)."""
 
     weight: str
     node: str
@@ -190,6 +209,7 @@ class WeightQuantization:
     bytes_after: int
     max_rel_error: float
     mean_rel_error: float
+    rel_mse: float = 0.0
 
     @classmethod
     def from_record(cls, r: _C.QuantRecord) -> WeightQuantization:
@@ -205,6 +225,7 @@ class WeightQuantization:
             bytes_after=int(r.bytes_after),
             max_rel_error=float(r.max_rel_error),
             mean_rel_error=float(r.mean_rel_error),
+            rel_mse=float(r.rel_mse),
         )
 
 
