@@ -69,7 +69,7 @@ def main() -> None:
     args = ap.parse_args()
     import fastopt
     from bench_quantize_accuracy import PROSE, logits_of, metrics
-    from quant_reference import dequantize_nbits
+    from support.quant_reference import dequantize_nbits
     from transformers import AutoTokenizer
 
     proto = onnx.load(args.model)

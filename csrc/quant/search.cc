@@ -1,12 +1,16 @@
 // Method::kSearch: per column of a block, the scale (and, asymmetric, the zero point) that
-// minimises the importance-weighted squared error of the dequantized block, searched as
-// llama.cpp's k-quants do (make_qx_quants / make_qkx2_quants):
+// minimises the weighted squared error of the dequantized block, element weights
+// imp[k] * (av + |x|) (av: the block column's weighted rms), searched as llama.cpp's k-quants do
+// (make_qx_quants / make_qkx2_quants, whose data-free weights are av + |x| too: plain squared
+// error let the search trade the large weights' error for the small ones', and on SmolLM2 the
+// KL rose although the squared error fell):
 //   1. candidate scales around the range-based one (its divisor times kDivisors), each refitted
 //      by least squares given the codes it makes (s = sum w x L / sum w L^2, L = q - zero);
 //   2. from the best, rounds of: scale rounded to its storage type -> nearest codes -> refit
 //      (asymmetric: scale and offset jointly, the offset rounded to an integer zero point);
 //   3. the best stored (scale, zero point) replaces nearest rounding's only where its error,
-//      computed exactly as the codes will be written, is smaller: never worse than RTN.
+//      computed exactly as the codes will be written, is smaller: never worse than RTN in
+//      that weighted error.
 // All loops run across the block's columns (vectorized like blockwise.cc's); the per-column
 // scalar work is a few operations per candidate.
 #include <cfloat>
@@ -33,9 +37,9 @@ constexpr int kRounds = 2;  // codes-then-refit rounds from the best candidate
 template <bool kOffset>
 FASTOPT_VECTOR_CLONES void code_sums(const float* __restrict src, int64_t ld, int64_t rows,
                                      int64_t n, const float* __restrict imp,
-                                     const float* __restrict rs, const float* __restrict zf,
-                                     float kmax, float* __restrict slx, float* __restrict sll,
-                                     float* __restrict sl) {
+                                     const float* __restrict av, const float* __restrict rs,
+                                     const float* __restrict zf, float kmax, float* __restrict slx,
+                                     float* __restrict sll, float* __restrict sl) {
   for (int64_t c = 0; c < n; ++c) slx[c] = sll[c] = sl[c] = 0.0f;
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = src + r * ld;
@@ -48,7 +52,7 @@ FASTOPT_VECTOR_CLONES void code_sums(const float* __restrict src, int64_t ld, in
       const int32_t t = static_cast<int32_t>(x);
       const float q = static_cast<float>(t + ((x - static_cast<float>(t)) >= 0.5f ? 1 : 0));
       const float l = q - zf[c];
-      const float wl = w * l;
+      const float wl = w * (av[c] + std::fabs(v)) * l;
       slx[c] += wl * v;
       sll[c] += wl * l;
       if (kOffset) sl[c] += wl;
@@ -56,18 +60,35 @@ FASTOPT_VECTOR_CLONES void code_sums(const float* __restrict src, int64_t ld, in
   }
 }
 
-// Per column: sum w x and sum w x^2.
+// Per column: av = sqrt(sum w x^2 / sum w), the scale of the element weights w (av + |x|).
+FASTOPT_VECTOR_CLONES void column_rms(const float* __restrict src, int64_t ld, int64_t rows,
+                                      int64_t n, const float* __restrict imp,
+                                      float* __restrict av) {
+  for (int64_t c = 0; c < n; ++c) av[c] = 0.0f;
+  float total = 0.0f;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = src + r * ld;
+    const float w = imp ? imp[r] : 1.0f;
+    total += w;
+    for (int64_t c = 0; c < n; ++c) av[c] += w * row[c] * row[c];
+  }
+  for (int64_t c = 0; c < n; ++c) av[c] = total > 0.0f ? std::sqrt(av[c] / total) : 0.0f;
+}
+
+// Per column, with element weights w (av + |x|): sum w, sum w x and sum w x^2.
 FASTOPT_VECTOR_CLONES void data_sums(const float* __restrict src, int64_t ld, int64_t rows,
-                                     int64_t n, const float* __restrict imp, float* __restrict sx,
-                                     float* __restrict sxx) {
-  for (int64_t c = 0; c < n; ++c) sx[c] = sxx[c] = 0.0f;
+                                     int64_t n, const float* __restrict imp,
+                                     const float* __restrict av, float* __restrict sw,
+                                     float* __restrict sx, float* __restrict sxx) {
+  for (int64_t c = 0; c < n; ++c) sw[c] = sx[c] = sxx[c] = 0.0f;
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = src + r * ld;
     const float w = imp ? imp[r] : 1.0f;
     for (int64_t c = 0; c < n; ++c) {
-      const float wv = w * row[c];
-      sx[c] += wv;
-      sxx[c] += wv * row[c];
+      const float ew = w * (av[c] + std::fabs(row[c]));
+      sw[c] += ew;
+      sx[c] += ew * row[c];
+      sxx[c] += ew * row[c] * row[c];
     }
   }
 }
@@ -76,9 +97,9 @@ FASTOPT_VECTOR_CLONES void data_sums(const float* __restrict src, int64_t ld, in
 // dequantized with `ds`, each term as quantize_row computes it.
 FASTOPT_VECTOR_CLONES void exact_error(const float* __restrict src, int64_t ld, int64_t rows,
                                        int64_t n, const float* __restrict imp,
-                                       const float* __restrict rs, const float* __restrict zf,
-                                       const float* __restrict ds, float kmax,
-                                       double* __restrict e) {
+                                       const float* __restrict av, const float* __restrict rs,
+                                       const float* __restrict zf, const float* __restrict ds,
+                                       float kmax, double* __restrict e) {
   for (int64_t c = 0; c < n; ++c) e[c] = 0.0;
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = src + r * ld;
@@ -91,7 +112,7 @@ FASTOPT_VECTOR_CLONES void exact_error(const float* __restrict src, int64_t ld, 
       const int32_t t = static_cast<int32_t>(x);
       const int32_t qi = t + ((x - static_cast<float>(t)) >= 0.5f ? 1 : 0);
       const float d = v - (static_cast<float>(qi) - zf[c]) * ds[c];
-      e[c] += static_cast<double>(w * d * d);
+      e[c] += static_cast<double>(w * (av[c] + std::fabs(v)) * d * d);
     }
   }
 }
@@ -105,7 +126,7 @@ float clamp_code(float z, float kmax) {
 void BlockQuantizer::search(const float* src, int64_t ld, int64_t rows, int64_t n,
                             const float* imp) {
   const size_t m = static_cast<size_t>(n);
-  s_sums_.resize(m * 11);
+  s_sums_.resize(m * 13);
   float* slx = s_sums_.data();
   float* sll = slx + m;
   float* sl = sll + m;
@@ -117,6 +138,8 @@ void BlockQuantizer::search(const float* src, int64_t ld, int64_t rows, int64_t 
   float* fit_z = fit_s + m;   //
   float* best_s = fit_z + m;  // the best stored scale evaluated, and its zero point
   float* best_z = best_s + m;
+  float* av = best_z + m;  // element weights: imp[r] * (av + |x|)
+  float* sw = av + m;      // their sums
   s_err_.resize(m * 3);
   double* best_e = s_err_.data();  // error of (best_s, best_z) from the sums; then exact
   double* rtn_e = best_e + m;
@@ -125,9 +148,8 @@ void BlockQuantizer::search(const float* src, int64_t ld, int64_t rows, int64_t 
   const float kmax = static_cast<float>(spec_.max_code());
   const float half = static_cast<float>(spec_.mid_code());
   const auto sums = spec_.symmetric ? code_sums<false> : code_sums<true>;
-  float weight_sum = 0.0f;
-  for (int64_t r = 0; r < rows; ++r) weight_sum += imp ? imp[r] : 1.0f;
-  data_sums(src, ld, rows, n, imp, sx, sxx);
+  column_rms(src, ld, rows, n, imp, av);
+  data_sums(src, ld, rows, n, imp, av, sw, sx, sxx);
   for (size_t c = 0; c < m; ++c) {
     fit_e[c] = best_e[c] = INFINITY;
     fit_s[c] = best_s[c] = 0.0f;
@@ -153,7 +175,7 @@ void BlockQuantizer::search(const float* src, int64_t ld, int64_t rows, int64_t 
       rs[c] = std::isfinite(r) ? r : 0.0f;
       zf[c] = z;
     }
-    sums(src, ld, rows, n, imp, rs, zf, kmax, slx, sll, sl);
+    sums(src, ld, rows, n, imp, av, rs, zf, kmax, slx, sll, sl);
     for (size_t c = 0; c < m; ++c) {
       if (!(sll[c] > 0.0f) || rs[c] == 0.0f) continue;
       const double e = static_cast<double>(sxx[c]) - static_cast<double>(slx[c]) * slx[c] / sll[c];
@@ -176,7 +198,7 @@ void BlockQuantizer::search(const float* src, int64_t ld, int64_t rows, int64_t 
       zf[c] = fit_z[c];
       fit_s[c] = s;  // stored form, evaluated below
     }
-    sums(src, ld, rows, n, imp, rs, zf, kmax, slx, sll, sl);
+    sums(src, ld, rows, n, imp, av, rs, zf, kmax, slx, sll, sl);
     for (size_t c = 0; c < m; ++c) {
       if (rs[c] == 0.0f) continue;
       const double s = fit_s[c];
@@ -192,14 +214,13 @@ void BlockQuantizer::search(const float* src, int64_t ld, int64_t rows, int64_t 
         continue;
       }
       // x ~ s * L + b jointly; then the offset as an integer zero point and s refitted.
-      const double d =
-          static_cast<double>(weight_sum) * sll[c] - static_cast<double>(sl[c]) * sl[c];
+      const double d = static_cast<double>(sw[c]) * sll[c] - static_cast<double>(sl[c]) * sl[c];
       if (!(d > 0.0)) {
         fit_s[c] = slx[c] / sll[c];
         continue;
       }
       const double js =
-          (static_cast<double>(weight_sum) * slx[c] - static_cast<double>(sl[c]) * sx[c]) / d;
+          (static_cast<double>(sw[c]) * slx[c] - static_cast<double>(sl[c]) * sx[c]) / d;
       const double jb =
           (static_cast<double>(sll[c]) * sx[c] - static_cast<double>(sl[c]) * slx[c]) / d;
       if (!(js > 0.0)) {
@@ -209,7 +230,7 @@ void BlockQuantizer::search(const float* src, int64_t ld, int64_t rows, int64_t 
       const float z = clamp_code(std::roundf(static_cast<float>(zf[c] - jb / js)), kmax);
       const double dz = static_cast<double>(zf[c]) - z;  // L' = L + dz
       const double lx = slx[c] + dz * sx[c];
-      const double ll = sll[c] + 2.0 * dz * sl[c] + dz * dz * weight_sum;
+      const double ll = sll[c] + 2.0 * dz * sl[c] + dz * dz * sw[c];
       if (ll > 0.0) {
         fit_s[c] = static_cast<float>(lx / ll);
         fit_z[c] = z;
@@ -220,13 +241,13 @@ void BlockQuantizer::search(const float* src, int64_t ld, int64_t rows, int64_t 
   }
 
   // 3. The search's best against nearest rounding, both computed as the codes will be.
-  exact_error(src, ld, rows, n, imp, recip_.data(), zero_.data(), dequant_scale_.data(), kmax,
+  exact_error(src, ld, rows, n, imp, av, recip_.data(), zero_.data(), dequant_scale_.data(), kmax,
               rtn_e);
   for (size_t c = 0; c < m; ++c) {
     const float r = best_s[c] != 0.0f ? 1.0f / best_s[c] : 0.0f;
     rs[c] = std::isfinite(r) ? r : 0.0f;
   }
-  exact_error(src, ld, rows, n, imp, rs, best_z, best_s, kmax, best_e);
+  exact_error(src, ld, rows, n, imp, av, rs, best_z, best_s, kmax, best_e);
   for (size_t c = 0; c < m; ++c) {
     if (rs[c] == 0.0f || !(best_e[c] < rtn_e[c])) continue;
     store(c, best_s[c]);  // exact: best_s is already in its stored form

@@ -3,9 +3,11 @@ fastopt C++ core: ONNX wire-format reader/writer and graph IR
 """
 from __future__ import annotations
 import collections.abc
+import numpy
+import numpy.typing
 import typing
 import typing_extensions
-__all__: list[str] = ['Bytes', 'FACT_ATTENTION_FUSED', 'FACT_NO_INTERNAL_OPS', 'FOLD_MAX_BYTES', 'FOLD_MAX_EXPAND_BYTES', 'FUSED_OPS_OPSET', 'Function', 'Graph', 'INTERNAL_DOMAIN', 'KV_PAST_PREFIX', 'KV_PRESENT_PREFIX', 'Match', 'Model', 'ModelError', 'Node', 'OptionInfo', 'PassInfo', 'PassResult', 'Pattern', 'PatternNode', 'QuantRecord', 'ROTARY_MAX_POSITIONS_LIMIT', 'Rewriter', 'Rule', 'ShapeFacts', 'Tensor', 'Value', 'analyze_shapes', 'apply_rules', 'constant_nodes_model', 'cpp_passes', 'dtype_name', 'load', 'load_bytes', 'load_skeleton', 'make_tensor', 'move_cross_projections', 'native_fold_ops', 'native_fold_unsupported', 'nested_graphs', 'ort_fold_candidates', 'run_pass', 'shape_analysis_summary', 'shape_facts', 'write_file']
+__all__: list[str] = ['Bytes', 'FACT_ATTENTION_FUSED', 'FACT_NO_INTERNAL_OPS', 'FOLD_MAX_BYTES', 'FOLD_MAX_EXPAND_BYTES', 'FUSED_OPS_OPSET', 'Function', 'Graph', 'INTERNAL_DOMAIN', 'KV_PAST_PREFIX', 'KV_PRESENT_PREFIX', 'Match', 'Model', 'ModelError', 'Node', 'OptionInfo', 'PassInfo', 'PassResult', 'Pattern', 'PatternNode', 'QuantRecord', 'ROTARY_MAX_POSITIONS_LIMIT', 'Rewriter', 'Rule', 'ShapeFacts', 'Tensor', 'Value', 'analyze_shapes', 'apply_rules', 'constant_nodes_model', 'cpp_passes', 'dtype_name', 'load', 'load_bytes', 'load_skeleton', 'make_tensor', 'move_cross_projections', 'native_fold_ops', 'native_fold_unsupported', 'nested_graphs', 'ort_fold_candidates', 'quantization_error', 'run_pass', 'shape_analysis_summary', 'shape_facts', 'write_file']
 class ModelError(Exception):
     pass
 class Tensor:
@@ -470,6 +472,11 @@ class QuantRecord:
     def reason(self) -> str:
         ...
     @property
+    def rel_mse(self) -> float:
+        """
+        sum imp[k] (w - w')^2 / sum imp[k] w^2 (imp = 1 without an importance file)
+        """
+    @property
     def weight(self) -> str:
         ...
 class PassResult:
@@ -672,6 +679,10 @@ def nested_graphs(model: Model) -> list[Graph]:
 def ort_fold_candidates(graph: Graph, max_bytes: typing.SupportsInt | typing.SupportsIndex, max_expand_bytes: typing.SupportsInt | typing.SupportsIndex, skip: collections.abc.Set[str], safe_division: collections.abc.Callable[[Node], bool]) -> tuple[list[Node], dict[Value, int]]:
     """
     The nodes of `graph` fold_constants_ort evaluates through ONNX Runtime, in graph order, and for each of their outputs the bytes of the constants it is computed from (see passes/fold/fold_constants.h); `safe_division(node)` decides Div, Mod and Pow
+    """
+def quantization_error(weight: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], bits: typing.SupportsInt | typing.SupportsIndex = 4, block_size: typing.SupportsInt | typing.SupportsIndex = 32, symmetric: bool = True, method: str = 'search', importance: typing.Any = None) -> dict:
+    """
+    What quantize_weights would lose on a float weight [K, N] (MatMul's B; float16 is read as float32) without writing anything: {'rel_mse': sum imp[k] (w - w')^2 / sum imp[k] w^2, 'max_rel_error', 'mean_rel_error', 'sq_err'}. `importance`: float32 [K] weights per input channel (None: uniform). Scales as float32 weights store them.
     """
 def run_pass(model: Model, name: str, target: str = 'ort', max_iterations: typing.SupportsInt | typing.SupportsIndex = 10, explain_rule: str = '', options: collections.abc.Mapping[str, typing.SupportsInt | typing.SupportsIndex] = {}, text_options: collections.abc.Mapping[str, str] = {}, progress: typing.Any = None) -> tuple[int, PassResult]:
     """

@@ -1,7 +1,7 @@
 // Weight-only int4 / int8 quantization of MatMuls with constant 2-D weights, blockwise along K:
-// quant_method 1 (search, the default) picks each block's scale and zero point for the least
-// (importance-weighted) squared error (quant/search.cc); 0 (rtn) rounds to nearest, byte for
-// byte what onnxruntime's MatMulNBitsQuantizer writes. quant_importance names an ONNX file of
+// quant_method 0 (rtn, the default) rounds to nearest, byte for byte what onnxruntime's
+// MatMulNBitsQuantizer writes; 1 (search) picks each block's scale and zero point for the least
+// weighted squared error (quant/search.cc). quant_importance names an ONNX file of
 // float32 [K] initializers, one per weight (mean x^2 of the MatMul's input per channel).
 //
 //   target ort:   A ── MatMul(A, W [K, N]) (── Add(b [N]))?   ==>   MatMulNBits(A, Wq, scales, zp?,

@@ -123,8 +123,8 @@ def add_quant_flags(p: argparse.ArgumentParser) -> None:
         "--method",
         choices=METHODS,
         default=DEFAULT_METHOD,
-        help="int4/int8 rounding: search (default) picks each block's scale and zero point for "
-        "the least squared error; rtn rounds to nearest (onnxruntime's bytes)",
+        help="int4/int8 rounding: rtn (default) rounds to nearest (onnxruntime's bytes); search "
+        "picks each block's scale and zero point for the least weighted squared error",
     )
     p.add_argument(
         "--importance",

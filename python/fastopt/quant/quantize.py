@@ -162,7 +162,7 @@ def quantize(
         int4/int8: rows per block, a power of two in 16..256.
     symmetric : bool, default True
         int4/int8: False adds a zero point per block.
-    method : {"search", "rtn"}, default "search"
+    method : {"rtn", "search"}, default "rtn"
         int4/int8 rounding: "search" picks each block's scale (and zero point) for the least
         (importance-weighted) squared error, as llama.cpp's k-quants; "rtn" rounds to nearest,
         byte for byte onnxruntime's MatMulNBitsQuantizer.

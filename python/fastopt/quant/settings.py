@@ -37,7 +37,7 @@ WEIGHT_POLICIES = ("keep", "int4", "int8")
 # block's scale (and zero point) for the least weighted squared error (csrc/quant/search.cc);
 # "rtn" is onnxruntime's round-to-nearest, byte for byte.
 METHODS = ("rtn", "search")
-DEFAULT_METHOD = "search"
+DEFAULT_METHOD = "rtn"
 # Opset of the blocked DequantizeLinear (block_size attribute, int4 types).
 QDQ_OPSET = 21
 
