@@ -94,7 +94,9 @@ def main() -> None:
             t0 = time.perf_counter()
             deq: dict[str, np.ndarray] = {}
             if method.startswith("search"):
-                r = fastopt.quantize(args.model, mode="int4", block_size=bs, symmetric=False)
+                r = fastopt.quantize(
+                    args.model, mode="int4", block_size=bs, symmetric=False, method="search"
+                )
                 assert r.model is not None
                 for node in r.model.graph.nodes:
                     if node.op_type == "MatMulNBits":
