@@ -19,7 +19,6 @@ from fastopt.pipeline.options import OPTIONS, check_options
 from fastopt.pipeline.summary import human_bytes
 from fastopt.quant.fp16_ranges import RangeCheck
 from fastopt.quant.settings import (
-    DEFAULT_METHOD,
     METHODS,
     Mode,
     QuantSettings,
@@ -122,9 +121,10 @@ def add_quant_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--method",
         choices=METHODS,
-        default=DEFAULT_METHOD,
-        help="int4/int8 rounding: rtn (default) rounds to nearest (onnxruntime's bytes); search "
-        "picks each block's scale and zero point for the least weighted squared error",
+        default=None,
+        help="int4/int8 rounding: rtn rounds to nearest (onnxruntime's bytes; the default); search "
+        "picks each block's scale and zero point for the least weighted squared error (the "
+        "default with --calibration, whose importance it weights)",
     )
     p.add_argument(
         "--importance",

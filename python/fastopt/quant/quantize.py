@@ -40,7 +40,6 @@ from fastopt.quant.checks import reduce_range
 from fastopt.quant.fp16_ranges import RangeCheck
 from fastopt.quant.recipe import RecipeReport
 from fastopt.quant.settings import (
-    DEFAULT_METHOD,
     Mode,
     QuantSettings,
     QuantSummary,
@@ -122,7 +121,7 @@ def quantize(
     mode: Mode,
     block_size: int = 32,
     symmetric: bool = True,
-    method: str = DEFAULT_METHOD,
+    method: str | None = None,
     importance: str | os.PathLike[str] | None = None,
     accuracy_level: int | None = None,
     exclude: Sequence[str] = (),
@@ -162,10 +161,11 @@ def quantize(
         int4/int8: rows per block, a power of two in 16..256.
     symmetric : bool, default True
         int4/int8: False adds a zero point per block.
-    method : {"rtn", "search"}, default "rtn"
+    method : {"rtn", "search"}, optional
         int4/int8 rounding: "search" picks each block's scale (and zero point) for the least
         (importance-weighted) squared error, as llama.cpp's k-quants; "rtn" rounds to nearest,
-        byte for byte onnxruntime's MatMulNBitsQuantizer.
+        byte for byte onnxruntime's MatMulNBitsQuantizer. Default: "search" with `calibration`
+        (it weights the search by the importance), else "rtn".
     importance : str or os.PathLike, optional
         int4/int8 search: an ONNX file whose float32 1-D initializers, named as the MatMul
         weights and of length K, weight each input channel's squared error (mean x^2 of the

@@ -57,7 +57,7 @@ def prepare(
     options: dict[str, object] = {}
     bits = 8 if settings.mode == "int8" else 4
     # the rounding the pass will use (part of the settings where the search exists)
-    method: str | None = getattr(settings, "method", None)
+    method = settings.rounding
     importance = None
     if settings.calibration:
         report.calibration = collect_importance(

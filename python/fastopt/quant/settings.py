@@ -51,7 +51,7 @@ class QuantSettings:
     mode: Mode
     block_size: int = 32
     symmetric: bool = True
-    method: str = DEFAULT_METHOD
+    method: str | None = None  # None: "search" with calibration (it reads the importance), else rtn
     importance: str = ""  # path of an importance file ("" for uniform weights)
     accuracy_level: int | None = None  # None: 4 for fp32 weights; 0 for fp16/bf16 or cuda=1
     exclude: Sequence[str] = ()
@@ -71,6 +71,14 @@ class QuantSettings:
     awq: bool = False
     bits_budget: float | None = None
     importance_output: str | None = None
+
+    @property
+    def rounding(self) -> str:
+        """The int4/int8 rounding method: the one asked, else search where calibration gives the
+        importance it weights, else rtn (onnxruntime's bytes)."""
+        if self.method is not None:
+            return self.method
+        return "search" if self.calibration else DEFAULT_METHOD
 
     @classmethod
     def of(cls, quantize: QuantSettings | str) -> QuantSettings:
@@ -104,11 +112,11 @@ class QuantSettings:
                 f"block size must be a power of two in 16..256 (what onnxruntime's "
                 f"MatMulNBits kernels run), not {bs!r}"
             )
-        if self.method not in METHODS:
+        if self.method is not None and self.method not in METHODS:
             raise _C.ModelError(f"method must be {' or '.join(METHODS)}, not {self.method!r}")
         if self.importance and self.mode not in ("int4", "int8"):
             raise _C.ModelError(f"importance applies to int4/int8, not to {self.mode}")
-        if self.importance and self.method != "search":
+        if self.importance and self.rounding != "search":
             raise _C.ModelError("importance weights the search: it needs method search")
         if self.importance and not os.path.isfile(self.importance):
             raise _C.ModelError(f"importance file {self.importance!r} does not exist")
@@ -184,7 +192,7 @@ class QuantSettings:
         }
         if self.mode in ("int4", "int8"):
             o["quant_bits"] = 4 if self.mode == "int4" else 8
-            o["quant_method"] = METHODS.index(self.method)
+            o["quant_method"] = METHODS.index(self.rounding)
             if self.importance:
                 o["quant_importance"] = os.path.abspath(self.importance)
         if self.accuracy_level is not None:

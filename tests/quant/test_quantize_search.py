@@ -15,9 +15,10 @@ import onnxruntime as ort
 import pytest
 from fastopt.cli.main import main
 from onnx import helper, numpy_helper
+from support.paths import TESTS
 from support.quant_reference import dequantize_nbits
 
-FIXTURES = Path(__file__).parent / "fixtures" / "models"
+FIXTURES = TESTS / "fixtures" / "models"
 
 
 def _model(w: np.ndarray, path: Path) -> Path:
