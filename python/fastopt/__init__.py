@@ -39,6 +39,7 @@ from fastopt._C import (
 from fastopt._io import from_onnx, load, load_bytes, verify_checksums
 from fastopt._signatures import spell_out_aliases
 from fastopt.errors import OptionError, RejectedModelError, UnknownNameError, UnsupportedModelError
+from fastopt.export import ExportError, ExportReport, export
 from fastopt.optimize import OptimizeReport, PassReport, optimize
 from fastopt.pipeline.options import OPTIONS, OptionSpec, register_option, unregister_option
 from fastopt.pipeline.registry import (
@@ -107,6 +108,8 @@ __all__ = [
     "PRESET_DESCRIPTIONS",
     "CheckError",
     "CheckReport",
+    "ExportError",
+    "ExportReport",
     "Function",
     "Graph",
     "InputRejectedError",
@@ -141,6 +144,7 @@ __all__ = [
     "apply_rules",
     "check",
     "compare_providers",
+    "export",
     "from_onnx",
     "get_pass",
     "infer_shapes",

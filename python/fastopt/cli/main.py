@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import fastopt
 from fastopt.cli.bench import add_parser as add_bench_parser
 from fastopt.cli.check import add_parser as add_check_parser
+from fastopt.cli.export import add_parser as add_export_parser
 from fastopt.cli.genai import add_parser as add_genai_parser
 from fastopt.cli.info import add_parser as add_info_parser
 from fastopt.cli.optimize import add_parser as add_optimize_parser
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_info_parser(sub)
     add_optimize_parser(sub)
     add_quantize_parser(sub)
+    add_export_parser(sub)
     add_check_parser(sub)
     add_passes_parser(sub)
     add_genai_parser(sub)

@@ -45,6 +45,12 @@ def add_parser(sub: Any) -> None:
         "--output",
         help="output .onnx file (without it, a dry run: everything runs, nothing is written)",
     )
+    add_optimize_flags(opt)
+    opt.set_defaults(func=run_command)
+
+
+def add_optimize_flags(opt: argparse.ArgumentParser) -> None:
+    """Every optimize flag after the input and -o (``fastopt export`` takes them too)."""
     opt.add_argument(
         "-v",
         "--verbose",
@@ -124,7 +130,6 @@ def add_parser(sub: Any) -> None:
     )
     add_quant_flags(opt)
     add_text_flags(opt)
-    opt.set_defaults(func=run_command)
 
 
 def preset_help() -> str:

@@ -1,0 +1,277 @@
+"""``fastopt.export``: a Hugging Face checkpoint folder -> ONNX -> the optimize pipeline -> a
+folder onnxruntime-genai runs.
+
+:func:`stage` does the part before ``optimize``: read the folder, load the model, compute the
+check batch's PyTorch outputs, export each graph into a scratch folder beside the output, free
+the model, check the export in ONNX Runtime. Its caller optimizes the staged graphs into the
+scratch folder (:func:`export` with ``fastopt.optimize``; the CLI with ``fastopt optimize``'s own
+run, flags and report); when the block ends the checkpoint's tokenizer and generation files are
+copied, the raw export is dropped and the folder renamed into place."""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastopt.export.check import GraphCheck, compare, torch_outputs
+from fastopt.export.errors import ExportError, require_extra
+from fastopt.export.exporter import (
+    Exporter,
+    decoder_graph,
+    encoder_graph,
+    export_graph,
+    seq2seq_graphs,
+)
+from fastopt.export.folder import copy_side_files, has_tokenizer, staging
+from fastopt.export.load import Checkpoint, Kind, load_model, read_checkpoint
+
+StepFn = Callable[[str], None]
+RAW = "export"  # the scratch folder's subfolder holding the raw export
+
+
+@dataclass
+class ExportReport:
+    output: str
+    kind: Kind
+    model_type: str
+    exporter: str
+    dtype: str
+    checkpoint_bytes: int
+    graphs: list[str] = field(default_factory=list)  # the .onnx files written
+    checks: list[GraphCheck] = field(default_factory=list)
+    tokenizer: bool = False
+    side_files: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)  # load, export, check, optimize
+    optimize: list[Any] = field(default_factory=list)  # fastopt.OptimizeReport per graph
+
+    def describe(self) -> str:
+        steps = ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items())
+        return (
+            f"{self.model_type} {self.kind} ({self.exporter}, {self.dtype}): "
+            f"{', '.join(self.graphs)}; {steps}"
+        )
+
+
+@dataclass
+class Staged:
+    """The exported graphs (name -> raw .onnx path) waiting to be optimized into `folder`."""
+
+    checkpoint: Checkpoint
+    folder: Path
+    exported: dict[str, str]
+    report: ExportReport
+
+    def target(self, name: str) -> str:
+        return str(self.folder / f"{name}.onnx")
+
+
+def _graphs(model: Any, kind: Kind) -> list[Any]:
+    if kind == "decoder":
+        return [decoder_graph(model)]
+    if kind == "encoder":
+        return [encoder_graph(model)]
+    return seq2seq_graphs(model)
+
+
+def _tokenizer(ckpt: Checkpoint, required: bool) -> Any:
+    """The checkpoint's tokenizer, None without one; a decoder needs one (onnxruntime-genai
+    reads it beside the model) unless `required` is False."""
+    if not has_tokenizer(ckpt.folder):
+        if required and ckpt.kind == "decoder":
+            raise ExportError(
+                f"{ckpt.folder}: no tokenizer (tokenizer.json or tokenizer.model); "
+                "onnxruntime-genai needs one beside the model: copy the checkpoint's tokenizer "
+                "files into the folder, or pass --no-tokenizer (require_tokenizer=False)"
+            )
+        return None
+    import transformers
+
+    try:
+        return transformers.AutoTokenizer.from_pretrained(str(ckpt.folder))
+    except Exception as e:  # tokenizers and sentencepiece raise their own types
+        raise ExportError(
+            f"{ckpt.folder}: its tokenizer does not load ({type(e).__name__}: "
+            f"{' '.join(str(e).split())[:300]})"
+        ) from e
+
+
+@contextmanager
+def stage(
+    hf_dir: str | os.PathLike[str],
+    output: str | os.PathLike[str],
+    *,
+    exporter: Exporter = "dynamo",
+    dtype: str = "fp32",
+    opset: int | None = None,
+    require_tokenizer: bool = True,
+    progress: StepFn | None = None,
+) -> Iterator[Staged]:
+    """Exports and checks the checkpoint into a scratch folder beside `output`; the block
+    writes the optimized graphs there (``staged.target(name)``); at its end the folder becomes
+    `output`. Raises ExportError (nothing written) for a bad folder, an architecture
+    transformers cannot load, a failed export or an export that disagrees with PyTorch."""
+    require_extra()
+    say = progress or (lambda _: None)
+    seconds: dict[str, float] = {}
+    t0 = time.perf_counter()
+    say("reading the checkpoint")
+    ckpt = read_checkpoint(hf_dir)
+    tokenizer = _tokenizer(ckpt, require_tokenizer)
+    out = Path(output)
+    with staging(out) as folder:
+        raw = folder / RAW
+        raw.mkdir()
+        say(f"loading {ckpt.model_type} ({ckpt.weight_bytes / 1e6:.0f} MB)")
+        model = load_model(ckpt, dtype, opset or 18)
+        specs = _graphs(model, ckpt.kind)
+        expected = torch_outputs(specs, ckpt.config, tokenizer)
+        seconds["load"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        exported: dict[str, str] = {}
+        for spec in specs:
+            say(f"torch.onnx ({exporter}): {spec.name} graph")
+            path = str(raw / f"{spec.name}.onnx")
+            export_graph(spec, path, exporter, opset)
+            exported[spec.name] = path
+        heads = [(s.name, s.output) for s in specs]
+        del specs, model  # the weights now live in the export's data file only
+        gc.collect()
+        seconds["export"] = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        say("checking the export against PyTorch")
+        checks = [
+            compare(name, output_name, exported[name], feeds, what, want, dtype)
+            for (name, output_name), (feeds, what, want) in zip(heads, expected)
+        ]
+        seconds["check"] = time.perf_counter() - t2
+        report = ExportReport(
+            str(out),
+            ckpt.kind,
+            ckpt.model_type,
+            exporter,
+            dtype,
+            ckpt.weight_bytes,
+            graphs=[f"{n}.onnx" for n in exported],
+            checks=checks,
+            tokenizer=tokenizer is not None,
+            seconds=seconds,
+        )
+        staged = Staged(ckpt, folder, exported, report)
+        yield staged
+        missing = [n for n in report.graphs if not (folder / n).is_file()]
+        if missing:  # the caller stopped before writing every graph
+            raise ExportError(f"export: {', '.join(missing)} not written; nothing was kept")
+        shutil.rmtree(raw)
+        report.side_files = copy_side_files(ckpt.folder, folder)
+
+
+def hf_config_kwargs(fn: Callable[..., Any], hf_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """``hf_config=hf_dir`` where `fn` takes it (optimize and quantize read the checkpoint's
+    config for genai_config.json once they do)."""
+    return (
+        {"hf_config": os.fspath(hf_dir)} if "hf_config" in inspect.signature(fn).parameters else {}
+    )
+
+
+def export(
+    hf_dir: str | os.PathLike[str],
+    output: str | os.PathLike[str],
+    *,
+    exporter: Exporter = "dynamo",
+    dtype: str = "fp32",
+    opset: int | None = None,
+    preset: str = "default",
+    passes: Sequence[str] | None = None,
+    target: str = "ort",
+    kv_cache: str | None = "standard",
+    quantize: Any = None,
+    options: Mapping[str, object] | None = None,
+    external_data: bool | None = None,
+    run_check: bool = True,
+    require_tokenizer: bool = True,
+    progress: StepFn | None = None,
+) -> ExportReport:
+    """Export a Hugging Face checkpoint folder and optimize it into a new folder.
+
+    Parameters
+    ----------
+    hf_dir : str or os.PathLike
+        A folder as ``save_pretrained`` writes it: config.json, the weights, the tokenizer.
+    output : str or os.PathLike
+        The folder to write (new, or empty): model.onnx (+ model.onnx.data) for a decoder or
+        an encoder, encoder.onnx and decoder.onnx for an encoder-decoder; for a decoder with a
+        KV cache genai_config.json; the checkpoint's tokenizer and generation files.
+    exporter : {"dynamo", "torchscript"}, default "dynamo"
+        torch.onnx's exporter; TorchScript is the fallback (it holds the weights twice).
+    dtype : {"fp32", "fp16", "bf16"}, default "fp32"
+        The dtype the model is loaded and exported in.
+    opset : int, optional
+        The export's opset (default: dynamo's own, 17 for TorchScript).
+    preset, passes, target, options, external_data, run_check, quantize
+        As ``fastopt.optimize``, which runs on every exported graph.
+    kv_cache : {"standard", "inplace"} or None, default "standard"
+        A decoder's KV cache (onnxruntime-genai needs one); ignored for encoders and
+        encoder-decoders.
+    require_tokenizer : bool, default True
+        Refuse a decoder checkpoint without a tokenizer (onnxruntime-genai reads one).
+    progress : callable, optional
+        ``progress(step)`` as each step starts.
+
+    Returns
+    -------
+    ExportReport
+        What was exported, the export's check against PyTorch, the optimize reports.
+
+    Raises
+    ------
+    fastopt.export.ExportError
+        The folder, its architecture, the exporter or the check refused the export; a
+        MissingExtraError when torch or transformers is not installed. Nothing is written.
+    fastopt.ModelError
+        As ``fastopt.optimize``.
+    """
+    import fastopt
+
+    say = progress or (lambda _: None)
+    with stage(
+        hf_dir,
+        output,
+        exporter=exporter,
+        dtype=dtype,
+        opset=opset,
+        require_tokenizer=require_tokenizer,
+        progress=progress,
+    ) as staged:
+        t0 = time.perf_counter()
+        for name, path in staged.exported.items():
+
+            def on_pass(i: int, n: int, pass_name: str, graph: str = name) -> None:
+                if pass_name:
+                    say(f"optimize {graph}: {pass_name} ({i + 1} of {n})")
+
+            report = fastopt.optimize(
+                path,
+                preset=preset,
+                passes=passes,
+                target=target,  # type: ignore[arg-type]
+                output=staged.target(name),
+                external_data=external_data,
+                progress=on_pass,
+                options=options,
+                kv_cache=kv_cache if staged.report.kind == "decoder" else None,  # type: ignore[arg-type]
+                quantize=quantize,
+                run_check=run_check,
+                **hf_config_kwargs(fastopt.optimize, hf_dir),
+            )
+            report.model = None  # the folder holds it; do not keep its mapping open
+            staged.report.optimize.append(report)
+        staged.report.seconds["optimize"] = time.perf_counter() - t0
+    return staged.report

@@ -1,0 +1,263 @@
+"""`fastopt export HF_DIR -o OUT`: tiny checkpoints saved with save_pretrained (random weights,
+nothing downloaded) exported with torch.onnx, checked, optimized and written as a folder
+onnxruntime-genai runs; its greedy tokens must equal the PyTorch model's. Bad inputs: one line,
+exit 2, nothing written. The slow tests (`-m slow`) export every fixture family from its config
+and, with FASTOPT_SMOLLM2 naming a SmolLM2 folder (../shared/realmodels/make-smollm2.sh), a
+real trained model."""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import fastopt
+import numpy as np
+import pytest
+from fastopt.cli.main import main
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("onnxscript")
+
+EOS = 2
+PROMPT = [5, 17, 42, 99, 7, 150, 3, 64]
+
+
+def save_qwen2(folder: Path, tokenizer: bool = False, **overrides: Any) -> Any:
+    """A 2-layer Qwen2 (hidden 64, vocab 256) with random weights, saved as a checkpoint."""
+    torch.manual_seed(0)
+    kw: dict[str, Any] = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=128,
+        bos_token_id=1,
+        eos_token_id=EOS,
+        initializer_range=0.1,
+    )
+    kw.update(overrides)
+    model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**kw)).eval()
+    model.save_pretrained(folder)
+    if tokenizer:
+        save_tokenizer(folder)
+    return model
+
+
+def save_tokenizer(folder: Path) -> None:
+    """A byte-level BPE trained on the check's own prose (vocab 200 < the model's 256)."""
+    from fastopt.export.check import TEXT
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=200,
+        special_tokens=["<pad>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(list(TEXT) * 4, trainer)
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
+    fast.save_pretrained(folder)
+
+
+def torch_greedy(model: Any, prompt: list[int], steps: int) -> list[int]:
+    """Greedy tokens of the PyTorch model (fp32, no cache: every step reads the whole text)."""
+    ids = list(prompt)
+    out = []
+    with torch.no_grad():
+        for _ in range(steps):
+            logits = model(torch.tensor([ids]), use_cache=False).logits
+            out.append(int(logits[0, -1].argmax()))
+            ids.append(out[-1])
+    return out
+
+
+def genai_tokens(folder: Path, prompt: list[int], steps: int) -> list[int]:
+    """onnxruntime-genai's greedy search on the folder as written (no edits): it stops at the
+    eos the config names or after `steps` tokens."""
+    og = pytest.importorskip("onnxruntime_genai")
+    model = og.Model(str(folder))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + steps, do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(np.array([prompt], np.int32))
+    out = []
+    while not gen.is_done():
+        gen.generate_next_token()
+        out.append(int(gen.get_next_tokens()[0]))
+    return out
+
+
+def until_eos(tokens: list[int], eos: set[int]) -> list[int]:
+    for i, t in enumerate(tokens):
+        if t in eos:
+            return tokens[: i + 1]
+    return tokens
+
+
+@pytest.fixture(scope="module")
+def qwen2(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    folder = tmp_path_factory.mktemp("qwen2") / "hf"
+    model = save_qwen2(folder, tokenizer=True)
+    return folder, model
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_export_decoder_genai_greedy_equals_pytorch(
+    qwen2: tuple[Path, Any], tmp_path: Path, exporter: str
+) -> None:
+    hf, model = qwen2
+    out = tmp_path / "out"
+    report = fastopt.export(hf, out, exporter=exporter)  # type: ignore[arg-type]
+    files = set(os.listdir(out))
+    assert {"model.onnx", "genai_config.json", "tokenizer.json", "tokenizer_config.json"} <= files
+    assert "generation_config.json" in files
+    assert not [n for n in os.listdir(tmp_path) if n != "out"]  # no scratch folder left
+    (check,) = report.checks
+    assert check.inputs == "real text (tokenizer)" and check.relative < 1e-4
+    ops = report.optimize[0].ops_after
+    assert ops.get("com.microsoft::GroupQueryAttention") == 2, ops
+    steps = 12
+    want = torch_greedy(model, PROMPT, steps)
+    got = genai_tokens(out, PROMPT, steps)
+    assert got == until_eos(want, {EOS}) and len(got) >= 4, (got, want)
+
+
+def test_export_cli_int4_folder_runs_in_genai(qwen2: tuple[Path, Any], tmp_path: Path) -> None:
+    """The CLI with optimize's flags: int4, the report; genai opens the folder and its
+    tokenizer."""
+    og = pytest.importorskip("onnxruntime_genai")
+    hf, _ = qwen2
+    out = tmp_path / "int4"
+    report = tmp_path / "report.json"
+    code = main(["export", str(hf), "-o", str(out), "--quantize", "int4", "--report", str(report)])
+    assert code == 0
+    ops = json.loads(report.read_text())["optimize"]["ops_after"]
+    assert ops.get("com.microsoft::MatMulNBits", 0) > 0
+    model = og.Model(str(out))
+    tokenizer = og.Tokenizer(model)
+    ids = tokenizer.encode("The river ran fast")
+    assert len(ids) > 0 and "river" in tokenizer.decode(ids)
+    assert len(genai_tokens(out, PROMPT, 6)) >= 1
+
+
+def test_export_encoder(tmp_path: Path) -> None:
+    """bert: model.onnx (last_hidden_state), fused, equal to PyTorch in ONNX Runtime."""
+    import onnxruntime as ort
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        vocab_size=256,
+        max_position_embeddings=64,
+    )
+    model = transformers.BertModel(config).eval()
+    model.save_pretrained(tmp_path / "hf")
+    report = fastopt.export(tmp_path / "hf", tmp_path / "out")
+    assert report.kind == "encoder" and sorted(os.listdir(tmp_path / "out")) == [
+        "config.json",
+        "model.onnx",
+    ]
+    ids = torch.randint(0, 256, (2, 11), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
+    sess = ort.InferenceSession(str(tmp_path / "out" / "model.onnx"))
+    got = sess.run(None, {"input_ids": ids.numpy(), "attention_mask": np.ones((2, 11), np.int64)})
+    np.testing.assert_allclose(got[0], want.numpy(), atol=1e-4)
+    assert report.optimize[0].ops_after != report.optimize[0].ops_before
+
+
+# ---- bad input: one line, exit 2, nothing written ----
+
+
+def _refused(capsys: pytest.CaptureFixture[str], argv: list[str], *words: str) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert code == 2 and len(lines) == 1, err
+    for w in words:
+        assert w in lines[0], lines[0]
+    out = Path(argv[argv.index("-o") + 1])
+    assert not out.exists() or not any(out.iterdir())
+    assert not [n for n in os.listdir(out.parent) if n.startswith(f".{out.name}.")]
+    return lines[0]
+
+
+def test_refuses_folder_without_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "hf").mkdir()
+    _refused(capsys, ["export", str(tmp_path / "hf"), "-o", str(tmp_path / "o")], "config.json")
+
+
+def test_refuses_unknown_architecture(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"model_type": "no_such_model", "hidden_size": 8}))
+    _refused(capsys, ["export", str(hf), "-o", str(tmp_path / "o")], "no_such_model")
+
+
+def test_refuses_missing_tokenizer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    save_qwen2(tmp_path / "hf")
+    _refused(capsys, ["export", str(tmp_path / "hf"), "-o", str(tmp_path / "o")], "no tokenizer")
+
+
+def test_refuses_export_failing_in_torch(
+    qwen2: tuple[Path, Any],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("Unsupported: data-dependent control flow in forward")
+
+    monkeypatch.setattr(torch.onnx, "export", fail)
+    line = _refused(
+        capsys,
+        ["export", str(qwen2[0]), "-o", str(tmp_path / "o")],
+        "torch.onnx (dynamo) failed",
+        "data-dependent",
+        "--exporter torchscript",
+    )
+    assert "Traceback" not in line
+
+
+def test_refuses_non_empty_output(
+    qwen2: tuple[Path, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    assert main(["export", str(qwen2[0]), "-o", str(out)]) == 2
+    assert "not empty" in capsys.readouterr().err
+    assert os.listdir(out) == ["keep.txt"]
+
+
+def test_without_the_extra_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_import = builtins.__import__
+
+    def no_torch(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name.split(".")[0] == "torch":
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_torch)
+    monkeypatch.delitem(sys.modules, "torch")
+    (tmp_path / "hf").mkdir()
+    line = _refused(
+        capsys, ["export", str(tmp_path / "hf"), "-o", str(tmp_path / "o")], "fastopt[export]"
+    )
+    assert "torch" in line
