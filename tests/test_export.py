@@ -261,3 +261,94 @@ def test_without_the_extra_one_line(
         capsys, ["export", str(tmp_path / "hf"), "-o", str(tmp_path / "o")], "fastopt[export]"
     )
     assert "torch" in line
+
+
+def test_export_seq2seq_pair(tmp_path: Path) -> None:
+    """t5: encoder.onnx and decoder.onnx (cross-attending, no cache), each checked against
+    PyTorch and optimized; no genai_config (onnxruntime-genai has no t5 runner)."""
+    torch.manual_seed(0)
+    config = transformers.T5Config(
+        d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2, num_heads=4,
+        vocab_size=256, decoder_start_token_id=0, pad_token_id=0,
+    )  # fmt: skip
+    transformers.T5ForConditionalGeneration(config).save_pretrained(tmp_path / "hf")
+    report = fastopt.export(tmp_path / "hf", tmp_path / "out", exporter="torchscript")
+    assert report.kind == "seq2seq" and [c.graph for c in report.checks] == ["encoder", "decoder"]
+    assert {"encoder.onnx", "decoder.onnx", "config.json"} <= set(os.listdir(tmp_path / "out"))
+    assert "genai_config.json" not in os.listdir(tmp_path / "out")
+    assert all(c.relative < 1e-4 for c in report.checks), [c.describe() for c in report.checks]
+
+
+# ---- slow: every fixture family from its config, and a real trained model ----
+
+
+def _genai_eos(folder: Path) -> set[int]:
+    eos = json.loads((folder / "genai_config.json").read_text())["model"]["eos_token_id"]
+    return set(eos) if isinstance(eos, list) else {int(eos)}
+
+
+def _fixture_archs() -> list[str]:
+    sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+    import make_fixtures as mf
+
+    return list(mf.ARCHS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", _fixture_archs())
+def test_export_fixture_family(arch: str, tmp_path: Path) -> None:
+    """Each family of tests/fixtures/make_fixtures.py, saved from its config with the fixture
+    weights: the export passes its check; a decoder's folder generates in onnxruntime-genai the
+    PyTorch model's greedy tokens."""
+    import make_fixtures as mf
+
+    _, model = mf.build_model(arch, "float32")
+    model.save_pretrained(tmp_path / "hf")
+    report = fastopt.export(tmp_path / "hf", tmp_path / "out", require_tokenizer=False)
+    assert all(c.relative < 1e-3 for c in report.checks), [c.describe() for c in report.checks]
+    if arch in mf.ENCODERS:
+        assert report.kind == "encoder"
+        return
+    assert report.kind == "decoder"
+    prompt = [p % model.config.vocab_size for p in PROMPT]
+    want = torch_greedy(model.eval(), prompt, 10)
+    got = genai_tokens(tmp_path / "out", prompt, 10)
+    assert got == until_eos(want, _genai_eos(tmp_path / "out")), (got, want)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["bart", "marian", "whisper", "t5"])
+def test_export_seq2seq_family(arch: str, tmp_path: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+    import make_seq2seq_fixtures as ms
+
+    ms._model(arch).save_pretrained(tmp_path / "hf")
+    report = fastopt.export(tmp_path / "hf", tmp_path / "out")
+    assert report.kind == "seq2seq"
+    assert all(c.relative < 1e-3 for c in report.checks), [c.describe() for c in report.checks]
+    assert {"encoder.onnx", "decoder.onnx"} <= set(os.listdir(tmp_path / "out"))
+
+
+SMOLLM2_ENV = "FASTOPT_SMOLLM2"  # a SmolLM2-135M-Instruct folder (make-smollm2.sh builds one)
+
+
+@pytest.mark.slow
+def test_export_smollm2_generates_pytorch_greedy(tmp_path: Path) -> None:
+    """A real trained model: text in, onnxruntime-genai's greedy tokens equal PyTorch's."""
+    folder = os.environ.get(SMOLLM2_ENV)
+    if not folder or not (Path(folder) / "config.json").is_file():
+        pytest.skip(f"set {SMOLLM2_ENV} to a SmolLM2 transformers folder")
+    og = pytest.importorskip("onnxruntime_genai")
+    out = tmp_path / "out"
+    report = fastopt.export(folder, out)
+    (check,) = report.checks
+    assert check.inputs == "real text (tokenizer)" and check.top1 == 1.0, check.describe()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    prompt = tokenizer("The capital of France is", add_special_tokens=False)["input_ids"]
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    want = torch_greedy(model, prompt, 16)
+    del model
+    got = genai_tokens(out, prompt, 16)
+    assert got == until_eos(want, _genai_eos(out)), (got, want)
+    og_tok = og.Tokenizer(og.Model(str(out)))
+    assert list(og_tok.encode("The capital of France is")) == prompt
