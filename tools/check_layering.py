@@ -151,6 +151,7 @@ ROOMS: list[tuple[str, tuple[str, ...]]] = [
     ("quant", ("fastopt.quant",)),  # settings, checks, ranges (ranges run models: above verify)
     ("optimize", ("fastopt.optimize",)),  # the facade: passes, KV cache, genai config, quant
     ("entries", ("fastopt.quant.quantize", "fastopt.genai.whisper")),  # run optimize()
+    ("export", ("fastopt.export",)),  # HF checkpoint -> torch.onnx -> optimize() -> a folder
     ("bench", ("fastopt.bench",)),  # the harness: runs models, no CLI
     ("api", ("fastopt",)),  # the public API: __init__ re-exports the rooms' public names
     ("cli", ("fastopt.cli", "fastopt.__main__")),  # one module per command, over the public API

@@ -238,7 +238,7 @@ def export(
     fastopt.ModelError
         As ``fastopt.optimize``.
     """
-    import fastopt
+    from fastopt.optimize import optimize
 
     say = progress or (lambda _: None)
     with stage(
@@ -257,7 +257,7 @@ def export(
                 if pass_name:
                     say(f"optimize {graph}: {pass_name} ({i + 1} of {n})")
 
-            report = fastopt.optimize(
+            report = optimize(
                 path,
                 preset=preset,
                 passes=passes,
@@ -269,7 +269,7 @@ def export(
                 kv_cache=kv_cache if staged.report.kind == "decoder" else None,  # type: ignore[arg-type]
                 quantize=quantize,
                 run_check=run_check,
-                **hf_config_kwargs(fastopt.optimize, hf_dir),
+                **hf_config_kwargs(optimize, hf_dir),
             )
             report.model = None  # the folder holds it; do not keep its mapping open
             staged.report.optimize.append(report)
