@@ -115,7 +115,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="0.5b,1.5b")
     ap.add_argument("--builder", default="0.5b", help="sizes the builder also runs on")
     ap.add_argument("--models-dir", default="/tmp/fastopt-export-bench")
-    ap.add_argument("--out", default=str(bl.REPO / "bench" / "results" / "export.json"))
+    ap.add_argument("--out", default="/tmp/fastopt-export-bench/export.json")
     ap.add_argument("--decode", action="append", default=[], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.decode:  # a child: one folder's decode speed
