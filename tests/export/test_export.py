@@ -18,6 +18,7 @@ import fastopt
 import numpy as np
 import pytest
 from fastopt.cli.main import main
+from support.paths import TESTS
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -288,7 +289,7 @@ def _genai_eos(folder: Path) -> set[int]:
 
 
 def _fixture_archs() -> list[str]:
-    sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+    sys.path.insert(0, str(TESTS / "fixtures"))
     import make_fixtures as mf
 
     return list(mf.ARCHS)
@@ -319,7 +320,7 @@ def test_export_fixture_family(arch: str, tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["bart", "marian", "whisper", "t5"])
 def test_export_seq2seq_family(arch: str, tmp_path: Path) -> None:
-    sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+    sys.path.insert(0, str(TESTS / "fixtures"))
     import make_seq2seq_fixtures as ms
 
     ms._model(arch).save_pretrained(tmp_path / "hf")
