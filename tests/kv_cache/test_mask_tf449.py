@@ -89,7 +89,7 @@ def test_scatternd_with_duplicate_indices_is_left_alone(tmp_path: Path) -> None:
 def test_tf449_mask_with_wrong_diagonal_is_refused(tmp_path: Path) -> None:
     """The 4.49 TorchScript llama mask with its triu diagonal moved from 1 to 2: each query sees
     the next key, which the proof, now evaluating Trilu and ScatterND, finds."""
-    (fx,) = matrix_fixtures("4.49.0", arch="llama", exporter="ts")
+    (fx,) = matrix_fixtures("4.49.0", arch="llama", exporter="ts", dtype="float32")
     proto = onnx.load(fx.path)
     (tri,) = [n for n in proto.graph.node if n.op_type == "Trilu"]
     (k,) = [n for n in proto.graph.node if tri.input[1] in n.output]
@@ -108,7 +108,7 @@ def test_tf449_mask_reading_an_unknown_dim_is_refused(tmp_path: Path) -> None:
     whose head dim has no size in the graph's types: the proof admits the shape because only
     the known length is read. Reading the head dim instead (the slice width then is not the
     key length) must leave the mask unproven, never evaluated with a made-up size."""
-    (fx,) = matrix_fixtures("4.49.0", arch="gpt_neox", exporter="ts")
+    (fx,) = matrix_fixtures("4.49.0", arch="gpt_neox", exporter="ts", dtype="float32")
     proto = onnx.load(fx.path)
     shape_out = "/m/gpt_neox/layers.0/attention/Shape_6_output_0"
     (gather,) = [n for n in proto.graph.node if n.op_type == "Gather" and n.input[0] == shape_out]
@@ -120,3 +120,4 @@ def test_tf449_mask_reading_an_unknown_dim_is_refused(tmp_path: Path) -> None:
         with pytest.raises(fastopt.ModelError, match=r"not proven to be causal.*RotaryEmbedding"):
             out_path = tmp_path / mode / "model.onnx"
             fastopt.optimize(src, preset="llm", output=out_path, kv_cache=mode)  # type: ignore[arg-type]
+

@@ -40,7 +40,8 @@ def test_matrix_tables_say_what_is_there() -> None:
         for name in folders:
             meta = json.loads((MATRIX_DIR / release / name / "meta.json").read_text())
             assert meta["versions"]["transformers"] == release, (release, name)
-            assert meta["ort_vs_torch_max_abs"] < 1e-4, (release, name)
+            limit = 2e-2 if meta["dtype"] == "float16" else 1e-4  # make_matrix.py's MAX_ABS*
+            assert meta["ort_vs_torch_max_abs"] < limit, (release, name)
     tested = README.read_text().split("version matrix", 1)[1][:400]  # "How this is tested"
     assert all(release in tested for release in releases), tested
 

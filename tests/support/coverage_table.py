@@ -123,7 +123,7 @@ def _cell(name: str, state: str, table: dict[str, Any], xfails: dict[str, dict[s
 
 
 def markdown() -> str:
-    """The matrix as tables (one per release: family x exporter, without / with a cache), from
+    """The matrix as tables (one per release: family x exporter, without / with a cache, fp16), from
     the committed exports.json, coverage.json and expected_failures.json."""
     from support.llm_fixtures import MATRIX_XFAIL
 
@@ -134,8 +134,8 @@ def markdown() -> str:
         out += [
             f"transformers {release}:",
             "",
-            "| family | ts | dynamo | ts, cache | dynamo, cache |",
-            "|---|---|---|---|---|",
+            "| family | ts | dynamo | ts, cache | dynamo, cache | ts, fp16 | dynamo, fp16 |",
+            "|---|---|---|---|---|---|---|",
         ]
         archs = sorted({n.split("_ts_")[0].split("_dynamo_")[0] for n in exports})
         for arch in archs:
@@ -145,6 +145,8 @@ def markdown() -> str:
                 "dynamo_float32",
                 "ts_float32_cache",
                 "dynamo_float32_cache",
+                "ts_float16",
+                "dynamo_float16",
             ):
                 name = f"{arch}_{suffix}"
                 state = exports.get(name)

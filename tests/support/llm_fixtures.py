@@ -204,6 +204,7 @@ def matrix_fixtures(
     exporter: str | None = None,
     decoder: bool | None = None,
     cache_export: bool | None = False,
+    dtype: str | None = None,
 ) -> list[Fixture]:
     """The version matrix's fixtures (materialized), filtered as fixtures() does; sorted by
     release, then name."""
@@ -220,12 +221,15 @@ def matrix_fixtures(
                 continue
             if cache_export is not None and bool(meta.get("cache")) != cache_export:
                 continue
+            if dtype is not None and meta["dtype"] != dtype:
+                continue
             out.append(Fixture(materialize(meta_path.parent), release=rel))
     return out
 
 
 # The matrix's default share (the rest runs under -m slow): every release's llama and gpt2
-# (both exporters), so each release's mask, rotary and attention forms stay in the default run.
+# (both exporters, float32), so each release's mask, rotary and attention forms stay in the
+# default run; the fp16 exports run under -m slow.
 MATRIX_DEFAULT_ARCHS = ("llama", "gpt2")
 
 
@@ -243,7 +247,7 @@ def matrix_params(
             marks: list[Any] = []
             if test_id in expected:
                 marks.append(pytest.mark.xfail(strict=True, reason=expected[test_id]))
-            if fx.arch not in MATRIX_DEFAULT_ARCHS:
+            if fx.arch not in MATRIX_DEFAULT_ARCHS or fx.dtype != "float32":
                 marks.append(pytest.mark.slow)
             params.append(pytest.param(fx, *variant, marks=marks, id=test_id))
     return params
