@@ -1,6 +1,7 @@
 // The evaluator's arithmetic: Cast/CastLike, Neg/Abs/Not/Sqrt and the elementwise binary ops
 // (arithmetic, comparisons, logic, Min/Max), bit-exact with ONNX Runtime's CPU kernels or
-// declined (float16 arithmetic goes to the ONNX Runtime fallback).
+// declined (float16 arithmetic goes to the ONNX Runtime fallback, except where
+// FoldLimits::half_arith asks for it: the mask proof).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -28,13 +29,15 @@ Result Evaluator::cast() {
   }
   if (!fits(to, x->dims)) return std::nullopt;
   const bool from_ok = is_float(x->dtype) || is_int(x->dtype) || x->dtype == kUint64;
-  const bool to_ok = to == kFloat || to == kDouble || is_int(to) || to == kUint64;
+  const bool to_half = to == kFloat16 && limits_.half_arith && x->dtype != kDouble &&
+                       x->dtype != kUint64;  // a double would be rounded twice
+  const bool to_ok = to == kFloat || to == kDouble || is_int(to) || to == kUint64 || to_half;
   if (!from_ok || !to_ok) return unsupported();
   std::string bytes;
   for (uint64_t i = 0; i < x->numel; ++i) {
     if (is_float(x->dtype)) {
       const double v = x->f(i);
-      if (to == kFloat || to == kDouble) {
+      if (to == kFloat || to == kDouble || to == kFloat16) {
         put_float(bytes, to, v);
       } else if (to == kBool) {
         put_int(bytes, to, v != 0 || std::isnan(v));
@@ -62,7 +65,8 @@ Result Evaluator::cast() {
         put_int(bytes, to, to == kBool ? u != 0 : static_cast<int64_t>(u));
     } else {
       const int64_t v = x->i64(i);
-      if (to == kFloat)
+      if (to == kFloat16 && (v < -2048 || v > 2048)) return unsupported();  // exact up to 2048
+      if (to == kFloat || to == kFloat16)
         put_float(bytes, to, static_cast<float>(v));  // one rounding, as the runtime does
       else if (to == kDouble)
         put_float(bytes, to, static_cast<double>(v));
@@ -156,10 +160,12 @@ Result Evaluator::elementwise() {
   if (!out || !fits(out_dt, *out)) return std::nullopt;
   const bool fp = dt == kFloat || dt == kDouble;
   const bool integral = is_int(dt) && dt != kBool;
+  const bool half_ok = dt == kFloat16 && limits_.half_arith && kind == Kind::kArith &&
+                       n_.op_type != "Div";  // FoldLimits::half_arith
   switch (kind) {
     case Kind::kArith:
     case Kind::kMinMax:
-      if (!fp && !integral) return unsupported();
+      if (!fp && !integral && !half_ok) return unsupported();
       break;
     case Kind::kCompare:
       if (!is_float(dt) && !is_int(dt)) return unsupported();

@@ -19,6 +19,13 @@ struct FoldLimits {
   // An output larger than all its inputs together (ConstantOfShape, Expand, Range, broadcasts)
   // is folded only up to this size: a small constant is never expanded into a big one.
   uint64_t max_expand_bytes = 64 << 10;
+  // float16 Add/Sub/Mul, and Cast to float16 from bool, float or an integer of magnitude up to
+  // 2048, computed natively. Each result is exact in double and rounded once to float, then to
+  // half (round to nearest even): ONNX Runtime's float path gives the same bits, since 24 >=
+  // 2 * 11 + 2 makes that double rounding innocuous. Off for folding, which leaves float16
+  // arithmetic to the ONNX Runtime fallback; the mask proof turns it on (transformers 4.49
+  // builds a float16 model's mask in float16: a bool cast to half, multiplied, added).
+  bool half_arith = false;
   // True when an output of `out_bytes` computed from `in_bytes` of inputs is within the limits.
   bool allows(uint64_t out_bytes, uint64_t in_bytes) const {
     return out_bytes <= max_bytes && (out_bytes <= max_expand_bytes || out_bytes <= in_bytes);

@@ -53,6 +53,9 @@ int64_t wrap(int32_t dt, int64_t v) {
 void put_float(std::string& out, int32_t dt, double v) {
   if (dt == kDouble) {
     out.append(reinterpret_cast<const char*>(&v), 8);
+  } else if (dt == kFloat16) {
+    const uint16_t h = float_to_half(static_cast<float>(v));
+    out.append(reinterpret_cast<const char*>(&h), 2);
   } else {
     float f = static_cast<float>(v);
     out.append(reinterpret_cast<const char*>(&f), 4);

@@ -321,6 +321,7 @@ std::optional<TensorPtr> MaskWalker::evaluate(const Probe& p, std::string* err,
   };
   FoldLimits limits;
   limits.max_bytes = limits.max_expand_bytes = uint64_t{1} << 30;
+  limits.half_arith = true;  // float16 masks (transformers 4.49): exact, see FoldLimits
   const int64_t opset = graph_opset(m_, g_);
   for (const Node* n : nodes_) {
     if (std::string bad = mistyped_reason(n); !bad.empty()) {  // never read as the defaults
