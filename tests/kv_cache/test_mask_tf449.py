@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from support import kv_generation as kg
 from support.folding_helpers import assert_parity, make_model, op_counts, optimize, out
 from support.llm_fixtures import matrix_fixtures
 
@@ -127,8 +128,6 @@ def test_tf449_float16_mask_is_proven(exporter: str, tmp_path: Path) -> None:
     """A float16 export of 4.49 builds its mask in float16 (a bool Cast to half, Mul and Add in
     half), which the proof now evaluates exactly: the cache converts, both forms, and greedy
     decoding follows the original's (fp16: tokens until a near-tie, logits within 2e-2)."""
-    import kv_generation as kg
-
     (fx,) = matrix_fixtures("4.49.0", arch="llama", exporter=exporter, dtype="float16")
     prompts = [[5, 17, 42, 7, 99, 3], [3, 8, 250]]
     ref = kg.greedy_no_cache(fx.path, *kg.right_pad(prompts), 12)
