@@ -30,7 +30,7 @@ def test_guard_fails_on_a_lost_fusion(monkeypatch: pytest.MonkeyPatch) -> None:
     import fastopt.pipeline.registry as registry
 
     items = fixtures(arch="llama", exporter="ts", dtype="float32")
-    items += matrix_fixtures(release="5.0.0", arch="qwen2", exporter="dynamo")
+    items += matrix_fixtures(release="5.0.0", arch="qwen2", exporter="dynamo", dtype="float32")
     table = json.loads(ct.TABLE.read_text())
     expected = {fx.name: table[fx.name] for fx in items}
     assert ct.diff(expected, ct.compute(items)) == []
