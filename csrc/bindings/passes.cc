@@ -18,6 +18,7 @@
 #include "passes/fold/fold_constants.h"
 #include "passes/fusion_util.h"
 #include "passes/kv_cache/cross_cache_split.h"
+#include "passes/quant/options.h"
 #include "passes/registry.h"
 #include "passes/rotary/rotary_cache.h"
 #include "quant/quant_record.h"
@@ -35,6 +36,12 @@ void bind_passes(py::module_& m) {
   m.attr("KV_PRESENT_PREFIX") = passes::kPresentPrefix;
   m.attr("FACT_ATTENTION_FUSED") = passes::kAttentionFused;
   m.attr("FACT_NO_INTERNAL_OPS") = passes::kNoInternalOps;
+  m.attr("FACT_VALUE_TYPES") = passes::kValueTypes;
+  m.attr("QUANT_BLOCK_SIZE_MIN") = quant::kMinBlockSize;
+  m.attr("QUANT_BLOCK_SIZE_MAX") = quant::kMaxBlockSize;
+  m.def("quant_block_size_problem", &quant::block_size_problem, py::arg("block_size"),
+        "Why a quantization block size is not one MatMulNBits runs (the message every entry "
+        "point shows), or \"\"");
   py::class_<passes::OptionInfo>(m, "OptionInfo",
                                  "An option a C++ pass reads, declared with the pass")
       .def_readonly("name", &passes::OptionInfo::name)

@@ -72,6 +72,9 @@ struct PassInfo {
   std::vector<std::string> tags;
   int64_t min_opset = 1;
   int64_t max_opset = INT64_MAX;
+  // Running it again on its own output rewrites nothing. The pass manager skips a listed pass
+  // declared so when no pass changed the model since it last ran (python/fastopt/optimize.py);
+  // tests/test_idempotent.py runs each twice on the fixtures.
   bool idempotent = true;
   // Returns the number of rewrites made.
   std::function<int64_t(Model&, PassContext&)> run;
@@ -91,6 +94,10 @@ struct PassInfo {
 // Facts of the pass contracts.
 inline constexpr const char* kAttentionFused = "attention fused";  // internal Attention ops
 inline constexpr const char* kNoInternalOps = "no internal ops";   // none left in the model
+// The model's value types are those of a shape inference run on its current graph. The pass
+// manager establishes it itself (its shape inference step) before a pass that requires it, and
+// it holds after a pass that ensures it (infer_shapes); any other rewrite ends it.
+inline constexpr const char* kValueTypes = "value types";
 
 // A declaration with named fields (C++17 has no designated initialisers). An option:
 //   OptionDecl("kv_cache", "the form add_kv_cache writes").choices({{1, "standard"}}).internal()

@@ -7,7 +7,7 @@ import numpy
 import numpy.typing
 import typing
 import typing_extensions
-__all__: list[str] = ['Bytes', 'FACT_ATTENTION_FUSED', 'FACT_NO_INTERNAL_OPS', 'FOLD_MAX_BYTES', 'FOLD_MAX_EXPAND_BYTES', 'FUSED_OPS_OPSET', 'Function', 'Graph', 'INTERNAL_DOMAIN', 'KV_PAST_PREFIX', 'KV_PRESENT_PREFIX', 'Match', 'Model', 'ModelError', 'Node', 'OptionInfo', 'PassInfo', 'PassResult', 'Pattern', 'PatternNode', 'QuantRecord', 'ROTARY_MAX_POSITIONS_LIMIT', 'Rewriter', 'Rule', 'ShapeFacts', 'Tensor', 'Value', 'analyze_shapes', 'apply_rules', 'constant_nodes_model', 'cpp_passes', 'dtype_name', 'load', 'load_bytes', 'load_skeleton', 'make_tensor', 'move_cross_projections', 'native_fold_ops', 'native_fold_unsupported', 'nested_graphs', 'ort_fold_candidates', 'quantization_error', 'run_pass', 'shape_analysis_summary', 'shape_facts', 'write_file']
+__all__: list[str] = ['Bytes', 'FACT_ATTENTION_FUSED', 'FACT_NO_INTERNAL_OPS', 'FACT_VALUE_TYPES', 'FOLD_MAX_BYTES', 'FOLD_MAX_EXPAND_BYTES', 'FUSED_OPS_OPSET', 'Function', 'Graph', 'INTERNAL_DOMAIN', 'KV_PAST_PREFIX', 'KV_PRESENT_PREFIX', 'Match', 'Model', 'ModelError', 'Node', 'OptionInfo', 'PassInfo', 'PassResult', 'Pattern', 'PatternNode', 'QUANT_BLOCK_SIZE_MAX', 'QUANT_BLOCK_SIZE_MIN', 'QuantRecord', 'ROTARY_MAX_POSITIONS_LIMIT', 'Rewriter', 'Rule', 'ShapeFacts', 'Tensor', 'Value', 'analyze_shapes', 'apply_rules', 'constant_nodes_model', 'cpp_passes', 'dtype_name', 'load', 'load_bytes', 'load_skeleton', 'make_tensor', 'move_cross_projections', 'native_fold_ops', 'native_fold_unsupported', 'nested_graphs', 'ort_fold_candidates', 'quant_block_size_problem', 'quantization_error', 'run_pass', 'shape_analysis_summary', 'shape_facts', 'write_file']
 class ModelError(Exception):
     pass
 class Tensor:
@@ -680,10 +680,13 @@ def ort_fold_candidates(graph: Graph, max_bytes: typing.SupportsInt | typing.Sup
     """
     The nodes of `graph` fold_constants_ort evaluates through ONNX Runtime, in graph order, and for each of their outputs the bytes of the constants it is computed from (see passes/fold/fold_constants.h); `safe_division(node)` decides Div, Mod and Pow
     """
+def quant_block_size_problem(block_size: typing.SupportsInt | typing.SupportsIndex) -> str:
+    """
+    Why a quantization block size is not one MatMulNBits runs (the message every entry point shows), or ""
+    """
 def quantization_error(weight: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], bits: typing.SupportsInt | typing.SupportsIndex = 4, block_size: typing.SupportsInt | typing.SupportsIndex = 32, symmetric: bool = True, method: str = 'search', importance: typing.Any = None) -> dict:
     """
     What quantize_weights would lose on a float weight [K, N] (MatMul's B; float16 is read as float32) without writing anything: {'rel_mse': sum imp[k] (w - w')^2 / sum imp[k] w^2, 'max_rel_error', 'mean_rel_error', 'sq_err'}. `importance`: float32 [K] weights per input channel (None: uniform). Scales as float32 weights store them.
-    """
 def run_pass(model: Model, name: str, target: str = 'ort', max_iterations: typing.SupportsInt | typing.SupportsIndex = 10, explain_rule: str = '', options: collections.abc.Mapping[str, typing.SupportsInt | typing.SupportsIndex] = {}, text_options: collections.abc.Mapping[str, str] = {}, progress: typing.Any = None) -> tuple[int, PassResult]:
     """
     Runs a C++ pass; returns (rewrites, result). `progress(done, total, what)` is called during long passes (quantization)
@@ -706,10 +709,13 @@ def write_file(path: typing.Any, data: bytes) -> None:
     """
 FACT_ATTENTION_FUSED: str = 'attention fused'
 FACT_NO_INTERNAL_OPS: str = 'no internal ops'
+FACT_VALUE_TYPES: str = 'value types'
 FOLD_MAX_BYTES: int = 1048576
 FOLD_MAX_EXPAND_BYTES: int = 65536
 FUSED_OPS_OPSET: int = 23
 INTERNAL_DOMAIN: str = 'ai.fastopt.internal'
 KV_PAST_PREFIX: str = 'past_key_values.'
 KV_PRESENT_PREFIX: str = 'present.'
+QUANT_BLOCK_SIZE_MAX: int = 256
+QUANT_BLOCK_SIZE_MIN: int = 16
 ROTARY_MAX_POSITIONS_LIMIT: int = 1048576

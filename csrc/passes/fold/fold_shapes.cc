@@ -521,7 +521,8 @@ int64_t fold_shapes(Model& model, PassContext& ctx) {
 const PassRegistrar kRegister{
     PassDecl("fold_shapes",
              "Shape/Size, and Gather/Slice of Shape, over dims known from value types -> constants")
-        .tags({"cleanup", "needs_shapes"})
+        .tags({"cleanup"})
+        .requires_facts({kValueTypes})
         .run(fold_shapes)};
 
 }  // namespace

@@ -42,6 +42,16 @@ std::string QuantOptions::excluded(const std::string& name) const {
   return "";
 }
 
+std::string block_size_problem(int64_t block_size) {
+  if (block_size >= kMinBlockSize && block_size <= kMaxBlockSize &&
+      (block_size & (block_size - 1)) == 0) {
+    return "";
+  }
+  return "block size must be a power of two in " + std::to_string(kMinBlockSize) + ".." +
+         std::to_string(kMaxBlockSize) + " (what onnxruntime's MatMulNBits kernels run), not " +
+         std::to_string(block_size);
+}
+
 QuantOptions read_options(const passes::PassContext& ctx) {
   QuantOptions o;
   o.mode = text(ctx, "quant_mode", "");
@@ -51,11 +61,8 @@ QuantOptions read_options(const passes::PassContext& ctx) {
   }
   o.bits = static_cast<int>(bits);
   o.block_size = option(ctx, "quant_block_size", 32);
-  if (o.block_size < 16 || o.block_size > 256 || (o.block_size & (o.block_size - 1)) != 0) {
-    throw ModelError(
-        "block size must be a power of two in 16..256 (what onnxruntime's "
-        "MatMulNBits kernels run), not " +
-        std::to_string(o.block_size));
+  if (std::string problem = block_size_problem(o.block_size); !problem.empty()) {
+    throw ModelError(problem);
   }
   o.symmetric = option(ctx, "quant_symmetric", 1) != 0;
   o.accuracy_level = option(ctx, "quant_accuracy_level", -1);

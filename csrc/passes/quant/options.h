@@ -63,6 +63,14 @@ struct QuantOptions {
 // (bench/results/quantize_accuracy.md).
 inline constexpr int64_t kDefaultMethod = static_cast<int64_t>(Method::kRtn);
 
+// The block sizes onnxruntime's MatMulNBits kernels run: powers of two in [kMinBlockSize,
+// kMaxBlockSize]. The one statement of the rule: the bindings expose it (_C.quant_block_size_
+// problem), and the Python settings, option declaration and CLI read it from there.
+inline constexpr int64_t kMinBlockSize = 16;
+inline constexpr int64_t kMaxBlockSize = 256;
+// Why `block_size` is not one of them (the message every entry point shows), or "".
+std::string block_size_problem(int64_t block_size);
+
 // Reads and validates the options; ModelError on a bad value.
 QuantOptions read_options(const passes::PassContext& ctx);
 
