@@ -70,6 +70,8 @@ class PassReport:
     nodes_after: int
     counters: dict[str, int] = field(default_factory=dict)
     skipped: str | None = None  # why the pass did not run
+    # Not rerun: the pass is idempotent and no pass changed the model since it last ran.
+    unchanged: bool = False
 
 
 @dataclass
@@ -261,6 +263,10 @@ def optimize(
     reports: list[PassReport] = []
     range_check: RangeCheck | None = None
     recipe = None
+    # An idempotent pass is not rerun while the model is as it left it: `changes` counts the
+    # passes that rewrote something, `clean_at[name]` is that count when `name` last ran.
+    changes = 0
+    clean_at: dict[str, int] = {}
     for i, name in enumerate(names):
         if progress is not None:
             progress(i, len(names), name)
@@ -271,12 +277,18 @@ def optimize(
                 PassReport(name, 0, 0.0, ctx.model.node_count(), skipped=f"opset {opset}")
             )
             continue
+        if clean_at.get(name) == changes:
+            reports.append(PassReport(name, 0, 0.0, ctx.model.node_count(), unchanged=True))
+            continue
         try:
             reports.append(_run_pass(name, ctx))
         except _C.ModelError as e:
             if name == KV_CACHE_PASS and _looks_like_encoder(ctx.model):
                 raise UnsupportedModelError(_encoder_refusal(ctx.model, str(e))) from e
             raise
+        changes += reports[-1].rewrites > 0
+        if spec.idempotent:
+            clean_at[name] = changes
     if any(op.startswith(_INTERNAL_DOMAIN + "::") for op in ctx.model.op_counts()):
         # A pass list that fused attention without lowering it: internal ops never leave.
         reports.append(_run_pass(finishing_pass(NO_INTERNAL_OPS), ctx))

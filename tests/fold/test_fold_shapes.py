@@ -202,7 +202,7 @@ def test_idempotent(tmp_path: Path) -> None:
 
 def test_registered_and_in_the_default_preset() -> None:
     spec = fastopt.get_pass("fold_shapes")
-    assert spec.language == "c++" and "needs_shapes" in spec.tags
+    assert spec.language == "c++" and fastopt._C.FACT_VALUE_TYPES in spec.requires_facts
     preset = fastopt.PRESETS["default"]
     order = [
         preset.index(p)

@@ -295,8 +295,10 @@ def print_details(report: OptimizeReport, out: Console) -> None:
     ):
         passes.add_column(col, justify=justify)  # type: ignore[arg-type]
     for p in report.passes:
-        details = (p.skipped and f"skipped: {p.skipped}") or ", ".join(
-            f"{k} {v}" for k, v in sorted(p.counters.items())
+        details = (
+            (p.skipped and f"skipped: {p.skipped}")
+            or (p.unchanged and "not rerun: nothing changed since it ran")
+            or ", ".join(f"{k} {v}" for k, v in sorted(p.counters.items()))
         )
         passes.add_row(
             escape(p.name),
@@ -323,10 +325,13 @@ def print_summary(report: OptimizeReport, out: Console, input_path: str) -> None
     check, and the line that says what ran, what fused and what was written."""
     changed = [p for p in report.passes if p.rewrites]
     skipped = [p for p in report.passes if p.skipped]
+    unchanged = [p for p in report.passes if p.unchanged]
     line = (
-        f"passes: {len(report.passes) - len(skipped)} ran, {len(changed)} changed the graph "
-        f"({report.rewrites} rewrites)"
+        f"passes: {len(report.passes) - len(skipped) - len(unchanged)} ran, {len(changed)} "
+        f"changed the graph ({report.rewrites} rewrites)"
     )
+    if unchanged:
+        line += f", {len(unchanged)} not rerun (idempotent, nothing changed since they ran)"
     if skipped:
         line += "; skipped: " + ", ".join(f"{p.name} ({p.skipped})" for p in skipped)
     plain = {"markup": False, "highlight": False}

@@ -11,7 +11,7 @@ the native analysis gave facts to, If/Loop/Scan bodies included), ``native_unkno
 
 from __future__ import annotations
 
-from fastopt.pipeline.registry import PassContext, register_pass
+from fastopt.pipeline.registry import VALUE_TYPES, PassContext, register_pass
 from fastopt.pipeline.shapes import AUTO, run_inference
 
 
@@ -19,6 +19,7 @@ from fastopt.pipeline.shapes import AUTO, run_inference
     "infer_shapes",
     "value types from the C++ shape analysis (onnx's for ops it does not know), in place",
     tags=("analysis",),
+    ensures_facts=(VALUE_TYPES,),
 )
 def infer_shapes(ctx: PassContext) -> int:
     run = run_inference(

@@ -8,11 +8,15 @@ conversion, sets ``ctx.model``). Register one with the decorator::
     def my_pass(ctx: fastopt.PassContext) -> int:
         ...
 
-A pass tagged ``"needs_shapes"`` gets value types first: unless the model's types are fresh
-(``infer_shapes`` ran, and no pass changed the graph since),
+Tags are labels (``fastopt passes`` lists them); what the pass manager does for a pass it reads
+from the pass's contract. A pass that requires the fact ``VALUE_TYPES``
+(``requires_facts=(VALUE_TYPES,)``) gets value types first: unless the model's types are fresh
+(a pass that ensures them, ``infer_shapes``, ran and no pass changed the graph since),
 ``fastopt.pipeline.shapes.infer_shapes`` (the C++ shape analysis, onnx's inference for what it does
-not know) runs before it. Passes read their settings from ``ctx.options``
-(``fastopt.optimize(options=...)``); C++ passes see the integer ones.
+not know) runs before it. A pass declared ``idempotent`` (the default) rewrites nothing when run
+again on its own output: optimize() does not rerun it while nothing changed since it last ran.
+Passes read their settings from ``ctx.options`` (``fastopt.optimize(options=...)``); C++ passes
+see the integer ones.
 
 Presets are data: ordered lists of pass names.
 """
@@ -52,7 +56,8 @@ class PassContext:
     # True while the model's value types are those of a shape inference run on its current graph.
     shapes_inferred: bool = False
     # (pass name, what ran) per shape inference of the run: the infer_shapes pass's, and those
-    # a "needs_shapes" pass triggered (fastopt.pipeline.shapes.ShapeRun.describe() says which ran).
+    # a pass requiring VALUE_TYPES triggered (fastopt.pipeline.shapes.ShapeRun.describe() says
+    # which ran).
     shape_runs: list[tuple[str, ShapeRun]] = field(default_factory=list)
     # One record per weight a quantization pass looked at (quantized or kept, and why).
     quant_records: list[_C.QuantRecord] = field(default_factory=list)
@@ -61,6 +66,12 @@ class PassContext:
 
 
 PassFunction = Callable[[PassContext], int]
+
+# Facts of the pass contracts (csrc/passes/registry.h). VALUE_TYPES: the model's value types are
+# those of a shape inference run on its current graph; the pass manager establishes it itself
+# before a pass that requires it, so no pass of the list needs to ensure it.
+VALUE_TYPES: str = _C.FACT_VALUE_TYPES
+_MANAGER_FACTS = frozenset({VALUE_TYPES})
 
 
 def default_opset(model: _C.Model) -> int:
@@ -92,7 +103,7 @@ class PassSpec:
         return opset >= self.min_opset and (self.max_opset is None or opset <= self.max_opset)
 
     def run(self, ctx: PassContext) -> int:
-        if "needs_shapes" in self.tags and not ctx.shapes_inferred:
+        if VALUE_TYPES in self.requires_facts and not ctx.shapes_inferred:
             from fastopt.pipeline.shapes import infer_shapes_for_pass
 
             ctx.shape_runs.append((self.name, infer_shapes_for_pass(ctx.model, ctx.options)))
@@ -104,7 +115,9 @@ class PassSpec:
             rewrites = self._run(ctx)
         finally:
             ctx.explain_rule = asked
-        if rewrites and "analysis" not in self.tags:
+        if VALUE_TYPES in self.ensures_facts:
+            ctx.shapes_inferred = True  # what it changed is the value types themselves
+        elif rewrites:
             ctx.shapes_inferred = False
             # Memoized C++ analyses recompute (attribute edits too). A C++ pass's run_pass did
             # that already, unless the pass kept its shape facts current across its edits.
@@ -145,14 +158,29 @@ def register_pass(
     min_opset: int = 1,
     max_opset: int | None = None,
     idempotent: bool = True,
+    requires_facts: tuple[str, ...] = (),
+    ensures_facts: tuple[str, ...] = (),
+    runs_before: tuple[str, ...] = (),
 ) -> Callable[[PassFunction], PassFunction]:
-    """Registers a Python pass under ``name`` (which must be new)."""
+    """Registers a Python pass under ``name`` (which must be new). Its contract, as a C++ pass's
+    (PassInfo): ``idempotent`` (a second run on its output rewrites nothing), the facts it
+    requires and ensures (e.g. ``VALUE_TYPES``), the passes it runs before when placed."""
 
     def decorate(fn: PassFunction) -> PassFunction:
         if name in _PYTHON_PASSES or any(p.name == name for p in _C.cpp_passes()):
             raise ValueError(f"a pass named '{name}' is already registered")
         _PYTHON_PASSES[name] = PassSpec(
-            name, description, tags, min_opset, max_opset, idempotent, "python", fn
+            name,
+            description,
+            tuple(tags),
+            min_opset,
+            max_opset,
+            idempotent,
+            "python",
+            fn,
+            tuple(requires_facts),
+            tuple(ensures_facts),
+            tuple(runs_before),
         )
         return fn
 
@@ -228,16 +256,13 @@ def place(names: list[str], name: str) -> list[str]:
     requires or the two constraints contradict."""
     spec = get_pass(name)
     out = [n for n in names if n != name]
-    ensurers = [
-        i for i, n in enumerate(out) if set(get_pass(n).ensures_facts) & set(spec.requires_facts)
-    ]
-    if spec.requires_facts and not ensurers:
-        needed = " or ".join(
-            p.name for p in all_passes() if set(p.ensures_facts) & set(spec.requires_facts)
-        )
+    required = set(spec.requires_facts) - _MANAGER_FACTS  # the manager establishes those itself
+    ensurers = [i for i, n in enumerate(out) if set(get_pass(n).ensures_facts) & required]
+    if required and not ensurers:
+        needed = " or ".join(p.name for p in all_passes() if set(p.ensures_facts) & required)
         raise OptionError(
             f"{name} needs the pass {needed} in the pass list (use preset 'llm'): "
-            f"it requires {', '.join(spec.requires_facts)}"
+            f"it requires {', '.join(sorted(required))}"
         )
     at = ensurers[-1] + 1 if ensurers else 0
     later = [i for i, n in enumerate(out) if n in spec.runs_before]

@@ -86,7 +86,7 @@ def infer_shapes(
 
 @entry_point(STAGE)
 def infer_shapes_for_pass(model: _C.Model, options: Mapping[str, object]) -> ShapeRun:
-    """The inference a "needs_shapes" pass gets first (``shape_engine`` from its options)."""
+    """The inference a pass requiring VALUE_TYPES gets first (``shape_engine`` from its options)."""
     return run_inference(model, engine=int(options.get("shape_engine", AUTO)))  # type: ignore[call-overload]
 
 
