@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 import fastopt
+from fastopt import _C
 from fastopt.cli.output import console, print_table
 from fastopt.cli.progress import CommandProgress
 from fastopt.optimize import PassReport
@@ -106,7 +107,11 @@ def add_text_flags(p: argparse.ArgumentParser) -> None:
 
 def add_quant_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--block-size", type=int, default=32, help="int4/int8: power of two in 16..256 (32)"
+        "--block-size",
+        type=int,
+        default=32,
+        help=f"int4/int8: power of two in {_C.QUANT_BLOCK_SIZE_MIN}..{_C.QUANT_BLOCK_SIZE_MAX} "
+        "(32)",
     )
     sym = p.add_mutually_exclusive_group()
     sym.add_argument(

@@ -19,7 +19,7 @@ reads a new option declares it with one call, next to the pass::
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Union
 
@@ -53,6 +53,9 @@ class OptionSpec:
     minimum: int | None = None
     maximum: int | None = None
     internal: bool = False
+    # A rule beyond the range, stated elsewhere (the C++ declaration): why a value breaks it, or
+    # "" (its message is the option's error).
+    problem: Callable[[int], str] | None = None
 
     def values_text(self) -> str:
         """What the option takes, in words: "0 (off), 1 (non-causal) or 2 (also causal)"."""
@@ -74,6 +77,8 @@ class OptionSpec:
         takes. Strings (from the command line) are parsed."""
         parsed = _parse(self.kind, value)
         ok = parsed is not None
+        if problem := self._rule_problem(parsed):  # its message, not the range's
+            raise OptionError(problem)
         if ok and self.kind == "int":
             assert parsed is not None
             if self.choices and int(parsed) not in [v for v, _ in self.choices]:
@@ -87,6 +92,12 @@ class OptionSpec:
         if not ok or parsed is None:
             raise OptionError(f"{self.name} must be {self.values_text()}, not {value!r}")
         return parsed
+
+    def _rule_problem(self, parsed: OptionValue | None) -> str:
+        """What ``problem`` says of a parsed int64 value ("" without a rule, or when kept)."""
+        if self.problem is None or self.kind != "int" or parsed is None:
+            return ""
+        return self.problem(int(parsed)) if INT64_MIN <= int(parsed) <= INT64_MAX else ""
 
 
 def _parse(kind: Kind, value: object) -> OptionValue | None:
@@ -121,6 +132,7 @@ def register_option(
     minimum: int | None = None,
     maximum: int | None = None,
     internal: bool = False,
+    problem: Callable[[int], str] | None = None,
 ) -> OptionSpec:
     """Declares an option read by `passes` (see the module docstring); the name must be new."""
     if name in OPTIONS:
@@ -128,7 +140,16 @@ def register_option(
     if kind not in ("int", "bool"):
         raise ValueError(f"option kind must be 'int' or 'bool', not {kind!r}")
     spec = OptionSpec(
-        name, kind, help, tuple(passes), default, tuple(choices), minimum, maximum, internal
+        name,
+        kind,
+        help,
+        tuple(passes),
+        default,
+        tuple(choices),
+        minimum,
+        maximum,
+        internal,
+        problem,
     )
     OPTIONS[name] = spec
     return spec
@@ -271,9 +292,10 @@ register_option(
     "rows per quantization block (a power of two)",
     passes=_QUANT_PASSES,
     default=32,
-    minimum=16,
-    maximum=256,
+    minimum=_C.QUANT_BLOCK_SIZE_MIN,
+    maximum=_C.QUANT_BLOCK_SIZE_MAX,
     internal=True,
+    problem=_C.quant_block_size_problem,  # the rule: csrc/passes/quant/options.h
 )
 register_option(
     "quant_symmetric", "bool", "symmetric quantization", passes=_QUANT_PASSES, internal=True

@@ -107,11 +107,12 @@ class QuantSettings:
                 f"unknown quantization mode {self.mode!r}; choose one of {', '.join(MODES)}"
             )
         bs = self.block_size
-        if not isinstance(bs, int) or bs < 16 or bs > 256 or bs & (bs - 1):
-            raise _C.ModelError(
-                f"block size must be a power of two in 16..256 (what onnxruntime's "
-                f"MatMulNBits kernels run), not {bs!r}"
-            )
+        if isinstance(bs, bool) or not isinstance(bs, int):
+            raise _C.ModelError(f"block size must be an integer, not {bs!r}")
+        if not -(2**63) <= bs < 2**63:
+            bs = -(2**63)  # C++ reads int64: any value out of it fails the rule
+        if problem := _C.quant_block_size_problem(bs):  # the rule: csrc/passes/quant/options.h
+            raise _C.ModelError(problem)
         if self.method is not None and self.method not in METHODS:
             raise _C.ModelError(f"method must be {' or '.join(METHODS)}, not {self.method!r}")
         if self.importance and self.mode not in ("int4", "int8"):
