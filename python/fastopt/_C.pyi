@@ -687,6 +687,7 @@ def quant_block_size_problem(block_size: typing.SupportsInt | typing.SupportsInd
 def quantization_error(weight: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], bits: typing.SupportsInt | typing.SupportsIndex = 4, block_size: typing.SupportsInt | typing.SupportsIndex = 32, symmetric: bool = True, method: str = 'search', importance: typing.Any = None) -> dict:
     """
     What quantize_weights would lose on a float weight [K, N] (MatMul's B; float16 is read as float32) without writing anything: {'rel_mse': sum imp[k] (w - w')^2 / sum imp[k] w^2, 'max_rel_error', 'mean_rel_error', 'sq_err'}. `importance`: float32 [K] weights per input channel (None: uniform). Scales as float32 weights store them.
+    """
 def run_pass(model: Model, name: str, target: str = 'ort', max_iterations: typing.SupportsInt | typing.SupportsIndex = 10, explain_rule: str = '', options: collections.abc.Mapping[str, typing.SupportsInt | typing.SupportsIndex] = {}, text_options: collections.abc.Mapping[str, str] = {}, progress: typing.Any = None) -> tuple[int, PassResult]:
     """
     Runs a C++ pass; returns (rewrites, result). `progress(done, total, what)` is called during long passes (quantization)
