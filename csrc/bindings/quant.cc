@@ -10,6 +10,7 @@
 
 #include "bindings/handles.h"
 #include "ir/error.h"
+#include "passes/quant/options.h"
 #include "quant/blockwise.h"
 
 namespace fastopt::bindings {
@@ -21,8 +22,8 @@ py::dict quantization_error(const FloatArray& weight, int bits, int64_t block_si
                             const std::string& method, py::object importance) {
   if (weight.ndim() != 2) throw ModelError("weight must be 2-D [K, N]");
   if (bits != 4 && bits != 8) throw ModelError("bits must be 4 or 8");
-  if (block_size < 16 || block_size > 256 || (block_size & (block_size - 1)) != 0) {
-    throw ModelError("block size must be a power of two in 16..256");
+  if (std::string problem = quant::block_size_problem(block_size); !problem.empty()) {
+    throw ModelError(problem);
   }
   if (method != "rtn" && method != "search") throw ModelError("method must be rtn or search");
   const int64_t K = weight.shape(0), N = weight.shape(1);

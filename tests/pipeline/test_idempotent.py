@@ -5,13 +5,12 @@ exports (tests/fixtures/models), the cached forms and a CNN."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import fastopt
 import pytest
 from fastopt.pipeline.registry import PassContext, Target, default_opset, get_pass, place, preset
+from support.paths import TESTS
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = TESTS / "fixtures"
 MODELS = FIXTURES / "models"
 KV_MODES = {"standard": 1, "inplace": 2}
 
