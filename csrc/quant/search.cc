@@ -121,6 +121,69 @@ float clamp_code(float z, float kmax) {
   return z < 0.0f ? 0.0f : z > kmax ? kmax : z;
 }
 
+float finite_recip(float s) {
+  const float r = s != 0.0f ? 1.0f / s : 0.0f;
+  return std::isfinite(r) ? r : 0.0f;
+}
+
+// Step 1's candidate of a column: the range-based scale with its divisor times `divisor`, and
+// (asymmetric) the zero point it implies, as blockwise.cc computes nearest rounding's.
+void range_candidate(const BlockwiseSpec& spec, float max, float min, float divisor, float* rs,
+                     float* zf) {
+  const float kmax = static_cast<float>(spec.max_code());
+  const float half = static_cast<float>(spec.mid_code());
+  float s, z = half;
+  if (spec.symmetric) {
+    const float peak = std::fabs(max) > std::fabs(min) ? max : min;
+    s = -peak / (half * divisor);
+  } else {
+    const float lo = std::min(min, 0.0f), hi = std::max(max, 0.0f);
+    s = (hi - lo) / (kmax * divisor);
+    z = s != 0.0f ? clamp_code(std::roundf(-lo / s), kmax) : 0.0f;
+  }
+  *rs = finite_recip(s);
+  *zf = z;
+}
+
+// The scale as the file will store it (float16 / bfloat16 scales round).
+float stored_scale(const BlockwiseSpec& spec, float s) {
+  if (spec.scale_dtype == 10) s = half_to_float(float_to_half(s));
+  if (spec.scale_dtype == 16) s = bfloat16_to_float(float_to_bfloat16(s));
+  return s;
+}
+
+// The weighted sums of one column under its current codes (see code_sums and data_sums).
+struct ColumnSums {
+  double slx, sll, sl, sw, sx;
+};
+
+// Asymmetric refit of a column: x ~ s * L + b jointly, then the offset as an integer zero point
+// and s refitted for it. Falls back to the scale-only fit where the joint one is degenerate.
+void refit_offset(const ColumnSums& k, float zero, float kmax, float* fit_s, float* fit_z) {
+  const float scale_only = static_cast<float>(k.slx) / static_cast<float>(k.sll);
+  const double d = k.sw * k.sll - k.sl * k.sl;
+  if (!(d > 0.0)) {
+    *fit_s = scale_only;
+    return;
+  }
+  const double js = (k.sw * k.slx - k.sl * k.sx) / d;
+  const double jb = (k.sll * k.sx - k.sl * k.slx) / d;
+  if (!(js > 0.0)) {
+    *fit_s = scale_only;
+    return;
+  }
+  const float z = clamp_code(std::roundf(static_cast<float>(zero - jb / js)), kmax);
+  const double dz = static_cast<double>(zero) - z;  // L' = L + dz
+  const double lx = k.slx + dz * k.sx;
+  const double ll = k.sll + 2.0 * dz * k.sl + dz * dz * k.sw;
+  if (ll > 0.0) {
+    *fit_s = static_cast<float>(lx / ll);
+    *fit_z = z;
+  } else {
+    *fit_s = scale_only;
+  }
+}
+
 }  // namespace
 
 void BlockQuantizer::search(const float* src, int64_t ld, int64_t rows, int64_t n,
@@ -161,20 +224,8 @@ void BlockQuantizer::search(const float* src, int64_t ld, int64_t rows, int64_t 
     // At 8 bits a clipped outlier costs more than the finer grid gains: the verify gate's max
     // error on logits rose past 5 % on the llama fixture with them (int8 asymmetric, block 128).
     if (spec_.bits == 8 && divisor > 1.1f) continue;
-    for (size_t c = 0; c < m; ++c) {
-      float s, z = half;
-      if (spec_.symmetric) {
-        const float peak = std::fabs(max_[c]) > std::fabs(min_[c]) ? max_[c] : min_[c];
-        s = -peak / (half * divisor);
-      } else {
-        const float lo = std::min(min_[c], 0.0f), hi = std::max(max_[c], 0.0f);
-        s = (hi - lo) / (kmax * divisor);
-        z = s != 0.0f ? clamp_code(std::roundf(-lo / s), kmax) : 0.0f;
-      }
-      const float r = s != 0.0f ? 1.0f / s : 0.0f;
-      rs[c] = std::isfinite(r) ? r : 0.0f;
-      zf[c] = z;
-    }
+    for (size_t c = 0; c < m; ++c)
+      range_candidate(spec_, max_[c], min_[c], divisor, &rs[c], &zf[c]);
     sums(src, ld, rows, n, imp, av, rs, zf, kmax, slx, sll, sl);
     for (size_t c = 0; c < m; ++c) {
       if (!(sll[c] > 0.0f) || rs[c] == 0.0f) continue;
@@ -190,11 +241,8 @@ void BlockQuantizer::search(const float* src, int64_t ld, int64_t rows, int64_t 
   // 2. Rounds: the scale as stored -> its nearest codes -> evaluate -> refit.
   for (int round = 0; round <= kRounds; ++round) {
     for (size_t c = 0; c < m; ++c) {
-      float s = fit_s[c];
-      if (spec_.scale_dtype == 10) s = half_to_float(float_to_half(s));
-      if (spec_.scale_dtype == 16) s = bfloat16_to_float(float_to_bfloat16(s));
-      const float r = s != 0.0f ? 1.0f / s : 0.0f;
-      rs[c] = std::isfinite(r) && std::isfinite(s) ? r : 0.0f;
+      const float s = stored_scale(spec_, fit_s[c]);
+      rs[c] = std::isfinite(s) ? finite_recip(s) : 0.0f;
       zf[c] = fit_z[c];
       fit_s[c] = s;  // stored form, evaluated below
     }
@@ -211,31 +259,8 @@ void BlockQuantizer::search(const float* src, int64_t ld, int64_t rows, int64_t 
       if (!(sll[c] > 0.0f)) continue;
       if (spec_.symmetric) {
         fit_s[c] = slx[c] / sll[c];
-        continue;
-      }
-      // x ~ s * L + b jointly; then the offset as an integer zero point and s refitted.
-      const double d = static_cast<double>(sw[c]) * sll[c] - static_cast<double>(sl[c]) * sl[c];
-      if (!(d > 0.0)) {
-        fit_s[c] = slx[c] / sll[c];
-        continue;
-      }
-      const double js =
-          (static_cast<double>(sw[c]) * slx[c] - static_cast<double>(sl[c]) * sx[c]) / d;
-      const double jb =
-          (static_cast<double>(sll[c]) * sx[c] - static_cast<double>(sl[c]) * slx[c]) / d;
-      if (!(js > 0.0)) {
-        fit_s[c] = slx[c] / sll[c];
-        continue;
-      }
-      const float z = clamp_code(std::roundf(static_cast<float>(zf[c] - jb / js)), kmax);
-      const double dz = static_cast<double>(zf[c]) - z;  // L' = L + dz
-      const double lx = slx[c] + dz * sx[c];
-      const double ll = sll[c] + 2.0 * dz * sl[c] + dz * dz * sw[c];
-      if (ll > 0.0) {
-        fit_s[c] = static_cast<float>(lx / ll);
-        fit_z[c] = z;
       } else {
-        fit_s[c] = slx[c] / sll[c];
+        refit_offset({slx[c], sll[c], sl[c], sw[c], sx[c]}, zf[c], kmax, &fit_s[c], &fit_z[c]);
       }
     }
   }
@@ -243,10 +268,7 @@ void BlockQuantizer::search(const float* src, int64_t ld, int64_t rows, int64_t 
   // 3. The search's best against nearest rounding, both computed as the codes will be.
   exact_error(src, ld, rows, n, imp, av, recip_.data(), zero_.data(), dequant_scale_.data(), kmax,
               rtn_e);
-  for (size_t c = 0; c < m; ++c) {
-    const float r = best_s[c] != 0.0f ? 1.0f / best_s[c] : 0.0f;
-    rs[c] = std::isfinite(r) ? r : 0.0f;
-  }
+  for (size_t c = 0; c < m; ++c) rs[c] = finite_recip(best_s[c]);
   exact_error(src, ld, rows, n, imp, av, rs, best_z, best_s, kmax, best_e);
   for (size_t c = 0; c < m; ++c) {
     if (rs[c] == 0.0f || !(best_e[c] < rtn_e[c])) continue;

@@ -8,12 +8,16 @@ is freed, so the check never holds two copies of the weights."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
+from fastopt._lazy import lazy_module
 from fastopt.export.errors import ExportError
 from fastopt.export.exporter import GraphSpec, encoder_feeds, token_feeds
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_module("numpy")  # imported on first use: `import fastopt` stays cheap
 
 # Two lines of English prose: the batch is two rows of the same length, cut from these.
 TEXT = (
