@@ -88,7 +88,7 @@ def check_feeds(spec: GraphSpec, config: Any, ids: Any, encoder: dict[str, Any])
     return feeds
 
 
-Expected = tuple[dict[str, Any], str, np.ndarray]
+Expected = tuple[dict[str, Any], str, "np.ndarray"]
 
 
 def torch_outputs(specs: list[GraphSpec], config: Any, tokenizer: Any) -> list[Expected]:
