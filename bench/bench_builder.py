@@ -317,7 +317,7 @@ def _write(
             "(measured on the 2-layer test fixtures). The last row quantizes the export without "
             "fusions or cache: the same scores mean the fusions and the in-place cache add no "
             "error to int4's own, whose bytes equal onnxruntime's quantizer's "
-            "(tests/test_quantize_weights.py).",
+            "(tests/quant/test_quantize_weights.py).",
         ]
     md += ["", "## Decode latency: context 256, ORT CPU, 2 threads, interleaved in one process", ""]
     if "results" in bench:

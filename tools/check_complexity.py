@@ -3,7 +3,7 @@ per if, loop, case, catch, &&, || and ?:), except the functions ALLOWED lists, e
 still there. A decision written as one long function is cut into named checks, each a few lines
 returning its refusal (passes/fusion/fuse_rms_norm.cc, passes/attention/lower/ort_plan.cc). An
 entry whose function is now within the limit (or gone) fails too: the list only shrinks. Run by
-.ci/run and tests/test_complexity.py; needs lizard (pinned in .ci/run).
+.ci/run and tests/project/test_complexity.py; needs lizard (pinned in .ci/run).
 
     python tools/check_complexity.py [csrc]     # exit 1 with one line per violation
 """

@@ -2,7 +2,8 @@
 below it (LAYERS), and no two folders may include each other, directly or through others.
 python/fastopt/: each module may import only modules of its own room or of rooms below it
 (ROOMS, lowest first; imports inside functions count too), and no two modules may import each
-other at module level, directly or through others. Run by .ci/run and tests/test_layering.py;
+other at module level, directly or through others. Run by .ci/run and
+tests/project/test_layering.py;
 ARCHITECTURE.md explains the layers and the rooms.
 
     python tools/check_layering.py [csrc [python/fastopt]]   # exit 1 with one line per violation

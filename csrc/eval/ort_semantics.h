@@ -3,7 +3,7 @@
 // Range lengths (exact, where limit - start overflows too), integer division (INT_MIN / -1
 // traps). The evaluator (csrc/eval), the shape analysis (csrc/analysis) and fold_shapes share
 // these, so a folded value is the one the runtime computes, or nothing is folded.
-// Checked against ORT 1.32 by tests/test_fold_semantics.py.
+// Checked against ORT 1.32 by tests/fold/test_fold_semantics.py.
 #pragma once
 
 #include <cstdint>

@@ -74,7 +74,7 @@ struct PassInfo {
   int64_t max_opset = INT64_MAX;
   // Running it again on its own output rewrites nothing. The pass manager skips a listed pass
   // declared so when no pass changed the model since it last ran (python/fastopt/optimize.py);
-  // tests/test_idempotent.py runs each twice on the fixtures.
+  // tests/pipeline/test_idempotent.py runs each twice on the fixtures.
   bool idempotent = true;
   // Returns the number of rewrites made.
   std::function<int64_t(Model&, PassContext&)> run;

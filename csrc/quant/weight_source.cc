@@ -117,7 +117,7 @@ void WeightSource::release_bytes(uint64_t offset, uint64_t n, bool more_follow) 
   // an earlier pass, a model made in memory) MADV_DONTNEED would zero them. The buffers with a
   // file behind them are read-only mappings of it (file_backed: FileBuffer, TempFile); a new
   // Buffer with a descriptor and owned bytes would have to say so there
-  // (tests/test_quant_mapped_reads.py checks in-memory weights survive).
+  // (tests/quant/test_quant_mapped_reads.py checks in-memory weights survive).
   if (!bytes.buffer || !bytes.buffer->file_backed() || n == 0) return;
   // A read fault maps more than the page read: the 64 KB-aligned fault-around window around
   // it (the kernel's default fault_around_bytes), and on recent Linux (6.18 here) the whole large

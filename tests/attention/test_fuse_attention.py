@@ -27,7 +27,7 @@ from support.llm_fixtures import (
 PASSES = ["fuse_attention", "lower_attention"]
 # gemma3 TorchScript: without fuse_rms_norm (not in these pass lists) its decomposed q/k norms
 # hide the kv head count ("the number of kv heads is unknown"); the llm preset fuses them first
-# (tests/test_llm_preset.py covers gemma3 there).
+# (tests/fusion/test_llm_preset.py covers gemma3 there).
 ALL = [
     fx
     for fx in fixtures(fused_attention=True)

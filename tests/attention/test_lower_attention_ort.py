@@ -28,7 +28,8 @@ INTERNAL = "ai.fastopt.internal"
 PASSES = ["lower_attention", "fold_transposes", "fold_reshapes", "eliminate_noop",
           "eliminate_dead_nodes"]  # fmt: skip
 # gemma2 attends eagerly (soft-capped scores, no Where(IsNaN)), which the stand-in below does not
-# know; tests/test_softcap.py lowers it through stage 1. Nor ALiBi's (test_alibi.py). falcon: V
+# know; tests/attention/test_softcap.py lowers it through stage 1. Nor ALiBi's (test_alibi.py).
+# falcon: V
 # is sliced from the packed QKV before its head split; the stand-in walks back through every
 # Reshape and would pass the 3-D packed value (fuse_attention handles falcon).
 # deberta_v2: flat heads with position terms (test_family_fixes.py).

@@ -5,5 +5,6 @@ process that may crash (worker.py). Findings print their one-line case key; reru
 
     python -m tests.difftest --case 'llama_ts_float32:token_shift:llm/ort/kv=standard/q=none:1'
 
-and campaign with ``python -m tests.difftest --runs 500 --seed 7``. tests/test_difftest.py runs a
+and campaign with ``python -m tests.difftest --runs 500 --seed 7``.
+tests/verify/test_difftest.py runs a
 bounded sample by default and a long one under ``-m slow``."""

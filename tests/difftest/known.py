@@ -1,7 +1,7 @@
 """Findings expected on main, each in a class another part of issue 25 is fixing:
 (mutation kind, mode pattern) -> (reason, strict). A pattern is an fnmatch pattern over the
 mode's text, ``preset/target/kv=K/q=Q``. The tests mark a matching case xfail; ``strict`` entries
-are the ones the default run hits (tests/test_difftest.py): once the fix merges the case
+are the ones the default run hits (tests/verify/test_difftest.py): once the fix merges the case
 passes, the strict xfail fails loudly, and the entry goes. Non-strict entries are the same
 class on kinds the default sample does not reach in that class (the long run and campaigns).
 Delete entries as the fixes land."""

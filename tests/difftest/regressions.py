@@ -3,7 +3,7 @@ finding at the same stage (the same mutation on the bare pseudo-fixture, for the
 probes a model of a few hundred bytes, then on smaller exports, smallest first); then
 ``save_regression`` writes that mutant (one mutation at one site, doc strings and value_info
 dropped) and a JSON recipe beside it (the case key, what the mutation did, the symptom).
-tests/test_difftest.py replays every recipe in tests/difftest/regressions/ (a recipe
+tests/verify/test_difftest.py replays every recipe in tests/difftest/regressions/ (a recipe
 regenerates its mutant, so the repository keeps recipes, and models only where they are small:
 the bare ones)."""
 

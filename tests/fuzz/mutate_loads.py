@@ -1,6 +1,6 @@
 """Load many corrupted copies of one model; every load must succeed or raise ModelError.
 
-Run as a child process by tests/test_bad_input.py (a crash or a hang then fails one test
+Run as a child process by tests/safety/test_bad_input.py (a crash or a hang then fails one test
 instead of killing pytest). Mutants are written next to MODEL, so external data it refers to
 still resolves. Before each load the mutant's description goes to `<dir>/current.txt` and its
 bytes stay in `<dir>/mutant.onnx`: after a crash those two files say what crashed it.

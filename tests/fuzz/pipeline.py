@@ -1,6 +1,6 @@
 """The pipeline fuzzer's steps (fuzz_pipeline.cc) through the Python extension.
 
-tests/test_fuzz.py replays the saved regression inputs with ``replay`` wherever the sanitizer
+tests/safety/test_fuzz.py replays the saved regression inputs with ``replay`` wherever the sanitizer
 binaries are absent (and also where they are present): read, run the C++ passes of the
 "default" preset in the harness's order and variant, check that the result verifies, serializes
 and reads back, save it with external data and read that back. The variant (target, KV cache,

@@ -4,7 +4,7 @@ targets, outputs stay within the parity bounds on a padded batch, and the decode
 (add_kv_cache's seq2seq form, csrc/passes/kv_cache/kv_cache_cross.cc) generates the same 32
 greedy tokens as the no-cache decoder, or is refused with the reason. t5's relative position bias
 is kept and re-read over absolute positions (kv_cache_cross_bias.cc). The in-place form and
-onnxruntime-genai's whisper: tests/test_seq2seq_inplace.py."""
+onnxruntime-genai's whisper: tests/kv_cache/test_seq2seq_inplace.py."""
 
 from __future__ import annotations
 

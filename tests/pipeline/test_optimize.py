@@ -139,7 +139,7 @@ def test_cli_optimize_report_and_explain(model_path: Path, tmp_path: Path) -> No
 
 def test_cli_optimize_no_fsync(model_path: Path, tmp_path: Path) -> None:
     """--no-fsync (Model.save(fsync=False)): the same output, written without waiting for the
-    disk (tests/test_external_data.py counts the calls it skips)."""
+    disk (tests/io/test_external_data.py counts the calls it skips)."""
     outs = []
     for flags in ([], ["--no-fsync"]):
         out = tmp_path / f"out{len(outs)}.onnx"

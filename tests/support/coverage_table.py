@@ -1,4 +1,5 @@
-"""The coverage table (tests/fixtures/coverage.json) that tests/test_coverage_table.py guards:
+"""The coverage table (tests/fixtures/coverage.json) that tests/matrix/test_coverage_table.py
+guards:
 for every LLM fixture (tests/fixtures/models and the version matrix), what the `llm` preset
 fuses for each target (fused op counts), what decomposed ops it leaves (residue), and whether
 the KV-cache rewrite (standard, inplace) is accepted or the reason it is refused.

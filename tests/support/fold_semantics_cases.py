@@ -1,4 +1,4 @@
-"""The cases of tests/test_fold_semantics.py: small graphs of constants over a table of edge
+"""The cases of tests/fold/test_fold_semantics.py: small graphs of constants over a table of edge
 values (0, 1, -1, INT32_MIN/MAX, INT64_MIN/MAX, 2^31, 2^32, 2^53 + 1, ...), each node with its
 own graph output, so that a refusal to fold one node leaves the others checked."""
 

@@ -1,6 +1,6 @@
 """Runs every case of fold_semantics_cases through ONNX Runtime and each folding pipeline, each
 run in a forked child (a SIGFPE kills the child, not the worker), and pickles the results to
-argv[1]. Started by tests/test_fold_semantics.py in a subprocess of its own."""
+argv[1]. Started by tests/fold/test_fold_semantics.py in a subprocess of its own."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A corpus of hostile models: files that fastopt's reader accepts (they are well-formed
 protobuf) but that onnx, protobuf or ONNX Runtime refuse, each for another reason. Used by
-tests/test_foreign_errors.py to check that no entry point lets a foreign exception escape."""
+tests/safety/test_foreign_errors.py to check that no entry point lets a foreign exception escape."""
 
 from __future__ import annotations
 

@@ -176,7 +176,8 @@ def greedy_cached(
     if inplace:
         if prefill_chunk:
             raise ValueError(
-                "prefill_chunk: standard cache only (in place: tests/test_inplace_chunks.py)"
+                "prefill_chunk: standard cache only "
+                "(in place: tests/kv_cache/test_inplace_chunks.py)"
             )
         return _greedy_inplace(sess, names, ids, lengths, steps, max_length)
     # Each past's own head size: multi-latent attention's values are narrower than its keys.

@@ -45,8 +45,8 @@ KV_REFUSED_ARCHS = {"phi3_longrope", *ALIBI_ARCHS}
 # deberta_v2's disentangled attention fuses with its position terms as the attention bias
 # (test_family_fixes.py).
 UNFUSED_ATTENTION_ARCHS: set[str] = set()
-# Mixture-of-experts decoders (tests/test_moe.py): the experts' MLPs fuse like dense ones, the
-# routing stays exact as exported.
+# Mixture-of-experts decoders (tests/fusion/test_moe.py): the experts' MLPs fuse like dense
+# ones, the routing stays exact as exported.
 MOE_ARCHS = ("mixtral", "qwen2_moe", "olmoe")
 
 # fp16 twins that every fixture-walking test runs only under `-m slow` (tests/conftest.py marks

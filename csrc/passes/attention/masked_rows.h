@@ -36,7 +36,7 @@ double masked_value(const Node* attention);
 // anyway). fp16 at its lowest, -65504, rounds only |score| < 16 to v: beyond, the export's row
 // is fp16's rounding of the sum to multiples of 32, which no kernel adding in fp32 reproduces
 // and no runtime promises; it is taken as the mean it approximates (the one rule here that is
-// not exact: tests/test_masked_rows.py checks real positions only for fp16).
+// not exact: tests/attention/test_masked_rows.py checks real positions only for fp16).
 bool absorbs_scores(double v, int32_t dtype);
 
 // A finite masking value that absorbs the scores in `dtype` (masked_rows_mean's rows), short of

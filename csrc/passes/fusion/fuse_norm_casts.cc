@@ -7,8 +7,8 @@
 // this island in fp16; it keeps the residual Add out of SkipLayerNormalization and costs two
 // Casts per norm. ONNX Runtime computes fp16 LayerNormalization and SimplifiedLayerNormalization
 // entirely in fp32 (mean, variance, scale and bias) and rounds once at the end, which is what the
-// Cast pair does: the outputs are bit-identical (tests/test_fuse_norm_casts.py checks it on the
-// kernels). The ONNX spec instead applies scale and bias in the input type after the stash, so
+// Cast pair does: the outputs are bit-identical (tests/fusion/test_fuse_norm_casts.py checks it on
+// the kernels). The ONNX spec instead applies scale and bias in the input type after the stash, so
 // target onnx keeps the Casts. gamma and beta must be fp16-exact (converted weights are).
 #include <cmath>
 

@@ -184,7 +184,7 @@ def check_options(options: Mapping[str, object]) -> dict[str, OptionValue]:
 MAX_OPSET = 1000
 
 # --- the built-in passes' options (grep for ctx.options / option(ctx, in csrc/passes and
-# python/fastopt/passes; tests/test_options.py checks that every name read is declared) -------
+# python/fastopt/passes; tests/project/test_cli_errors.py checks every name read is declared)
 
 register_option(
     "opset",

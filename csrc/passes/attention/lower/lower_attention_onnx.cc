@@ -64,8 +64,8 @@ pattern::Replacement lower_attention_onnx(Node* node, pattern::Rewriter& rw, Pas
   // Attention-23 gives the internal op's 0 for rows whose every key a bool mask hides. An export
   // that masked with a finite value has softmax(scores + v) there (masked_rows.h): its value as
   // an additive mask sums the same (fp32); where v absorbs the scores any absorbing value does
-  // but the dtype's lowest, which ORT 1.32 reads as -inf (a 0 row; tests/test_masked_rows.py
-  // probes both): absorbing_mask_value.
+  // but the dtype's lowest, which ORT 1.32 reads as -inf (a 0 row;
+  // tests/attention/test_masked_rows.py probes both): absorbing_mask_value.
   if (in.size() > 3 && in[3] && dtype_of(in[3]) == kBool &&
       masked_rows(node) != MaskedRows::kZero && masked_rows(node) != MaskedRows::kUnread) {
     const int32_t dtype = dtype_of(in[0]);

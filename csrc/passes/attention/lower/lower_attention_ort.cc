@@ -313,8 +313,8 @@ BuiltOp build_gqa(Rewriter& rw, const OrtLoweringPlan& p, const Node* node, Valu
   if (!p.causal && !p.cache) a.push_back(attr_int("causal", 0));
   // In place, GQA reads no mask: a sliding window (add_kv_cache's sliding_window, the keys a
   // query sees, itself included) must be its local_window_size, which counts the same way in
-  // ORT >= 1.32 (tests/test_sliding_window.py checks). The rows are contiguous from 0 there,
-  // so positions and kept keys agree. Elsewhere the bias carries the window: GQA's own would
+  // ORT >= 1.32 (tests/kv_cache/test_sliding_window.py checks). The rows are contiguous from 0
+  // there, so positions and kept keys agree. Elsewhere the bias carries the window: GQA's own would
   // count positions, holes included.
   if (p.window > 0 && p.inplace) a.push_back(attr_int("local_window_size", p.window));
   Value* none = nullptr;
