@@ -173,6 +173,16 @@ def build_genai_config(
         raise GenaiConfigError(
             f"present.0.key shape {present} has no numeric kv heads (axis 1) / head size (axis 3)"
         )
+    value = outputs[PRESENT_VALUE % 0].shape
+    value_heads, value_size = int_dim(value, 1), int_dim(value, 3)
+    if value_heads not in (None, kv_heads) or value_size not in (None, head_size):
+        # genai 0.18 allocates past values with the keys' num_key_value_heads x head_size
+        # (DeepSeek's MLA: keys nope+rope wide, values v_head_dim): its first step would fail.
+        raise GenaiConfigError(
+            f"present.0.key has {kv_heads} heads of {head_size}, present.0.value "
+            f"{value_heads} of {value_size}: onnxruntime-genai 0.18 sizes keys and values "
+            "with one num_key_value_heads and head_size, so it cannot run this cache"
+        )
     heads = _query_heads(graph) or kv_heads
     vocab = int_dim(outputs["logits"].shape, 2)
     embedding = _embedding(graph)
