@@ -295,16 +295,39 @@ def _fixture_archs() -> list[str]:
     return list(mf.ARCHS)
 
 
+# Decoders whose cache the export refuses (one line, nothing written; --no-kv-cache exports them
+# without one): the KV rewrite's own refusals, and a cache onnxruntime-genai cannot hold.
+KV_REFUSED = {
+    "phi3_longrope": r"add_kv_cache: .*LongRoPE switch",
+    "lfm2": r"add_kv_cache: .*Conv .*needs a cached state of its own",
+    "deepseek_v3": r"present.0.key has 4 heads of 48, present.0.value 4 of 32: onnxruntime-genai",
+}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", _fixture_archs())
 def test_export_fixture_family(arch: str, tmp_path: Path) -> None:
     """Each family of tests/fixtures/make_fixtures.py, saved from its config with the fixture
     weights: the export passes its check; a decoder's folder generates in onnxruntime-genai the
-    PyTorch model's greedy tokens."""
+    PyTorch model's greedy tokens. A decoder whose cache is refused (KV_REFUSED) is refused with
+    the reason, nothing written, and exports without a cache."""
     import make_fixtures as mf
 
     _, model = mf.build_model(arch, "float32")
     model.save_pretrained(tmp_path / "hf")
+    if arch in KV_REFUSED:
+        with pytest.raises(fastopt.ModelError, match=KV_REFUSED[arch]) as refused:
+            fastopt.export(tmp_path / "hf", tmp_path / "out", require_tokenizer=False)
+        assert "\n" not in str(refused.value)
+        assert not (tmp_path / "out").exists()
+        assert [p.name for p in tmp_path.iterdir()] == ["hf"]  # no scratch folder left
+        report = fastopt.export(
+            tmp_path / "hf", tmp_path / "out", require_tokenizer=False, kv_cache=None
+        )
+        assert all(c.relative < 1e-3 for c in report.checks), [c.describe() for c in report.checks]
+        assert "model.onnx" in os.listdir(tmp_path / "out")
+        assert "genai_config.json" not in os.listdir(tmp_path / "out")
+        return
     report = fastopt.export(tmp_path / "hf", tmp_path / "out", require_tokenizer=False)
     assert all(c.relative < 1e-3 for c in report.checks), [c.describe() for c in report.checks]
     if arch in mf.ENCODERS:
