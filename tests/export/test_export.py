@@ -300,7 +300,7 @@ def _token_ids_in_vocab(model: Any) -> None:
     50256): onnxruntime-genai refuses an eos outside the vocabulary, so ids past it become the
     last token (the PyTorch greedy run does not read them)."""
     last = model.config.vocab_size - 1
-    for config in (model.config, model.generation_config):
+    for config in (model.config, getattr(model, "generation_config", None)):
         for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
             value = getattr(config, key, None)
             if isinstance(value, int) and value > last:
