@@ -72,7 +72,7 @@ def check_feeds(spec: GraphSpec, config: Any, ids: Any, encoder: dict[str, Any])
     import torch
 
     if "input_features" in spec.example:
-        return encoder_feeds(config, 1, 0, seed=1)
+        return encoder_feeds(config, int(ids.shape[0]), 0, seed=1)  # the decoder reads its batch
     if spec.name == "decoder":
         feeds: dict[str, Any] = {
             "input_ids": ids[:, :7],
