@@ -16,6 +16,7 @@ from fastopt.genai.config import (
     GENAI_CONFIG,
     PRESENT_KEY,
     GenaiConfigError,
+    GenaiRunnerError,
     build_genai_config,
     genai_config_bytes,
     is_in_place,
@@ -355,6 +356,8 @@ def optimize(
                 config, notes = build_genai_config(
                     model, os.path.basename(out_path), inplace=inplace, hf=hf
                 )
+            except GenaiRunnerError as e:  # the cached model runs in ORT; genai cannot hold it
+                genai_notes = [f"genai_config.json not written: {e}"]
             except GenaiConfigError as e:
                 if kv_cache is not None:
                     raise

@@ -68,7 +68,7 @@ def run_command(args: argparse.Namespace) -> int:
     require_extra()  # one line naming what to install, before anything else
     _check_flags(args)
     from fastopt.cli.optimize import run_command as optimize_command
-    from fastopt.export.pipeline import stage
+    from fastopt.export.pipeline import require_genai_config, stage
 
     out = os.path.abspath(args.output)
     hf_dir = args.checkpoint
@@ -103,6 +103,8 @@ def run_command(args: argparse.Namespace) -> int:
                 code = max(code, optimize_command(args))
                 if not os.path.exists(args.output):
                     raise _Stopped(code or 1)
+                if kv_cache is not None:  # (the reason is optimize's genai line above)
+                    require_genai_config(staged.folder, [])
     except _Stopped as e:
         return e.code
     files = sorted(os.listdir(out))

@@ -60,6 +60,17 @@ class ExportReport:
         )
 
 
+def require_genai_config(folder: Path, notes: Sequence[str]) -> None:
+    """A decoder exported with a cache is for onnxruntime-genai: without its config (a cache
+    genai cannot hold) the export is refused with the reason, nothing written."""
+    if not (folder / "genai_config.json").exists():
+        why = next((n for n in notes if n.startswith("genai_config.json not written")), "")
+        raise ExportError(
+            f"{why or 'genai_config.json not written'}; --no-kv-cache exports the model "
+            "without a cache (optimize --kv-cache gives it one for ONNX Runtime alone)"
+        )
+
+
 @dataclass
 class Staged:
     """The exported graphs (name -> raw .onnx path) waiting to be optimized into `folder`."""
@@ -272,6 +283,8 @@ def export(
                 **hf_config_kwargs(optimize, hf_dir),
             )
             report.model = None  # the folder holds it; do not keep its mapping open
+            if staged.report.kind == "decoder" and kv_cache is not None:
+                require_genai_config(staged.folder, report.genai_notes)
             staged.report.optimize.append(report)
         staged.report.seconds["optimize"] = time.perf_counter() - t0
     return staged.report

@@ -42,6 +42,11 @@ class GenaiConfigError(UnsupportedModelError):
     """The graph lacks what onnxruntime-genai needs (names the missing piece)."""
 
 
+class GenaiRunnerError(GenaiConfigError):
+    """A cache that runs in ONNX Runtime but that onnxruntime-genai cannot hold (no config is
+    written for it; the model itself is fine)."""
+
+
 def int_dim(shape: tuple[int | str | None, ...] | None, axis: int) -> int | None:
     """Dim `axis` of `shape` when it is a positive number, else None."""
     if shape is None or len(shape) <= axis:
@@ -178,7 +183,7 @@ def build_genai_config(
     if value_heads not in (None, kv_heads) or value_size not in (None, head_size):
         # genai 0.18 allocates past values with the keys' num_key_value_heads x head_size
         # (DeepSeek's MLA: keys nope+rope wide, values v_head_dim): its first step would fail.
-        raise GenaiConfigError(
+        raise GenaiRunnerError(
             f"present.0.key has {kv_heads} heads of {head_size}, present.0.value "
             f"{value_heads} of {value_size}: onnxruntime-genai 0.18 sizes keys and values "
             "with one num_key_value_heads and head_size, so it cannot run this cache"
