@@ -13,26 +13,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from fastopt.export.errors import ExportError
+from fastopt.genai.hf import COPIED_FILES
 
-# What onnxruntime-genai and the tokenizers read beside the model, as save_pretrained writes
-# them (copied when the checkpoint has them).
-SIDE_FILES = (
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "tokenizer.model",
-    "spiece.model",
-    "sentencepiece.bpe.model",
-    "vocab.json",
-    "vocab.txt",
-    "merges.txt",
-    "chat_template.jinja",
-    "chat_template.json",
-    "preprocessor_config.json",
-)
+# What onnxruntime-genai and the tokenizers read beside the model (genai.hf's list, which
+# optimize copies for a decoder's genai folder) and a speech model's feature extractor config.
+SIDE_FILES = (*COPIED_FILES, "preprocessor_config.json")
 # Any of these makes a tokenizer transformers and onnxruntime-genai can load.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt")
 

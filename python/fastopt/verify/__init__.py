@@ -3,38 +3,7 @@ ONNX Runtime: ``core`` (verify(), compare_providers(), the module documentation)
 ``generation``, ``inputs``, ``report``, ``quantized``, ``run_check``, ``check``. The public names
 of ``core`` are re-exported here: ``from fastopt.verify import verify, make_inputs`` works."""
 
-from fastopt.verify.core import (
-    BATCH,
-    PAST,
-    SEQUENCE,
-    UNKNOWN_DIM,
-    InputRejectedError,
-    OutputComparison,
-    OutputRejectedError,
-    ProviderComparison,
-    ProviderRun,
-    Tolerance,
-    VerifyError,
-    VerifyReport,
-    compare_providers,
-    make_inputs,
-    verify,
-)
+from fastopt.verify import core
+from fastopt.verify.core import *  # noqa: F403 (core's public names, its __all__)
 
-__all__ = [
-    "BATCH",
-    "PAST",
-    "SEQUENCE",
-    "UNKNOWN_DIM",
-    "InputRejectedError",
-    "OutputComparison",
-    "OutputRejectedError",
-    "ProviderComparison",
-    "ProviderRun",
-    "Tolerance",
-    "VerifyError",
-    "VerifyReport",
-    "compare_providers",
-    "make_inputs",
-    "verify",
-]
+__all__ = core.__all__
