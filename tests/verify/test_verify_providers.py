@@ -339,6 +339,23 @@ def test_cli_check_against_on_two_providers(
     assert "runs in ONNX Runtime only" in text
 
 
+def test_cli_check_against_compares_a_cached_model_by_generation(
+    models: dict[str, tuple[Path, Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A KV-cached output takes past_key_values.* the original lacks: `check --against` compares
+    greedy generations (it reported "a fastopt bug" before) and still fails a wrong pair."""
+    cached, _ = models["kv"]
+    original = models["float32"][0]
+    out = tmp_path / "report.json"
+    assert main(["check", str(cached), "--against", str(original), "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "verify passed: greedy generation" in text and "fastopt bug" not in text
+    assert json.loads(out.read_text())["verify"]["tokens_original"]
+    (other,) = fixtures(arch="qwen2", exporter="ts", dtype="float32")
+    assert main(["check", str(cached), "--against", str(other.path)]) == 1
+    assert "verify FAILED" in capsys.readouterr().out
+
+
 @pytest.mark.usefixtures("second_cpu_shifted")
 def test_cli_check_fails_when_providers_disagree(
     models: dict[str, tuple[Path, Path]], capsys: pytest.CaptureFixture[str]

@@ -25,9 +25,23 @@ def _parse_dims(items: list[str]) -> dict[str, int]:
     return dims
 
 
+def _adds_cache(model: str, original: str) -> bool:
+    """Whether MODEL takes past_key_values.* inputs ORIGINAL lacks (a KV-cache rewrite): such a
+    pair is compared by greedy generation, not output by output."""
+    from fastopt import _C
+    from fastopt._io import load
+
+    def pasts(path: str) -> set[str]:
+        inputs = load(path).graph.inputs
+        return {v.name for v in inputs if v is not None and v.name.startswith(_C.KV_PAST_PREFIX)}
+
+    return bool(pasts(model) - pasts(original))
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
     from fastopt.verify.check import CheckError, check_providers
-    from fastopt.verify.core import VerifyError, VerifyReport, compare_providers, verify
+    from fastopt.verify.core import VerifyError, compare_providers, verify
+    from fastopt.verify.generation import verify_generation
 
     providers = parse_providers(args.providers)
     if providers:
@@ -47,11 +61,14 @@ def _cmd_check(args: argparse.Namespace) -> int:
     # not stop ORT from running the model: compare unless ORT could not load it.
     runs = creport.stage("onnxruntime").status == "ok"
     if runs and (providers or args.against):
-        vreport: VerifyReport
+        vreport: Any
         try:
             with CommandProgress("check") as progress:
                 progress.update("comparing outputs")
-                if args.against:
+                if args.against and _adds_cache(args.model, args.against):
+                    # The cached model takes pasts the original lacks: compare generations (CPU).
+                    vreport = verify_generation(args.against, args.model)
+                elif args.against:
                     vreport = verify(args.against, args.model, dims=dims, providers=providers)
                 else:
                     assert providers is not None
@@ -83,7 +100,8 @@ def add_parser(sub: Any) -> None:
     chk.add_argument(
         "--against",
         metavar="ORIGINAL",
-        help="also verify MODEL against ORIGINAL (on every provider with --providers)",
+        help="also verify MODEL against ORIGINAL (on every provider with --providers); a MODEL "
+        "with a KV cache ORIGINAL lacks is compared by greedy generation on CPU",
     )
     chk.add_argument("--json", metavar="FILE", help="write a JSON report here")
     chk.add_argument(
