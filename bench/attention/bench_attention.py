@@ -1,8 +1,8 @@
 """ORT CPU latency: Attention-23 (fuse_attention + lower_attention, target onnx) against the
 decomposed attention the exporters write, ORT optimizations on.
 
-    python bench/bench_attention.py MODEL.onnx [MODEL.onnx ...]   # exported decoders
-    python bench/bench_attention.py --core                          # attention core alone
+    python bench/attention/bench_attention.py MODEL.onnx [MODEL.onnx ...]   # exported decoders
+    python bench/attention/bench_attention.py --core                          # attention core alone
 
 Models: decoders with input_ids / attention_mask / position_ids (tests/fixtures/make_fixtures.py
 with a larger config). Batch 1, sequence 128, no padding; median of --runs runs.

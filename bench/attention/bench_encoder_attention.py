@@ -2,7 +2,7 @@
 com.microsoft Attention (the default for non-causal self-attention) against option
 packed_attention=0 (MultiHeadAttention / GroupQueryAttention) and onnxscript's ORT fusions.
 
-    python bench/bench_encoder_attention.py MODEL_DIR [--runs 30] [--seq 128,512]
+    python bench/attention/bench_encoder_attention.py MODEL_DIR [--runs 30] [--seq 128,512]
 
 MODEL_DIR holds model.onnx (a bert export: a fixture folder, or one made with
 tests/fixtures/make_fixtures.py's export(); see --make). Outputs go to MODEL_DIR + "_out" (made
@@ -10,7 +10,7 @@ once, reused). Prints the parity of each output against the original (ORT optimi
 batch 2, 16 tokens, right padding) and the median ORT CPU latency (optimizations on, 2 intra-op
 threads, batch 1), the models interleaved run by run.
 
-    python bench/bench_encoder_attention.py /tmp/bert_base --make dynamo   # BERT-base-sized:
+    python bench/attention/bench_encoder_attention.py /tmp/bert_base --make dynamo  # BERT-base:
         hidden 768, 12 layers, 12 heads, intermediate 3072, 512 positions, random weights
 """
 
@@ -27,7 +27,7 @@ import numpy as np
 
 
 def make(out_dir: str, exporter: str) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "fixtures"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "fixtures"))
     from make_fixtures import export  # type: ignore[import-not-found]
 
     overrides = {

@@ -1,7 +1,7 @@
 """Latency of one attention block on ONNX Runtime CPU (its optimizations ON), per lowering of
 the internal Attention op (lower_attention, target ort) vs the decomposed standard ops.
 
-    python bench/bench_lower_attention_ort.py [--seq 128] [--batch 1] [--runs 200]
+    python bench/attention/bench_lower_attention_ort.py [--seq 128] [--batch 1] [--runs 200]
 
 Block: q3 (B,S,Hq*D), k3/v3 (B,S,Hkv*D) -> head split -> attention -> head merge -> (B,S,Hq*D);
 default size hidden 896, 14 heads, 2 kv heads, head 64 (a Qwen2-0.5B layer), fp32. Masks:
@@ -21,7 +21,8 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # support
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "attention"))
 from test_lower_attention_ort import Case, build
 
 THREADS = 1

@@ -1,6 +1,6 @@
 """Time eliminate_dead_nodes on Y = Identity(X) plus N float scalars nothing reads.
 
-    python bench/bench_dead_initializers.py 100000 200000 1000000
+    python bench/cleanup/bench_dead_initializers.py 100000 200000 1000000
 
 Prints one line per N: the pass's own time (load excluded), in a fresh process each, so that a
 slow N can be stopped (--timeout, default 600 s) without losing the others.
@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("n", nargs="+", type=int)
     parser.add_argument("--timeout", type=float, default=600)
     args = parser.parse_args()
-    tests = str(Path(__file__).resolve().parent.parent / "tests")
+    tests = str(Path(__file__).resolve().parents[2] / "tests" / "io")
     for n in args.n:
         try:
             proc = subprocess.run(

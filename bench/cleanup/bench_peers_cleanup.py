@@ -28,9 +28,9 @@ Inputs come from fastopt.make_inputs(path, dims={"batch_size": 1, "sequence_leng
 The parent imports only the standard library: Linux carries the parent's RSS high-water mark
 into an exec'd child's ru_maxrss, so a fat parent would inflate every measurement.
 
-    python bench/bench_peers_cleanup.py                      # all corpus models, 3 repeats
-    python bench/bench_peers_cleanup.py --repeat 5 --models '/path/*/model.onnx'
-    python bench/bench_peers_cleanup.py --tools fastopt,onnxscript --out /tmp/peers.md
+    python bench/cleanup/bench_peers_cleanup.py                      # all corpus models, 3 repeats
+    python bench/cleanup/bench_peers_cleanup.py --repeat 5 --models '/path/*/model.onnx'
+    python bench/cleanup/bench_peers_cleanup.py --tools fastopt,onnxscript --out /tmp/peers.md
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _benchlib import (  # shared with the other benchmarks (bench/ is on sys.path as a script)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: _benchlib
+from _benchlib import (  # shared with the other benchmarks
     RESULT_TAG,
     op_histogram,
     snapshot_fastopt,
@@ -64,10 +65,10 @@ from _benchlib import proc_status as _proc_status
 from _benchlib import result_line as _result_line
 from _benchlib import spawn as _spawn
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
+BENCH = Path(__file__).resolve().parents[1]
+REPO = BENCH.parent
 CORPUS_DIR = REPO.parent / "shared" / "corpus"
-DEFAULT_OUT = HERE / "results" / "cleanup_peers.md"
+DEFAULT_OUT = BENCH / "results" / "cleanup_peers.md"
 DIMS = {"batch_size": 1, "sequence_length": 16}
 ATOL = 1e-4
 

@@ -2,8 +2,8 @@
 model (llama_ts_nocache when present). Skips when ../shared/corpus is absent; the onnxscript
 benchmarks skip when onnxscript is not installed.
 
-    pytest bench/test_bench_optimize.py --benchmark-only
-    pytest bench/test_bench_optimize.py --benchmark-only --benchmark-compare   # vs a saved run
+    pytest bench/cleanup/test_bench_optimize.py --benchmark-only
+    pytest bench/cleanup/test_bench_optimize.py --benchmark-only --benchmark-compare  # vs saved
 
 Two groups, so that like is compared with like:
 - `optimize-file`: path in, file out (fastopt.optimize(path, output=...) vs onnx.load +
@@ -23,7 +23,7 @@ from typing import Any, Callable
 import onnx
 import pytest
 
-CORPUS_DIR = Path(__file__).resolve().parents[2] / "shared" / "corpus"
+CORPUS_DIR = Path(__file__).resolve().parents[3] / "shared" / "corpus"
 PREFERRED = "llama_ts_nocache"
 ROUNDS = 5
 

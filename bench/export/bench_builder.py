@@ -18,7 +18,7 @@ shape (bench_llm_fusions.QWEN2_05B, untied lm_head), in one run:
 Settings are the builder's CPU int4 defaults and fastopt's: block 32, symmetric, accuracy level
 4, embeddings in float (untied), lm_head int4.
 
-    python bench/bench_builder.py [--models-dir /tmp/fastopt-bench]
+    python bench/export/bench_builder.py [--models-dir /tmp/fastopt-bench]
                                   [--out bench/results/quantize_builder.md]
 """
 
@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: _benchlib
 import _benchlib as bl
 
 STEPS = 16
@@ -41,6 +41,8 @@ PROMPT = [101, 2023, 7, 88, 15000, 151000, 42, 3, 900, 12345]
 def _make_hf(folder: str) -> dict[str, Any]:
     """A random Qwen2-0.5B-shaped model and a word-level tokenizer, saved for the builder."""
     import torch
+
+    sys.path.insert(0, str(bl.REPO / "bench" / "fusion"))
     from bench_llm_fusions import QWEN2_05B
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -179,7 +181,7 @@ def main() -> None:
     exports = {e: os.path.join(d, f"qwen2_0.5b_{e}", "model.onnx") for e in ("ts", "dynamo")}
     for e, path in exports.items():
         if not os.path.exists(path):
-            bl_script = str(bl.REPO / "bench" / "bench_llm_fusions.py")
+            bl_script = str(bl.REPO / "bench" / "fusion" / "bench_llm_fusions.py")
             r = _run([py, bl_script, "--make-large", e, os.path.dirname(path)], 3600, "export")
             if r["rc"] != 0:
                 raise SystemExit(r["error"])
@@ -349,7 +351,7 @@ def _write(
             md.append(f"| {label[name]} | {'yes' if g['equal'] else 'NO'} | {g['genai']} |")
     md += [
         "",
-        "Command: `python bench/bench_builder.py` (the machine is shared: 2 cores, other "
+        "Command: `python bench/export/bench_builder.py` (the machine is shared: 2 cores, other "
         "sessions' jobs running).",
         "",
     ]

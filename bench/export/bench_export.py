@@ -10,7 +10,7 @@ tokenizer the builder insists on; nothing is downloaded), one run each on this m
   new tokens, tokens/s after the first (best of 3 rounds, the two folders interleaved, one
   process per round).
 
-    python bench/bench_export.py [--sizes 0.5b,1.5b] [--builder 0.5b,1.5b]
+    python bench/export/bench_export.py [--sizes 0.5b,1.5b] [--builder 0.5b,1.5b]
         [--models-dir /tmp/fastopt-export-bench] [--out bench/results/export.json]
 
 Run it under ``flock /tmp/heavy.lock`` on a shared machine (the 1.5B checkpoint is 6 GB).
@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: _benchlib
 import _benchlib as bl
 
 SHAPES: dict[str, dict[str, Any]] = {

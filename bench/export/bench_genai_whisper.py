@@ -7,8 +7,8 @@ feeds exactly 3000 frames), exported with TorchScript, written by whisper_for_ge
 forms, then generated greedily by og.Generator: the median time of a decode step over --rounds
 generations, the forms interleaved; the tokens must be equal.
 
-    python bench/bench_genai_whisper.py                                  # the fixture's size
-    python bench/bench_genai_whisper.py --config '{"d_model": 384, "encoder_layers": 4,
+    python bench/export/bench_genai_whisper.py                                  # the fixture's size
+    python bench/export/bench_genai_whisper.py --config '{"d_model": 384, "encoder_layers": 4,
         "decoder_layers": 4, "encoder_attention_heads": 6, "decoder_attention_heads": 6,
         "encoder_ffn_dim": 1536, "decoder_ffn_dim": 1536}'              # whisper-tiny's shape
 """
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "tests" / "fixtures"))
 

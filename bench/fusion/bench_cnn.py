@@ -13,8 +13,8 @@ the fusions buy where ORT does not do them itself). Runs of "before" and "after"
 after warm-up; the median (and p10/p90) of --runs timings per side is reported. Input:
 test_data_set_0's (arange(n) / n), batch 1.
 
-    python bench/bench_cnn.py                    # all light models, 20 runs each
-    python bench/bench_cnn.py --runs 50 --threads 1 --models resnet50,squeezenet
+    python bench/fusion/bench_cnn.py                    # all light models, 20 runs each
+    python bench/fusion/bench_cnn.py --runs 50 --threads 1 --models resnet50,squeezenet
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+BENCH = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(BENCH / "io"))
 from bench_io import environment  # noqa: E402
 
 LIGHT_DIR = Path(onnx.__file__).resolve().parent / "backend" / "test" / "data" / "light"
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     text = to_markdown(env, args, results)
     print(text)
     if not args.no_results:
-        out = HERE / "results"
+        out = BENCH / "results"
         out.mkdir(exist_ok=True)
         (out / "cnn.md").write_text(text)
         data = {"environment": env, "args": vars(args), "results": results}

@@ -32,9 +32,9 @@ A tool that crashes, times out, outgrows --max-rss-gb or writes an invalid model
 as such; the benchmark goes on. The parent imports only the standard library (see
 bench/_benchlib.py).
 
-    nice -n 10 python bench/bench_llm_fusions.py                      # everything
-    python bench/bench_llm_fusions.py --skip-large --runs 20          # fixtures only
-    python bench/bench_llm_fusions.py --models qwen2_0.5b_ts,qwen2_0.5b_dynamo \\
+    nice -n 10 python bench/fusion/bench_llm_fusions.py                      # everything
+    python bench/fusion/bench_llm_fusions.py --skip-large --runs 20          # fixtures only
+    python bench/fusion/bench_llm_fusions.py --models qwen2_0.5b_ts,qwen2_0.5b_dynamo \\
         --tools fastopt,onnxscript --skip-latency --out /tmp/large.md
 """
 
@@ -54,6 +54,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: _benchlib
 from _benchlib import (
     MB,
     RESULT_TAG,
@@ -71,10 +72,10 @@ from _benchlib import (
     write_results,
 )
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
+BENCH = Path(__file__).resolve().parents[1]
+REPO = BENCH.parent
 FIXTURES = REPO / "tests" / "fixtures" / "models"
-DEFAULT_OUT = HERE / "results" / "llm_fusions.md"
+DEFAULT_OUT = BENCH / "results" / "llm_fusions.md"
 DEFAULT_MODELS_DIR = "/tmp/fastopt-bench"
 DISTS = [
     "fastopt",
@@ -969,7 +970,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     report: dict[str, Any] = {
         "environment": environment(DISTS),
-        "command": shlex.join(["python", "bench/bench_llm_fusions.py", *argv]),
+        "command": shlex.join(["python", "bench/fusion/bench_llm_fusions.py", *argv]),
         "tools": tools,
         "runs": args.runs,
         "warmup": args.warmup,

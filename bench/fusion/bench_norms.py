@@ -1,9 +1,9 @@
 """Does fusing the norms pay off on ONNX Runtime CPU?
 
-Generates a llama-like decoder (bench/make_llm_model.py: decomposed RMSNorm before attention and
-MLP, residual Adds), optimizes it with fastopt in three ways, and times ONNX Runtime CPU sessions
-on each, with ORT's own graph optimizations ON (ORT_ENABLE_ALL, what users run: ORT fuses some
-norms itself at session load) and OFF:
+Generates a llama-like decoder (bench/models/make_llm_model.py: decomposed RMSNorm before
+attention and MLP, residual Adds), optimizes it with fastopt in three ways, and times ONNX
+Runtime CPU sessions on each, with ORT's own graph optimizations ON (ORT_ENABLE_ALL, what
+users run: ORT fuses some norms itself at session load) and OFF:
 
     original      the generated model
     cleanup       the default preset (no norm fusion)
@@ -13,9 +13,9 @@ norms itself at session load) and OFF:
 Runs are interleaved round-robin over the sessions (machine drift hits every variant alike);
 the figure is the median. Usage:
 
-    python bench/bench_norms.py                       # hidden 896, 4 layers, batch 1, seq 128
-    python bench/bench_norms.py --runs 300 --threads 1
-    python bench/bench_norms.py --micro 16 --runs 500  # the norms alone (no MatMuls)
+    python bench/fusion/bench_norms.py                   # hidden 896, 4 layers, batch 1, seq 128
+    python bench/fusion/bench_norms.py --runs 300 --threads 1
+    python bench/fusion/bench_norms.py --micro 16 --runs 500  # the norms alone (no MatMuls)
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: _benchlib
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))  # make_llm_model
 import fastopt
 from _benchlib import ort_session
 from make_llm_model import LLMConfig, make_from_config

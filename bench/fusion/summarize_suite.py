@@ -8,7 +8,7 @@ median of the per-fixture ratios tool/fastopt, and on each 0.5B export; (b) ORT 
 latency of its output against the original; (c) validity: onnx.checker, ORT load and run,
 logits against the original. Header: dates, machine, versions, the exact commands.
 
-    python bench/summarize_suite.py results/llm_fusions.json results/llm_fusions_0.5b.json \\
+    python bench/fusion/summarize_suite.py results/llm_fusions.json results/llm_fusions_0.5b.json \\
         --out results/suite.md
 """
 
@@ -21,11 +21,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from _benchlib import fmt_mb, fmt_s
-from bench_llm_fusions import DISTS, PARITY_TOL, TOOLS, merge_reports
+BENCH = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(BENCH))  # _benchlib
+from _benchlib import fmt_mb, fmt_s  # noqa: E402
+from bench_llm_fusions import DISTS, PARITY_TOL, TOOLS, merge_reports  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
-DEFAULT_OUT = HERE / "results" / "suite.md"
+DEFAULT_OUT = BENCH / "results" / "suite.md"
 LARGE_PREFIX = "qwen2_0.5b"
 BASELINE = "fastopt"
 
@@ -239,7 +240,7 @@ def render(reports: list[dict[str, Any]], merged: dict[str, Any]) -> str:
             if large
             else "no 0.5B export"
         ),
-        "- commands (results merged by `bench/summarize_suite.py`):",
+        "- commands (results merged by `bench/fusion/summarize_suite.py`):",
         *(
             # a merged report's command already lists its runs, quoted, with their dates
             f"  - {r['command']} ({r['total_s'] / 60:.1f} min in all)"

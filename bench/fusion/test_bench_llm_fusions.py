@@ -1,8 +1,8 @@
 """pytest-benchmark: `fastopt optimize --preset llm` on one LLM fixture (llama, dynamo export,
 float32), path in, file out, in-process.
 
-    pytest bench/test_bench_llm_fusions.py --benchmark-only
-    pytest bench/test_bench_llm_fusions.py --benchmark-only --benchmark-compare   # vs a saved run
+    pytest bench/fusion/test_bench_llm_fusions.py --benchmark-only
+    pytest bench/fusion/test_bench_llm_fusions.py --benchmark-only --benchmark-compare  # vs saved
 
 bench_llm_fusions.py compares against the peers, each in its own process; the checks below
 (skipped by --benchmark-only) run that script end to end on one fixture, the suite summary on
@@ -19,11 +19,13 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from _benchlib import spawn
-from bench_llm_fusions import merge_reports
 
 HERE = Path(__file__).resolve().parent
-FIXTURE = HERE.parent / "tests" / "fixtures" / "models" / "llama_dynamo_float32" / "model.onnx"
+sys.path.insert(0, str(HERE.parent))  # bench/: _benchlib
+from _benchlib import spawn  # noqa: E402
+from bench_llm_fusions import merge_reports  # noqa: E402
+
+FIXTURE = HERE.parents[1] / "tests" / "fixtures" / "models" / "llama_dynamo_float32" / "model.onnx"
 ROUNDS = 5
 
 

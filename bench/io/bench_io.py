@@ -37,8 +37,9 @@ from collections.abc import Iterator
 from importlib import metadata
 from typing import Any
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/
 from _benchlib import (
-    MB,  # shared with the other benchmarks (bench/ is on sys.path as a script)
+    MB,  # shared with the other benchmarks
     spawn,
 )
 from _benchlib import cpu_model as _cpu_model
@@ -47,6 +48,7 @@ from _benchlib import fmt_s as _fmt_s
 from _benchlib import mem_total as _mem_total
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+BENCH = os.path.dirname(HERE)
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
 
@@ -342,7 +344,7 @@ def ensure_model(workdir: str, sizes: dict[str, Any]) -> tuple[str, dict[str, An
             print(f"reusing cached model in {model_dir}", flush=True)
             return model_dir, info
     shutil.rmtree(model_dir, ignore_errors=True)
-    cmd = [sys.executable, os.path.join(HERE, "make_llm_model.py"), model_dir]
+    cmd = [sys.executable, os.path.join(BENCH, "models", "make_llm_model.py"), model_dir]
     for key, value in sizes.items():
         cmd += [f"--{key}", str(value)]
     print(f"generating model: {' '.join(cmd)}", flush=True)
@@ -532,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--intermediate", type=int, default=8192)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of modes")
-    ap.add_argument("--results-dir", default=os.path.join(HERE, "results"))
+    ap.add_argument("--results-dir", default=os.path.join(BENCH, "results"))
     ap.add_argument("--no-results", action="store_true", help="print only, write no files")
     ap.add_argument("--no-verify", action="store_true", help="skip the output comparison")
     ap.add_argument("--clean", action="store_true", help="also delete the cached model at the end")

@@ -19,11 +19,14 @@ from typing import Any, Callable
 import numpy as np
 import onnx
 import pytest
-from bench_io import DATA_FILE, MODEL_FILE, compare_models, warm_cache
-from make_llm_model import MEDIUM, TINY, LLMConfig, make_from_config, model_bytes, run_ort
 from onnx import numpy_helper
 
 HERE = Path(__file__).resolve().parent
+MODELS = HERE.parent / "models"  # make_llm_model
+sys.path.insert(0, str(MODELS))
+from bench_io import DATA_FILE, MODEL_FILE, compare_models, warm_cache  # noqa: E402
+from make_llm_model import MEDIUM, TINY, LLMConfig, make_from_config, model_bytes, run_ort  # noqa: E402
+
 ROUNDS = 5
 
 
@@ -172,14 +175,14 @@ def test_generator_streams_weights(tmp_path: Path) -> None:
     """Writing ~220 MB must not hold the model in memory (child peak RSS well below the size)."""
     # VmHWM, not ru_maxrss: exec inherits the (large) pytest process's ru_maxrss
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]);"
+        "import sys; sys.path[:0] = sys.argv[1].split(',');"
         "from bench_io import _proc_status;"
         "from make_llm_model import MEDIUM, make_from_config;"
         "make_from_config(MEDIUM, sys.argv[2], check=False);"
         "print(_proc_status()['VmHWM'])"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code, str(HERE), str(tmp_path)],
+        [sys.executable, "-c", code, f"{HERE},{MODELS}", str(tmp_path)],
         check=True,
         capture_output=True,
         text=True,

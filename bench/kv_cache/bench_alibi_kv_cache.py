@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """ALiBi decoders' KV caches (bloom, mpt fixtures): greedy parity of every cached form.
 
-    python bench/bench_alibi_kv_cache.py      # a markdown table on stdout (about 15 s)
+    python bench/kv_cache/bench_alibi_kv_cache.py      # a markdown table on stdout (about 15 s)
 
 For each bloom_* / mpt_* fixture, target (ort, onnx) and --kv-cache form (standard; inplace for
 ort), the cached model made by fastopt.optimize(preset="llm") decodes 32 greedy tokens from a
@@ -22,7 +22,7 @@ from pathlib import Path
 import fastopt
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from support import kv_generation as kg  # noqa: E402

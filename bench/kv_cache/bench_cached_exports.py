@@ -6,7 +6,7 @@ step-logit difference, and the decode time per token (batch 1, prompt of 9, the 
 `--repeats` runs of the time of the single-token steps; ORT CPU, 1 thread), original vs
 converted. Sliding-window exports (gemma2/gemma3) are listed with their refusal.
 
-    python bench/bench_cached_exports.py [--steps 32] [--repeats 5] [--out FILE]
+    python bench/kv_cache/bench_cached_exports.py [--steps 32] [--repeats 5] [--out FILE]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 
 import fastopt  # noqa: E402

@@ -6,7 +6,7 @@ when its pad queries (every key masked) give what the export gives (masked_rows.
 Markdown row per export: tokens equal out of 32 and the max step-logit difference, for
 default/llm x ort/onnx (bench/results/cached_exports.md).
 
-    python bench/bench_cached_padded.py
+    python bench/kv_cache/bench_cached_padded.py
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import fastopt  # noqa: E402

@@ -27,8 +27,9 @@ Memory per decode step (ORT's CPU arena off, so its allocations are plain malloc
               steps, max minus before: what the steps leave allocated (the outputs held until
               the next step), not the transient peak inside run() (approximate; Linux/glibc).
 
-    python bench/bench_kv_cache.py --quick
-    python bench/bench_kv_cache.py --nocache ../shared/corpus/llama_ts_nocache/model.onnx \\
+    python bench/kv_cache/bench_kv_cache.py --quick
+    python bench/kv_cache/bench_kv_cache.py \\
+        --nocache ../shared/corpus/llama_ts_nocache/model.onnx \\
         --cached ../shared/corpus/llama_ts_cache/model.onnx --out bench/results/kv_cache.md
 """
 
@@ -47,7 +48,7 @@ import onnxruntime as ort
 from fastopt.bench import Runner
 from fastopt.bench.timing import measure
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONTEXT = 512
 
 
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"{platform.processor() or platform.machine()}, ORT {ort.__version__}, "
         f"intra-op threads {args.threads}, batch 1, median of {args.runs} runs "
-        "(method: bench/bench_kv_cache.py docstring).",
+        "(method: bench/kv_cache/bench_kv_cache.py docstring).",
         "",
         "| model | file | ms / token | speed-up vs recompute | outputs allocated / step "
         "| heap growth over 8 steps |",

@@ -8,10 +8,10 @@ One new token after a past of CONTEXT - 1 (random keys and values, attention_mas
 batch 1, ORT CPU (default graph optimizations, --threads intra-op threads); the two models'
 runs interleaved, median ms per step over --runs.
 
-    python bench/bench_masked_rows.py                      # the committed fixture (tiny)
-    python bench/bench_masked_rows.py --hidden 512 --layers 8 --heads 8 --kv-heads 2 \
+    python bench/kv_cache/bench_masked_rows.py                      # the committed fixture (tiny)
+    python bench/kv_cache/bench_masked_rows.py --hidden 512 --layers 8 --heads 8 --kv-heads 2 \
         --save /tmp/llama512   # a larger llama exported with a cache (dynamo, random weights)
-    python bench/bench_masked_rows.py --model /tmp/llama512/model.onnx
+    python bench/kv_cache/bench_masked_rows.py --model /tmp/llama512/model.onnx
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "fixtures"))
 
 import fastopt  # noqa: E402

@@ -5,9 +5,9 @@ self-attention cache in one max-length buffer per layer bound as past and presen
 seq2seq fixtures
 (tests/fixtures/models/*/decoder.onnx, made by tests/fixtures/make_seq2seq_fixtures.py).
 
-    python bench/bench_seq2seq.py [--steps 32] [--repeats 5] [--threads 2] [--out FILE.md]
+    python bench/kv_cache/bench_seq2seq.py [--steps 32] [--repeats 5] [--threads 2] [--out FILE.md]
         [--dtype float32|float16]
-    python bench/bench_seq2seq.py --peers [--dtype ...]  # fused ops and residue vs ORT's optimizer
+    python bench/kv_cache/bench_seq2seq.py --peers [--dtype ...]  # fused ops, residue vs ORT's
 
 Each row: the median of `repeats` generations (batch 2, the encoder run once outside the
 timing), per generated token, and the tokens' agreement with the exported decoder's. ORT's own
@@ -28,7 +28,7 @@ import fastopt
 import numpy as np
 import onnxruntime as ort
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from support import seq2seq_generation as sg
 
 

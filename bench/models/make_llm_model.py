@@ -4,8 +4,8 @@
 The weights are streamed to ``model.onnx.data`` chunk by chunk, so a multi-GB model is written
 with a few MB of RAM; ``model.onnx`` only holds the graph and the external-data references.
 
-    python bench/make_llm_model.py OUT_DIR               # default: ~4.8 GB fp32
-    python bench/make_llm_model.py OUT_DIR --tiny --check-ort
+    python bench/models/make_llm_model.py OUT_DIR               # default: ~4.8 GB fp32
+    python bench/models/make_llm_model.py OUT_DIR --tiny --check-ort
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 parameters) written out in torch with random weights, no torchvision, exported by torch.onnx
 (TorchScript, opset 17, eval mode: batch norms fold into the convs) at 1x3x224x224.
 
-    python bench/make_resnet50.py OUT.onnx
+    python bench/models/make_resnet50.py OUT.onnx
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ repeats).
              --save-repeat rounds after a warm-up round; time inside the child for fastopt
              (imports excluded), the whole process for cp (target: <= 1.2x)
 
-    python bench/bench_graph_work.py                     # all three, writes the results file
-    python bench/bench_graph_work.py --only fixtures --out /tmp/gw.md
+    python bench/pipeline/bench_graph_work.py          # all three, writes the results file
+    python bench/pipeline/bench_graph_work.py --only fixtures --out /tmp/gw.md
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
+BENCH = Path(__file__).resolve().parents[1]
+REPO = BENCH.parent
 LARGE = Path("/tmp/fastopt-bench/qwen2_0.5b_ts/model.onnx")
 FIXTURE_TARGET_MS = 10.0
 LARGE_TARGET_MS = 100.0
@@ -255,7 +255,7 @@ def main() -> None:
         help="save: also time the child under this interpreter (another fastopt build), "
         "interleaved in the same rounds",
     )
-    ap.add_argument("--out", default=str(HERE / "results" / "graph_work.md"))
+    ap.add_argument("--out", default=str(BENCH / "results" / "graph_work.md"))
     a = ap.parse_args()
     parts = a.only or ["fixtures", "large", "save"]
     import fastopt
@@ -266,7 +266,7 @@ def main() -> None:
         "",
         f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; fastopt "
         f"{fastopt.__file__}; {os.cpu_count()} cores, load average {load:.1f} at the start",
-        f"- `python bench/bench_graph_work.py`; --repeat {a.repeat}",
+        f"- `python bench/pipeline/bench_graph_work.py`; --repeat {a.repeat}",
         "",
     ]
     if "fixtures" in parts:

@@ -8,7 +8,7 @@ rewritten into one SimplifiedLayerNormalization node; the rest of the graph is f
 (Relu/Neg chains) the driver must skip. Reports matching + rewriting time (the apply_rules call,
 fixed point included) and load time. Target: under 1 s for 1M nodes / 100k matches.
 
-    python bench/bench_matcher.py [--nodes 1000000] [--matches 100000]
+    python bench/pipeline/bench_matcher.py [--nodes 1000000] [--matches 100000]
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument(
         "--out",
-        default=str(Path(__file__).parent / "results" / "matcher.md"),
+        default=str(Path(__file__).resolve().parents[1] / "results" / "matcher.md"),
         help="Markdown results file ('' to skip)",
     )
     args = ap.parse_args()
@@ -132,7 +132,8 @@ def main() -> int:
             "chained, with Relu/Neg filler; the constants 2, 1 and eps are shared by every "
             "match (as after CSE), so their use lists hold `matches` entries\n"
             "- measured: `fastopt.apply_rules(model, [rule])` to the fixed point "
-            f"(median of {args.repeat}, fresh load each); `python bench/bench_matcher.py`\n\n"
+            f"(median of {args.repeat}, fresh load each); "
+            "`python bench/pipeline/bench_matcher.py`\n\n"
         )
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(header + table)

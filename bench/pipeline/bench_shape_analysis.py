@@ -8,8 +8,8 @@ after; onnxslim's node count on the same file (`onnxslim.slim(onnx.load(path))`,
 The large TorchScript 0.5B export is run with --preset llm --kv-cache inplace (as the issue
 measures it), and the fixtures / corpus with --preset default.
 
-    python bench/bench_shape_analysis.py                       # fixtures + corpus + 0.5B
-    python bench/bench_shape_analysis.py --no-large --out /tmp/x.md
+    python bench/pipeline/bench_shape_analysis.py                       # fixtures + corpus + 0.5B
+    python bench/pipeline/bench_shape_analysis.py --no-large --out /tmp/x.md
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import fastopt
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
+BENCH = Path(__file__).resolve().parents[1]
+REPO = BENCH.parent
 CORPUS = REPO.parent / "shared" / "corpus"
 LARGE = Path("/tmp/fastopt-bench/qwen2_0.5b_ts/model.onnx")
 
@@ -67,7 +67,7 @@ def main() -> None:
     ap.add_argument("--no-large", action="store_true")
     ap.add_argument("--no-slim", action="store_true")
     ap.add_argument("--label", default="")
-    ap.add_argument("--out", default=str(HERE / "results" / "shape_analysis.md"))
+    ap.add_argument("--out", default=str(BENCH / "results" / "shape_analysis.md"))
     a = ap.parse_args()
     rows = []
     paths = sorted(glob.glob(str(REPO / "tests/fixtures/models/*/model.onnx")))
@@ -86,8 +86,8 @@ def main() -> None:
         f"# shape analysis: graph work and node counts {a.label}",
         "",
         f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; fastopt {fastopt.__file__}",
-        f"- `python bench/bench_shape_analysis.py`; median of {a.repeat}; graph work = sum of "
-        "the report's pass times (load/save excluded)",
+        f"- `python bench/pipeline/bench_shape_analysis.py`; median of {a.repeat}; "
+        "graph work = sum of the report's pass times (load/save excluded)",
         "",
     ]
     if large:

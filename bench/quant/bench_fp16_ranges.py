@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """The fp16 range check (fastopt.quant.fp16_ranges): its cost, and what it does on a real model.
 
-python bench/bench_fp16_ranges.py cost MODEL.onnx [MODEL.onnx ...]
+python bench/quant/bench_fp16_ranges.py cost MODEL.onnx [MODEL.onnx ...]
     per model, in a child process each: the range pass alone (fastopt.quant.fp16_ranges.check_ranges
     on the loaded model: 4 input sets of --verify's shape), wall time and the child's peak
     RSS, beside the same child's peak RSS after importing onnx/onnxruntime and loading.
-python bench/bench_fp16_ranges.py real HF_DIR OUT_DIR
+python bench/quant/bench_fp16_ranges.py real HF_DIR OUT_DIR
     a transformers folder (e.g. SmolLM2-135M from /work/shared/realmodels/make-smollm2.sh)
     exported with torch.onnx (TorchScript, opset 17), converted to fp16 with the range
     check on and off, the logits of both compared with fp32 on a real prompt: cosine, max

@@ -3,7 +3,7 @@ and top-1 agreement on English prose (bench/data/eval_prose.txt, written for thi
 calibration text is fastopt's built-in one, a different text), per recipe, with the quantize
 time and the calibration's time against its ONNX Runtime forward passes.
 
-    python bench/bench_quant_calibration.py --hf /work/cache/smollm2 --workdir /tmp/qcal \
+    python bench/quant/bench_quant_calibration.py --hf /work/cache/smollm2 --workdir /tmp/qcal \
         [--out bench/results/quantize_calibration.md]
 
 The model (SmolLM2-135M-Instruct by default) is exported once with torch.onnx (TorchScript,
@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-EVAL_TEXT = HERE / "data" / "eval_prose.txt"
+BENCH = Path(__file__).resolve().parents[1]
+EVAL_TEXT = BENCH / "data" / "eval_prose.txt"
 CHUNK = 256
 CAVEAT = (
     "SmolLM2's linear weights came from a Q4_1 GGUF (asymmetric int4, blocks of 32): asymmetric "

@@ -3,11 +3,11 @@ time and peak RSS (each tool in a fresh child process), output size, and byte id
 quantized weight (B, scales). Settings: int4, block 32, symmetric, accuracy level 4 (the model
 builder's CPU defaults).
 
-    python bench/bench_quantize.py [--model /tmp/fastopt-bench/qwen2_0.5b_ts/model.onnx]
+    python bench/quant/bench_quantize.py [--model /tmp/fastopt-bench/qwen2_0.5b_ts/model.onnx]
                                    [--out bench/results/quantize.md]
 
 The default model is the 2.4 GB Qwen2-0.5B-shaped TorchScript export made by
-``python bench/make_llm_model.py`` (see bench/README.md); it is made when absent.
+``python bench/models/make_llm_model.py`` (see bench/README.md); it is made when absent.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: _benchlib
 import _benchlib as bl
 
 DEFAULT_MODEL = "/tmp/fastopt-bench/qwen2_0.5b_ts/model.onnx"
@@ -186,7 +186,7 @@ def main() -> None:
     if not os.path.exists(args.model):
         folder = str(Path(args.model).parent)
         subprocess.run(
-            [sys.executable, str(bl.REPO / "bench" / "make_llm_model.py"), folder], check=True
+            [sys.executable, str(bl.REPO / "bench/models/make_llm_model.py"), folder], check=True
         )
     env = bl.environment(["onnx", "onnxruntime", "numpy"])
     env["load_average"] = os.getloadavg()
@@ -293,7 +293,7 @@ def main() -> None:
         "JSON); CPU time is the part that does not depend on the neighbours. The 49 kept "
         "weights are the attention MatMuls of two activations (48) and the embedding table.",
         "",
-        "Command: `python bench/bench_quantize.py --model "
+        "Command: `python bench/quant/bench_quantize.py --model "
         + args.model
         + (" --decode" if args.decode else "")
         + "`",

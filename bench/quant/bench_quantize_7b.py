@@ -6,7 +6,7 @@ the whole model, so they run under an address-space cap (``prlimit --as``, defau
 shared 24 GB machine they must fail with MemoryError rather than take everyone's memory) and a
 watchdog that kills a process whose RSS passes the cap; what happened is reported.
 
-    python bench/bench_quantize_7b.py [--dir /tmp/fastopt-bench/llm_7b_fp16] [--delete]
+    python bench/quant/bench_quantize_7b.py [--dir /tmp/fastopt-bench/llm_7b_fp16] [--delete]
                                       [--out bench/results/quantize_7b.md]
 """
 
@@ -21,10 +21,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: _benchlib
 import _benchlib as bl
 
 HERE = Path(__file__).resolve().parent
+BENCH = HERE.parent
+MAKE_MODEL = BENCH / "models" / "make_llm_model.py"
 SHAPE = ["--hidden", "4096", "--layers", "32", "--intermediate", "11008", "--vocab", "32000",
          "--dtype", "float16"]  # fmt: skip
 
@@ -69,7 +71,7 @@ def main() -> None:
     ap.add_argument("--cap-gb", type=float, default=14.0, help="peers' address-space cap")
     ap.add_argument("--delete", action="store_true", help="remove the model and outputs after")
     ap.add_argument("--skip-peers", action="store_true")
-    ap.add_argument("--out", default=str(HERE / "results" / "quantize_7b.md"))
+    ap.add_argument("--out", default=str(BENCH / "results" / "quantize_7b.md"))
     ap.add_argument("--child", nargs=3, metavar=("MODE", "SRC", "DST"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -80,7 +82,7 @@ def main() -> None:
     env["load_average"] = os.getloadavg()
     made: dict[str, Any] = {}
     if not os.path.exists(src):
-        cmd = [sys.executable, str(HERE / "make_llm_model.py"), args.dir, *SHAPE, "--no-check"]
+        cmd = [sys.executable, str(MAKE_MODEL), args.dir, *SHAPE, "--no-check"]
         rc, wall, rss, _, err = bl.spawn(cmd, timeout=3600)
         made = {"rc": rc, "seconds": wall, "peak_rss": rss}
         if rc != 0:
@@ -168,7 +170,7 @@ def main() -> None:
         )
     md += [
         "",
-        "Command: `python bench/bench_quantize_7b.py"
+        "Command: `python bench/quant/bench_quantize_7b.py"
         + (f" --dir {args.dir}" if args.dir != ap.get_default("dir") else "")
         + (" --delete" if args.delete else "")
         + "` (the machine is shared: 2 cores, other sessions' jobs running, so wall times "

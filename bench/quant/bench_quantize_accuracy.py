@@ -8,7 +8,7 @@ each variant quantizes it and runs it in ONNX Runtime on a few hundred tokens of
 Variants: fastopt --method rtn / search, symmetric and asymmetric, block 32 and 128, int8 and an
 int8 lm_head; onnxruntime's MatMulNBitsQuantizer RTN and k_quant (algo_config).
 
-    nice flock /tmp/heavy.lock python bench/bench_quantize_accuracy.py \
+    nice flock /tmp/heavy.lock python bench/quant/bench_quantize_accuracy.py \
         --model /work/cache/smollm2 --work /tmp/qsearch-smollm2
 
 Standalone on purpose (the real-text evaluation module of fastopt is another part's job).

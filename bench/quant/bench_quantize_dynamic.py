@@ -4,12 +4,12 @@ each tool (one fresh process each), byte identity of the quantized weights, outp
 ONNX Runtime CPU latency of both outputs and of the fp32 original (prefill of 128 tokens for
 the decoder, one 224x224 image for the CNN), interleaved in one process.
 
-    python bench/bench_quantize_dynamic.py                   # both models
-    python bench/bench_quantize_dynamic.py --skip-large      # the CNN only
-    python bench/bench_quantize_dynamic.py --threads 2 --runs 20
+    python bench/quant/bench_quantize_dynamic.py                   # both models
+    python bench/quant/bench_quantize_dynamic.py --skip-large      # the CNN only
+    python bench/quant/bench_quantize_dynamic.py --threads 2 --runs 20
 
-The decoder is the suite's export (bench/bench_llm_fusions.py makes
-/tmp/fastopt-bench/qwen2_0.5b_ts when absent); the CNN is bench/make_resnet50.py's (random
+The decoder is the suite's export (bench/fusion/bench_llm_fusions.py makes
+/tmp/fastopt-bench/qwen2_0.5b_ts when absent); the CNN is bench/models/make_resnet50.py's (random
 weights, torchvision-free). Results: bench/results/quantize_dynamic.md (+ .json).
 """
 
@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: _benchlib
 from _benchlib import (
     MB,
     RESULT_TAG,
@@ -37,6 +37,7 @@ from _benchlib import (
 )
 
 HERE = Path(__file__).resolve().parent
+BENCH = HERE.parent
 LARGE = "/tmp/fastopt-bench/qwen2_0.5b_ts/model.onnx"
 
 
@@ -165,7 +166,7 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, Any], a: argparse.Namesp
         f"onnxruntime {env.get('versions', {}).get('onnxruntime', '?')}. QInt8 weights, "
         f"{'per channel' if a.per_channel else 'per tensor'}, symmetric (both tools' default).",
         "",
-        "Command: `python bench/bench_quantize_dynamic.py "
+        "Command: `python bench/quant/bench_quantize_dynamic.py "
         f"--threads {a.threads} --runs {a.runs}{' --per-channel' if a.per_channel else ''}"
         f"{' --no-latency' if a.no_latency else ''}`",
         "",
@@ -226,7 +227,7 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--max-rss-gb", type=int, default=14)
     p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "fastopt-bench-qdyn"))
-    p.add_argument("--out", default=str(HERE / "results" / "quantize_dynamic.md"))
+    p.add_argument("--out", default=str(BENCH / "results" / "quantize_dynamic.md"))
     a = p.parse_args()
     if a.child:
         kind, rest = a.child[0], a.child[1:]
@@ -241,11 +242,11 @@ def main() -> None:
         return
     resnet = os.path.join(a.work, "resnet50", "model.onnx")
     if not os.path.exists(resnet):
-        spawn([sys.executable, str(HERE / "make_resnet50.py"), resnet], a.timeout)
+        spawn([sys.executable, str(BENCH / "models/make_resnet50.py"), resnet], a.timeout)
     models = {"resnet50 (random weights)": resnet}
     if not a.skip_large:
         if not os.path.exists(LARGE):
-            spawn([sys.executable, str(HERE / "bench_llm_fusions.py"), "--make-large", "ts",
+            spawn([sys.executable, str(BENCH / "fusion/bench_llm_fusions.py"), "--make-large", "ts",
                    os.path.dirname(LARGE)], 3600)  # fmt: skip
         models["qwen2_0.5b_ts (2.4 GB)"] = LARGE
     rows = []

@@ -8,7 +8,7 @@ search on each MatMul weight of the model (relative MSE) and on the logits (KL o
 distributions vs fp32, weights fake-quantized the same way for both: dequantized float weights in
 the float graph, so the comparison holds the activations' rounding out).
 
-    nice flock /tmp/heavy.lock python bench/probe_hqq.py /tmp/qsearch-smollm2/fp32/model.onnx
+    nice flock /tmp/heavy.lock python bench/quant/probe_hqq.py /tmp/qsearch-smollm2/fp32/model.onnx
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import onnx
 from onnx import numpy_helper
 
 sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 
 def hqq_blocks(w: np.ndarray, bs: int, integer_zero: bool, iters: int = 20) -> np.ndarray:

@@ -4,7 +4,8 @@
 Both time the same session on the same feeds (the Runner's), in alternating blocks so that
 machine noise hits both alike; the difference of the medians is what the harness adds per run.
 
-    python bench/bench_harness.py MODEL [--phase decode] [--seq 16] [--runs 2000] [--blocks 5]
+    python bench/verify/bench_harness.py MODEL [--phase decode] [--seq 16] [--runs 2000]
+        [--blocks 5]
 """
 
 from __future__ import annotations

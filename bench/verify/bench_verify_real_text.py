@@ -2,8 +2,8 @@
 check measures on a real trained model and on the random-weight fixtures, next to what the
 random-id judging (fastopt.verify.quantized's logits cosine / top-1 on 16 uniform ids) measured.
 
-    python bench/bench_verify_real_text.py --model DIR/model.onnx [--variants int8,int4,...]
-    python bench/bench_verify_real_text.py --fixtures llama_ts_float32,qwen2_ts_float32
+    python bench/verify/bench_verify_real_text.py --model DIR/model.onnx [--variants int8,int4,...]
+    python bench/verify/bench_verify_real_text.py --fixtures llama_ts_float32,qwen2_ts_float32
 
 --model: an export with its tokenizer.json beside it (tests/fixtures/export_causal_lm.py makes
 one from /work/shared/realmodels/make-smollm2.sh's SmolLM2 folder). --fixtures: each fixture
@@ -28,7 +28,7 @@ import fastopt
 from fastopt.verify.quantized import verify_quantized
 from fastopt.verify.real_text import evaluate_text
 
-FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "models"
+FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "models"
 VARIANTS = ["rewrite", "kv", "fp16", "int8", "int8-dynamic", "int4", "int4-asym", "int4-b128"]
 
 

@@ -1,8 +1,8 @@
 """Logit soft-capping (issue 13, gemma2): scores = c * tanh(scale * Q K^T / c) before the mask
 becomes the internal Attention's `softcap`, then GroupQueryAttention's / Attention-23's
 `softcap` (ONNX Runtime 1.32 applies both after the scale and before the mask: checked here and
-in bench/probe_softcap.py), or the same formula in standard ops. gemma2's final logit
-soft-capping (tanh on the lm_head output) is not attention and stays as exported.
+in tests/ort_behaviour/test_softcap_order.py), or the same formula in standard ops. gemma2's
+final logit soft-capping (tanh on the lm_head output) is not attention and stays as exported.
 
 The gemma2 fixtures are decoder fixtures like the others, so test_kv_generation.py also runs
 their 32-token greedy generation (standard cache for both targets, in place, under

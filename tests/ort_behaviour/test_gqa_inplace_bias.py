@@ -1,6 +1,6 @@
 """Which attention_bias ONNX Runtime's in-place GroupQueryAttention takes (one single-node model):
 a test that fails when ORT changes what the code relies on (issue 26; was
-bench/probe_gqa_inplace_bias.py).
+the bench script probe_gqa_inplace_bias.py).
 
     python tests/ort_behaviour/test_gqa_inplace_bias.py   # per case: accepted (error) or refused
 

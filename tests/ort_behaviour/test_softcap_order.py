@@ -1,6 +1,6 @@
 """How ONNX Runtime applies logit soft-capping in its attention ops (one single-node model each):
 a test that fails when ORT changes the order the code relies on (issue 26; was
-bench/probe_softcap.py).
+the bench script probe_softcap.py).
 
     python tests/ort_behaviour/test_softcap_order.py   # one line per op and case: max abs error
 

@@ -24,7 +24,7 @@ nearly tied, the hard case for top-1. There int4 RTN at block 32 measured cosine
 max rel err 0.12..0.39, top-1 0.47..0.97; int8 cosine >= 0.9996, max rel err <= 0.038, top-1 >=
 0.94. The bytes equal onnxruntime's, so its quantizer's output scores the same. That includes
 where the int4 criteria fail: on the random 24-layer Qwen2-0.5B-shaped export
-(bench/make_llm_model.py's shape) MatMulNBitsQuantizer's own output (block 32, symmetric,
+(bench/models/make_llm_model.py's shape) MatMulNBitsQuantizer's own output (block 32, symmetric,
 accuracy level 4) measures cosine 0.879, max rel err 0.535, top-1 0.406, the same as fastopt's:
 round-to-nearest's error on random weights grows with depth, which the 2-layer fixtures the
 thresholds come from do not show (bench/results/quantize.md). The thresholds are left as they

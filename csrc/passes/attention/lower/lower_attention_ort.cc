@@ -48,9 +48,9 @@
 // the weight is square), so that they go dead. ORT 1.32 CPU runs it in fp32 (fp16 through
 // inserted Casts, still faster than GQA on the bert fixtures); its attention_bias must be
 // (B|1, 1|N, S, T), which the mask below is. Measured against MHA/GQA (ORT CPU, 2 threads,
-// batch 1; bench/bench_encoder_attention.py, bench/results/lower_attention_ort.md): 0.89-0.91x
-// the latency on the bert fixtures (seq 128), 0.98-1.00x on a BERT-base-sized export (seq 128,
-// 512). So option packed_attention defaults to 1 = non-causal (encoders); 2 = causal too
+// batch 1; bench/attention/bench_encoder_attention.py, bench/results/lower_attention_ort.md):
+// 0.89-0.91x the latency on the bert fixtures (seq 128), 0.98-1.00x on a BERT-base-sized export
+// (seq 128, 512). So option packed_attention defaults to 1 = non-causal (encoders); 2 = causal too
 // (unidirectional=1 is exact: S == T, one input); 0 = off. With option cuda=1 the default is 0
 // (the CUDA lowering is unchanged). When packing does not apply the node falls through to
 // MHA/GQA below (explained as "not packed into Attention: ...").

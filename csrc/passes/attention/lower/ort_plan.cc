@@ -147,7 +147,7 @@ std::string Planner::attributes() {
   // Both ops read scale 0 as "1/sqrt(D)".
   if (!std::isfinite(plan.scale) || plan.scale == 0.0f) return "scale is 0 or not finite";
   // Soft-capping (internal_op.h): of the ort ops only GroupQueryAttention caps (after the scale,
-  // before the bias, as the internal op: bench/probe_softcap.py).
+  // before the bias, as the internal op: tests/ort_behaviour/test_softcap_order.py).
   plan.softcap = float_attr(node, "softcap", 0.0f);
   if (!std::isfinite(plan.softcap) || plan.softcap < 0) return "softcap is negative or not finite";
   const bool capped = plan.softcap > 0;
