@@ -3,9 +3,9 @@ decoders (plain exports and --preset llm outputs with fused ops) run in ONNX Run
 agree with the fp32 original, keep_io_types, fp32 islands, clamping, exclusions, refusals.
 
 bf16: ONNX Runtime 1.32's CPU provider has no bfloat16 kernels for Add, Mul, MatMul and the
-other compute ops (bench/probe_bf16_cpu.py), so a bf16 decoder cannot run there; its bytes and
-onnx.checker are tested, and a graph of the ops that do run in bf16 on CPU (Gather, the norms,
-data movement) is run."""
+other compute ops (tests/ort_behaviour/test_bf16_cpu_kernels.py), so a bf16 decoder cannot run
+there; its bytes and onnx.checker are tested, and a graph of the ops that do run in bf16 on CPU
+(Gather, the norms, data movement) is run."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 convert_precision (C++) keeps those ops in float32 with Casts around them; it takes the list as
 the text option ``precision_f32_ops``. ONNX Runtime's own kernels are a narrower set than the
-schemas for bfloat16 on CPU (bench/probe_bf16_cpu.py): that is not decided here.
+schemas for bfloat16 on CPU (tests/ort_behaviour/test_bf16_cpu_kernels.py): that is not decided
+here.
 """
 
 from __future__ import annotations
