@@ -145,12 +145,12 @@ ROOMS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     ("runtime", ("fastopt.runtime",)),  # ORT facts: ops, kernels, version, providers
-    ("pipeline", ("fastopt.pipeline",)),  # registry, options, shapes
+    ("pipeline", ("fastopt.pipeline",)),  # registry, options, shapes, manager, KV-cache policy
     ("passes", ("fastopt.passes",)),  # Python passes (register into the pipeline)
-    ("genai", ("fastopt.genai",)),  # genai_config.json, cache geometry
+    ("genai", ("fastopt.genai",)),  # genai_config.json, cache geometry, the folder beside output
     ("verify", ("fastopt.verify",)),  # runs models in ORT: verify(), check(), generation
-    ("quant", ("fastopt.quant",)),  # settings, checks, ranges (ranges run models: above verify)
-    ("optimize", ("fastopt.optimize",)),  # the facade: passes, KV cache, genai config, quant
+    ("quant", ("fastopt.quant",)),  # settings, checks, ranges (they run models: above verify), step
+    ("optimize", ("fastopt.optimize",)),  # the facade: checks arguments, calls the rooms in order
     ("entries", ("fastopt.quant.quantize", "fastopt.genai.whisper")),  # run optimize()
     ("export", ("fastopt.export",)),  # HF checkpoint -> torch.onnx -> optimize() -> a folder
     ("bench", ("fastopt.bench",)),  # the harness: runs models, no CLI

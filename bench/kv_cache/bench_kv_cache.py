@@ -249,7 +249,7 @@ def _generated(args: argparse.Namespace) -> str:
 
 def _fastopt_cached(nocache: str, models_dir: Path) -> dict[str, str]:
     import fastopt
-    from fastopt.optimize import KV_CACHE_PASS
+    from fastopt.pipeline.kv_cache import KV_CACHE_PASS
     from fastopt.pipeline.registry import all_passes
 
     if not any(p.name == KV_CACHE_PASS for p in all_passes()):

@@ -15,7 +15,7 @@ import onnx
 import pytest
 from fastopt.cli.main import build_parser, main
 from fastopt.genai.config import GenaiConfigError, genai_config, write_genai_config
-from fastopt.optimize import KV_CACHE_PASS, _with_kv_cache
+from fastopt.pipeline.kv_cache import KV_CACHE_PASS, with_kv_cache
 from fastopt.pipeline.registry import preset
 from onnx import TensorProto, helper, numpy_helper
 from support import kv_generation as kg
@@ -190,11 +190,11 @@ def test_harness_gqa_decoder(inplace: bool) -> None:
 def test_kv_cache_option_errors() -> None:
     llm = preset("llm")
     with pytest.raises(ValueError, match="standard"):
-        _with_kv_cache(llm, "paged", "ort")
+        with_kv_cache(llm, "paged", "ort")
     with pytest.raises(ValueError, match="target 'ort'"):
-        _with_kv_cache(llm, "inplace", "onnx")
+        with_kv_cache(llm, "inplace", "onnx")
     with pytest.raises(ValueError, match="fuse_attention"):
-        _with_kv_cache(preset("classic"), "standard", "ort")
+        with_kv_cache(preset("classic"), "standard", "ort")
     fx = fixtures(arch="llama", exporter="ts", dtype="float32")[0]
     with pytest.raises(ValueError, match="fuse_attention"):
         fastopt.optimize(fx.path, preset="classic", kv_cache="standard")
@@ -202,7 +202,7 @@ def test_kv_cache_option_errors() -> None:
 
 def test_kv_cache_pass_list() -> None:
     llm = preset("llm")
-    names = _with_kv_cache(llm, "standard", "ort")
+    names = with_kv_cache(llm, "standard", "ort")
     i = names.index("fuse_attention")
     assert names[i + 1] == KV_CACHE_PASS and names.count(KV_CACHE_PASS) == 1
     assert names.index("lower_attention") > i + 1
