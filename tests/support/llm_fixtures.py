@@ -162,16 +162,33 @@ def fixtures(
     return out
 
 
-def materialize(folder: Path) -> Path:
+def materialize(folder: Path, graphs: Sequence[str] = ("model",)) -> Path:
     """model.onnx of a matrix fixture folder (model.onnx.gz + meta.json), with every weight
     make_matrix.py stripped filled again by seeded normal values of its recorded mean and std,
-    in a temporary folder (reused while the gzipped file is unchanged); meta.json beside it."""
-    packed = (folder / "model.onnx.gz").read_bytes()
-    key = f"{folder.name}-{zlib.crc32(packed):08x}"
+    in a temporary folder (reused while the gzipped files are unchanged); meta.json beside it.
+    `graphs`: the gzipped graphs to fill (an encoder-decoder's ("encoder", "decoder")); the
+    first one's path is returned."""
+    packed = {g: (folder / f"{g}.onnx.gz").read_bytes() for g in graphs}
+    crc = zlib.crc32(b"".join(packed.values()))
+    key = f"{folder.name}-{crc:08x}"
     cache = Path(tempfile.gettempdir()) / f"fastopt-matrix-{os.getuid()}" / folder.parent.name
-    out = cache / key / "model.onnx"
-    if out.exists():
-        return out
+    outs = [cache / key / f"{g}.onnx" for g in graphs]
+    if all(out.exists() for out in outs):
+        return outs[0]
+    outs[0].parent.mkdir(parents=True, exist_ok=True)
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["folder"] = folder.name
+    tmp = outs[0].parent / f".{os.getpid()}.tmp"  # atomic: concurrent sessions may fill it too
+    tmp.write_text(json.dumps(meta))
+    os.replace(tmp, outs[0].parent / "meta.json")
+    for graph, out in zip(graphs, outs):
+        tmp.write_bytes(_filled(packed[graph]))
+        os.replace(tmp, out)
+    return outs[0]
+
+
+def _filled(packed: bytes) -> bytes:
+    """A gzipped stripped graph with its weights filled (materialize)."""
     proto = onnx.ModelProto.FromString(gzip.decompress(packed))
     for t in proto.graph.initializer:
         if not t.doc_string.startswith(RANDOM_MARK):
@@ -181,15 +198,7 @@ def materialize(folder: Path) -> Path:
         dtype = onnx.helper.tensor_dtype_to_np_dtype(t.data_type)
         t.raw_data = (rng.standard_normal(tuple(t.dims)) * std + mean).astype(dtype).tobytes()
         t.doc_string = ""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    meta = json.loads((folder / "meta.json").read_text())
-    meta["folder"] = folder.name
-    tmp = out.parent / f".{os.getpid()}.tmp"  # atomic: concurrent sessions may fill it too
-    tmp.write_text(json.dumps(meta))
-    os.replace(tmp, out.parent / "meta.json")
-    tmp.write_bytes(proto.SerializeToString())
-    os.replace(tmp, out)
-    return out
+    return proto.SerializeToString()
 
 
 def matrix_releases() -> list[str]:
@@ -207,12 +216,14 @@ def matrix_fixtures(
     dtype: str | None = None,
 ) -> list[Fixture]:
     """The version matrix's fixtures (materialized), filtered as fixtures() does; sorted by
-    release, then name."""
+    release, then name. Its encoder-decoders are seq2seq_generation.matrix_seq2seq_fixtures."""
     archs = [arch] if isinstance(arch, str) else arch
     out = []
     for rel in matrix_releases() if release is None else [release]:
         for meta_path in sorted((MATRIX_DIR / rel).glob("*/meta.json")):
             meta = json.loads(meta_path.read_text())
+            if meta["kind"] == "encoder-decoder":  # seq2seq_generation.matrix_seq2seq_fixtures
+                continue
             if archs is not None and meta["arch"] not in archs:
                 continue
             if exporter is not None and meta["exporter"] != exporter:
@@ -234,11 +245,16 @@ MATRIX_DEFAULT_ARCHS = ("llama", "gpt2")
 
 
 def matrix_params(
-    check: str, items: Sequence[Fixture], variants: Sequence[tuple[str, ...]] = ((),)
+    check: str,
+    items: Sequence[Any],
+    variants: Sequence[tuple[str, ...]] = ((),),
+    default_archs: Sequence[str] = MATRIX_DEFAULT_ARCHS,
 ) -> list[Any]:
     """pytest params (fx, *variant) for the matrix fixtures of a check (a key of
     expected_failures.json), id "<fixture>[-<variant>...]": a strict xfail with the recorded
-    reason where the table expects that id to fail; slow outside MATRIX_DEFAULT_ARCHS."""
+    reason where the table expects that id to fail; slow outside `default_archs` (the
+    encoder-decoders': seq2seq_generation.MATRIX_DEFAULT_ARCHS). `items`: Fixture or
+    seq2seq_generation.Seq2SeqFixture (name, arch, dtype)."""
     expected = json.loads(MATRIX_XFAIL.read_text()).get(check, {}) if MATRIX_XFAIL.exists() else {}
     params = []
     for fx in items:
@@ -247,7 +263,7 @@ def matrix_params(
             marks: list[Any] = []
             if test_id in expected:
                 marks.append(pytest.mark.xfail(strict=True, reason=expected[test_id]))
-            if fx.arch not in MATRIX_DEFAULT_ARCHS or fx.dtype != "float32":
+            if fx.arch not in default_archs or fx.dtype != "float32":
                 marks.append(pytest.mark.slow)
             params.append(pytest.param(fx, *variant, marks=marks, id=test_id))
     return params

@@ -26,15 +26,22 @@ import fastopt
 import numpy as np
 import onnxruntime as ort
 
+from support import llm_fixtures
 from support.kv_generation import session
 
 FIXTURE_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 SEQ2SEQ_ARCHS = ("bart", "marian", "whisper", "t5")
+# The version matrix's encoder-decoders in the default run (llm_fixtures.matrix_params'
+# default_archs): every release's t5 (eager attention before 5.24, relative bias) and whisper
+# (conv front-end, learned positions); bart under -m slow.
+MATRIX_DEFAULT_ARCHS = ("t5", "whisper")
 
 
 @dataclass(frozen=True)
 class Seq2SeqFixture:
     folder: Path
+    # version-matrix fixtures: the transformers release (the name gets ".tf<release>")
+    release: str | None = None
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -42,7 +49,9 @@ class Seq2SeqFixture:
 
     @property
     def name(self) -> str:
-        return self.folder.name
+        """The folder's name; a matrix fixture's ends in .tf<transformers release>."""
+        folder = self.meta.get("folder", self.folder.name)
+        return f"{folder}.tf{self.release}" if self.release else str(folder)
 
     @property
     def arch(self) -> str:
@@ -72,6 +81,27 @@ def seq2seq_fixtures(arch: str | None = None, dtype: str | None = None) -> list[
         fx = Seq2SeqFixture(meta.parent)
         if (arch is None or fx.arch == arch) and (dtype is None or fx.dtype == dtype):
             out.append(fx)
+    return out
+
+
+def matrix_seq2seq_fixtures(
+    release: str | None = None, arch: str | None = None, exporter: str | None = None
+) -> list[Seq2SeqFixture]:
+    """The version matrix's encoder-decoders (tests/fixtures/matrix/<release>/<name>/, made by
+    make_matrix.py: encoder.onnx.gz + decoder.onnx.gz with their weights as mean/std),
+    materialized into a temporary folder; sorted by release, then name."""
+    out = []
+    for rel in llm_fixtures.matrix_releases() if release is None else [release]:
+        for meta_path in sorted((llm_fixtures.MATRIX_DIR / rel).glob("*/meta.json")):
+            meta = json.loads(meta_path.read_text())
+            if meta["kind"] != "encoder-decoder":
+                continue
+            if (arch is not None and meta["arch"] != arch) or (
+                exporter is not None and meta["exporter"] != exporter
+            ):
+                continue
+            folder = llm_fixtures.materialize(meta_path.parent, ("encoder", "decoder")).parent
+            out.append(Seq2SeqFixture(folder, release=rel))
     return out
 
 
