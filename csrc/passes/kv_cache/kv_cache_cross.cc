@@ -264,11 +264,17 @@ std::vector<Node*> position_ranges(const Model& m, Graph& g, const Value* input_
       for (const Use& u : v->uses()) {
         const Node* c = u.node;
         const size_t at = static_cast<size_t>(u.input_index);
-        if (masks.count(c) || !seen.insert(c).second) continue;
+        if (!seen.insert(c).second) continue;
+        // index-keeping ops and lookups are followed even where a mask reads them (4.49's
+        // TorchScript whisper sizes its mask from the hidden states, which its position lookup
+        // feeds, and reads the same Range in its causal mask): the Range is offset for the
+        // lookup, and the masks it also feeds are replaced
         if (is_standard(c) && table_lookup(c, at)) {
           to_table = true;
         } else if (is_standard(c) && index_keeping(c, at)) {
           todo.push_back(c->outputs()[0]);
+        } else if (masks.count(c)) {
+          continue;
         } else {
           refuse("Range '" + n->name.value + "' (0, 1, ...) feeds " + c->op_type + " '" +
                  c->name.value + "', which is neither a position table lookup nor a mask: " +
