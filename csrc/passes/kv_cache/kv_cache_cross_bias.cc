@@ -130,10 +130,10 @@ class BiasMatcher {
       const Node* p = v->producer();
       if (!p || !is_standard(p) || p->inputs().empty() || path.size() > 8 ||
           !(p->op_type == "Transpose" || p->op_type == "Unsqueeze" || p->op_type == "Cast" ||
-            p->op_type == "Identity")) {
+            p->op_type == "Identity" || p->op_type == "Slice")) {
         return fail("between the table lookup and the mask there is " +
                     (p ? p->op_type + " '" + p->name.value + "'" : std::string("no node")) +
-                    ", not only Transpose / Unsqueeze / Cast");
+                    ", not only Transpose / Unsqueeze / Cast / a whole-query Slice");
       }
       path.push_back(p);
       v = p->inputs()[0];
@@ -169,6 +169,8 @@ class BiasMatcher {
         }
       } else if (p->op_type == "Cast" && !is_float(static_cast<int32_t>(int_attr_or(p, "to", 0)))) {
         return fail("the bias is cast to a non-float type");
+      } else if (p->op_type == "Slice" && !whole_query_slice(p, axes)) {
+        return fail("Slice '" + p->name.value + "' is not x[..., -S:, ...] over the query axis");
       }
     }
     while (!axes.empty() && axes.front() == kOne) axes.erase(axes.begin());
@@ -176,6 +178,43 @@ class BiasMatcher {
       return fail("the bias is not laid out as (heads, query, key) with leading ones");
     }
     return true;
+  }
+
+  // 4.49-4.57's T5Attention slices its bias to the last S query rows (position_bias[:, :, -S:, :]):
+  // a Slice on the query axis, step 1, from -(decoder length) to the end. The query axis holds
+  // the S new positions in either model, and -S is read from a decoder length, which in the
+  // cached model is S or P + S >= S: clamped, the Slice keeps every row there too.
+  bool whole_query_slice(const Node* p, const std::vector<Axis>& axes) {
+    const std::vector<Value*>& in = p->inputs();
+    auto axis = in.size() > 3 ? constant_ints(in[3]) : std::nullopt;
+    auto ends = in.size() > 2 ? constant_ints(in[2]) : std::nullopt;
+    auto steps = in.size() > 4 ? constant_ints(in[4]) : std::optional<std::vector<int64_t>>{{1}};
+    if (!axis || !ends || !steps || axis->size() != 1 || ends->size() != 1 ||
+        *steps != std::vector<int64_t>{1}) {
+      return false;
+    }
+    const int64_t rank = static_cast<int64_t>(axes.size());
+    const int64_t a = (*axis)[0] < 0 ? (*axis)[0] + rank : (*axis)[0];
+    if (a < 0 || a >= rank || axes[static_cast<size_t>(a)] != kQuery || (*ends)[0] < INT32_MAX) {
+      return false;
+    }
+    // start: Neg(n) (TorchScript: Unsqueeze(Neg(Gather(Shape(hidden), 1)))) with n proven to
+    // be the decoder length, or a value proven to be its negation
+    analysis::ShapeFacts facts(m_);
+    const std::optional<analysis::DimExpr> seq = facts.dim(input_ids_, 1);
+    if (!seq) return false;
+    auto is = [&](const Value* v, const analysis::DimExpr& want) {
+      const std::vector<analysis::DimExpr>* got = v ? facts.shape_value(v) : nullptr;
+      return got && got->size() == 1 && (*got)[0] == want;
+    };
+    const auto minus_seq = analysis::DimExpr::sub(analysis::DimExpr::constant(0), *seq);
+    if (minus_seq && is(in[1], *minus_seq)) return true;
+    const Node* neg = in[1]->producer();
+    if (neg && is_standard(neg) && neg->op_type == "Unsqueeze" && !neg->inputs().empty()) {
+      neg = neg->inputs()[0]->producer();
+    }
+    return neg && is_standard(neg) && neg->op_type == "Neg" && neg->inputs().size() == 1 &&
+           is(neg->inputs()[0], *seq);
   }
 
   // The Sub both index operands derive from: the first Sub met walking back from idx.
