@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 import pytest
 from support import seq2seq_generation as sg
-from support.llm_fixtures import PARITY_ATOL
+from support.llm_fixtures import PARITY_ATOL, matrix_params
 
 STEPS = 32
 FIXTURES = sg.seq2seq_fixtures()
@@ -83,6 +83,23 @@ def test_fused_and_equal(fx: sg.Seq2SeqFixture, target: str, tmp_path: Path) -> 
     np.testing.assert_allclose(got.logits, ref.logits, atol=atol, rtol=0)
 
 
+# The version matrix's encoder-decoders (t5, whisper, bart from other transformers releases,
+# tests/fixtures/matrix; make_matrix.py): the same checks, strict xfails where
+# expected_failures.json records a failure ("seq2seq_preset", "seq2seq_kv"); t5 and whisper in
+# the default run, bart under -m slow.
+MATRIX = sg.matrix_seq2seq_fixtures()
+
+
+@pytest.mark.parametrize(
+    ("fx", "target"),
+    matrix_params(
+        "seq2seq_preset", MATRIX, [("ort",), ("onnx",)], default_archs=sg.MATRIX_DEFAULT_ARCHS
+    ),
+)
+def test_matrix_fused_and_equal(fx: sg.Seq2SeqFixture, target: str, tmp_path: Path) -> None:
+    test_fused_and_equal(fx, target, tmp_path)
+
+
 CACHED = [fx for fx in FIXTURES if fx.arch in CACHED_ARCHS]
 
 
@@ -129,6 +146,18 @@ def test_cached_decoder_generates_the_same_tokens(
             8,
         )
         np.testing.assert_array_equal(solo.tokens[0], ref.tokens[b, :8])
+
+
+@pytest.mark.parametrize(
+    ("fx", "target"),
+    matrix_params(
+        "seq2seq_kv", MATRIX, [("ort",), ("onnx",)], default_archs=sg.MATRIX_DEFAULT_ARCHS
+    ),
+)
+def test_matrix_cached_decoder_generates_the_same_tokens(
+    fx: sg.Seq2SeqFixture, target: str, tmp_path: Path
+) -> None:
+    test_cached_decoder_generates_the_same_tokens(fx, target, tmp_path)
 
 
 @pytest.mark.parametrize("target", ["ort", "onnx"])
@@ -257,3 +286,44 @@ def test_encoder_cache_refused(tmp_path: Path) -> None:
     fx = sg.seq2seq_fixtures("bart", "float32")[0]
     with pytest.raises(fastopt.ModelError, match="not proven to be causal"):
         _optimize(fx.encoder, tmp_path / "encoder.onnx", kv_cache="standard")
+
+
+def _t5_449_sliced(tmp_path: Path, edit: str | None) -> Path:
+    """The TorchScript t5 decoder of transformers 4.49 (tests/fixtures/matrix), whose
+    T5Attention slices its position bias to the last S query rows (position_bias[:, :, -S:, :])
+    between the table lookup and the mask; `edit` "key" moves that Slice to the key axis, "end"
+    makes it stop after two rows (neither keeps the bias whole)."""
+    (fx,) = sg.matrix_seq2seq_fixtures("4.49.0", "t5", "ts")
+    m = onnx.load(str(fx.decoder))
+    name = "/m/decoder/block.0/layer.0/SelfAttention/Slice"
+    (node,) = [n for n in m.graph.node if n.name == name]
+    if edit is not None:
+        value = {"key": [3], "end": [2]}[edit]
+        m.graph.initializer.append(
+            onnx.helper.make_tensor(edit, onnx.TensorProto.INT64, [1], value)
+        )
+        node.input[3 if edit == "key" else 2] = edit
+    src = tmp_path / "src.onnx"
+    onnx.save(m, str(src))
+    return src
+
+
+def test_t5_bias_sliced_to_the_queries_is_accepted(tmp_path: Path) -> None:
+    """transformers 4.49's t5 slices its bias to the last S query rows: a Slice from -S (a
+    decoder length) to the end over the query axis keeps every row, with or without a past, so
+    the self-attention's bias is accepted (main refused it there). The decoder is still refused,
+    one step later: its cross-attention's mask (zeros sized from the hidden states, plus the
+    padding) reads a norm the mask check cannot evaluate (expected_failures.json)."""
+    src = _t5_449_sliced(tmp_path, None)
+    with pytest.raises(fastopt.ModelError) as e:
+        _optimize(src, tmp_path / "decoder.onnx", kv_cache="standard")
+    assert "position bias" not in str(e.value), str(e.value)
+    assert re.search(r"EncDecAttention.*not proven to be the encoder padding", str(e.value))
+
+
+@pytest.mark.parametrize("edit", ["key", "end"])
+def test_t5_bias_slice_that_cuts_is_refused(edit: str, tmp_path: Path) -> None:
+    """The same Slice on the key axis, or stopping short: refused, never cached."""
+    src = _t5_449_sliced(tmp_path, edit)
+    with pytest.raises(fastopt.ModelError, match=r"is not x\[\.\.\., -S:, \.\.\.\] over the query"):
+        _optimize(src, tmp_path / "decoder.onnx", kv_cache="standard")

@@ -17,7 +17,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from support import seq2seq_generation as sg
-from support.llm_fixtures import PARITY_ATOL
+from support.llm_fixtures import PARITY_ATOL, matrix_params
 from support.paths import TESTS
 
 STEPS = 32
@@ -82,6 +82,22 @@ def test_inplace_decoder_generates_the_same_tokens(fx: sg.Seq2SeqFixture, tmp_pa
             8,
         )
         np.testing.assert_array_equal(solo.tokens[0], ref.tokens[b, :8])
+
+
+@pytest.mark.parametrize(
+    "fx",
+    matrix_params(
+        "seq2seq_inplace",
+        sg.matrix_seq2seq_fixtures(),
+        default_archs=sg.MATRIX_DEFAULT_ARCHS,
+    ),
+)
+def test_matrix_inplace_decoder_generates_the_same_tokens(
+    fx: sg.Seq2SeqFixture, tmp_path: Path
+) -> None:
+    """The same on the version matrix's encoder-decoders (tests/fixtures/matrix; strict xfails
+    where expected_failures.json says "seq2seq_inplace"; bart under -m slow)."""
+    test_inplace_decoder_generates_the_same_tokens(fx, tmp_path)
 
 
 def test_inplace_needs_target_ort(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from support.llm_fixtures import (
     matrix_releases,
 )
 from support.paths import ROOT
+from support.seq2seq_generation import matrix_seq2seq_fixtures
 
 README = ROOT / "README.md"
 STEPS = 32
@@ -50,6 +51,7 @@ def test_matrix_expected_failures_name_real_tests() -> None:
     """Every expected failure names a matrix fixture that exists (a stale entry would hide
     nothing, but would mislead)."""
     names = {fx.name for fx in matrix_fixtures(cache_export=None)}
+    names |= {fx.name for fx in matrix_seq2seq_fixtures()}
     expected = json.loads(MATRIX_XFAIL.read_text())
     for check, entries in expected.items():
         for test_id in entries:

@@ -2,7 +2,9 @@
 guards:
 for every LLM fixture (tests/fixtures/models and the version matrix), what the `llm` preset
 fuses for each target (fused op counts), what decomposed ops it leaves (residue), and whether
-the KV-cache rewrite (standard, inplace) is accepted or the reason it is refused.
+the KV-cache rewrite (standard, inplace) is accepted or the reason it is refused. An
+encoder-decoder (t5, whisper, bart, marian: models/ and the matrix) has the same per graph
+("encoder.ort", "decoder.onnx", ...), and its decoder's seq2seq cache (self + cross) as kv_*.
 
 After an intended change (a new fusion, a fixed refusal), regenerate it and commit the diff:
 
@@ -22,7 +24,10 @@ from typing import Any
 import fastopt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: support
+from support import seq2seq_generation as sg
 from support.llm_fixtures import Fixture, fixtures, matrix_fixtures
+
+AnyFixture = Fixture | sg.Seq2SeqFixture
 
 TABLE = Path(__file__).resolve().parents[1] / "fixtures" / "coverage.json"
 # Standard-domain ops that are fusions (target onnx writes these); com.microsoft ops all are.
@@ -31,9 +36,11 @@ FUSED_ONNX = {"Attention", "RotaryEmbedding", "RMSNormalization", "LayerNormaliz
 RESIDUE = ("ReduceMean", "Softmax", "Sin", "Cos", "Neg", "Sqrt", "Erf", "Pow")
 
 
-def all_fixtures() -> list[Fixture]:
-    """Every fixture the table covers: models/ (with and without a cache) and the matrix."""
-    return fixtures(cache_export=None) + matrix_fixtures(cache_export=None)
+def all_fixtures() -> list[AnyFixture]:
+    """Every fixture the table covers: models/ (with and without a cache) and the matrix, the
+    encoder-decoders of both included."""
+    llms: list[AnyFixture] = [*fixtures(cache_export=None), *matrix_fixtures(cache_export=None)]
+    return llms + sg.seq2seq_fixtures() + sg.matrix_seq2seq_fixtures()
 
 
 def _summary(report: fastopt.OptimizeReport) -> dict[str, Any]:
@@ -48,27 +55,35 @@ def _summary(report: fastopt.OptimizeReport) -> dict[str, Any]:
     return {"fused": fused, "residue": residue}
 
 
-def _kv(fx: Fixture, mode: str) -> str:
+def _kv(path: Path, mode: str) -> str:
     """ "ok", or the refusal's reason (first line, as the CLI prints it)."""
     try:
-        fastopt.optimize(fx.path, preset="llm", kv_cache=mode, run_check=False)  # type: ignore[arg-type]
+        fastopt.optimize(path, preset="llm", kv_cache=mode, run_check=False)  # type: ignore[arg-type]
     except fastopt.ModelError as e:
         return "refused: " + str(e).splitlines()[0]
     return "ok"
 
 
-def row(fx: Fixture) -> dict[str, Any]:
+def row(fx: AnyFixture) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    if isinstance(fx, sg.Seq2SeqFixture):
+        for graph, path in (("encoder", fx.encoder), ("decoder", fx.decoder)):
+            for target in ("ort", "onnx"):
+                report = fastopt.optimize(path, preset="llm", target=target, run_check=False)
+                out[f"{graph}.{target}"] = _summary(report)
+        for mode in ("standard", "inplace"):
+            out[f"kv_{mode}"] = _kv(fx.decoder, mode)
+        return out
     for target in ("ort", "onnx"):
         report = fastopt.optimize(fx.path, preset="llm", target=target, run_check=False)
         out[target] = _summary(report)
     if fx.is_decoder:
         for mode in ("standard", "inplace"):
-            out[f"kv_{mode}"] = _kv(fx, mode)
+            out[f"kv_{mode}"] = _kv(fx.path, mode)
     return out
 
 
-def compute(items: list[Fixture] | None = None) -> dict[str, Any]:
+def compute(items: list[AnyFixture] | None = None) -> dict[str, Any]:
     return {fx.name: row(fx) for fx in (all_fixtures() if items is None else items)}
 
 
@@ -106,19 +121,24 @@ def _cell(name: str, state: str, table: dict[str, Any], xfails: dict[str, dict[s
     if row is None:
         return "not in coverage.json"
     for target in ("ort", "onnx"):
-        if row[target]["residue"]:
-            problems.append(f"{target} residue {'+'.join(sorted(row[target]['residue']))}")
+        # an encoder-decoder's graphs: "encoder.ort", "decoder.ort"
+        residue = sorted(
+            {op for k, v in row.items() if k.split(".")[-1] == target for op in v["residue"]}
+        )
+        if residue:
+            problems.append(f"{target} residue {'+'.join(residue)}")
     failing = {
         check
         for check, entries in xfails.items()
         if any(i == name or i.startswith(name + "-") for i in entries)
     }
-    if failing & {"llm_preset_ort", "llm_preset_onnx", "cached_presets", "classic"}:
+    presets = {"llm_preset_ort", "llm_preset_onnx", "cached_presets", "classic", "seq2seq_preset"}
+    if failing & presets:
         problems.append("preset check fails")
     kv = {row.get("kv_standard", "ok"), row.get("kv_inplace", "ok")}
     if kv != {"ok"}:
         problems.append("KV refused")
-    elif failing & {"kv_generation", "cached_kv", "genai"}:
+    elif failing & {"kv_generation", "cached_kv", "genai", "seq2seq_kv", "seq2seq_inplace"}:
         problems.append("KV generation fails")
     return "; ".join(problems) or "ok"
 
