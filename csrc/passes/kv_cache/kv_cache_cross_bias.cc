@@ -185,21 +185,28 @@ class BiasMatcher {
   // the S new positions in either model, and -S is read from a decoder length, which in the
   // cached model is S or P + S >= S: clamped, the Slice keeps every row there too.
   bool whole_query_slice(const Node* p, const std::vector<Axis>& axes) {
+    return p->inputs().size() > 3 && query_axis_to_end(p, axes) &&
+           minus_decoder_length(p->inputs()[1]);
+  }
+
+  // axes (one) is the query axis, ends reaches past any length, steps absent or 1
+  static bool query_axis_to_end(const Node* p, const std::vector<Axis>& axes) {
     const std::vector<Value*>& in = p->inputs();
-    auto axis = in.size() > 3 ? constant_ints(in[3]) : std::nullopt;
-    auto ends = in.size() > 2 ? constant_ints(in[2]) : std::nullopt;
+    auto axis = constant_ints(in[3]);
+    auto ends = constant_ints(in[2]);
     auto steps = in.size() > 4 ? constant_ints(in[4]) : std::optional<std::vector<int64_t>>{{1}};
     if (!axis || !ends || !steps || axis->size() != 1 || ends->size() != 1 ||
-        *steps != std::vector<int64_t>{1}) {
+        *steps != std::vector<int64_t>{1} || (*ends)[0] < INT32_MAX) {
       return false;
     }
     const int64_t rank = static_cast<int64_t>(axes.size());
     const int64_t a = (*axis)[0] < 0 ? (*axis)[0] + rank : (*axis)[0];
-    if (a < 0 || a >= rank || axes[static_cast<size_t>(a)] != kQuery || (*ends)[0] < INT32_MAX) {
-      return false;
-    }
-    // start: Neg(n) (TorchScript: Unsqueeze(Neg(Gather(Shape(hidden), 1)))) with n proven to
-    // be the decoder length, or a value proven to be its negation
+    return a >= 0 && a < rank && axes[static_cast<size_t>(a)] == kQuery;
+  }
+
+  // start: Neg(n) (TorchScript: Unsqueeze(Neg(Gather(Shape(hidden), 1)))) with n proven to be
+  // the decoder length, or a value proven to be its negation
+  bool minus_decoder_length(const Value* start) const {
     analysis::ShapeFacts facts(m_);
     const std::optional<analysis::DimExpr> seq = facts.dim(input_ids_, 1);
     if (!seq) return false;
@@ -208,8 +215,8 @@ class BiasMatcher {
       return got && got->size() == 1 && (*got)[0] == want;
     };
     const auto minus_seq = analysis::DimExpr::sub(analysis::DimExpr::constant(0), *seq);
-    if (minus_seq && is(in[1], *minus_seq)) return true;
-    const Node* neg = in[1]->producer();
+    if (minus_seq && is(start, *minus_seq)) return true;
+    const Node* neg = start->producer();
     if (neg && is_standard(neg) && neg->op_type == "Unsqueeze" && !neg->inputs().empty()) {
       neg = neg->inputs()[0]->producer();
     }
