@@ -27,7 +27,7 @@ from fastopt.cli.common import (
 from fastopt.cli.output import console, print_table
 from fastopt.cli.progress import CommandProgress
 from fastopt.pipeline.summary import human_bytes
-from fastopt.quant.recipe import RecipeReport
+from fastopt.quant.recipe import RECIPES, RecipeReport, recipe_settings
 from fastopt.quant.settings import MODES
 from fastopt.verify.core import OutputRejectedError
 
@@ -80,7 +80,8 @@ def add_parser(sub: Any) -> None:
     add_hf_config_flag(qnt)
     add_quant_flags(qnt)
     add_recipe_flags(qnt)
-    qnt.set_defaults(func=run_command)
+    # None: not given, so a --recipe may set it (apply_recipe fills the usual defaults after)
+    qnt.set_defaults(func=run_command, block_size=None, symmetric=None)
 
 
 def add_recipe_flags(p: argparse.ArgumentParser) -> None:
@@ -104,6 +105,29 @@ def add_recipe_flags(p: argparse.ArgumentParser) -> None:
         "to int8",
     )
     p.add_argument("--save-importance", metavar="PATH", help="keep the importance file here")
+    p.add_argument(
+        "--recipe",
+        choices=tuple(RECIPES),
+        help="int4: settings that go together (flags given explicitly win); q4m: at most 4.6 "
+        "bits per weight, scales included, int8 where it removes the most error",
+    )
+
+
+# What the quantize flags default to when neither they nor a recipe set them.
+_FLAG_DEFAULTS = {"block_size": 32, "symmetric": True}
+
+
+def apply_recipe(args: argparse.Namespace) -> None:
+    """Fills the flags the user did not give (None) from --recipe, then from their defaults."""
+    given = recipe_settings(args.recipe) if args.recipe else {}
+    if given and args.mode != "int4":
+        raise fastopt.ModelError(f"recipe {args.recipe} is an int4 recipe, not {args.mode}")
+    for key, value in given.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    for key, value in _FLAG_DEFAULTS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
 
 
 def print_recipe(recipe: RecipeReport, out: Any, verbose: bool = False) -> None:
@@ -152,6 +176,8 @@ def print_recipe(recipe: RecipeReport, out: Any, verbose: bool = False) -> None:
             )
         print_table(out, table)
     budget = f" (budget {alloc.budget:g})" if alloc.budget is not None else ""
+    if alloc.budget is not None and alloc.average_bits > alloc.budget:  # a recipe's budget
+        budget = f" (budget {alloc.budget:g}: int4 alone is over it here)"
     out.print(
         f"bits: {len(alloc.int8_weights)} of {len(alloc.tensors)} weights int8, average "
         f"{alloc.average_bits:.3f} bits per weight{budget}; errors "
@@ -166,6 +192,7 @@ def run_command(args: argparse.Namespace) -> int:
         raise fastopt.ModelError(
             "the output path must differ from the input (it is never modified)"
         )
+    apply_recipe(args)
     settings = quant_settings(args, args.mode, args.output)
     settings.validate()
     external = {"auto": None, "always": True, "never": False}[args.external_data]
@@ -199,6 +226,7 @@ def run_command(args: argparse.Namespace) -> int:
                 awq=settings.awq,
                 bits_budget=settings.bits_budget,
                 importance_output=settings.importance_output,
+                recipe=args.recipe,
             )
         except OutputRejectedError as e:
             # ORT runs the original but not the output fastopt wrote: a failed verification (1).

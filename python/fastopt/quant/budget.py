@@ -101,10 +101,11 @@ def allocate(
     exclude: Sequence[str] = (),
     lm_head: str | None = None,
     method: str | None = None,
+    over_floor_ok: bool = False,
 ) -> BitsAllocation:
     """The int4/int8 choice per MatMul weight for an average of at most ``budget`` bits per
     weight (None: all int4, errors only, for the report). ModelError when even all-int4 is
-    over the budget."""
+    over the budget, unless ``over_floor_ok`` (a recipe's budget): then all int4."""
     heads = _lm_head_outputs(model)
     alloc = BitsAllocation(budget, importance is not None)
     seen: set[str] = set()
@@ -155,6 +156,8 @@ def allocate(
         if fixed.get(t.weight) == 8:
             used += sizes[t.weight][1] - sizes[t.weight][0]
             _to_int8(t, sizes)
+    if used > limit * (1 + 1e-12) and over_floor_ok:
+        return alloc
     if used > limit * (1 + 1e-12):
         floor = used / total_weights
         raise _C.ModelError(

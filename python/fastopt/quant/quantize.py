@@ -144,6 +144,7 @@ def quantize(
     awq: bool = False,
     bits_budget: float | None = None,
     importance_output: str | os.PathLike[str] | None = None,
+    recipe: str | None = None,
 ) -> QuantizeReport:
     """Quantize a model's weights (int4/int8 weight-only, int8 dynamic) or its precision
     (fp16/bf16).
@@ -223,6 +224,10 @@ def quantize(
     importance_output : str or os.PathLike, optional
         With calibration: keep the importance file here (float32 1-D initializers named as the
         weights).
+    recipe : str, optional
+        Name the settings came from (fastopt.quant.recipe.RECIPES; pass its settings too:
+        ``**recipe_settings(name)``): its bits budget then leaves all weights int4 where int4
+        alone is over it, instead of refusing.
 
     Returns
     -------
@@ -258,6 +263,7 @@ def quantize(
         awq=awq,
         bits_budget=bits_budget,
         importance_output=os.fspath(importance_output) if importance_output is not None else None,
+        recipe=recipe,
     )
     settings.validate()
     if verify and (isinstance(model_or_path, _C.Model) or output is None):

@@ -7,6 +7,9 @@ before the quantize_weights pass, on the model about to be quantized:
 3. ``bits_budget``: the int4/int8 choice per weight (fastopt.quant.budget), given to the pass as
    ``quant_int8_weights``; without a budget the errors are still measured when calibrated, for
    the report.
+
+``RECIPES`` names settings that go together (``fastopt quantize --recipe NAME``), measured on a
+real model in bench/results/quantize_accuracy.md.
 """
 
 from __future__ import annotations
@@ -23,6 +26,23 @@ from fastopt.quant.awq import AwqReport, apply_awq
 from fastopt.quant.budget import BitsAllocation, allocate
 from fastopt.quant.calibration import Importance, collect_importance, write_importance
 from fastopt.quant.settings import QuantSettings
+
+# name -> QuantSettings fields (fastopt.quantize's keyword arguments). Flags given explicitly win.
+RECIPES: dict[str, dict[str, Any]] = {
+    # int4 at <= 4.6 bits per weight, scales and zero points included: asymmetric blocks of 64
+    # rounded by the search (4.31 bits with float16 scales, 4.56 with float32 ones), and int8
+    # for the weights whose error drops most per extra bit with what is left. Block 64 so that
+    # float32 models fit too (block 32's float32 scales alone make 5 bits). Measured on
+    # SmolLM2-135M: bench/results/quantize_accuracy.md, "Recipes at <= 4.6 bits per weight".
+    "q4m": {"symmetric": False, "block_size": 64, "method": "search", "bits_budget": 4.6},
+}
+
+
+def recipe_settings(name: str) -> dict[str, Any]:
+    """The settings of recipe ``name``; ModelError naming the recipes for an unknown one."""
+    if name not in RECIPES:
+        raise _C.ModelError(f"unknown recipe {name!r}; choose one of {', '.join(RECIPES)}")
+    return dict(RECIPES[name])
 
 
 @dataclass
@@ -94,6 +114,7 @@ def prepare(
             exclude=settings.exclude,
             lm_head=settings.lm_head,
             method=method,
+            over_floor_ok=settings.recipe is not None,
         )
         if settings.bits_budget is not None:
             options["quant_int8_weights"] = ",".join(report.allocation.int8_weights)

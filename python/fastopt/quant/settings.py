@@ -71,6 +71,9 @@ class QuantSettings:
     awq: bool = False
     bits_budget: float | None = None
     importance_output: str | None = None
+    # the recipe these settings came from (fastopt.quant.recipe.RECIPES): its bits budget is a
+    # ceiling for the int8 choices, not a refusal where int4 alone is over it (tiny K)
+    recipe: str | None = None
 
     @property
     def rounding(self) -> str:
@@ -176,6 +179,10 @@ class QuantSettings:
                 raise _C.ModelError("bits_budget mixes int4 and int8: use it with mode int4")
         if (self.importance_output is not None) and not self.calibration:
             raise _C.ModelError("importance_output needs calibration")
+        if self.recipe is not None:
+            from fastopt.quant.recipe import recipe_settings
+
+            recipe_settings(self.recipe)  # ModelError naming the recipes
 
     def options(self) -> dict[str, object]:
         o: dict[str, object] = {
