@@ -207,7 +207,12 @@ def main() -> None:
         d.mkdir(parents=True, exist_ok=True)
         variants[name] = fastopt_variant(src, d / "model.onnx", mode="int8", method=method)
     if args.peers:
-        peers = (("k_quant", 32, True), ("k_quant", 32, False), ("k_quant", 128, False))
+        peers = (
+            ("k_quant", 32, True),
+            ("k_quant", 32, False),
+            ("k_quant", 64, False),
+            ("k_quant", 128, False),
+        )
         for algo, bs, sym in peers:
             name = f"ort {algo} b{bs} {'sym' if sym else 'asym'}"
             d = work / name.replace(" ", "_")
