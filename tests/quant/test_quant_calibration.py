@@ -169,7 +169,7 @@ def test_bits_budget_met_and_never_exceeded(tmp_path: Path, budget: float) -> No
         assert len(int8) == len(alloc.tensors)
 
 
-def test_allocation_order_lm_head_first_then_gain() -> None:
+def test_allocation_order_lm_head_first_then_value_down_then_gain() -> None:
     model = fastopt.load(LLAMA)
     everything = allocate(model, None, block_size=32, symmetric=True)
     head = next(t for t in everything.tensors if t.lm_head)
@@ -187,8 +187,10 @@ def test_allocation_order_lm_head_first_then_gain() -> None:
     chosen = [t for t in alloc.tensors if t.bits == 8]
     assert chosen and not any(t.lm_head for t in alloc.tensors)
     left = [t for t in alloc.tensors if t.bits == 4]
-    # Greedy by gain: the first tensor left out (by gain) ranks below every one taken before it.
-    ranked = sorted(alloc.tensors, key=gain, reverse=True)
+    # Greedy, data-free: attention V and MLP down projections first, each group by gain; the
+    # first tensor left out ranks below every one taken before it.
+    rank = {"value": 0, "down": 1}
+    ranked = sorted(alloc.tensors, key=lambda t: (rank.get(t.role, 2), -gain(t)))
     first_out = next(i for i, t in enumerate(ranked) if t.bits == 4)
     assert all(t.bits == 8 for t in ranked[:first_out])
     assert left

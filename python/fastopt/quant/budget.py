@@ -7,6 +7,13 @@ moving it to int8: error removed per extra bit. The lm_head comes first (as llam
 keeps its output tensor at higher precision; a tied embedding is the same tensor), then the rest
 by gain; each weight that still fits moves, so the average bits per weight of the quantized
 MatMul weights never exceeds B. The weights' names go to the pass as ``quant_int8_weights``.
+
+Without calibration the squared error alone ranks badly: on SmolLM2-135M it picked the attention
+q/k projections (large weights, but their error is damped by the softmax). Data-free, the
+attention value projections and the MLP down projections (q4_K_M's attn_v / ffn_down, found by
+structure: the MatMul feeding attention's V, and a MatMul contracting more rows than it has
+columns) come before the rest, each group by gain: KL 0.480 -> 0.33 at 4.6 bits there
+(bench/results/quantize_accuracy.md).
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ class TensorBits:
     bits_per_weight: float  # at the chosen bits, scales and zero points included
     error_int4: float
     error_int8: float
+    role: str = ""  # data-free: "value" (attention V) or "down" (MLP down projection)
+    node: str = ""  # the MatMul reading it
 
 
 @dataclass
@@ -84,6 +93,88 @@ def _lm_head_outputs(model: _C.Model) -> set[str]:
     return out
 
 
+# Ops between the V projection and the attention that reads it (heads split, bias, cast,
+# grouped-query repeats).
+_DATA_MOVEMENT = {
+    "Reshape",
+    "Transpose",
+    "Add",
+    "Cast",
+    "Squeeze",
+    "Unsqueeze",
+    "Concat",
+    "Expand",
+    "Tile",
+}
+_ATTENTION_OPS = {"Attention", "MultiHeadAttention", "GroupQueryAttention"}
+
+
+def _from_softmax(v: _C.Value | None) -> bool:
+    """Whether `v` is a Softmax output, through casts, dropout and Where (the exports' guard
+    against NaN rows of a fully masked softmax)."""
+    todo, seen = [v], 0
+    while todo and seen < 8:
+        value = todo.pop()
+        p = value.producer if value is not None else None
+        seen += 1
+        if p is None:
+            continue
+        if p.op_type == "Softmax":
+            return True
+        if p.op_type in ("Cast", "Dropout"):
+            todo.append(p.inputs[0])
+        elif p.op_type == "Where":
+            todo.extend(p.inputs[1:3])
+    return False
+
+
+def _feeds_attention_value(node: _C.Node) -> bool:
+    """Whether the MatMul's output reaches attention as its values: the second input of a
+    MatMul whose first is a Softmax, or input 2 of a fused attention op."""
+    todo, seen = [v for v in node.outputs[:1] if v is not None], 0
+    while todo and seen < 16:
+        v = todo.pop()
+        seen += 1
+        for user, index in v.uses:
+            if user.op_type == "MatMul" and index == 1 and _from_softmax(user.inputs[0]):
+                return True
+            if user.op_type in _ATTENTION_OPS and index == 2:
+                return True
+            if user.op_type in _DATA_MOVEMENT:
+                todo.extend(o for o in user.outputs if o is not None)
+    return False
+
+
+def _roles(model: _C.Model, heads: set[str]) -> dict[str, str]:
+    """MatMul nodes whose weight error reaches the residual stream undamped: attention's value
+    projections ("value"), and MLP down projections ("down": more rows K than columns N, neither
+    the lm_head nor a q/k projection beside a value one: grouped-query k has K > N too)."""
+    nodes = {n.name: n for n in model.graph.nodes if n.op_type == "MatMul"}
+    uses = [u for u in weight_matmuls(model) if u.node in nodes and u.node not in heads]
+    roles = {u.node: "value" for u in uses if _feeds_attention_value(nodes[u.node])}
+    beside_values = {u.a for u in uses if u.node in roles}
+    for use in uses:
+        init = model.graph.initializer(use.weight)
+        if init is None or len(init.shape) != 2 or use.a in beside_values:
+            continue
+        n = init.shape[1] if init.shape[0] == use.k else init.shape[0]  # (transposed: [N, K])
+        if use.k > n:
+            roles[use.node] = "down"
+    return roles
+
+
+def _layer_ends(model: _C.Model, roles: Mapping[str, str]) -> dict[str, int]:
+    """Per down projection, its distance from the nearer end of the stack (graph order): q4_K_M
+    keeps the first and last layers' ffn_down at higher precision."""
+    downs = [n.name for n in model.graph.nodes if roles.get(n.name) == "down"]
+    return {name: min(i, len(downs) - 1 - i) for i, name in enumerate(downs)}
+
+
+# Data-free order after the lm_head: every attention V (small, and the most KL per bit on
+# SmolLM2), then the down projections from the ends of the stack inwards, then the rest by gain.
+_ROLE_RANK = {"value": 0, "down": 1}
+
+
 def _weight_array(model: _C.Model, name: str, transposed: bool) -> np.ndarray:
     t = model.graph.initializer(name)
     assert t is not None
@@ -107,6 +198,8 @@ def allocate(
     weight (None: all int4, errors only, for the report). ModelError when even all-int4 is
     over the budget, unless ``over_floor_ok`` (a recipe's budget): then all int4."""
     heads = _lm_head_outputs(model)
+    roles = _roles(model, heads) if importance is None else {}
+    ends = _layer_ends(model, roles)
     alloc = BitsAllocation(budget, importance is not None)
     seen: set[str] = set()
     fixed: dict[str, int] = {}
@@ -139,6 +232,8 @@ def allocate(
                 bits_per_weight(k, n, 4, block_size, symmetric, scale_bytes),
                 e4,
                 e8,
+                roles.get(use.node, ""),
+                use.node,
             )
         )
         sizes[use.weight] = (
@@ -172,7 +267,7 @@ def allocate(
 
     order = sorted(
         (t for t in alloc.tensors if t.weight not in fixed),
-        key=lambda t: (not t.lm_head, -gain(t)),
+        key=lambda t: (not t.lm_head, _ROLE_RANK.get(t.role, 2), ends.get(t.node, 0), -gain(t)),
     )
     for t in order:
         extra = sizes[t.weight][1] - sizes[t.weight][0]
