@@ -2,7 +2,7 @@
 accuracy levels 0, 1 and 4, exactly, and how fast against uint8 zero points? One 1536 x 576
 weight, block 64, 256 rows of activations, 2 threads.
 
-    nice python bench/probe_float_zero_points.py
+    nice python bench/quant/probe_float_zero_points.py
 """
 
 import time

@@ -3,7 +3,7 @@ average bits per weight as written (codes, scales and zero points of every MatMu
 from the output file), per recipe, on the fp32 export and on its fp16 conversion (whose scales
 are fp16: what a deployed fp16 model stores).
 
-    nice python bench/bench_quant_recipes.py --src /tmp/qsearch-smollm2/fp32/model.onnx \
+    nice python bench/quant/bench_quant_recipes.py --src /tmp/qsearch-smollm2/fp32/model.onnx \
         --work /tmp/q1-recipes [--only NAME ...]
 
 Evaluation: bench_quantize_accuracy.py's 418 tokens of prose, one sequence, fp32 logits as the
