@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from fastopt._lazy import lazy_module
 from fastopt.export.errors import ExportError
 from fastopt.export.exporter import GraphSpec, encoder_feeds, token_feeds
+from fastopt.verify.check import run_once_options
 
 if TYPE_CHECKING:
     import numpy as np
@@ -133,7 +134,9 @@ def compare(
     for k, v in feeds.items():
         np_feeds[k] = v.float().numpy() if v.dtype == torch.bfloat16 else v.numpy()
     try:
-        sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        # Graph optimizations and MLAS weight prepacking off: either would copy weights (a
+        # folded transpose, a packed MatMul B) for one run of the check.
+        sess = ort.InferenceSession(path, run_once_options(), providers=["CPUExecutionProvider"])
         got = sess.run(None, np_feeds)[0]
         del sess
     except Exception as e:

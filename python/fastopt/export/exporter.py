@@ -18,6 +18,7 @@ import inspect
 import logging
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -178,9 +179,16 @@ def encoder_feeds(config: Any, batch: int, seq: int, seed: int = 0) -> dict[str,
     }
 
 
-def export_graph(spec: GraphSpec, path: str, exporter: Exporter, opset: int | None) -> None:
+def export_graph(
+    spec: GraphSpec,
+    path: str,
+    exporter: Exporter,
+    opset: int | None,
+    say: Callable[[str], None] | None = None,
+) -> None:
     """Writes spec's graph to `path` (weights in path + ".data" for dynamo). Raises ExportError
-    with the exporter's own words when torch cannot export the model."""
+    with the exporter's own words when torch cannot export the model. `say(step)` as the
+    dynamo export's save starts."""
     import torch
 
     if exporter not in EXPORTERS:
@@ -195,7 +203,7 @@ def export_graph(spec: GraphSpec, path: str, exporter: Exporter, opset: int | No
             if exporter == "torchscript":
                 _torchscript(spec, names, path, opset or TORCHSCRIPT_OPSET)
             else:
-                _dynamo(spec, names, path, opset)
+                _dynamo(spec, names, path, opset, say or (lambda _: None))
     except ExportError:
         raise
     except Exception as e:  # torch's exporters raise every kind of exception
@@ -225,7 +233,9 @@ def _torchscript(spec: GraphSpec, names: list[str], path: str, opset: int) -> No
     )
 
 
-def _dynamo(spec: GraphSpec, names: list[str], path: str, opset: int | None) -> None:
+def _dynamo(
+    spec: GraphSpec, names: list[str], path: str, opset: int | None, say: Callable[[str], None]
+) -> None:
     import torch
 
     dims: dict[str, Any] = {}
@@ -245,9 +255,43 @@ def _dynamo(spec: GraphSpec, names: list[str], path: str, opset: int | None) -> 
     )
     assert prog is not None  # dynamo=True always returns a program
     _drop_stack_traces(prog)
+    say(f"saving the {spec.name} graph")
     # Straight from the model's tensors to one data file: no second copy of the weights.
     prog.save(path, external_data=True)
+    _release_weights(prog)
     del prog
+
+
+def _release_weights(prog: Any) -> None:
+    """Unlinks every ONNX IR value the exporter left alive from the model's tensors.
+    onnxscript's rewrite rules (module-level objects) keep their last match: nodes and values
+    of the exported graph, some already replaced by its optimizer, whose constant values are
+    the model's parameters. Without this the weights outlive the model (measured: a 0.5B
+    checkpoint's 2.1 GB stayed mapped through the export check and the whole optimize run)."""
+    import gc
+
+    try:
+        import onnx_ir as ir
+    except ImportError:  # older onnxscript: its IR module
+        return
+    graph = getattr(getattr(prog, "model", None), "graph", None)
+    if graph is not None:
+        graph.initializers.clear()
+    torch_tensor = _torch_tensor_type()
+    if torch_tensor is None:
+        return
+    for obj in gc.get_objects():
+        if isinstance(obj, ir.Value) and isinstance(obj.const_value, torch_tensor):
+            obj.const_value = None
+
+
+def _torch_tensor_type() -> type | None:
+    """torch.onnx's tensor wrapping a torch.Tensor in the ONNX IR (a private class)."""
+    try:
+        from torch.onnx._internal.exporter._core import TorchTensor
+    except ImportError:
+        return None
+    return TorchTensor
 
 
 def _drop_stack_traces(prog: Any) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fastopt.errors import ModelError
 from fastopt.export.check import GraphCheck, compare, torch_outputs
 from fastopt.export.errors import ExportError, require_extra
 from fastopt.export.exporter import (
@@ -71,6 +72,24 @@ def require_genai_config(folder: Path, notes: Sequence[str]) -> None:
         )
 
 
+# The KV-cache rewrite's refusals begin with its pass name (the C++ pass's own errors) or with
+# the option's name (optimize's checks of the cached result).
+_KV_REFUSAL_PREFIXES = ("add_kv_cache:", "kv_cache:", "kv_cache=")
+NO_KV_CACHE_HINT = (
+    "--no-kv-cache exports the model without a cache (kv_cache=None; the export itself passed "
+    "its check)"
+)
+
+
+def kv_refusal(error: BaseException) -> ExportError | None:
+    """An export refused by the KV-cache rewrite alone (it passed its check against PyTorch, so
+    it exports without a cache): the same line, naming --no-kv-cache; None for other errors."""
+    text = " ".join(str(error).split())
+    if not text.startswith(_KV_REFUSAL_PREFIXES):
+        return None
+    return ExportError(f"{text}; {NO_KV_CACHE_HINT}")
+
+
 @dataclass
 class Staged:
     """The exported graphs (name -> raw .onnx path) waiting to be optimized into `folder`."""
@@ -114,6 +133,19 @@ def _tokenizer(ckpt: Checkpoint, required: bool) -> Any:
         ) from e
 
 
+def _export_all(
+    specs: list[Any], raw: Path, exporter: Exporter, opset: int | None, say: StepFn
+) -> dict[str, str]:
+    """Exports each graph into `raw`: name -> .onnx path."""
+    exported: dict[str, str] = {}
+    for spec in specs:
+        say(f"torch.onnx ({exporter}): {spec.name} graph")
+        path = str(raw / f"{spec.name}.onnx")
+        export_graph(spec, path, exporter, opset, say)
+        exported[spec.name] = path
+    return exported
+
+
 @contextmanager
 def stage(
     hf_dir: str | os.PathLike[str],
@@ -143,17 +175,15 @@ def stage(
         say(f"loading {ckpt.model_type} ({ckpt.weight_bytes / 1e6:.0f} MB)")
         model = load_model(ckpt, dtype, opset or 18)
         specs = _graphs(model, ckpt.kind)
+        say("running PyTorch on the check batch")
         expected = torch_outputs(specs, ckpt.config, tokenizer)
         seconds["load"] = time.perf_counter() - t0
         t1 = time.perf_counter()
-        exported: dict[str, str] = {}
-        for spec in specs:
-            say(f"torch.onnx ({exporter}): {spec.name} graph")
-            path = str(raw / f"{spec.name}.onnx")
-            export_graph(spec, path, exporter, opset)
-            exported[spec.name] = path
+        exported = _export_all(specs, raw, exporter, opset, say)
         heads = [(s.name, s.output) for s in specs]
-        del specs, model  # the weights now live in the export's data file only
+        # The weights now live in the export's data file only (no loop variable of this frame
+        # may hold a graph, whose module holds the model).
+        del specs, model
         gc.collect()
         seconds["export"] = time.perf_counter() - t1
         t2 = time.perf_counter()
@@ -267,21 +297,30 @@ def export(
             def on_pass(i: int, n: int, pass_name: str, graph: str = name) -> None:
                 if pass_name:
                     say(f"optimize {graph}: {pass_name} ({i + 1} of {n})")
+                else:
+                    say(f"optimize {graph}: run check and write")
 
-            report = optimize(
-                path,
-                preset=preset,
-                passes=passes,
-                target=target,  # type: ignore[arg-type]
-                output=staged.target(name),
-                external_data=external_data,
-                progress=on_pass,
-                options=options,
-                kv_cache=kv_cache if staged.report.kind == "decoder" else None,  # type: ignore[arg-type]
-                quantize=quantize,
-                run_check=run_check,
-                **hf_config_kwargs(optimize, hf_dir),
-            )
+            say(f"optimize {name}: loading the export")
+            try:
+                report = optimize(
+                    path,
+                    preset=preset,
+                    passes=passes,
+                    target=target,  # type: ignore[arg-type]
+                    output=staged.target(name),
+                    external_data=external_data,
+                    progress=on_pass,
+                    options=options,
+                    kv_cache=kv_cache if staged.report.kind == "decoder" else None,  # type: ignore[arg-type]
+                    quantize=quantize,
+                    run_check=run_check,
+                    **hf_config_kwargs(optimize, hf_dir),
+                )
+            except ModelError as e:
+                hinted = kv_refusal(e) if kv_cache is not None else None
+                if hinted is None:
+                    raise
+                raise hinted from e
             report.model = None  # the folder holds it; do not keep its mapping open
             if staged.report.kind == "decoder" and kv_cache is not None:
                 require_genai_config(staged.folder, report.genai_notes)
