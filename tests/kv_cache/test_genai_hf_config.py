@@ -356,3 +356,109 @@ def test_the_input_folders_genai_config_is_not_replaced(tmp_path: Path) -> None:
     report = fastopt.quantize(folder / "model.onnx", folder / "model_int4.onnx", mode="int4")
     assert (folder / "genai_config.json").read_bytes() == before
     assert report.genai_notes[0].startswith("genai_config.json not written: ")
+
+
+def _chat_tokenizer(folder: Path, template: bool = True) -> None:
+    """A chat model's tokenizer: <|endoftext|> (id 1, its eos_token) and the chat template's
+    end of turn <|im_end|> (id 3), as Qwen's and SmolLM2's instruct tokenizers name them."""
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<pad>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 20, trainer)
+    tok.save(str(folder / "tokenizer.json"))
+    config: dict[str, Any] = {"eos_token": "<|endoftext|>", "pad_token": "<pad>"}
+    if template:
+        config["chat_template"] = (
+            "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+            "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
+        )
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+
+
+def test_chat_end_of_turn_joins_eos_without_generation_config(tmp_path: Path) -> None:
+    """No generation_config.json: config.json names the end of text (1) only; the chat
+    template's end of turn (<|im_end|>, 3) joins the eos list, reported. With a
+    generation_config.json its list stands as it is."""
+    folder = tmp_path / "chat"
+    model = _beside(QWEN2, folder)
+    _checkpoint(QWEN2, folder, bos_token_id=1, eos_token_id=1)
+    _chat_tokenizer(folder)
+    out = tmp_path / "out" / "model.onnx"
+    report = fastopt.optimize(model, preset="llm", kv_cache="standard", output=out)
+    assert _genai_config(out.parent)["model"]["eos_token_id"] == [1, 3]
+    (line,) = [n for n in report.genai_notes if n.startswith("eos_token_id: added")]
+    assert "3 (<|im_end|>, the chat template's end of turn)" in line
+    _generation_config(folder, eos_token_id=1)
+    out2 = tmp_path / "out2" / "model.onnx"
+    fastopt.optimize(model, preset="llm", kv_cache="standard", output=out2)
+    assert _genai_config(out2.parent)["model"]["eos_token_id"] == 1
+
+
+def test_tokenizer_eos_token_is_an_eos_without_any_config_eos(tmp_path: Path) -> None:
+    """No file gives an eos id: the tokenizer's eos_token (<|endoftext|>, 1) is written, not
+    genai's default (the pad id)."""
+    folder = tmp_path / "chat"
+    model = _beside(QWEN2, folder)
+    config = _checkpoint(QWEN2, folder)
+    for key in ("eos_token_id", "bos_token_id", "pad_token_id"):
+        config.pop(key, None)
+    (folder / "config.json").write_text(json.dumps(config))
+    _chat_tokenizer(folder, template=False)
+    out = tmp_path / "out" / "model.onnx"
+    fastopt.optimize(model, preset="llm", kv_cache="standard", output=out)
+    assert _genai_config(out.parent)["model"]["eos_token_id"] == 1
+
+
+def test_eos_outside_the_vocabulary_is_dropped_or_refused(tmp_path: Path) -> None:
+    """generation_config.json's eos list holds an id past the vocabulary (512): it is dropped
+    with a report line and onnxruntime-genai generates (it raised 'eos_token_id (100000) must
+    be in range [0, 512)' at run time). With no eos left the genai folder is refused."""
+    og = pytest.importorskip("onnxruntime_genai")
+    folder = tmp_path / "hf"
+    model = _beside(QWEN2, folder)
+    _checkpoint(QWEN2, folder, eos_token_id=5)
+    _generation_config(folder, eos_token_id=[5, 100000])
+    out = tmp_path / "out" / "model.onnx"
+    report = fastopt.optimize(model, preset="llm", kv_cache="standard", output=out)
+    assert _genai_config(out.parent)["model"]["eos_token_id"] == 5
+    assert any("dropped 100000, outside the vocabulary (512" in n for n in report.genai_notes)
+    params = og.GeneratorParams(genai := og.Model(str(out.parent)))
+    params.set_search_options(max_length=8, do_sample=False)
+    generator = og.Generator(genai, params)
+    generator.append_tokens(np.array([[7, 8, 9]], np.int32))
+    while not generator.is_done():
+        generator.generate_next_token()
+    _generation_config(folder, eos_token_id=100000)
+    with pytest.raises(fastopt.ModelError, match=r"eos_token_id 100000 is outside the vocab"):
+        fastopt.optimize(model, preset="llm", kv_cache="standard", output=tmp_path / "o2" / "m")
+    assert not (tmp_path / "o2").exists()
+
+
+def test_genai_whisper_hf_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`fastopt genai-whisper --hf-config DIR`: config.json from the checkpoint folder,
+    generation_config.json's token ids over it, the tokenizer files copied beside the model."""
+    from support import seq2seq_generation as sg
+
+    fx = sg.Seq2SeqFixture(TESTS / "fixtures" / "whisper_genai" / "ts_float32")
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps(fx.meta["config"]))
+    _generation_config(hf, eos_token_id=7, decoder_start_token_id=9)
+    _tokenizer(hf, 300)
+    out = tmp_path / "genai"
+    argv = ["genai-whisper", str(fx.encoder), str(fx.decoder), "-o", str(out)]
+    assert main([*argv, "--hf-config", str(hf)]) == 0, capsys.readouterr().err
+    model = _genai_config(out)["model"]
+    assert (model["eos_token_id"], model["decoder_start_token_id"]) == (7, 9)
+    assert model["decoder"]["num_hidden_layers"] == fx.meta["config"]["decoder_layers"]
+    assert {"tokenizer.json", "tokenizer_config.json", "generation_config.json"} <= {
+        p.name for p in out.iterdir()
+    }
+    assert "from generation_config.json" in capsys.readouterr().out
+    assert main([*argv[:-1], str(tmp_path / "g2")]) == 2  # neither --config nor --hf-config
+    assert "--hf-config DIR" in capsys.readouterr().err

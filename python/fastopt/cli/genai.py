@@ -21,7 +21,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("encoder", help="encoder.onnx (input_features -> last_hidden_state)")
     p.add_argument("decoder", help="decoder.onnx (input_ids, encoder_hidden_states -> logits)")
     p.add_argument("-o", "--output", required=True, help="the folder to write")
-    p.add_argument("--config", required=True, help="the model's transformers config.json")
+    p.add_argument("--config", help="the model's transformers config.json")
+    p.add_argument(
+        "--hf-config",
+        metavar="DIR",
+        help="the Hugging Face checkpoint's folder: its config.json (unless --config), "
+        "generation_config.json's token ids, and its tokenizer files copied into the output",
+    )
     p.add_argument(
         "--kv-cache",
         choices=("standard", "inplace"),
@@ -42,13 +48,17 @@ def add_parser(sub: Any) -> None:
 def _cmd_genai_whisper(args: Any) -> int:
     from fastopt.genai.whisper import whisper_for_genai
 
-    with open(args.config) as f:
-        try:
-            config = json.load(f)
-        except json.JSONDecodeError as e:
-            raise OptionError(f"{args.config} is not JSON: {e}") from None
-    if not isinstance(config, dict):
-        raise OptionError(f"{args.config} is not a JSON object")
+    if args.config is None and args.hf_config is None:
+        raise OptionError("genai-whisper needs --config FILE or --hf-config DIR")
+    config = None
+    if args.config is not None:
+        with open(args.config) as f:
+            try:
+                config = json.load(f)
+            except json.JSONDecodeError as e:
+                raise OptionError(f"{args.config} is not JSON: {e}") from None
+        if not isinstance(config, dict):
+            raise OptionError(f"{args.config} is not a JSON object")
     with CommandProgress("genai-whisper") as progress:
         progress.update("optimizing the encoder and the decoder, writing the folder")
         report = whisper_for_genai(
@@ -59,6 +69,7 @@ def _cmd_genai_whisper(args: Any) -> int:
             kv_cache=args.kv_cache,
             max_length=args.max_length,
             cross_cache=args.cross_cache,
+            hf_config=args.hf_config,
         )
     out = console()
     for line in report.notes:

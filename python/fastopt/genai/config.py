@@ -18,6 +18,7 @@ from typing import Any
 
 from fastopt import _C
 from fastopt.errors import UnsupportedModelError
+from fastopt.genai.eos import in_vocabulary
 from fastopt.genai.hf import GENAI_DEFAULTS, SEARCH_KEYS, HfValues
 
 GENAI_CONFIG = "genai_config.json"
@@ -219,6 +220,14 @@ def build_genai_config(
     # genai's default eos is the pad id (Config::Model: "If no eos_token_id was set, set it to
     # the pad token id").
     eos = hf.model.get("eos_token_id", pad)
+    fitting = in_vocabulary(eos, vocab, notes)
+    if fitting is None:
+        raise GenaiConfigError(
+            f"eos_token_id {eos} is outside the vocabulary ({vocab} tokens): onnxruntime-genai "
+            "0.18 rejects it when it runs; give the checkpoint's files (hf_config / --hf-config "
+            "DIR) with an eos the model's vocabulary holds"
+        )
+    eos = fitting
     unknown = [
         f"{k} {v!r}" if k == "type" else f"{k} {v}"
         for k, v in (*model_values.items(), ("pad_token_id", pad), ("eos_token_id", eos))

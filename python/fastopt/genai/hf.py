@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastopt.errors import OptionError
+from fastopt.genai.eos import end_of_text_tokens
 
 CONFIG = "config.json"
 GENERATION_CONFIG = "generation_config.json"
@@ -229,6 +230,25 @@ class HfValues:
     share_buffer: bool | None = None
 
 
+def _add_end_of_turn(out: HfValues, files: HfFiles) -> None:
+    """Without a generation_config.json's eos list, the tokenizer's eos_token and the chat
+    template's end of turn join config.json's eos (a chat model stops at its end of turn)."""
+    have = out.model.get("eos_token_id")
+    ids = [] if have is None else list(have) if isinstance(have, list) else [have]
+    added = [(i, t, where) for i, t, where in end_of_text_tokens(files.copies) if i not in ids]
+    if not added:
+        return
+    ids += [i for i, _, _ in added]
+    out.model["eos_token_id"] = ids if len(ids) > 1 else ids[0]
+    out.sources.setdefault("eos_token_id", TOKENIZER_CONFIG)
+    said = f"{out.sources['eos_token_id']}'s {have}" if have is not None else "no config's eos"
+    out.notes.append(
+        "eos_token_id: added "
+        + ", ".join(f"{i} ({t}, {where})" for i, t, where in added)
+        + f" to {said}: no {GENERATION_CONFIG} lists a chat model's end of turn"
+    )
+
+
 def _section(config: dict[str, Any], key: str) -> dict[str, Any]:
     value = config.get(key)
     return value if isinstance(value, dict) else {}
@@ -256,6 +276,8 @@ def hf_values(files: HfFiles | None) -> HfValues:
                 out.model[key] = value
                 out.sources[key] = name
                 break
+    if out.sources.get("eos_token_id") != GENERATION_CONFIG:
+        _add_end_of_turn(out, files)
     hf_type = config.get("model_type")
     if isinstance(hf_type, str) and hf_type:
         genai_type = GENAI_TYPES.get(hf_type)

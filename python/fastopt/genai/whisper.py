@@ -45,7 +45,13 @@ from fastopt.genai.config import (
     genai_config_bytes,
     int_dim,
 )
-from fastopt.genai.hf import GENAI_DEFAULTS
+from fastopt.genai.hf import (
+    GENAI_DEFAULTS,
+    GENERATION_CONFIG,
+    TOKENIZER_CONFIG,
+    TOKENIZER_FILES,
+    find_hf_files,
+)
 from fastopt.optimize import OptimizeReport, optimize
 
 # onnxruntime-genai 0.18's WhisperState accepts exactly this many audio frames.
@@ -86,22 +92,27 @@ def whisper_for_genai(
     encoder: str | os.PathLike[str],
     decoder: str | os.PathLike[str],
     folder: str | os.PathLike[str],
-    config: Mapping[str, Any],
+    config: Mapping[str, Any] | None = None,
     *,
     kv_cache: str = "inplace",
     max_length: int | None = None,
     cross_cache: str = "encoder",
+    hf_config: str | os.PathLike[str] | None = None,
 ) -> GenaiWhisperReport:
     """Optimizes ``encoder`` and ``decoder`` (preset llm, target ort) into ``folder`` with a
     genai_config.json for onnxruntime-genai's whisper (see the module docstring). ``config``:
     the model's transformers config (token ids, layers, heads, max_target_positions).
     ``cross_cache``: "encoder" or "recompute" (the module docstring).
+    ``hf_config``: the checkpoint's folder instead of (or beside) ``config``: its config.json,
+    generation_config.json's token ids over config.json's, and its tokenizer files copied into
+    ``folder`` (onnxruntime-genai opens the tokenizer there).
     Refused (UnsupportedModelError, nothing written) when the encoder does not take exactly 3000
     frames, which is all onnxruntime-genai 0.18 feeds a whisper encoder."""
     if cross_cache not in CROSS_CACHE_FORMS:
         raise OptionError(
             f"cross_cache must be one of {', '.join(CROSS_CACHE_FORMS)}, not {cross_cache!r}"
         )
+    config, copies, hf_notes = _checkpoint(config, hf_config)
     frames = _frames(encoder)
     if frames != GENAI_WHISPER_FRAMES:
         raise UnsupportedModelError(
@@ -138,7 +149,7 @@ def whisper_for_genai(
             if name not in inputs:
                 raise UnsupportedModelError(f"the cached decoder has no input {name}")
     head_size = hidden // heads
-    notes: list[str] = []
+    notes: list[str] = list(hf_notes)
     unknown: list[str] = []
     context = _positive(config.get("max_target_positions"))
     if context is None:
@@ -229,7 +240,8 @@ def whisper_for_genai(
     # the three is never mistaken for a complete one.
     enc.model.save(os.path.join(out, ENCODER_FILE))
     dec.model.save(
-        os.path.join(out, DECODER_FILE), side_files={GENAI_CONFIG: genai_config_bytes(genai)}
+        os.path.join(out, DECODER_FILE),
+        side_files={**copies, GENAI_CONFIG: genai_config_bytes(genai)},
     )
     for report, name in ((enc, ENCODER_FILE), (dec, DECODER_FILE)):
         assert report.model is not None
@@ -237,6 +249,44 @@ def whisper_for_genai(
         report.ops_after = report.model.op_counts()
         report.nodes_after = sum(report.ops_after.values())
     return GenaiWhisperReport(out, enc, dec, genai, notes)
+
+
+# generation_config.json's values over config.json's (as transformers' generate reads them).
+_GENERATION_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+
+
+def _checkpoint(
+    config: Mapping[str, Any] | None, hf_config: str | os.PathLike[str] | None
+) -> tuple[Mapping[str, Any], dict[str, bytes], list[str]]:
+    """(the config, the files to copy beside the model, report lines) from ``config`` and the
+    checkpoint folder ``hf_config``."""
+    if hf_config is None:
+        if config is None:
+            raise OptionError("whisper_for_genai needs the model's config or hf_config")
+        return config, {}, []
+    files = find_hf_files(hf_config, None)
+    assert files is not None  # find_hf_files refuses a folder without config.json
+    merged = dict(files.config if config is None else config)
+    taken = []
+    for key in _GENERATION_KEYS:
+        value = files.generation.get(key)
+        if isinstance(value, list) and len(value) == 1:
+            value = value[0]
+        if isinstance(value, int) and not isinstance(value, bool):
+            merged[key] = value
+            taken.append(key)
+    copies = {k: v for k, v in files.copies.items() if k != GENAI_CONFIG}
+    notes = []
+    if taken:
+        notes.append(f"{', '.join(taken)}: from {GENERATION_CONFIG} in {files.folder}")
+    if files.has_tokenizer:
+        notes.append(f"tokenizer: copied {', '.join(n for n in copies if n in TOKENIZER_FILES)}")
+    else:
+        notes.append(
+            f"tokenizer: no {TOKENIZER_CONFIG} with tokenizer.json or a sentencepiece model in "
+            f"{files.folder}: onnxruntime-genai's Tokenizer will not open the folder"
+        )
+    return merged, copies, notes
 
 
 def _positive(value: Any) -> int | None:
