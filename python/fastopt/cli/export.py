@@ -68,7 +68,8 @@ def run_command(args: argparse.Namespace) -> int:
     require_extra()  # one line naming what to install, before anything else
     _check_flags(args)
     from fastopt.cli.optimize import run_command as optimize_command
-    from fastopt.export.pipeline import require_genai_config, stage
+    from fastopt.errors import ModelError
+    from fastopt.export.pipeline import kv_refusal, require_genai_config, stage
 
     out = os.path.abspath(args.output)
     hf_dir = args.checkpoint
@@ -100,7 +101,13 @@ def run_command(args: argparse.Namespace) -> int:
                 if report_path and len(staged.exported) > 1:
                     stem, ext = os.path.splitext(report_path)
                     args.report = f"{stem}.{name}{ext or '.json'}"
-                code = max(code, optimize_command(args))
+                try:
+                    code = max(code, optimize_command(args))
+                except ModelError as e:
+                    hinted = kv_refusal(e) if kv_cache is not None else None
+                    if hinted is None:
+                        raise
+                    raise hinted from e
                 if not os.path.exists(args.output):
                     raise _Stopped(code or 1)
                 if kv_cache is not None:  # (the reason is optimize's genai line above)
