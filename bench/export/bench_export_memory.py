@@ -9,7 +9,7 @@ phase boundary the process's peak RSS (``VmHWM``) is read and reset (writing 5 t
 checkpoint and data files, which the kernel can drop and re-read). CPU time (user+sys of the
 process) and the load average are recorded beside the wall time: the machine is shared.
 
-    flock /tmp/heavy.lock python bench/bench_export_memory.py --sizes 0.5b,1.5b \
+    flock /tmp/heavy.lock python bench/export/bench_export_memory.py --sizes 0.5b,1.5b \
         [--quantize int4] [--builder 0.5b] [--models-dir /tmp/x-export-bench] [--out F.json]
 
 The checkpoints are bench_export.py's (random Qwen2 of the 0.5B / 1.5B shape, fp32,
@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_export
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: _benchlib
 import contextlib
 
 import _benchlib as bl
