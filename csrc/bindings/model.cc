@@ -172,6 +172,22 @@ a table this Model keeps). Small whatever the weights weigh: hand it to tools th
 ModelProtos (onnx shape inference, version conversion), then bind the result back with
 fastopt._C.load_skeleton(bytes, model) or apply its types with Model.apply_types.)doc")
       .def(
+          "zeros_skeleton",
+          [](const Model& mm, uint64_t threshold_bytes, const std::string& location) {
+            std::string s;
+            uint64_t zeros = 0;
+            {
+              py::gil_scoped_release release;
+              s = serialize_zeros_skeleton(mm, threshold_bytes, location, &zeros);
+            }
+            return py::make_tuple(py::bytes(s), zeros);
+          },
+          py::arg("threshold_bytes"), py::arg("location"),
+          R"doc(The model as ModelProto bytes whose tensor payloads of at least threshold_bytes are
+external data in the file `location` (beside the model file), each at its own page-aligned
+offset, and that file's length: a sparse file of zeros that long lets ONNX Runtime load and run
+the graph without reading or copying the weights (fastopt.verify.run_check).)doc")
+      .def(
           "apply_types",
           [](ModelPtr& mm, py::bytes data) {
             std::string s = data;

@@ -181,6 +181,12 @@ class ModelWriter {
   // table of `table_owner` (the model being written).
   ModelWriter(Model& table_owner, uint64_t threshold)
       : model_(table_owner), skeleton_(&table_owner), threshold_(threshold) {}
+  // Zeros mode: payloads of `threshold` bytes or more point into the file `zeros_location`,
+  // each at its own page-aligned offset (zeros_bytes(): the file's length).
+  ModelWriter(const Model& m, uint64_t threshold, std::string zeros_location)
+      : model_(m), threshold_(threshold), zeros_location_(std::move(zeros_location)) {}
+
+  uint64_t zeros_bytes() const { return zeros_end_; }
 
   wire::Writer model() {
     wire::Writer w;
@@ -273,6 +279,33 @@ class ModelWriter {
     return w;
   }
 
+  // Skeleton and zeros modes: a payload of `threshold_` bytes or more becomes external data (a
+  // skeleton table slot, or its range of the zeros file). False: the payload is written as usual.
+  bool placeholder(wire::Writer& w, const std::shared_ptr<Tensor>& tp) {
+    namespace ft = field::tensor;
+    const Tensor& t = *tp;
+    if ((!skeleton_ && zeros_location_.empty()) || t.dtype() == kString ||
+        t.nbytes() < threshold_ || t.storage == Tensor::Storage::kNone) {
+      return false;
+    }
+    const bool zeros = !zeros_location_.empty();
+    w.message(ft::kExternalData, entry("location", zeros ? zeros_location_ : kSkeletonLocation));
+    const uint64_t offset = zeros ? zeros_offset(t) : skeleton_slot(tp);
+    w.message(ft::kExternalData, entry("offset", std::to_string(offset)));
+    w.message(ft::kExternalData, entry("length", std::to_string(t.nbytes())));
+    w.int_field(ft::kDataLocation, ft::kLocationExternal);
+    w.raw_fields(t.extras);
+    return true;
+  }
+
+  // Where `t` reads its zeros (a tensor shared by two places reads the same bytes).
+  uint64_t zeros_offset(const Tensor& t) {
+    constexpr uint64_t kPage = 4096;  // ORT maps external data at page-aligned offsets
+    auto [it, added] = zeros_at_.emplace(&t, zeros_end_);
+    if (added) zeros_end_ += (t.nbytes() + kPage - 1) / kPage * kPage;
+    return it->second;
+  }
+
   // Index of `t` in the skeleton table (added on first use).
   uint64_t skeleton_slot(const std::shared_ptr<Tensor>& t) {
     auto [it, added] =
@@ -296,15 +329,7 @@ class ModelWriter {
         return w;  // (plan_in_place checked: no data_location, no extras)
       }
     }
-    if (skeleton_ && t.dtype() != kString && t.nbytes() >= threshold_ &&
-        t.storage != Tensor::Storage::kNone) {
-      w.message(ft::kExternalData, entry("location", kSkeletonLocation));
-      w.message(ft::kExternalData, entry("offset", std::to_string(skeleton_slot(tp))));
-      w.message(ft::kExternalData, entry("length", std::to_string(t.nbytes())));
-      w.int_field(ft::kDataLocation, ft::kLocationExternal);
-      w.raw_fields(t.extras);
-      return w;
-    }
+    if (placeholder(w, tp)) return w;
     std::optional<int32_t> location = t.data_location;
     const bool has_bytes =
         t.storage == Tensor::Storage::kRaw || t.storage == Tensor::Storage::kExternal;
@@ -440,6 +465,9 @@ class ModelWriter {
   Model* skeleton_ = nullptr;
   InPlace* in_place_ = nullptr;
   uint64_t threshold_;
+  std::string zeros_location_;
+  std::map<const Tensor*, uint64_t> zeros_at_;
+  uint64_t zeros_end_ = 0;
 };
 
 std::string too_big(uint64_t size) {
@@ -569,6 +597,18 @@ std::string serialize_skeleton(Model& model, uint64_t threshold) {
     throw ModelError("the model's skeleton is " + std::to_string(w.size()) +
                      " bytes, over protobuf's 2 GB limit; use a lower threshold");
   }
+  return flatten(w);
+}
+
+std::string serialize_zeros_skeleton(const Model& model, uint64_t threshold,
+                                     const std::string& location, uint64_t* zeros_bytes) {
+  ModelWriter writer(model, threshold, location);
+  wire::Writer w = writer.model();
+  if (w.size() > kProtobufLimit) {
+    throw ModelError("the model's skeleton is " + std::to_string(w.size()) +
+                     " bytes, over protobuf's 2 GB limit; use a lower threshold");
+  }
+  *zeros_bytes = writer.zeros_bytes();
   return flatten(w);
 }
 

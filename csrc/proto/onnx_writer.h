@@ -57,4 +57,11 @@ inline constexpr const char* kSkeletonLocation = "*fastopt-skeleton*";
 // shape inference, version conversion); read_skeleton binds the placeholders back.
 std::string serialize_skeleton(Model& model, uint64_t threshold);
 
+// The model as a file ONNX Runtime loads with every tensor payload of at least `threshold`
+// bytes read as external data from the file `location` (a plain name beside it), each at its
+// own page-aligned offset; *zeros_bytes receives that file's length. A sparse file of zeros of
+// that length lets ORT load and run the graph without the weights (the run check).
+std::string serialize_zeros_skeleton(const Model& model, uint64_t threshold,
+                                     const std::string& location, uint64_t* zeros_bytes);
+
 }  // namespace fastopt

@@ -171,8 +171,11 @@ bool AdoptableFile::open_unnamed(const std::string& folder, int* fd) {
 }
 
 bool AdoptableFile::adoptable_in(const std::string& folder) const {
+  // Any folder of the filesystem the file was made on: an unnamed file links into any of them
+  // (quantize makes it in the output folder's nearest existing parent when the save is to
+  // create the folder; a link that still fails, a bind mount's EXDEV, falls back to a copy).
   FileId id;
-  return linkable_ && !taken_ && fd() >= 0 && file_id(folder, &id) && id == folder_;
+  return linkable_ && !taken_ && fd() >= 0 && file_id(folder, &id) && id.dev == folder_.dev;
 }
 
 // ---- output files ----

@@ -94,8 +94,8 @@ class AdoptableFile : public Buffer {
   // was not laid out so.
   virtual std::vector<Slot> slots() const = 0;
 
-  // Whether a save writing into `folder` can take this file: it is unnamed (linkable) in that
-  // folder, compared by identity, and no save has taken it.
+  // Whether a save writing into `folder` can take this file: it is unnamed (linkable), on
+  // that folder's filesystem, and no save has taken it.
   bool adoptable_in(const std::string& folder) const;
 
  protected:

@@ -320,6 +320,13 @@ class Model:
         """
         Checks the IR's invariants; raises ModelError naming the first broken one
         """
+    def zeros_skeleton(self, threshold_bytes: typing.SupportsInt | typing.SupportsIndex, location: str) -> tuple[bytes, int]:
+        """
+        The model as ModelProto bytes whose tensor payloads of at least threshold_bytes are
+        external data in the file `location` (beside the model file), each at its own page-aligned
+        offset, and that file's length: a sparse file of zeros that long lets ONNX Runtime load and run
+        the graph without reading or copying the weights (fastopt.verify.run_check).
+        """
     @property
     def base_dir(self) -> str:
         ...

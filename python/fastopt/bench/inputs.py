@@ -25,14 +25,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
-import numpy as np
-
+from fastopt._lazy import lazy_module
 from fastopt.errors import UnsupportedModelError
 from fastopt.genai.cache_dims import cache_geometry
 from fastopt.genai.config import GENAI_CONFIG
 from fastopt.verify.core import make_inputs
+
+if TYPE_CHECKING:
+    import numpy as np
+else:  # (the CLI imports this module for every command; only bench needs numpy)
+    np = lazy_module("numpy")
 
 PHASES = ("prefill", "decode")
 KINDS = ("decoder", "decoder_cache", "decoder_inplace", "encoder", "other")

@@ -15,29 +15,33 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
+from fastopt._lazy import lazy_module
 from fastopt.bench.inputs import Port, Workload, make_workload, resolve_shape
 from fastopt.errors import foreign_errors
 from fastopt.verify.check import ModelLike, onnxruntime, open_source
+
+if TYPE_CHECKING:
+    import numpy as np
+else:  # (the CLI imports this module for every command; only bench needs numpy)
+    np = lazy_module("numpy")
 
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
 DEVICES = ("auto", "cpu", "cuda")
 OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
 
-# ORT type -> numpy dtype, for pre-allocating outputs (others are left to ORT)
+# ORT type -> numpy dtype name, for pre-allocating outputs (others are left to ORT)
 _NUMPY_TYPES = {
-    "tensor(float)": np.float32,
-    "tensor(float16)": np.float16,
-    "tensor(double)": np.float64,
-    "tensor(int64)": np.int64,
-    "tensor(int32)": np.int32,
-    "tensor(int8)": np.int8,
-    "tensor(uint8)": np.uint8,
-    "tensor(bool)": np.bool_,
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(double)": "float64",
+    "tensor(int64)": "int64",
+    "tensor(int32)": "int32",
+    "tensor(int8)": "int8",
+    "tensor(uint8)": "uint8",
+    "tensor(bool)": "bool",
 }
 
 
@@ -86,7 +90,7 @@ def plan_outputs(
         shape = resolve_shape(o.shape, workload.dims)
         dtype = _NUMPY_TYPES.get(o.type)
         if preallocate and shape is not None and dtype is not None:
-            plans.append(OutputPlan(o.name, "preallocated", tuple(shape), dtype))
+            plans.append(OutputPlan(o.name, "preallocated", tuple(shape), np.dtype(dtype)))
         else:
             plans.append(OutputPlan(o.name, "allocated"))
     return plans

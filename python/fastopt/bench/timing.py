@@ -6,8 +6,14 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
+from fastopt._lazy import lazy_module
+
+if TYPE_CHECKING:
+    import numpy as np
+else:  # (the CLI imports this module for every command: `fastopt quantize` needs no numpy)
+    np = lazy_module("numpy")
 
 
 @dataclass(frozen=True)

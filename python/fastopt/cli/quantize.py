@@ -63,6 +63,12 @@ def add_parser(sub: Any) -> None:
         "from the original), other models by logits cosine, max relative error, top-1",
     )
     add_text_flags(qnt)
+    qnt.add_argument(
+        "--no-run-check",
+        action="store_true",
+        help="write the output without first loading it in ONNX Runtime (CPU; the session, and "
+        "one run at batch 1 x 2 tokens where that reads or makes at most 256 MiB of weights)",
+    )
     qnt.add_argument("--report", help="write a JSON report here")
     qnt.add_argument(
         "--external-data",
@@ -216,6 +222,7 @@ def run_command(args: argparse.Namespace) -> int:
                 target=args.target,
                 threads=settings.threads,
                 verify=args.verify,
+                run_check=not args.no_run_check,
                 verify_text=args.verify_text,
                 tokenizer=args.tokenizer,
                 options=parse_options(args.option),
@@ -243,6 +250,8 @@ def run_command(args: argparse.Namespace) -> int:
         f"{escape(args.model)} -> {escape(args.output)} ({human_bytes(files_size(args.output))}) "
         f"in {report.seconds:.2f} s{escape(accuracy)}"
     )
+    if report.run_check:
+        out.print(f"run check: {report.run_check}", markup=False, highlight=False)
     code = 0
     if report.verify is not None:
         out.print(escape(str(report.verify)))

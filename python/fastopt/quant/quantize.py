@@ -68,6 +68,9 @@ class QuantizeReport:
     genai_notes: list[str] = field(default_factory=list)
     # int4/int8: calibration, AWQ and the bits allocation (fastopt.quant.recipe), when asked
     recipe: RecipeReport | None = None
+    # The run check before the save (OptimizeReport.run_check): "ran in N s", "session created,
+    # not run (...)", "skipped: why", or "" (no output, or run_check=False)
+    run_check: str = ""
     model: _C.Model | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -97,6 +100,7 @@ class QuantizeReport:
             "range_check": self.range_check.to_dict() if self.range_check else None,
             "genai_notes": self.genai_notes,
             "recipe": self.recipe.to_dict() if self.recipe else None,
+            "run_check": self.run_check,
         }
 
 
@@ -204,7 +208,9 @@ def quantize(
     progress : callable, optional
         ``progress(done, total, what)``: bytes quantized so far.
     run_check : bool, default True
-        ONNX Runtime runs the output once before it is written.
+        ONNX Runtime loads the output before it is written, and runs it once where that reads
+        or makes at most 256 MiB of weights (``report.run_check`` says which;
+        fastopt.verify.run_check).
     hf_config : str or os.PathLike, optional
         The Hugging Face checkpoint folder, as for :func:`fastopt.optimize`: a decoder with
         genai's cache gets a genai_config.json from it (or from the files beside the input) and
@@ -314,5 +320,6 @@ def quantize(
         range_check=report.range_check,
         genai_notes=report.genai_notes,
         recipe=report.quant_recipe,
+        run_check=report.run_check,
         model=report.model,
     )

@@ -42,6 +42,16 @@ DEFAULT_METHOD = "rtn"
 QDQ_OPSET = 21
 
 
+def existing_folder(folder: str) -> str:
+    """`folder` if it exists, else its nearest existing parent ("" for "")."""
+    if not folder:
+        return ""
+    folder = os.path.abspath(folder)
+    while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+    return folder
+
+
 @dataclass(frozen=True)
 class QuantSettings:
     """What ``fastopt quantize`` / ``--quantize MODE`` asks for; ``options()`` are the pass
@@ -195,8 +205,9 @@ class QuantSettings:
             "quant_per_channel": int(self.per_channel),
             "quant_keep_io_types": int(self.keep_io_types),
             "quant_threads": self.threads,
-            # A folder that does not exist yet (the save makes it): $TMPDIR instead.
-            "quant_tmpdir": self.tmpdir if self.tmpdir and os.path.isdir(self.tmpdir) else "",
+            # A folder that does not exist yet (the save makes it): its nearest existing
+            # parent, on the same filesystem, so the save can still link the file in.
+            "quant_tmpdir": existing_folder(self.tmpdir),
         }
         if self.mode in ("int4", "int8"):
             o["quant_bits"] = 4 if self.mode == "int4" else 8

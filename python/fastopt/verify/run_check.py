@@ -14,8 +14,11 @@ does not run on CPU.
 Cost: session creation without MLAS weight prepacking and one run at batch 1 x 2 tokens, on the
 model serialized in memory up to 4 MiB (milliseconds on the test fixtures). Above, ORT loads the
 model's skeleton with zeros for its large tensors from a sparse file (nothing copied, nothing
-read: the check is about the graph, not the values). Above 1 GiB the session is created but not
-run: a run touches every weight's pages (figures: bench/results/run_check.md). Serializing
+read: the check is about the graph, not the values). Where one run would read or make more than
+256 MiB of weights (:func:`run_bytes`) the session is created but not run: a run touches every
+weight's pages, and ORT's MatMulNBits, with prepacking off, makes a float32 copy of its weight
+(the 0.5B int4 output's run: 3 s of CPU and 1 GB of RSS, more than its quantization; figures:
+bench/results/run_check.md, bench/results/quantize.md). Serializing
 a 1.5 GB model instead took 20-50 s; handing ORT the mapped weights as OrtValues was tried too:
 add_external_initializers copies them (5x slower than loading the file) and add_initializer
 leaves them graph inputs that ORT then wants fed.
@@ -52,9 +55,11 @@ RUN_CHECK_DIMS = {"batch": 1, "sequence": 2, "past": 0}
 _SERIALIZE_LIMIT = 4 << 20
 _SKELETON_THRESHOLD = 64 << 10
 _ZEROS = "zeros.data"
-# Above this only the session is created: one run reads every weight once (the zeros' pages get
-# allocated as they are touched), seconds for a 1.5 GB model on a loaded 2-core machine.
-_RUN_LIMIT = 1 << 30
+# Above this (run_bytes) only the session is created: the bytes one run reads and makes cost
+# their size in memory (the zeros' pages are allocated as they are touched) and seconds of CPU.
+_RUN_LIMIT = 256 << 20
+# Ops that read their first input's rows by index, not the whole tensor.
+_ROW_READERS = {"Gather", "GatherBlockQuantized"}
 
 
 class _Skip(Exception):
@@ -89,48 +94,43 @@ def _session(model: _C.Model, stack: ExitStack) -> Any:
 def _zero_weights(model: _C.Model, stack: ExitStack) -> str:
     """A file of `model`'s skeleton whose large tensors read zeros from a sparse data file
     beside it: the check proves that ORT loads and runs the graph, which the values do not
-    change, so the weights are neither copied nor read (ORT maps the holes)."""
-    import onnx
-
-    proto = onnx.ModelProto()
-    proto.ParseFromString(model.skeleton(_SKELETON_THRESHOLD))
+    change, so the weights are neither copied nor read (ORT maps the holes). Written by the C++
+    writer (Model.zeros_skeleton): no onnx import, no ModelProto in Python."""
+    skeleton, zeros = model.zeros_skeleton(_SKELETON_THRESHOLD, _ZEROS)
     folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="fastopt-run-check-"))
-    offset = 0
-    for tensor in _placeholders(proto):
-        size = int(next(e.value for e in tensor.external_data if e.key == "length"))
-        del tensor.external_data[:]
-        for key, value in (("location", _ZEROS), ("offset", offset), ("length", size)):
-            tensor.external_data.add(key=key, value=str(value))
-        offset += (size + 4095) // 4096 * 4096
     with open(os.path.join(folder, _ZEROS), "wb") as f:
-        f.truncate(offset)  # holes: no bytes written
+        f.truncate(zeros)  # holes: no bytes written
     path = os.path.join(folder, "model.onnx")
     with open(path, "wb") as f:
-        f.write(proto.SerializeToString())
+        f.write(skeleton)
     return path
 
 
-def _placeholders(proto: Any) -> list[Any]:
-    """The skeleton's placeholder tensors: initializers of the graph and its bodies, and tensor
-    attributes (Constant values)."""
-    out = []
+def run_bytes(model: _C.Model) -> int:
+    """The weight bytes one run of `model` reads or makes: every initializer of at least
+    _SKELETON_THRESHOLD bytes a node reads whole (a Gather's table is read by rows: not
+    counted), plus the float32 copy of its weight that MatMulNBits makes on each run when its
+    weights are not prepacked (K x N x 4 bytes), as the run check's sessions are."""
+    read: dict[str, int] = {}
+    made = 0
 
-    def walk(graph: Any) -> None:
-        for t in graph.initializer:
-            if t.external_data:
-                out.append(t)
-        for node in graph.node:
-            for a in node.attribute:
-                if a.HasField("t") and a.t.external_data:
-                    out.append(a.t)
-                out.extend(t for t in a.tensors if t.external_data)
-                if a.HasField("g"):
-                    walk(a.g)
-                for g in a.graphs:
-                    walk(g)
+    def walk(graph: _C.Graph) -> None:
+        nonlocal made
+        for node in graph.nodes:
+            for i, value in enumerate(node.inputs):
+                t = value.initializer if value is not None else None
+                if value is None or t is None or t.nbytes < _SKELETON_THRESHOLD:
+                    continue
+                if not (i == 0 and node.op_type in _ROW_READERS):
+                    read[value.name] = t.nbytes
+            if node.op_type == "MatMulNBits":
+                attrs = node.attributes
+                made += 4 * int(attrs.get("K", 0)) * int(attrs.get("N", 0))
+            for body in node.subgraphs:
+                walk(body)
 
-    walk(proto.graph)
-    return out
+    walk(model.graph)
+    return sum(read.values()) + made
 
 
 def _run_once(model: _C.Model) -> str:
@@ -141,8 +141,12 @@ def _run_once(model: _C.Model) -> str:
         raise _Skip(f"no inputs can be made for it ({e})") from e
     with ExitStack() as stack:
         sess = _session(model, stack)
-        if model.self_contained_size() > _RUN_LIMIT:
-            return "session created, not run (over 1 GiB: the run would touch every weight)"
+        weights = run_bytes(model)
+        if weights > _RUN_LIMIT:
+            return (
+                f"session created, not run (a run would read or make {weights >> 20} MiB of "
+                f"weights, over {_RUN_LIMIT >> 20} MiB)"
+            )
         # (a rank-0 input is a numpy scalar, which ORT takes only as an array)
         sess.run(None, {i.name: np.asarray(feeds[i.name]) for i in sess.get_inputs()})
     return ""
