@@ -11,7 +11,8 @@ it saves with external data and neither fsyncs nor checks its output). int8-dyna
 quantize --mode int8-dynamic` against onnxruntime.quantization.quantize_dynamic(weight_type
 QInt8, use_external_data_format=True), which has no command line. fastopt runs twice per round:
 as it comes (run check and fsync included), and with --no-run-check, so that the check's cost
-is stated. Peers run under `flock /tmp/heavy.lock` (the machine's rule for multi-GB jobs).
+is stated. Peers run under `flock /tmp/heavy.lock` (the machine's rule for multi-GB jobs), or
+the whole bench does: `flock /tmp/heavy.lock python bench/bench_quantize_cli.py ... --peer-lock ''`.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ PEER_INT8 = (
 )
 
 
-def commands(mode: str, model: str, out: str) -> dict[str, list[str]]:
+def commands(mode: str, model: str, out: str, lock: str) -> dict[str, list[str]]:
     fastopt = [sys.executable, "-m", "fastopt", "quantize", model, "-o", out, "--mode", mode]
     if mode == "int4":
         peer = [sys.executable, "-m", "onnxruntime.quantization.matmul_nbits_quantizer",
@@ -47,7 +48,7 @@ def commands(mode: str, model: str, out: str) -> dict[str, list[str]]:
     return {
         "fastopt": fastopt,
         "fastopt --no-run-check": [*fastopt, "--no-run-check"],
-        "peer": ["flock", "/tmp/heavy.lock", *peer],
+        "peer": ["flock", lock, *peer] if lock else peer,
     }
 
 
@@ -55,10 +56,12 @@ def run(cmd: list[str], out_dir: str) -> dict[str, Any]:
     shutil.rmtree(out_dir, ignore_errors=True)
     load = os.getloadavg()[0]
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    _, status, ru = os.wait4(proc.pid, 0)
+    log = os.path.join(os.path.dirname(out_dir), "stderr.txt")
+    with open(log, "w") as f:  # (a pipe would fill up with the peer's log and block it)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=f)
+        _, status, ru = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
-    err = proc.stderr.read() if proc.stderr else ""
+    err = Path(log).read_text(errors="replace")
     if status != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({status}):\n{err[-2000:]}")
     size = sum(p.stat().st_size for p in Path(out_dir).iterdir())
@@ -86,13 +89,18 @@ def main() -> None:
     ap.add_argument("--modes", default="int4,int8-dynamic")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--work", default="/tmp/fastopt-bench-quantize-cli")
+    ap.add_argument(
+        "--peer-lock",
+        default="/tmp/heavy.lock",
+        help="flock file for the peers' runs; '' when the whole bench runs under it",
+    )
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {bl.cpu_model()}, "
           f"{os.cpu_count()} cores; model {a.model}")  # fmt: skip
     for mode in a.modes.split(","):
         out = os.path.join(a.work, "out", "model.onnx")
-        cmds = commands(mode, a.model, out)
+        cmds = commands(mode, a.model, out, a.peer_lock)
         rows: dict[str, list[dict[str, Any]]] = {k: [] for k in cmds}
         for i in range(a.runs):
             for name, cmd in cmds.items():

@@ -53,7 +53,9 @@ class TempFile final : public AdoptableFile {
   TempFile() = default;
   std::string path_;  // where it was made (unlinked at once)
   int fd_ = -1;
+  static constexpr uint64_t kWritebackChunk = 32ull << 20;
   std::atomic<uint64_t> size_{kModelHeadRoom};
+  mutable std::atomic<uint64_t> written_{0};  // bytes written so far (write's writeback)
   mutable std::mutex reserve_mu_;
   std::vector<Slot> slots_;
   mutable std::once_flag mapped_once_;
