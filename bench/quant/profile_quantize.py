@@ -4,7 +4,7 @@ fastopt.cli.main``, parsing the arguments, loading the model, the quantization p
 check, the save, the rest), each phase's wall time and the process's user+sys CPU in it (the run
 check's forked child included), and the whole process's wall time, CPU and peak RSS.
 
-    python bench/profile_quantize.py MODEL --mode int4 [--runs 3] [-- EXTRA CLI ARGS]
+    python bench/quant/profile_quantize.py MODEL --mode int4 [--runs 3] [-- EXTRA CLI ARGS]
 
 The timers wrap module attributes the CLI calls through (fastopt.optimize.load, _quantize,
 check_runs, fastopt._C.Model.save): nothing in fastopt is changed. The save's own split (bytes
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: _benchlib
 import _benchlib as bl
 
 # The child: times its own phases and prints them as one JSON line.

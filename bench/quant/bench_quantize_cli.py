@@ -2,7 +2,7 @@
 user and system CPU and peak RSS of each whole process (Python start, imports, load, work, save
 and, for fastopt, its run check and fsync), the 1-minute load average at each start.
 
-    python bench/bench_quantize_cli.py MODEL [--modes int4,int8-dynamic] [--runs 3]
+    python bench/quant/bench_quantize_cli.py MODEL [--modes int4,int8-dynamic] [--runs 3]
 
 int4: `fastopt quantize MODEL -o OUT --mode int4` (block 32, symmetric, accuracy level 4: its
 defaults) against `python -m onnxruntime.quantization.matmul_nbits_quantizer --input_model MODEL
@@ -12,7 +12,8 @@ quantize --mode int8-dynamic` against onnxruntime.quantization.quantize_dynamic(
 QInt8, use_external_data_format=True), which has no command line. fastopt runs twice per round:
 as it comes (run check and fsync included), and with --no-run-check, so that the check's cost
 is stated. Peers run under `flock /tmp/heavy.lock` (the machine's rule for multi-GB jobs), or
-the whole bench does: `flock /tmp/heavy.lock python bench/bench_quantize_cli.py ... --peer-lock ''`.
+the whole bench does: `flock /tmp/heavy.lock python bench/quant/bench_quantize_cli.py ...
+--peer-lock ''`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: _benchlib
 import _benchlib as bl
 
 PEER_INT8 = (
