@@ -53,8 +53,10 @@ def commands(mode: str, model: str, out: str, lock: str) -> dict[str, list[str]]
     }
 
 
-def run(cmd: list[str], out_dir: str) -> dict[str, Any]:
+def run(cmd: list[str], out_dir: str, make_folder: bool) -> dict[str, Any]:
     shutil.rmtree(out_dir, ignore_errors=True)
+    if make_folder:  # (MatMulNBitsQuantizer's save needs the output folder; fastopt makes it)
+        os.makedirs(out_dir)
     load = os.getloadavg()[0]
     start = time.perf_counter()
     log = os.path.join(os.path.dirname(out_dir), "stderr.txt")
@@ -105,7 +107,7 @@ def main() -> None:
         rows: dict[str, list[dict[str, Any]]] = {k: [] for k in cmds}
         for i in range(a.runs):
             for name, cmd in cmds.items():
-                rows[name].append(run(cmd, os.path.dirname(out)))
+                rows[name].append(run(cmd, os.path.dirname(out), name == "peer"))
                 print(f"  {mode} {name} run {i + 1}: {rows[name][-1]}", flush=True)
         print(f"\n{mode}\n")
         print("| command | wall min | wall median | CPU min | CPU median | peak RSS | output | "
