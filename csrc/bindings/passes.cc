@@ -17,6 +17,7 @@
 #include "passes/attention/internal_op.h"
 #include "passes/fold/fold_constants.h"
 #include "passes/fusion_util.h"
+#include "passes/kv_cache/cache_form.h"
 #include "passes/kv_cache/cross_cache_split.h"
 #include "passes/quant/options.h"
 #include "passes/registry.h"
@@ -24,16 +25,76 @@
 #include "quant/quant_record.h"
 
 namespace fastopt::bindings {
+namespace {
+
+// The KV-cache forms (passes/kv_cache/cache_form.h) as read-only objects, by name.
+void bind_kv_cache_forms(py::module_& m) {
+  using passes::kv_cache::CacheForm;
+  using passes::kv_cache::PastLength;
+  auto pattern = [](bool past, bool value) {
+    return [past, value](const CacheForm& f) {
+      return passes::kv_cache::name_pattern(f, past, value);
+    };
+  };
+  auto genai_key = [](bool past, bool value) {
+    return [past, value](const CacheForm& f) {
+      const std::string stem = past ? f.genai_past : f.genai_present;
+      return stem.empty() ? stem : stem + (value ? "_value_names" : "_key_names");
+    };
+  };
+  py::class_<CacheForm>(m, "KvCacheForm",
+                        "A KV-cache form: the cache's names, dims and how P is fed "
+                        "(passes/kv_cache/cache_form.h)")
+      .def_readonly("name", &CacheForm::name)
+      .def_readonly("section", &CacheForm::section, "between the layer and .key|.value")
+      .def_readonly("past_dim", &CacheForm::past_dim, "the past input's axis 2 (dim_param)")
+      .def_readonly("present_dim", &CacheForm::present_dim, "the present output's axis 2")
+      .def_readonly("shares_buffer", &CacheForm::shares_buffer,
+                    "the present is the past's buffer (search.past_present_share_buffer)")
+      .def_property_readonly(
+          "past_length",
+          [](const CacheForm& f) {
+            switch (f.past_length) {
+              case PastLength::kMaskWidth: return passes::kv_cache::kAttentionMask;
+              case PastLength::kPastRows: return "past_rows";
+              case PastLength::kLengthInput: return passes::kv_cache::kPastSequenceLength;
+              case PastLength::kEncoder: return "encoder";
+            }
+            return "";
+          },
+          "where P comes from: attention_mask's width, the past's rows, the input "
+          "past_sequence_length, or none (encoder: a cross cache)")
+      .def_property_readonly("past_key", pattern(true, false), "name pattern, %d the layer")
+      .def_property_readonly("past_value", pattern(true, true))
+      .def_property_readonly("present_key", pattern(false, false))
+      .def_property_readonly("present_value", pattern(false, true))
+      .def_property_readonly("genai_past_key", genai_key(true, false),
+                             "genai_config.json's key for past_key (\"\": genai has none)")
+      .def_property_readonly("genai_past_value", genai_key(true, true))
+      .def_property_readonly("genai_present_key", genai_key(false, false))
+      .def_property_readonly("genai_present_value", genai_key(false, true));
+  m.def(
+      "kv_cache_forms",
+      [] {
+        std::map<std::string, const CacheForm*> forms;
+        for (const CacheForm* f : passes::kv_cache::kForms) forms[f->name] = f;
+        return forms;
+      },
+      py::return_value_policy::reference, "The KV-cache forms add_kv_cache writes, by name");
+}
+
+}  // namespace
 
 void bind_passes(py::module_& m) {
+  bind_kv_cache_forms(m);
   // Constants the Python side would otherwise restate.
   m.attr("FOLD_MAX_BYTES") = passes::FoldLimits{}.max_bytes;
   m.attr("FOLD_MAX_EXPAND_BYTES") = passes::FoldLimits{}.max_expand_bytes;
   m.attr("FUSED_OPS_OPSET") = passes::kFusedOpsOpset;
   m.attr("ROTARY_MAX_POSITIONS_LIMIT") = passes::rotary::kMaxPositionsLimit;
   m.attr("INTERNAL_DOMAIN") = passes::kInternalDomain;
-  m.attr("KV_PAST_PREFIX") = passes::kPastPrefix;
-  m.attr("KV_PRESENT_PREFIX") = passes::kPresentPrefix;
+  m.attr("KV_PAST_PREFIX") = passes::kv_cache::kPastPrefix;
+  m.attr("KV_PRESENT_PREFIX") = passes::kv_cache::kPresentPrefix;
   m.attr("FACT_ATTENTION_FUSED") = passes::kAttentionFused;
   m.attr("FACT_NO_INTERNAL_OPS") = passes::kNoInternalOps;
   m.attr("FACT_VALUE_TYPES") = passes::kValueTypes;

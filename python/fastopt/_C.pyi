@@ -7,7 +7,7 @@ import numpy
 import numpy.typing
 import typing
 import typing_extensions
-__all__: list[str] = ['Bytes', 'FACT_ATTENTION_FUSED', 'FACT_NO_INTERNAL_OPS', 'FACT_VALUE_TYPES', 'FOLD_MAX_BYTES', 'FOLD_MAX_EXPAND_BYTES', 'FUSED_OPS_OPSET', 'Function', 'Graph', 'INTERNAL_DOMAIN', 'KV_PAST_PREFIX', 'KV_PRESENT_PREFIX', 'Match', 'Model', 'ModelError', 'Node', 'OptionInfo', 'PassInfo', 'PassResult', 'Pattern', 'PatternNode', 'QUANT_BLOCK_SIZE_MAX', 'QUANT_BLOCK_SIZE_MIN', 'QuantRecord', 'ROTARY_MAX_POSITIONS_LIMIT', 'Rewriter', 'Rule', 'ShapeFacts', 'Tensor', 'Value', 'analyze_shapes', 'apply_rules', 'constant_nodes_model', 'cpp_passes', 'dtype_name', 'load', 'load_bytes', 'load_skeleton', 'make_tensor', 'move_cross_projections', 'native_fold_ops', 'native_fold_unsupported', 'nested_graphs', 'ort_fold_candidates', 'quant_block_size_problem', 'quantization_error', 'run_pass', 'shape_analysis_summary', 'shape_facts', 'write_file']
+__all__: list[str] = ['Bytes', 'FACT_ATTENTION_FUSED', 'FACT_NO_INTERNAL_OPS', 'FACT_VALUE_TYPES', 'FOLD_MAX_BYTES', 'FOLD_MAX_EXPAND_BYTES', 'FUSED_OPS_OPSET', 'Function', 'Graph', 'INTERNAL_DOMAIN', 'KV_PAST_PREFIX', 'KV_PRESENT_PREFIX', 'KvCacheForm', 'Match', 'Model', 'ModelError', 'Node', 'OptionInfo', 'PassInfo', 'PassResult', 'Pattern', 'PatternNode', 'QUANT_BLOCK_SIZE_MAX', 'QUANT_BLOCK_SIZE_MIN', 'QuantRecord', 'ROTARY_MAX_POSITIONS_LIMIT', 'Rewriter', 'Rule', 'ShapeFacts', 'Tensor', 'Value', 'analyze_shapes', 'apply_rules', 'constant_nodes_model', 'cpp_passes', 'dtype_name', 'kv_cache_forms', 'load', 'load_bytes', 'load_skeleton', 'make_tensor', 'move_cross_projections', 'native_fold_ops', 'native_fold_unsupported', 'nested_graphs', 'ort_fold_candidates', 'quant_block_size_problem', 'quantization_error', 'run_pass', 'shape_analysis_summary', 'shape_facts', 'write_file']
 class ModelError(Exception):
     pass
 class Tensor:
@@ -369,6 +369,66 @@ class Bytes:
     """
     def __len__(self) -> int:
         ...
+class KvCacheForm:
+    """
+    A KV-cache form: the cache's names, dims and how P is fed (passes/kv_cache/cache_form.h)
+    """
+    @property
+    def genai_past_key(self) -> str:
+        """
+        genai_config.json's key for past_key ("": genai has none)
+        """
+    @property
+    def genai_past_value(self) -> str:
+        ...
+    @property
+    def genai_present_key(self) -> str:
+        ...
+    @property
+    def genai_present_value(self) -> str:
+        ...
+    @property
+    def name(self) -> str:
+        ...
+    @property
+    def past_dim(self) -> str:
+        """
+        the past input's axis 2 (dim_param)
+        """
+    @property
+    def past_key(self) -> str:
+        """
+        name pattern, %d the layer
+        """
+    @property
+    def past_length(self) -> str:
+        """
+        where P comes from: attention_mask's width, the past's rows, the input past_sequence_length, or none (encoder: a cross cache)
+        """
+    @property
+    def past_value(self) -> str:
+        ...
+    @property
+    def present_dim(self) -> str:
+        """
+        the present output's axis 2
+        """
+    @property
+    def present_key(self) -> str:
+        ...
+    @property
+    def present_value(self) -> str:
+        ...
+    @property
+    def section(self) -> str:
+        """
+        between the layer and .key|.value
+        """
+    @property
+    def shares_buffer(self) -> bool:
+        """
+        the present is the past's buffer (search.past_present_share_buffer)
+        """
 class OptionInfo:
     """
     An option a C++ pass reads, declared with the pass
@@ -651,6 +711,10 @@ def cpp_passes() -> list[PassInfo]:
     """
 def dtype_name(arg0: typing.SupportsInt | typing.SupportsIndex) -> str:
     ...
+def kv_cache_forms() -> dict[str, KvCacheForm]:
+    """
+    The KV-cache forms add_kv_cache writes, by name
+    """
 def load(path: typing.Any) -> Model:
     """
     Reads an ONNX model file (memory-mapped; weights are not copied)

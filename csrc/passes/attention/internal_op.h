@@ -76,19 +76,7 @@ namespace fastopt::passes {
 
 inline constexpr const char* kInternalAttention = "Attention";
 
-// The cache's graph inputs and outputs: past_key_values.<layer>.key|value and
-// present.<layer>.key|value (the names onnxruntime-genai's default config reads).
-inline constexpr const char* kPastPrefix = "past_key_values.";
-inline constexpr const char* kPresentPrefix = "present.";
-inline std::string past_name(size_t layer, bool value) {
-  return kPastPrefix + std::to_string(layer) + (value ? ".value" : ".key");
-}
-inline std::string present_name(size_t layer, bool value) {
-  return kPresentPrefix + std::to_string(layer) + (value ? ".value" : ".key");
-}
-// An in-place seq2seq decoder's input (int32 (1)): the tokens its self-attention buffers hold
-// (kv_cache_cross.cc; the lowering's P where there is no attention_mask).
-inline constexpr const char* kPastSequenceLength = "past_sequence_length";
+// The cache's graph inputs and outputs, their names and the forms: passes/kv_cache/cache_form.h.
 
 // K and V of the cached form: each the output (a graph output) of a Concat on axis 2 of a graph
 // input (past) and the new rows.

@@ -175,8 +175,8 @@ struct CacheInputs {
 };
 
 CacheInputs check_inputs(const Model& m, const Graph& g) {
-  Value* input_ids = graph_input(g, "input_ids");
-  Value* attention_mask = graph_input(g, "attention_mask");
+  Value* input_ids = graph_input(g, kInputIds);
+  Value* attention_mask = graph_input(g, kAttentionMask);
   if (!input_ids) refuse("the model has no input_ids input");
   if (!attention_mask) refuse("the model has no attention_mask input (needed over past + new)");
   if (const Dim* s = dim_of(input_ids, 1); s && s->value) {
@@ -202,10 +202,11 @@ struct Layer {
 
 // Each attention in the no-cache form with (B, Hkv, S, D) keys and values of one dtype; the new
 // input and output names are free.
-std::vector<Layer> check_layers(const Graph& g, const std::vector<Node*>& attentions) {
+std::vector<Layer> check_layers(const Graph& g, const std::vector<Node*>& attentions,
+                                const CacheForm& form) {
   for (size_t i = 0; i < attentions.size(); ++i) {
     for (bool value : {false, true}) {
-      for (const std::string& n : {past_name(i, value), present_name(i, value)}) {
+      for (const std::string& n : {past_name(form, i, value), present_name(form, i, value)}) {
         if (Value* v = g.lookup(n); v && v->defined()) refuse("a value named '" + n + "' exists");
       }
     }
@@ -283,7 +284,7 @@ const Node* position_reduction(const Graph& g, const Value* positions) {
 // (none when the model has a position_ids input).
 std::vector<Node*> position_ranges(Graph& g) {
   std::vector<Node*> ranges;
-  if (graph_input(g, "position_ids")) return ranges;
+  if (graph_input(g, kPositionIds)) return ranges;
   std::unordered_set<Node*> seen;
   for (Node* n = g.first(); n; n = n->next()) {
     if (n->op_type != "RotaryEmbedding") continue;
@@ -306,17 +307,17 @@ std::vector<Node*> position_ranges(Graph& g) {
 // ---- edits ----
 
 // past_key_values.i.key/value graph inputs (B, Hkv, past_sequence_length, D), per layer.
-std::vector<std::pair<Value*, Value*>> add_past_inputs(Graph& g, const std::vector<Layer>& layers,
+std::vector<std::pair<Value*, Value*>> add_past_inputs(Graph& g, const CacheForm& form,
+                                                       const std::vector<Layer>& layers,
                                                        const Dim& batch_dim) {
   std::vector<std::pair<Value*, Value*>> pasts;
   for (size_t i = 0; i < layers.size(); ++i) {
     const Layer& l = layers[i];
     Value* kv[2];
     for (int k = 0; k < 2; ++k) {
-      Value* p = g.create_value(past_name(i, k == 1));
-      p->type =
-          tensor_type(l.dtype, {batch_dim, value_dim(l.hkv), param_dim("past_sequence_length"),
-                                value_dim(k ? l.dv : l.dk)});
+      Value* p = g.create_value(past_name(form, i, k == 1));
+      p->type = tensor_type(l.dtype, {batch_dim, value_dim(l.hkv), param_dim(form.past_dim),
+                                      value_dim(k ? l.dv : l.dk)});
       g.add_input(p);
       kv[k] = p;
     }
@@ -327,8 +328,9 @@ std::vector<std::pair<Value*, Value*>> add_past_inputs(Graph& g, const std::vect
 
 // attention_mask becomes (B, T); every earlier use of it sees its last S columns, (B, S) as at
 // export.
-void widen_attention_mask(Graph& g, KvCacheBuilder& b, const SharedMask& mask, Node* head,
-                          const CacheInputs& in, const std::vector<const Node*>& full_readers) {
+void widen_attention_mask(Graph& g, KvCacheBuilder& b, const CacheForm& form,
+                          const SharedMask& mask, Node* head, const CacheInputs& in,
+                          const std::vector<const Node*>& full_readers) {
   Value* attention_mask = in.attention_mask;
   std::vector<Use> old_uses;
   for (const Use& u : attention_mask->uses()) {
@@ -349,14 +351,15 @@ void widen_attention_mask(Graph& g, KvCacheBuilder& b, const SharedMask& mask, N
     for (const Use& u : old_uses) u.node->set_input(u.input_index, current);
   }
   attention_mask->type =
-      tensor_type(value_dtype(attention_mask), {in.batch_dim, param_dim("total_sequence_length")});
+      tensor_type(value_dtype(attention_mask), {in.batch_dim, param_dim(form.present_dim)});
   for (ValueInfoEntry& e : g.input_entries) {
     if (e.value == attention_mask) e.own_type.reset();
   }
 }
 
 // Per layer: present = Concat(past, new) (a graph output), which the attention reads.
-void add_presents(Graph& g, KvCacheBuilder& b, const std::vector<Layer>& layers,
+void add_presents(Graph& g, KvCacheBuilder& b, const CacheForm& form,
+                  const std::vector<Layer>& layers,
                   const std::vector<std::pair<Value*, Value*>>& pasts, const Dim& batch_dim) {
   for (size_t i = 0; i < layers.size(); ++i) {
     const Layer& l = layers[i];
@@ -364,11 +367,11 @@ void add_presents(Graph& g, KvCacheBuilder& b, const std::vector<Layer>& layers,
     for (int kv = 0; kv < 2; ++kv) {
       Value* cur = att->inputs()[1 + kv];
       Node* cat = b.node("Concat", {kv ? pasts[i].second : pasts[i].first, cur},
-                         present_name(i, kv == 1), att, one_attr(attr_int("axis", 2)));
+                         present_name(form, i, kv == 1), att, one_attr(attr_int("axis", 2)));
       Value* present = cat->outputs()[0];
-      present->type =
-          tensor_type(l.dtype, {batch_dim, value_dim(l.hkv), param_dim("total_sequence_length"),
-                                value_dim(kv ? l.dv : l.dk)});
+      present->type = tensor_type(
+          l.dtype,
+          {batch_dim, value_dim(l.hkv), param_dim(form.present_dim), value_dim(kv ? l.dv : l.dk)});
       g.add_output(present);
       att->set_input(1 + kv, present);
     }
@@ -382,10 +385,10 @@ int64_t add_kv_cache(Model& m, PassContext& ctx) {
                      std::to_string(mode));
   }
   Graph& g = *m.graph;
+  const CacheForm& form = mode == 2 ? kInPlace : kStandard;
 
   // ---- checks: nothing is changed before all of them pass ----
-  bool has_past = false;
-  for (const Value* v : g.inputs()) has_past = has_past || (v && v->name().rfind("past_", 0) == 0);
+  const bool has_past = has_exported_past(g);
   const std::vector<Node*> attentions = find_attentions(m);
   if (graph_input(g, kEncoderHiddenStates)) {  // an encoder-decoder's decoder
     refuse_baked_lengths(g);
@@ -393,11 +396,11 @@ int64_t add_kv_cache(Model& m, PassContext& ctx) {
   }
   const CacheInputs in = check_inputs(m, g);
   if (has_past) {
-    return adopt_cache(g, attentions, in.input_ids, in.attention_mask, in.batch_dim, mode, ctx);
+    return adopt_cache(g, attentions, in.input_ids, in.attention_mask, in.batch_dim, form, ctx);
   }
-  const std::vector<Layer> layers = check_layers(g, attentions);
+  const std::vector<Layer> layers = check_layers(g, attentions, form);
   const std::vector<Node*> ranges = position_ranges(g);
-  if (const Node* r = position_reduction(g, graph_input(g, "position_ids"))) {
+  if (const Node* r = position_reduction(g, graph_input(g, kPositionIds))) {
     refuse(r->op_type + " '" + r->name.value +
            "' reduces over position_ids (a LongRoPE switch of rotary tables at the longest "
            "position): a cached key keeps the rotation of its step, which the full recompute "
@@ -413,14 +416,15 @@ int64_t add_kv_cache(Model& m, PassContext& ctx) {
 
   // ---- edits ----
   KvCacheBuilder b(g);
-  const std::vector<std::pair<Value*, Value*>> pasts = add_past_inputs(g, layers, in.batch_dim);
+  const std::vector<std::pair<Value*, Value*>> pasts =
+      add_past_inputs(g, form, layers, in.batch_dim);
   Node* head = g.first();  // the shared mask goes before it
   SharedMask mask = build_shared_mask(g, b, in.input_ids, in.attention_mask, in.batch_dim);
   const std::vector<const Node*> full_readers =
       copy_biases(g, b, biases, in.attention_mask, attentions);
-  widen_attention_mask(g, b, mask, head, in, full_readers);
+  widen_attention_mask(g, b, form, mask, head, in, full_readers);
   offset_positions(b, ranges, mask.past_len, ctx);
-  add_presents(g, b, layers, pasts, in.batch_dim);
+  add_presents(g, b, form, layers, pasts, in.batch_dim);
   use_masks(b, mask, attentions, windows, in.batch_dim, ctx);
   use_biases(g, b, biases, ctx);
   ctx.counters["layers cached"] += static_cast<int64_t>(layers.size());

@@ -11,6 +11,7 @@
 #include "ir/error.h"
 #include "passes/attention/internal_op.h"
 #include "passes/fusion_util.h"
+#include "passes/kv_cache/cache_form.h"
 
 namespace fastopt::passes::kv_cache {
 
@@ -33,6 +34,14 @@ inline Value* graph_input(const Graph& g, const std::string& name) {
     if (v && v->name() == name) return v;
   }
   return nullptr;
+}
+
+// Whether the model was exported with a cache: an input named as a past (kExportedPastPrefix).
+inline bool has_exported_past(const Graph& g) {
+  for (const Value* v : g.inputs()) {
+    if (v && v->name().rfind(kExportedPastPrefix, 0) == 0) return true;
+  }
+  return false;
 }
 
 inline TypeInfo tensor_type(int32_t dtype, std::vector<Dim> dims) {
@@ -174,8 +183,10 @@ void prove_positionwise(Model& m, const std::vector<Node*>& attentions,
 // at padded positions (kv_cache_mask.cc); returns how many it marked, 0 with `why` when none.
 int64_t mark_unread_masked_rows(Model& m, std::string* why);
 
-// Adopts a model exported WITH a cache (kv_cache_adopt.cc); returns the layers adopted.
+// Adopts a model exported WITH a cache into `form` (kStandard or kInPlace; the export's past
+// names are kept) (kv_cache_adopt.cc); returns the layers adopted.
 int64_t adopt_cache(Graph& g, const std::vector<Node*>& attentions, Value* input_ids,
-                    Value* attention_mask, const Dim& batch_dim, int64_t mode, PassContext& ctx);
+                    Value* attention_mask, const Dim& batch_dim, const CacheForm& form,
+                    PassContext& ctx);
 
 }  // namespace fastopt::passes::kv_cache

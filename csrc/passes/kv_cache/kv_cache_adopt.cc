@@ -78,7 +78,7 @@ std::string unchanged_present(const Graph& g) {
            v->producer()->domain.value.empty() && v->producer()->inputs().size() == 1) {
       v = v->producer()->inputs()[0];
     }
-    if (!v || v == out || v->producer() || v->name().rfind("past_", 0) != 0) continue;
+    if (!v || v == out || v->producer() || v->name().rfind(kExportedPastPrefix, 0) != 0) continue;
     return "present output '" + out->name() + "' is past input '" + v->name() +
            "' unchanged (Identity): the export never returns the new keys and values, so its "
            "cache does not grow and the export itself decodes wrongly after the first step; "
@@ -121,7 +121,7 @@ CachedForm check_cached_form(const Graph& g, const std::vector<Node*>& attention
     form.cache_concats.insert({c->present_k->producer(), c->present_v->producer()});
   }
   for (const Value* v : g.inputs()) {
-    if (v && v->name().rfind("past_", 0) == 0 && !pasts.count(v)) {
+    if (v && v->name().rfind(kExportedPastPrefix, 0) == 0 && !pasts.count(v)) {
       refuse("past input '" + v->name() + "' does not feed the cache of a fused attention");
     }
   }
@@ -129,8 +129,9 @@ CachedForm check_cached_form(const Graph& g, const std::vector<Node*>& attention
 }
 
 // Shape reads of a past that include its length (axis 2), with where that length sits in the
-// read; in place (mode 2), any other read of a past's data besides its cache Concat is refused.
-std::vector<std::pair<Node*, int64_t>> past_shape_reads(const CachedForm& form, int64_t mode) {
+// read; in place (`inplace`), any other read of a past's data besides its cache Concat is
+// refused.
+std::vector<std::pair<Node*, int64_t>> past_shape_reads(const CachedForm& form, bool inplace) {
   std::vector<std::pair<Node*, int64_t>> shape_reads;
   for (const Value* past : form.pasts) {
     for (const Use& u : past->uses()) {
@@ -149,7 +150,7 @@ std::vector<std::pair<Node*, int64_t>> past_shape_reads(const CachedForm& form, 
           refuse("the shape of past input '" + past->name() + "' is a graph output");
         }
         shape_reads.emplace_back(u.node, 2 - start);
-      } else if (mode == 2) {
+      } else if (inplace) {
         refuse("past input '" + past->name() + "' is read by " + u.node->op_type + " '" +
                u.node->name.value +
                "' besides its cache Concat: in an in-place buffer, the rows past the valid "
@@ -194,9 +195,11 @@ void fix_past_shape_reads(KvCacheBuilder& b, const SharedMask& mask, Node* head,
 // ALiBi (score_bias) attentions keep their bias: check_score_biases, its copies reading the
 // keys' length from attention_mask (the present becomes the buffer in place), use_biases.
 int64_t adopt_cache(Graph& g, const std::vector<Node*>& attentions, Value* input_ids,
-                    Value* attention_mask, const Dim& batch_dim, int64_t mode, PassContext& ctx) {
+                    Value* attention_mask, const Dim& batch_dim, const CacheForm& cache_form,
+                    PassContext& ctx) {
+  const bool inplace = cache_form.shares_buffer;
   const CachedForm form = check_cached_form(g, attentions);
-  past_shape_reads(form, mode);  // refuses other reads of a past in place
+  past_shape_reads(form, inplace);  // refuses other reads of a past in place
   std::vector<ScoreBias> biases = check_score_biases(g, attentions, attention_mask);
   std::vector<int64_t> windows;
   {  // a biased attention's mask part is proven like any mask
@@ -214,7 +217,7 @@ int64_t adopt_cache(Graph& g, const std::vector<Node*>& attentions, Value* input
   use_masks(b, mask, attentions, windows, batch_dim, ctx);
   use_biases(g, b, biases, ctx);
   // after the copies: their Shape reads of a past are among those given P
-  if (mode == 2) fix_past_shape_reads(b, mask, head, past_shape_reads(form, mode));
+  if (inplace) fix_past_shape_reads(b, mask, head, past_shape_reads(form, inplace));
   ctx.counters["layers adopted"] += static_cast<int64_t>(attentions.size());
   return static_cast<int64_t>(attentions.size());
 }

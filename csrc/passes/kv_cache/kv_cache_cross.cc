@@ -77,11 +77,6 @@ namespace {
 using pattern::attr_int;
 using pattern::attr_ints;
 
-std::string cross_name(const char* prefix, size_t layer, bool encoder, bool value) {
-  return prefix + std::to_string(layer) + (encoder ? ".encoder" : ".decoder") +
-         (value ? ".value" : ".key");
-}
-
 // The graph input K or V is a projection of: back through the head split and the projection
 // (Transpose, Reshape, Cast, (Un)Squeeze, MatMul/Gemm by a constant, elementwise with a
 // constant); null when the walk meets anything else first (the decoder's own states).
@@ -232,6 +227,57 @@ bool table_lookup(const Node* c, size_t input) {
          constant_tensor(c->inputs()[0]) != nullptr;
 }
 
+// A Slice of a constant table over computed bounds (positions sliced from a table, not looked
+// up by a Range the rewrite offsets): refused.
+void refuse_sliced_table(const Node* n, const std::unordered_set<const Node*>& masks) {
+  if (n->op_type == "Slice" && !masks.count(n) && n->inputs().size() >= 3 &&
+      constant_tensor(n->inputs()[0]) &&
+      (!constant_tensor(n->inputs()[1]) || !constant_tensor(n->inputs()[2]))) {
+    refuse("Slice '" + n->name.value + "' reads a constant table over computed bounds " +
+           "(positions sliced from a table): the rewrite does not offset those");
+  }
+}
+
+bool counts_from_zero(const Node* n) {
+  if (n->op_type != "Range" || n->inputs().size() != 3) return false;
+  auto start = constant_scalar(n->inputs()[0]);
+  auto delta = constant_scalar(n->inputs()[2]);
+  return start && *start == 0 && delta && *delta == 1;
+}
+
+// Whether Range `n` reaches a position table (through index-keeping ops, the masks left
+// aside); refused when it reaches anything else.
+bool feeds_position_table(const Node* n, const std::unordered_set<const Node*>& masks) {
+  bool to_table = false;
+  std::vector<const Value*> todo = {n->outputs()[0]};
+  std::unordered_set<const Node*> seen;
+  while (!todo.empty()) {
+    const Value* v = todo.back();
+    todo.pop_back();
+    for (const Use& u : v->uses()) {
+      const Node* c = u.node;
+      const size_t at = static_cast<size_t>(u.input_index);
+      if (!seen.insert(c).second) continue;
+      // index-keeping ops and lookups are followed even where a mask reads them (4.49's
+      // TorchScript whisper sizes its mask from the hidden states, which its position lookup
+      // feeds, and reads the same Range in its causal mask): the Range is offset for the
+      // lookup, and the masks it also feeds are replaced
+      if (is_standard(c) && table_lookup(c, at)) {
+        to_table = true;
+      } else if (is_standard(c) && index_keeping(c, at)) {
+        todo.push_back(c->outputs()[0]);
+      } else if (masks.count(c)) {
+        continue;
+      } else {
+        refuse("Range '" + n->name.value + "' (0, 1, ...) feeds " + c->op_type + " '" +
+               c->name.value + "', which is neither a position table lookup nor a mask: " +
+               "the rewrite does not know what it computes after a past");
+      }
+    }
+  }
+  return to_table;
+}
+
 // Positions computed in the graph: every Range(0, n, 1) is followed through index-keeping ops;
 // one reaching a constant table (a position embedding) must run over the decoder's length and is
 // returned (it gets offset by P); one reaching only the masks (which are replaced) is left; one
@@ -245,44 +291,8 @@ std::vector<Node*> position_ranges(const Model& m, Graph& g, const Value* input_
   const std::optional<analysis::DimExpr> seq = facts.dim(input_ids, 1);
   for (Node* n = g.first(); n; n = n->next()) {
     if (!is_standard(n)) continue;
-    if (n->op_type == "Slice" && !masks.count(n) && n->inputs().size() >= 3 &&
-        constant_tensor(n->inputs()[0]) &&
-        (!constant_tensor(n->inputs()[1]) || !constant_tensor(n->inputs()[2]))) {
-      refuse("Slice '" + n->name.value + "' reads a constant table over computed bounds " +
-             "(positions sliced from a table): the rewrite does not offset those");
-    }
-    if (n->op_type != "Range" || n->inputs().size() != 3) continue;
-    auto start = constant_scalar(n->inputs()[0]);
-    auto delta = constant_scalar(n->inputs()[2]);
-    if (!start || *start != 0 || !delta || *delta != 1) continue;
-    bool to_table = false;
-    std::vector<const Value*> todo = {n->outputs()[0]};
-    std::unordered_set<const Node*> seen;
-    while (!todo.empty()) {
-      const Value* v = todo.back();
-      todo.pop_back();
-      for (const Use& u : v->uses()) {
-        const Node* c = u.node;
-        const size_t at = static_cast<size_t>(u.input_index);
-        if (!seen.insert(c).second) continue;
-        // index-keeping ops and lookups are followed even where a mask reads them (4.49's
-        // TorchScript whisper sizes its mask from the hidden states, which its position lookup
-        // feeds, and reads the same Range in its causal mask): the Range is offset for the
-        // lookup, and the masks it also feeds are replaced
-        if (is_standard(c) && table_lookup(c, at)) {
-          to_table = true;
-        } else if (is_standard(c) && index_keeping(c, at)) {
-          todo.push_back(c->outputs()[0]);
-        } else if (masks.count(c)) {
-          continue;
-        } else {
-          refuse("Range '" + n->name.value + "' (0, 1, ...) feeds " + c->op_type + " '" +
-                 c->name.value + "', which is neither a position table lookup nor a mask: " +
-                 "the rewrite does not know what it computes after a past");
-        }
-      }
-    }
-    if (!to_table) continue;
+    refuse_sliced_table(n, masks);
+    if (!counts_from_zero(n) || !feeds_position_table(n, masks)) continue;
     const std::vector<analysis::DimExpr>* limit = facts.shape_value(n->inputs()[1]);
     if (!seq || !limit || limit->size() != 1 || !((*limit)[0] == *seq)) {
       refuse("Range '" + n->name.value +
@@ -303,23 +313,17 @@ Value* add_past(Graph& g, const std::string& name, const KvShape& s, bool value,
   return p;
 }
 
-// K and V of `att` become Concat(past, new) = present graph outputs.
-void cache_kv(Graph& g, KvCacheBuilder& b, Node* att, size_t layer, bool encoder,
+// K and V of `att` become Concat(past, new) = present graph outputs, named as `form` says.
+void cache_kv(Graph& g, KvCacheBuilder& b, Node* att, size_t layer, const CacheForm& form,
               const Dim& batch) {
   const KvShape s = kv_shape(att);
-  const std::string past_len =
-      encoder ? "past_encoder_sequence_length" : "past_decoder_sequence_length";
-  const std::string total =
-      encoder ? "encoder_sequence_length_out" : "total_decoder_sequence_length";
   for (int kv = 0; kv < 2; ++kv) {
-    Value* past =
-        add_past(g, cross_name(kPastPrefix, layer, encoder, kv == 1), s, kv == 1, batch, past_len);
+    Value* past = add_past(g, past_name(form, layer, kv == 1), s, kv == 1, batch, form.past_dim);
     Node* cat = b.node("Concat", {past, att->inputs()[static_cast<size_t>(1 + kv)]},
-                       cross_name(kPresentPrefix, layer, encoder, kv == 1), att,
-                       one_attr(attr_int("axis", 2)));
+                       present_name(form, layer, kv == 1), att, one_attr(attr_int("axis", 2)));
     Value* present = cat->outputs()[0];
-    present->type = tensor_type(
-        s.dtype, {batch, value_dim(s.heads), param_dim(total), value_dim(kv ? s.dv : s.dk)});
+    present->type = tensor_type(s.dtype, {batch, value_dim(s.heads), param_dim(form.present_dim),
+                                          value_dim(kv ? s.dv : s.dk)});
     g.add_output(present);
     att->set_input(1 + kv, present);
   }
@@ -350,7 +354,8 @@ std::vector<Node*> exclusive_producers(const Value* v) {
 void cross_from_inputs(Graph& g, KvCacheBuilder& b, Node* att, const std::array<Value*, 2>& sources,
                        size_t layer, const Dim& batch) {
   const KvShape s = kv_shape(att);
-  const std::string length = "encoder_sequence_length_out";
+  const CacheForm& form = kSeq2SeqCrossFromEncoder;
+  const std::string length = form.present_dim;
   for (int kv = 0; kv < 2; ++kv) {
     const std::vector<Node*> old_split = exclusive_producers(att->inputs()[1 + kv]);
     const int64_t d = kv ? s.dv : s.dk;
@@ -358,13 +363,13 @@ void cross_from_inputs(Graph& g, KvCacheBuilder& b, Node* att, const std::array<
         "Reshape",
         {sources[static_cast<size_t>(kv)], b.constant("kv_cross_heads", {0, 0, s.heads, d}, {4})},
         "kv_cross_split", att);
-    Value* present = b.op("Transpose", {split}, cross_name(kPresentPrefix, layer, true, kv == 1),
-                          att, one_attr(attr_ints("perm", {0, 2, 1, 3})));
+    Value* present = b.op("Transpose", {split}, present_name(form, layer, kv == 1), att,
+                          one_attr(attr_ints("perm", {0, 2, 1, 3})));
     present->type =
         tensor_type(s.dtype, {batch, value_dim(s.heads), param_dim(length), value_dim(d)});
     g.add_output(present);
-    att->set_input(1 + kv, add_past(g, cross_name(kPastPrefix, layer, true, kv == 1), s, kv == 1,
-                                    batch, length));
+    att->set_input(1 + kv,
+                   add_past(g, past_name(form, layer, kv == 1), s, kv == 1, batch, form.past_dim));
     pattern::remove_dead(g, old_split);
   }
 }
@@ -379,22 +384,40 @@ Value* past_length_input(Graph& g, KvCacheBuilder& b, Node* head) {
   return b.op("Cast", {scalar}, "kv_past_len", head, one_attr(attr_int("to", kInt64)));
 }
 
-}  // namespace
+// P as the self-attention's form gives it: the past's rows, or the length input in place.
+Value* past_length(Graph& g, KvCacheBuilder& b, const CacheForm& self, Node* head) {
+  if (self.past_length == PastLength::kLengthInput) return past_length_input(g, b, head);
+  return b.op("Gather",
+              {b.op("Shape", {graph_input(g, past_name(self, 0, false))}, "kv_past_shape", head),
+               b.constant("kv_two", {2}, {})},
+              "kv_past_len", head, one_attr(attr_int("axis", 0)));
+}
 
-int64_t add_cross_cache(Model& m, const std::vector<Node*>& attentions, int64_t mode,
-                        PassContext& ctx) {
-  Graph& g = *m.graph;
-  const bool inplace = mode == 2;
+// The forms add_cross_cache writes: the self-attention's (in place or not) and the cross
+// cache's (option cross_attention_cache: 0 none, 1 filled at the first step, 2 from the encoder).
+struct Seq2SeqForms {
+  const CacheForm& self;
+  const CacheForm* cross;  // null: the cross-attentions read encoder_hidden_states every step
+  int64_t cross_mode;
+};
+
+Seq2SeqForms seq2seq_forms(int64_t mode, const PassContext& ctx) {
   const auto cross_option = ctx.options.find("cross_attention_cache");
   const int64_t cross_mode = cross_option == ctx.options.end() ? 1 : cross_option->second;
-  const bool cross_cached = cross_mode == 1;
-  const bool cross_inputs = cross_mode == 2;
-  Value* input_ids = graph_input(g, "input_ids");
-  Value* hidden = graph_input(g, kEncoderHiddenStates);
-  Value* encoder_mask = graph_input(g, "encoder_attention_mask");
+  const CacheForm* cross = cross_mode == 1   ? &kSeq2SeqCross
+                           : cross_mode == 2 ? &kSeq2SeqCrossFromEncoder
+                                             : nullptr;
+  return {mode == 2 ? kSeq2SeqSelfInPlace : kSeq2SeqSelf, cross, cross_mode};
+}
+
+// The decoder's inputs: input_ids of a dynamic length, no past yet, encoder_hidden_states of a
+// dynamic length where later steps feed it with 0 rows; opset 13.
+void check_decoder_inputs(const Model& m, const Graph& g, const Seq2SeqForms& forms) {
+  const Value* input_ids = graph_input(g, kInputIds);
+  const Value* hidden = graph_input(g, kEncoderHiddenStates);
   if (!input_ids) refuse("the decoder has no input_ids input");
   for (const Value* v : g.inputs()) {
-    if (v && v->name().rfind("past_", 0) == 0) {
+    if (v && v->name().rfind(kExportedPastPrefix, 0) == 0) {
       refuse("the decoder already has past inputs ('" + v->name() +
              "'): converting an exported seq2seq cache is not supported");
     }
@@ -402,14 +425,22 @@ int64_t add_cross_cache(Model& m, const std::vector<Node*>& attentions, int64_t 
   if (const Dim* s = dim_of(input_ids, 1); s && s->value) {
     refuse("input_ids has a fixed sequence length: a static-shape export bakes it into shapes");
   }
-  if (const Dim* e = dim_of(hidden, 1); cross_cached && e && e->value) {
+  if (const Dim* e = dim_of(hidden, 1); forms.cross == &kSeq2SeqCross && e && e->value) {
     refuse("encoder_hidden_states has a fixed length (" + std::to_string(*e->value) +
            "): later steps feed it with 0 rows");
   }
   if (default_opset(m) < 13) refuse("the model's opset is below 13");
-  std::vector<BiasedLayer> biased;
-  const std::vector<Pair> pairs = pair_layers(g, attentions, hidden, input_ids, biased);
-  std::unordered_map<const Node*, std::array<Value*, 2>> cross_sources;  // option 2: K, V (B,E,HD)
+}
+
+// Each cross-attention's mask needs encoder_attention_mask; from the encoder (option 2), the
+// (B, E, H*D) projections its K and V are split from, which the encoder will compute.
+std::unordered_map<const Node*, std::array<Value*, 2>> cross_sources(Graph& g,
+                                                                     const std::vector<Pair>& pairs,
+                                                                     const Seq2SeqForms& forms) {
+  const Value* hidden = graph_input(g, kEncoderHiddenStates);
+  const bool encoder_mask = graph_input(g, kEncoderAttentionMask) != nullptr;
+  const bool cross_inputs = forms.cross == &kSeq2SeqCrossFromEncoder;
+  std::unordered_map<const Node*, std::array<Value*, 2>> sources;  // option 2: K, V (B,E,HD)
   for (const Pair& p : pairs) {
     if (p.cross->inputs().size() > 3 && p.cross->inputs()[3] && !encoder_mask) {
       refuse("cross-attention '" + p.cross->name.value +
@@ -423,46 +454,44 @@ int64_t add_cross_cache(Model& m, const std::vector<Node*>& attentions, int64_t 
                " '" + x->name() + "', not proven a head split of a (B, E, H*D) projection of " +
                "encoder_hidden_states: the encoder could not compute it alone");
       }
-      cross_sources[p.cross][static_cast<size_t>(kv - 1)] = x3;
+      sources[p.cross][static_cast<size_t>(kv - 1)] = x3;
     }
   }
-  for (size_t i = 0; i < pairs.size(); ++i) {
-    for (bool encoder : {false, cross_mode != 0}) {
-      for (const char* prefix : {kPastPrefix, kPresentPrefix}) {
+  return sources;
+}
+
+// The names the forms add are free.
+void check_names_free(const Graph& g, size_t layers, const Seq2SeqForms& forms) {
+  for (size_t i = 0; i < layers; ++i) {
+    for (const CacheForm* form : {&forms.self, forms.cross}) {
+      for (bool past : {true, false}) {
         for (bool value : {false, true}) {
-          const std::string n = cross_name(prefix, i, encoder, value);
+          if (!form) continue;
+          const std::string n = past ? past_name(*form, i, value) : present_name(*form, i, value);
           if (Value* v = g.lookup(n); v && v->defined()) refuse("a value named '" + n + "' exists");
         }
       }
     }
   }
-  if (Value* v = g.lookup(kPastSequenceLength); inplace && v && v->defined()) {
+  const bool length_input = forms.self.past_length == PastLength::kLengthInput;
+  if (Value* v = g.lookup(kPastSequenceLength); length_input && v && v->defined()) {
     refuse(std::string("a value named '") + kPastSequenceLength + "' exists");
   }
-  const std::vector<Node*> ranges = position_ranges(m, g, input_ids, attentions);
-  prove_positionwise(m, attentions, ranges, input_ids);
-  const Dim* batch_dim = dim_of(input_ids, 0);
-  const Dim batch = batch_dim ? *batch_dim : param_dim("batch_size");
+}
 
-  // ---- edits ----
-  KvCacheBuilder b(g);
-  for (size_t i = 0; i < pairs.size(); ++i) {
-    cache_kv(g, b, pairs[i].self, i, false, batch);
-    if (cross_cached) cache_kv(g, b, pairs[i].cross, i, true, batch);
-    if (cross_inputs) {
-      cross_from_inputs(g, b, pairs[i].cross, cross_sources.at(pairs[i].cross), i, batch);
-    }
-  }
-  Node* head = g.first();
+// The positions the self-attentions' causal mask and t5's bias read: query P + s, keys 0..T-1.
+struct DecoderPositions {
+  Value* past_len;  // P, int64 scalar
+  Value* q_col;     // (S, 1)
+  Value* k_pos;     // (T)
+  Value* causal;    // bool (1, 1, S, T)
+};
+
+DecoderPositions decoder_positions(Graph& g, KvCacheBuilder& b, const CacheForm& self, Node* head) {
+  Value* input_ids = graph_input(g, kInputIds);
   Value* zero = b.constant("kv_zero", {0}, {});
   Value* one = b.constant("kv_one", {1}, {});
-  Value* past_len =
-      inplace ? past_length_input(g, b, head)
-              : b.op("Gather",
-                     {b.op("Shape", {graph_input(g, cross_name(kPastPrefix, 0, false, false))},
-                           "kv_past_shape", head),
-                      b.constant("kv_two", {2}, {})},
-                     "kv_past_len", head, one_attr(attr_int("axis", 0)));
+  Value* past_len = past_length(g, b, self, head);
   Value* seq_len = b.op("Gather", {b.op("Shape", {input_ids}, "kv_ids_shape", head), one},
                         "kv_seq_len", head, one_attr(attr_int("axis", 0)));
   Value* total_len = b.op("Add", {past_len, seq_len}, "kv_total_len", head);
@@ -477,34 +506,74 @@ int64_t add_cross_cache(Model& m, const std::vector<Node*>& attentions, int64_t 
                        "kv_causal", head);
   causal->type =
       tensor_type(kBool, {value_dim(1), value_dim(1), param_dim("decoder_sequence_length"),
-                          param_dim("total_decoder_sequence_length")});
-  Value* padding = nullptr;
-  if (encoder_mask) {
-    padding = b.op("Unsqueeze",
-                   {b.op("Cast", {encoder_mask}, "kv_encoder_mask_bool", head,
-                         one_attr(attr_int("to", kBool))),
-                    b.constant("kv_axes_1_2", {1, 2}, {2})},
-                   "kv_encoder_padding", head);
-    padding->type = tensor_type(
-        kBool, {batch, value_dim(1), value_dim(1), param_dim("encoder_sequence_length_out")});
+                          param_dim(self.present_dim)});
+  return {past_len, q_col, k_pos, causal};
+}
+
+// encoder_attention_mask as the cross-attentions' padding (B, 1, 1, E), or null without one.
+Value* encoder_padding(Graph& g, KvCacheBuilder& b, const Dim& batch, Node* head) {
+  Value* encoder_mask = graph_input(g, kEncoderAttentionMask);
+  if (!encoder_mask) return nullptr;
+  Value* padding = b.op(
+      "Unsqueeze",
+      {b.op("Cast", {encoder_mask}, "kv_encoder_mask_bool", head, one_attr(attr_int("to", kBool))),
+       b.constant("kv_axes_1_2", {1, 2}, {2})},
+      "kv_encoder_padding", head);
+  padding->type =
+      tensor_type(kBool, {batch, value_dim(1), value_dim(1), param_dim(kSeq2SeqCross.present_dim)});
+  return padding;
+}
+
+void count_layers(PassContext& ctx, const Seq2SeqForms& forms, size_t layers) {
+  const auto n = static_cast<int64_t>(layers);
+  ctx.counters["seq2seq decoder layers cached"] += n;
+  if (forms.cross_mode == 0) {
+    ctx.counters["cross-attentions reading encoder_hidden_states every step"] += n;
   }
+  if (forms.cross == &kSeq2SeqCrossFromEncoder) {
+    ctx.counters["cross-attentions reading a cross cache the encoder computes"] += n;
+  }
+}
+
+}  // namespace
+
+int64_t add_cross_cache(Model& m, const std::vector<Node*>& attentions, int64_t mode,
+                        PassContext& ctx) {
+  Graph& g = *m.graph;
+  const Seq2SeqForms forms = seq2seq_forms(mode, ctx);
+  const bool cross_cached = forms.cross == &kSeq2SeqCross;
+  const bool cross_inputs = forms.cross == &kSeq2SeqCrossFromEncoder;
+  Value* input_ids = graph_input(g, kInputIds);
+  check_decoder_inputs(m, g, forms);
+  std::vector<BiasedLayer> biased;
+  const std::vector<Pair> pairs =
+      pair_layers(g, attentions, graph_input(g, kEncoderHiddenStates), input_ids, biased);
+  const auto sources = cross_sources(g, pairs, forms);
+  check_names_free(g, pairs.size(), forms);
+  const std::vector<Node*> ranges = position_ranges(m, g, input_ids, attentions);
+  prove_positionwise(m, attentions, ranges, input_ids);
+  const Dim* batch_dim = dim_of(input_ids, 0);
+  const Dim batch = batch_dim ? *batch_dim : param_dim("batch_size");
+
+  // ---- edits ----
+  KvCacheBuilder b(g);
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    cache_kv(g, b, pairs[i].self, i, forms.self, batch);
+    if (cross_cached) cache_kv(g, b, pairs[i].cross, i, *forms.cross, batch);
+    if (cross_inputs) cross_from_inputs(g, b, pairs[i].cross, sources.at(pairs[i].cross), i, batch);
+  }
+  Node* head = g.first();
+  const DecoderPositions pos = decoder_positions(g, b, forms.self, head);
+  Value* padding = encoder_padding(g, b, batch, head);
   for (const Pair& p : pairs) {
     if (cross_cached) p.cross->attributes.push_back(attr_int("cross_cache", 1));
-    set_attention_mask(p.self, causal);
+    set_attention_mask(p.self, pos.causal);
     const bool masked = p.cross->inputs().size() > 3 && p.cross->inputs()[3];
     set_attention_mask(p.cross, masked ? padding : nullptr);
   }
-  use_relative_biases(g, b, biased, q_col, k_pos, causal, ctx);
-  offset_positions(b, ranges, past_len, ctx);
-  ctx.counters["seq2seq decoder layers cached"] += static_cast<int64_t>(pairs.size());
-  if (cross_mode == 0) {
-    ctx.counters["cross-attentions reading encoder_hidden_states every step"] +=
-        static_cast<int64_t>(pairs.size());
-  }
-  if (cross_inputs) {
-    ctx.counters["cross-attentions reading a cross cache the encoder computes"] +=
-        static_cast<int64_t>(pairs.size());
-  }
+  use_relative_biases(g, b, biased, pos.q_col, pos.k_pos, pos.causal, ctx);
+  offset_positions(b, ranges, pos.past_len, ctx);
+  count_layers(ctx, forms, pairs.size());
   return static_cast<int64_t>(pairs.size());
 }
 

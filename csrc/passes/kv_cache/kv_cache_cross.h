@@ -12,9 +12,6 @@
 
 namespace fastopt::passes::kv_cache {
 
-// The graph input that marks a seq2seq decoder.
-inline constexpr const char* kEncoderHiddenStates = "encoder_hidden_states";
-
 // Rewrites the decoder's self- and cross-attentions into the cached form (kv_cache_cross.cc's
 // header); refuses (ModelError, nothing changed) what it cannot prove equal.
 int64_t add_cross_cache(Model& m, const std::vector<Node*>& attentions, int64_t mode,

@@ -121,10 +121,9 @@ class BiasMatcher {
                 ", not Where(mask, bias, lowest) or Add(bias, mask)");
   }
 
-  // bias = layout ops over Gather(table (NB, H), idx (q, k), axis 0): its axes, leading ones
-  // aside, must be (H, q, k), as the scores' (B, H, S, T).
-  bool layout(const Value* bias, const Node* gather) {
-    std::vector<const Node*> path;
+  // The layout ops from the table lookup to `bias` (Transpose / Unsqueeze / Cast / Identity),
+  // the lookup's first; false when another op sits between.
+  bool layout_path(const Value* bias, const Node* gather, std::vector<const Node*>& path) {
     const Value* v = bias;
     while (v && v->producer() != gather) {
       const Node* p = v->producer();
@@ -138,6 +137,54 @@ class BiasMatcher {
       path.push_back(p);
       v = p->inputs()[0];
     }
+    return true;
+  }
+
+  bool transpose_axes(const Node* p, std::vector<Axis>& axes) {
+    const Attribute* perm = p->attribute("perm");
+    if (!perm || perm->ints.size() != axes.size()) return fail("a Transpose without perm");
+    std::vector<Axis> out;
+    for (int64_t i : perm->ints) {
+      if (i < 0 || i >= static_cast<int64_t>(axes.size())) return fail("a bad perm");
+      out.push_back(axes[static_cast<size_t>(i)]);
+    }
+    axes = out;
+    return true;
+  }
+
+  bool unsqueeze_axes(const Node* p, std::vector<Axis>& axes) {
+    auto at = p->inputs().size() > 1 ? constant_ints(p->inputs()[1]) : std::nullopt;
+    if (!at) return fail("an Unsqueeze without constant axes");
+    std::vector<int64_t> where = *at;
+    const int64_t rank = static_cast<int64_t>(axes.size() + where.size());
+    for (int64_t& a : where) a = a < 0 ? a + rank : a;
+    std::sort(where.begin(), where.end());
+    for (int64_t a : where) {
+      if (a < 0 || a > static_cast<int64_t>(axes.size())) return fail("a bad Unsqueeze axis");
+      axes.insert(axes.begin() + a, kOne);
+    }
+    return true;
+  }
+
+  // `axes` after layout op `p`; false (with the reason) when `p` is not one this proves.
+  bool layout_step(const Node* p, std::vector<Axis>& axes) {
+    if (!mistyped_reason(p).empty()) return fail(mistyped_reason(p));
+    if (p->op_type == "Transpose") return transpose_axes(p, axes);
+    if (p->op_type == "Unsqueeze") return unsqueeze_axes(p, axes);
+    if (p->op_type == "Cast" && !is_float(static_cast<int32_t>(int_attr_or(p, "to", 0)))) {
+      return fail("the bias is cast to a non-float type");
+    }
+    if (p->op_type == "Slice" && !whole_query_slice(p, axes)) {
+      return fail("Slice '" + p->name.value + "' is not x[..., -S:, ...] over the query axis");
+    }
+    return true;
+  }
+
+  // bias = layout ops over Gather(table (NB, H), idx (q, k), axis 0): its axes, leading ones
+  // aside, must be (H, q, k), as the scores' (B, H, S, T).
+  bool layout(const Value* bias, const Node* gather) {
+    std::vector<const Node*> path;
+    if (!layout_path(bias, gather, path)) return false;
     auto table = constant_tensor(gather->inputs()[0]);
     if (int_attr_or(gather, "axis", 0) != 0 || table->dims.size() != 2 ||
         table->dims[1] != int_attr_or(att_, "q_num_heads", 0)) {
@@ -145,33 +192,7 @@ class BiasMatcher {
     }
     std::vector<Axis> axes = {kQuery, kKey, kHead};
     for (auto it = path.rbegin(); it != path.rend(); ++it) {
-      const Node* p = *it;
-      if (!mistyped_reason(p).empty()) return fail(mistyped_reason(p));
-      if (p->op_type == "Transpose") {
-        const Attribute* perm = p->attribute("perm");
-        if (!perm || perm->ints.size() != axes.size()) return fail("a Transpose without perm");
-        std::vector<Axis> out;
-        for (int64_t i : perm->ints) {
-          if (i < 0 || i >= static_cast<int64_t>(axes.size())) return fail("a bad perm");
-          out.push_back(axes[static_cast<size_t>(i)]);
-        }
-        axes = out;
-      } else if (p->op_type == "Unsqueeze") {
-        auto at = p->inputs().size() > 1 ? constant_ints(p->inputs()[1]) : std::nullopt;
-        if (!at) return fail("an Unsqueeze without constant axes");
-        std::vector<int64_t> where = *at;
-        const int64_t rank = static_cast<int64_t>(axes.size() + where.size());
-        for (int64_t& a : where) a = a < 0 ? a + rank : a;
-        std::sort(where.begin(), where.end());
-        for (int64_t a : where) {
-          if (a < 0 || a > static_cast<int64_t>(axes.size())) return fail("a bad Unsqueeze axis");
-          axes.insert(axes.begin() + a, kOne);
-        }
-      } else if (p->op_type == "Cast" && !is_float(static_cast<int32_t>(int_attr_or(p, "to", 0)))) {
-        return fail("the bias is cast to a non-float type");
-      } else if (p->op_type == "Slice" && !whole_query_slice(p, axes)) {
-        return fail("Slice '" + p->name.value + "' is not x[..., -S:, ...] over the query axis");
-      }
+      if (!layout_step(*it, axes)) return false;
     }
     while (!axes.empty() && axes.front() == kOne) axes.erase(axes.begin());
     if (axes != std::vector<Axis>{kHead, kQuery, kKey} || value_rank(bias) > 4) {
@@ -286,6 +307,30 @@ class BiasMatcher {
     return true;
   }
 
+  bool scalar_constant(const Value* v, const Tensor& t) {
+    if (t.numel() == 1) return true;
+    return fail("its bucket computation reads the constant '" + v->name() + "' of " +
+                std::to_string(t.numel()) + " elements, not a scalar");
+  }
+
+  // ConstantOfShape / Expand `p` fills the whole shape of a value elementwise of rel (Expand: with
+  // a scalar).
+  bool fill_of(const Node* p, const Value* rel) {
+    const size_t shape_at = p->op_type == "Expand" ? 1 : 0;
+    const Value* s = p->inputs().size() > shape_at ? p->inputs()[shape_at] : nullptr;
+    const Node* sp = s ? s->producer() : nullptr;
+    if (p->op_type == "Expand" &&
+        (!constant_tensor(p->inputs()[0]) || constant_tensor(p->inputs()[0])->numel() != 1)) {
+      return fail("Expand '" + p->name.value + "' does not fill a scalar");
+    }
+    if (!sp || !is_standard(sp) || sp->op_type != "Shape" || sp->inputs().size() != 1 ||
+        int_attr_or(sp, "start", 0) != 0 || sp->attribute("end")) {  // the whole shape
+      return fail(p->op_type + " '" + p->name.value + "' fills a shape that is not rel's");
+    }
+    chain_.insert(sp);
+    return elementwise_of(sp->inputs()[0], rel);
+  }
+
   // idx is an elementwise function of rel: every node between them is an elementwise op whose
   // other operands are scalar constants or fills of a derived value's shape (ConstantOfShape /
   // Expand of a scalar over Shape(derived)), so idx[i, j] depends on rel[i, j] alone.
@@ -303,11 +348,7 @@ class BiasMatcher {
         "Clip",        "Reciprocal", "Pow"};
     if (v == rel) return true;
     if (!v) return fail("a missing operand in its bucket computation");
-    if (auto t = constant_tensor(v)) {
-      if (t->numel() == 1) return true;
-      return fail("its bucket computation reads the constant '" + v->name() + "' of " +
-                  std::to_string(t->numel()) + " elements, not a scalar");
-    }
+    if (auto t = constant_tensor(v)) return scalar_constant(v, *t);
     const Node* p = v->producer();
     if (!p || p->graph() != &g_) {
       return fail("its bucket computation reads '" + v->name() + "', not only key - query");
@@ -318,21 +359,7 @@ class BiasMatcher {
       return fail("its bucket computation uses " + p->op_type + " '" + p->name.value + "'");
     }
     chain_.insert(p);
-    if (p->op_type == "ConstantOfShape" || p->op_type == "Expand") {
-      const size_t shape_at = p->op_type == "Expand" ? 1 : 0;
-      const Value* s = p->inputs().size() > shape_at ? p->inputs()[shape_at] : nullptr;
-      const Node* sp = s ? s->producer() : nullptr;
-      if (p->op_type == "Expand" &&
-          (!constant_tensor(p->inputs()[0]) || constant_tensor(p->inputs()[0])->numel() != 1)) {
-        return fail("Expand '" + p->name.value + "' does not fill a scalar");
-      }
-      if (!sp || !is_standard(sp) || sp->op_type != "Shape" || sp->inputs().size() != 1 ||
-          int_attr_or(sp, "start", 0) != 0 || sp->attribute("end")) {  // the whole shape
-        return fail(p->op_type + " '" + p->name.value + "' fills a shape that is not rel's");
-      }
-      chain_.insert(sp);
-      return elementwise_of(sp->inputs()[0], rel);
-    }
+    if (p->op_type == "ConstantOfShape" || p->op_type == "Expand") return fill_of(p, rel);
     if (!kOps.count(p->op_type)) {
       return fail("its bucket computation uses " + p->op_type + " '" + p->name.value +
                   "', not an elementwise op");

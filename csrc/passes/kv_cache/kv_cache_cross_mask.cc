@@ -50,7 +50,7 @@ class Seq2SeqMaskProof {
       if (cross_ || causal_) return true;  // every key, or the causal flag the cache keeps
       return fail(why, "a decoder self-attention that is neither causal nor masked");
     }
-    encoder_mask_ = graph_input(g_, "encoder_attention_mask") != nullptr;
+    encoder_mask_ = graph_input(g_, kEncoderAttentionMask) != nullptr;
     if (const Node* table = float_table_gather(mask, g_)) {
       return fail(why, "it adds a learned position bias (Gather '" + table->name.value +
                            "' from the float table '" + table->inputs()[0]->name() +
@@ -79,8 +79,8 @@ class Seq2SeqMaskProof {
  private:
   // encoder_attention_mask's values; the shapes of input_ids and encoder_hidden_states.
   static std::vector<MaskInput> inputs() {
-    return {{"encoder_attention_mask", false, true, {{0, kBatch}, {1, kEncoderLen}}},
-            {"input_ids", false, false, {{0, kBatch}, {1, kDecoderLen}}},
+    return {{kEncoderAttentionMask, false, true, {{0, kBatch}, {1, kEncoderLen}}},
+            {kInputIds, false, false, {{0, kBatch}, {1, kDecoderLen}}},
             {kEncoderHiddenStates, false, false, {{0, kBatch}, {1, kEncoderLen}}}};
   }
 

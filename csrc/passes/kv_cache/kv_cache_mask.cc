@@ -151,10 +151,8 @@ void use_masks(KvCacheBuilder& b, SharedMask& m, const std::vector<Node*>& atten
 // rows are taken to be independent, as in every decoder.
 int64_t mark_unread_masked_rows(Model& m, std::string* why) {
   Graph& g = *m.graph;
-  bool has_past = false;
-  for (const Value* v : g.inputs()) has_past = has_past || (v && v->name().rfind("past_", 0) == 0);
-  const Value* ids = graph_input(g, "input_ids");
-  if (!has_past || !ids || !graph_input(g, "attention_mask") ||
+  const Value* ids = graph_input(g, kInputIds);
+  if (!has_exported_past(g) || !ids || !graph_input(g, kAttentionMask) ||
       graph_input(g, kEncoderHiddenStates)) {
     return 0;  // not a decoder exported with a cache: the rows are outputs as exported
   }

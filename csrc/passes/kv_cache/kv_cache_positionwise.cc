@@ -43,13 +43,24 @@ bool shape_only(const Node* n) {
 // full run differ only where a hidden value already lies within 1000 of it after an earlier token
 // overflowed. Accepted, as the one known exception (README: KV cache); anything else the reduction
 // reaches is refused as usual.
-bool overflow_guard(const Node* reduce) {
+bool reduces_is_inf(const Node* reduce) {
   const Value* x = reduce->inputs().empty() ? nullptr : reduce->inputs()[0];
   const Node* p = x ? x->producer() : nullptr;
   if (p && p->op_type == "Cast" && !p->inputs().empty() && p->inputs()[0]) {
     p = p->inputs()[0]->producer();
   }
-  if (!p || p->op_type != "IsInf" || !p->domain.value.empty()) return false;
+  return p && p->op_type == "IsInf" && p->domain.value.empty();
+}
+
+// An op the guard's flag passes through on its way to a clamp bound (not the bound itself).
+bool guard_step(const Use& u) {
+  const std::string& op = u.node->op_type;
+  return op == "Greater" || op == "Less" || op == "Equal" || op == "Not" || op == "Cast" ||
+         op == "Neg" || (op == "Where" && u.input_index == 0);
+}
+
+bool overflow_guard(const Node* reduce) {
+  if (!reduces_is_inf(reduce)) return false;
   std::vector<const Value*> todo;
   for (const Value* v : reduce->outputs()) todo.push_back(v);
   for (size_t steps = 0; !todo.empty(); ++steps) {
@@ -61,10 +72,7 @@ bool overflow_guard(const Node* reduce) {
       const std::string& op = c->op_type;
       if (!c->domain.value.empty()) return false;
       if ((op == "Clip" && u.input_index >= 1) || op == "Max" || op == "Min") continue;  // a bound
-      if (op != "Greater" && op != "Less" && op != "Equal" && op != "Not" && op != "Cast" &&
-          op != "Neg" && !(op == "Where" && u.input_index == 0)) {
-        return false;
-      }
+      if (!guard_step(u)) return false;
       for (const Value* o : c->outputs()) todo.push_back(o);
     }
   }
@@ -145,7 +153,7 @@ SeqState input_state(analysis::ShapeFacts& facts, const Value* v, const Value* i
                      const analysis::DimExpr& seq, bool cached_export) {
   if (v == input_ids) return SeqState::seq(1);
   const std::string& name = v->name();
-  if (name.rfind("past_", 0) == 0 || name.rfind("encoder_", 0) == 0) return SeqState();
+  if (name.rfind(kExportedPastPrefix, 0) == 0 || name.rfind("encoder_", 0) == 0) return SeqState();
   const int r = facts.rank(v);
   int axis = -1;
   for (int i = 0; i < r; ++i) {
@@ -155,153 +163,216 @@ SeqState input_state(analysis::ShapeFacts& facts, const Value* v, const Value* i
     axis = i;
   }
   if (axis < 0 && r >= 1 && !cached_export &&
-      (name == "attention_mask" || name == "position_ids" || name == "token_type_ids")) {
+      (name == kAttentionMask || name == kPositionIds || name == "token_type_ids")) {
     axis = r - 1;
   }
   return axis < 0 ? SeqState() : SeqState::seq(axis);
 }
+
+// The walk of prove_positionwise, in graph order: each node the outputs read gets its outputs'
+// states from its inputs' (positionwise.h) or a refusal; its outputs are then refused too, so
+// only the first cause is reported (unless a later one explains more: its priority).
+class PositionwiseWalk {
+ public:
+  PositionwiseWalk(Model& m, const std::vector<Node*>& attentions,
+                   const std::vector<Node*>& offset_ranges, bool cached_export,
+                   analysis::ShapeFacts& facts, const analysis::DimExpr& seq)
+      : g_(*m.graph),
+        attentions_(attentions),
+        offset_(offset_ranges.begin(), offset_ranges.end()),
+        cached_export_(cached_export),
+        ctx_{facts, seq, default_opset(m), {}, {}, {}} {
+    refused_.kind = SeqState::kRefused;
+  }
+
+  void run(const Value* input_ids) {
+    std::vector<const Node*> nodes;
+    live_ = read_values(g_, nodes);
+    for (const Value* v : g_.inputs()) {
+      if (v && live_.count(v)) {
+        state_[v] = input_state(ctx_.facts, v, input_ids, ctx_.seq, cached_export_);
+      }
+    }
+    collect_cache_concats();
+    for (const Node* n : nodes) {
+      if (is_read(n)) visit(n);
+    }
+    report();
+  }
+
+ private:
+  struct Refusal {
+    const Node* node;
+    std::string why;
+    int priority;
+  };
+  // What the node's inputs carry (their states are in ctx_.in).
+  struct Reads {
+    bool any_seq = false, any_last = false, after_refused = false;
+  };
+
+  // A cache's Concat(past, new rows) on axis 2: row P + s is new position s (the past is free).
+  void collect_cache_concats() {
+    for (const Node* att : cached_export_ ? attentions_ : std::vector<Node*>{}) {
+      if (auto c = cached_kv(att))
+        cache_concats_.insert({c->present_k->producer(), c->present_v->producer()});
+    }
+  }
+
+  bool is_read(const Node* n) const {
+    bool read = false;
+    for (const Value* v : n->outputs()) read = read || (v && live_.count(v));
+    return read && !shape_only(n);
+  }
+
+  const SeqState& state_of(const Value* v) const {
+    auto it = v ? state_.find(v) : state_.end();
+    return it == state_.end() ? free_ : it->second;
+  }
+
+  void set_outputs(const Node* n, const SeqState& s) {
+    for (const Value* v : n->outputs()) {
+      if (v) state_[v] = s;
+    }
+  }
+
+  void refuse_at(const Node* n, const std::string& why, int priority) {
+    refusals_.push_back({n, why, priority});
+    set_outputs(n, refused_);
+  }
+
+  Reads read_inputs(const Node* n) {
+    Reads r;
+    ctx_.in.clear();
+    const bool attention = is_internal_attention(n);
+    for (const Value* v : n->inputs()) {
+      // an attention's mask is proven and replaced, not read (also where an unfused layer reads
+      // the same mask values as data)
+      ctx_.in.push_back(attention && ctx_.in.size() == 3 ? free_ : state_of(v));
+      r.any_seq = r.any_seq || ctx_.in.back().kind == SeqState::kSeq;
+      r.any_last = r.any_last || ctx_.in.back().kind == SeqState::kLast;
+      r.after_refused = r.after_refused || ctx_.in.back().kind == SeqState::kRefused;
+    }
+    return r;
+  }
+
+  bool subgraph_reads_tokens(const Node* n) {
+    inner_.clear();
+    captured(n, g_, inner_);
+    bool reads_tokens = false;
+    for (const Value* v : inner_) {
+      reads_tokens = reads_tokens || state_of(v).kind != SeqState::kFree;
+    }
+    return reads_tokens;
+  }
+
+  void cache_concat(const Node* n) {
+    const SeqState& fresh = ctx_.in[1];
+    if (ctx_.in[0].kind != SeqState::kFree || fresh.kind != SeqState::kSeq || fresh.axis != 2 ||
+        fresh.flattened()) {
+      refuse_at(n, "its new rows are not (B, Hkv, S, D) over the positions", 0);
+    } else {
+      state_[n->outputs()[0]] = fresh;
+    }
+  }
+
+  // A Range over the new tokens: its positions, offset by the rewrite or (an export with a cache
+  // numbers its own positions, adopted as exported) each position's own value; one the rewrite
+  // does not offset is refused at the end unless a rule proves it a relative index.
+  bool range_over_tokens(const Node* n) {
+    if (!n->domain.value.empty() || n->op_type != "Range") return false;
+    auto d = ctx_.facts.dim(n->outputs()[0], 0);
+    if (!d || !ctx_.facts.equal(*d, ctx_.seq)) return false;
+    if (offset_.count(n) || cached_export_) {
+      state_[n->outputs()[0]] = SeqState::seq(0);
+    } else {
+      unoffset_ranges_.push_back(n);
+    }
+    return true;
+  }
+
+  void apply_rule(const Node* n) {
+    const SeqRule rule = find_seq_rule(n->domain.value, n->op_type);
+    std::string bad = mistyped_reason(n);
+    outs_.clear();
+    ctx_.priority = 0;
+    if (!bad.empty() || !rule || !rule(*n, ctx_, outs_)) {
+      refuse_at(n,
+                !bad.empty() ? bad
+                : rule       ? ctx_.why
+                             : "it is not known to be position-wise (no rule says how it treats "
+                               "the sequence axis)",
+                ctx_.priority);
+      return;
+    }
+    for (size_t i = 0; i < n->outputs().size() && i < outs_.size(); ++i) {
+      if (n->outputs()[i]) state_[n->outputs()[i]] = outs_[i];
+    }
+  }
+
+  void visit(const Node* n) {
+    const Reads r = read_inputs(n);
+    if (r.after_refused) return set_outputs(n, refused_);
+    if (subgraph_reads_tokens(n)) {
+      return refuse_at(n, "its subgraph reads the tokens (not proven position-wise)", 0);
+    }
+    if (cache_concats_.count(n)) return cache_concat(n);
+    if (range_over_tokens(n)) return;
+    if (!r.any_seq) {  // a function of weights, shapes and the last position only
+      if (r.any_last) set_outputs(n, SeqState::last());
+      return;
+    }
+    if (n->op_type.rfind("Reduce", 0) == 0 && overflow_guard(n)) return;  // free
+    apply_rule(n);
+  }
+
+  // The first refusal, unless a later one explains more; then a Range(0, S) the rewrite does
+  // not offset (its positions are wrong in the cached model): its refusal waits for the walk's
+  // end, so that a mixing op (an unfused attention reading such a Range in its mask) is what
+  // the message names.
+  void report() const {
+    if (!refusals_.empty()) {
+      const Refusal* best = &refusals_.front();
+      for (const Refusal& r : refusals_) best = r.priority > best->priority ? &r : best;
+      refuse_node(best->node, attentions_, best->why);
+    }
+    for (const Node* r : unoffset_ranges_) {
+      if (std::find(ctx_.relative_ranges.begin(), ctx_.relative_ranges.end(), r) !=
+          ctx_.relative_ranges.end()) {
+        continue;
+      }
+      refuse_node(r, attentions_,
+                  "it numbers the positions 0 .. S-1 inside the graph and the rewrite does not "
+                  "offset it, so the new tokens would be numbered from 0",
+                  "is not position-wise");
+    }
+  }
+
+  const Graph& g_;
+  const std::vector<Node*>& attentions_;
+  const std::unordered_set<const Node*> offset_;
+  const bool cached_export_;
+  SeqContext ctx_;
+  std::unordered_set<const Value*> live_;
+  std::unordered_map<const Value*, SeqState> state_;
+  std::unordered_set<const Node*> cache_concats_;
+  const SeqState free_;
+  SeqState refused_;
+  std::vector<const Node*> unoffset_ranges_;
+  std::vector<Refusal> refusals_;
+  std::vector<SeqState> outs_;
+  std::vector<const Value*> inner_;
+};
 
 }  // namespace
 
 void prove_positionwise(Model& m, const std::vector<Node*>& attentions,
                         const std::vector<Node*>& offset_ranges, const Value* input_ids,
                         bool cached_export) {
-  const Graph& g = *m.graph;
   analysis::ShapeFacts& facts = analysis::facts_of(m);
   auto seq = facts.dim(input_ids, 1);
   if (!seq) refuse("input_ids has no sequence axis (rank below 2)");
-  std::vector<const Node*> nodes;
-  const std::unordered_set<const Value*> live = read_values(g, nodes);
-  std::unordered_map<const Value*, SeqState> state;
-  for (const Value* v : g.inputs()) {
-    if (v && live.count(v)) state[v] = input_state(facts, v, input_ids, *seq, cached_export);
-  }
-  // A cache's Concat(past, new rows) on axis 2: row P + s is new position s (the past is free).
-  std::unordered_set<const Node*> cache_concats;
-  for (const Node* att : cached_export ? attentions : std::vector<Node*>{}) {
-    if (auto c = cached_kv(att))
-      cache_concats.insert({c->present_k->producer(), c->present_v->producer()});
-  }
-  const SeqState free_state;
-  auto state_of = [&](const Value* v) -> const SeqState& {
-    auto it = v ? state.find(v) : state.end();
-    return it == state.end() ? free_state : it->second;
-  };
-  const std::unordered_set<const Node*> offset(offset_ranges.begin(), offset_ranges.end());
-  // A Range(0, S) the rewrite does not offset: its positions are wrong in the cached model. Its
-  // refusal waits for the walk's end, so that a mixing op (an unfused attention reading such a
-  // Range in its mask) is what the message names.
-  std::vector<const Node*> unoffset_ranges;
-  struct Refusal {
-    const Node* node;
-    std::string why;
-    int priority;
-  };
-  std::vector<Refusal> refusals;
-  SeqState refused_state;
-  refused_state.kind = SeqState::kRefused;
-  SeqContext ctx{facts, *seq, default_opset(m), {}, {}, {}};
-  std::vector<SeqState> outs;
-  std::vector<const Value*> inner;
-  for (const Node* n : nodes) {
-    bool read = false;
-    for (const Value* v : n->outputs()) read = read || (v && live.count(v));
-    if (!read || shape_only(n)) continue;
-    ctx.in.clear();
-    bool any_seq = false, any_last = false, after_refused = false;
-    const bool attention = is_internal_attention(n);
-    for (const Value* v : n->inputs()) {
-      // an attention's mask is proven and replaced, not read (also where an unfused layer reads
-      // the same mask values as data)
-      ctx.in.push_back(attention && ctx.in.size() == 3 ? free_state : state_of(v));
-      any_seq = any_seq || ctx.in.back().kind == SeqState::kSeq;
-      any_last = any_last || ctx.in.back().kind == SeqState::kLast;
-      after_refused = after_refused || ctx.in.back().kind == SeqState::kRefused;
-    }
-    auto mark_refused = [&]() {
-      for (const Value* v : n->outputs()) {
-        if (v) state[v] = refused_state;
-      }
-    };
-    if (after_refused) {
-      mark_refused();
-      continue;
-    }
-    inner.clear();
-    captured(n, g, inner);
-    bool reads_tokens = false;
-    for (const Value* v : inner) reads_tokens = reads_tokens || state_of(v).kind != SeqState::kFree;
-    if (reads_tokens) {
-      refusals.push_back({n, "its subgraph reads the tokens (not proven position-wise)", 0});
-      mark_refused();
-      continue;
-    }
-    if (cache_concats.count(n)) {
-      const SeqState& fresh = ctx.in[1];
-      if (ctx.in[0].kind != SeqState::kFree || fresh.kind != SeqState::kSeq || fresh.axis != 2 ||
-          fresh.flattened()) {
-        refusals.push_back({n, "its new rows are not (B, Hkv, S, D) over the positions", 0});
-        mark_refused();
-      } else {
-        state[n->outputs()[0]] = fresh;
-      }
-      continue;
-    }
-    if (n->domain.value.empty() && n->op_type == "Range") {
-      auto d = facts.dim(n->outputs()[0], 0);
-      if (d && facts.equal(*d, *seq)) {
-        // An export with a cache numbers its own positions (adopted as exported): a Range over
-        // the new tokens gives each position its own value.
-        if (offset.count(n) || cached_export) {
-          state[n->outputs()[0]] = SeqState::seq(0);
-        } else {  // refused below unless a rule proves it a relative index
-          unoffset_ranges.push_back(n);
-        }
-        continue;
-      }
-    }
-    if (!any_seq) {  // a function of weights, shapes and the last position only
-      if (any_last) {
-        for (const Value* v : n->outputs()) {
-          if (v) state[v] = SeqState::last();
-        }
-      }
-      continue;
-    }
-    if (n->op_type.rfind("Reduce", 0) == 0 && overflow_guard(n)) continue;  // free
-    const SeqRule rule = find_seq_rule(n->domain.value, n->op_type);
-    std::string bad = mistyped_reason(n);
-    outs.clear();
-    ctx.priority = 0;
-    if (!bad.empty() || !rule || !rule(*n, ctx, outs)) {
-      refusals.push_back({n,
-                          !bad.empty() ? bad
-                          : rule       ? ctx.why
-                                       : "it is not known to be position-wise (no rule says how "
-                                         "it treats the sequence axis)",
-                          ctx.priority});
-      mark_refused();
-      continue;
-    }
-    for (size_t i = 0; i < n->outputs().size() && i < outs.size(); ++i) {
-      if (n->outputs()[i]) state[n->outputs()[i]] = outs[i];
-    }
-  }
-  if (!refusals.empty()) {  // the first, unless a later one explains more
-    const Refusal* best = &refusals.front();
-    for (const Refusal& r : refusals) best = r.priority > best->priority ? &r : best;
-    refuse_node(best->node, attentions, best->why);
-  }
-  for (const Node* r : unoffset_ranges) {
-    if (std::find(ctx.relative_ranges.begin(), ctx.relative_ranges.end(), r) !=
-        ctx.relative_ranges.end()) {
-      continue;
-    }
-    refuse_node(r, attentions,
-                "it numbers the positions 0 .. S-1 inside the graph and the rewrite does not "
-                "offset it, so the new tokens would be numbered from 0",
-                "is not position-wise");
-  }
+  PositionwiseWalk(m, attentions, offset_ranges, cached_export, facts, *seq).run(input_ids);
 }
 
 }  // namespace fastopt::passes::kv_cache

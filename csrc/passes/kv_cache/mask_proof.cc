@@ -58,10 +58,15 @@
 
 #include "ir/constant.h"
 #include "passes/fusion_util.h"
+#include "passes/kv_cache/cache_form.h"
 #include "passes/kv_cache/mask_walker.h"
 
 namespace fastopt::passes {
 namespace {
+using kv_cache::kAttentionMask;
+using kv_cache::kExportedPastPrefix;
+using kv_cache::kInputIds;
+using kv_cache::kPositionIds;
 using mask_walk::MaskInput;
 using mask_walk::MaskWalker;
 using mask_walk::Probe;
@@ -137,10 +142,10 @@ class MaskProof {
   // attention_mask's values; the shapes of input_ids, of position_ids where it is tied to
   // input_ids' (positions_shape) and, with a cache, of the past_* inputs.
   static std::vector<MaskInput> inputs(const Graph& g, bool with_past) {
-    std::vector<MaskInput> in = {{"attention_mask", false, true, {{0, kBatch}, {1, kTotal}}},
-                                 {"input_ids", false, false, {{0, kBatch}, {1, kSeq}}}};
+    std::vector<MaskInput> in = {{kAttentionMask, false, true, {{0, kBatch}, {1, kTotal}}},
+                                 {kInputIds, false, false, {{0, kBatch}, {1, kSeq}}}};
     if (std::optional<MaskInput> pos = positions_shape(g)) in.push_back(std::move(*pos));
-    if (with_past) in.push_back({"past_", true, false, {{0, kBatch}, {2, kPast}}});
+    if (with_past) in.push_back({kExportedPastPrefix, true, false, {{0, kBatch}, {2, kPast}}});
     return in;
   }
 
@@ -151,8 +156,8 @@ class MaskProof {
     const Value* ids = nullptr;
     const Value* pos = nullptr;
     for (const Value* v : g.inputs()) {
-      if (v && v->name() == "input_ids") ids = v;
-      if (v && v->name() == "position_ids") pos = v;
+      if (v && v->name() == kInputIds) ids = v;
+      if (v && v->name() == kPositionIds) pos = v;
     }
     auto symbol = [](const Value* v, size_t axis) -> const std::string* {
       if (!v || !v->type.known || !v->type.has_shape || axis >= v->type.dims.size()) {
@@ -165,7 +170,7 @@ class MaskProof {
         *symbol(ids, 0) == *symbol(ids, 1)) {
       return std::nullopt;
     }
-    MaskInput in{"position_ids", false, false, {}};
+    MaskInput in{kPositionIds, false, false, {}};
     for (size_t axis = 0; axis < pos->type.dims.size(); ++axis) {
       if (pos->type.dims[axis].value) continue;  // fixed: read from the type
       const std::string* s = symbol(pos, axis);

@@ -22,15 +22,17 @@ from fastopt.genai.eos import in_vocabulary
 from fastopt.genai.hf import GENAI_DEFAULTS, SEARCH_KEYS, HfValues
 
 GENAI_CONFIG = "genai_config.json"
-PAST_KEY = _C.KV_PAST_PREFIX + "%d.key"
-PAST_VALUE = _C.KV_PAST_PREFIX + "%d.value"
-PRESENT_KEY = _C.KV_PRESENT_PREFIX + "%d.key"
-PRESENT_VALUE = _C.KV_PRESENT_PREFIX + "%d.value"
+# A decoder's cache form (csrc/passes/kv_cache/cache_form.h; in place has the same names).
+_FORM = _C.kv_cache_forms()["standard"]
+PAST_KEY = _FORM.past_key
+PAST_VALUE = _FORM.past_value
+PRESENT_KEY = _FORM.present_key
+PRESENT_VALUE = _FORM.present_value
 # Written when neither a config nor the graph (rotary cos/sin table, position embedding) tells
 # the context length: onnxruntime-genai refuses a config without one. Reported as a placeholder.
 PLACEHOLDER_CONTEXT_LENGTH = 2048
 
-_PRESENT_KEY_RE = re.compile("^" + re.escape(_C.KV_PRESENT_PREFIX) + r"(\d+)\.key$")
+_PRESENT_KEY_RE = re.compile("^" + re.escape(PRESENT_KEY).replace("%d", r"(\d+)") + "$")
 # Attention ops and the attribute holding their number of query heads.
 _HEADS_ATTR = {
     "GroupQueryAttention": "num_heads",
@@ -255,7 +257,7 @@ def build_genai_config(
     decoder_inputs = {"input_ids": "input_ids", "attention_mask": "attention_mask"}
     if "position_ids" in inputs:
         decoder_inputs["position_ids"] = "position_ids"
-    decoder_inputs |= {"past_key_names": PAST_KEY, "past_value_names": PAST_VALUE}
+    decoder_inputs |= {_FORM.genai_past_key: PAST_KEY, _FORM.genai_past_value: PAST_VALUE}
     config = {
         "model": {
             "bos_token_id": model_values["bos_token_id"],
@@ -268,8 +270,8 @@ def build_genai_config(
                 "inputs": decoder_inputs,
                 "outputs": {
                     "logits": "logits",
-                    "present_key_names": PRESENT_KEY,
-                    "present_value_names": PRESENT_VALUE,
+                    _FORM.genai_present_key: PRESENT_KEY,
+                    _FORM.genai_present_value: PRESENT_VALUE,
                 },
                 "num_attention_heads": heads,
                 "num_hidden_layers": len(layers),

@@ -58,14 +58,21 @@ from fastopt.optimize import OptimizeReport, optimize
 GENAI_WHISPER_FRAMES = 3000
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder.onnx"
-SELF_PAST_KEY = _C.KV_PAST_PREFIX + "%d.decoder.key"
-SELF_PAST_VALUE = _C.KV_PAST_PREFIX + "%d.decoder.value"
-SELF_PRESENT_KEY = _C.KV_PRESENT_PREFIX + "%d.decoder.key"
-SELF_PRESENT_VALUE = _C.KV_PRESENT_PREFIX + "%d.decoder.value"
-CROSS_PAST_KEY = _C.KV_PAST_PREFIX + "%d.encoder.key"
-CROSS_PAST_VALUE = _C.KV_PAST_PREFIX + "%d.encoder.value"
-CROSS_PRESENT_KEY = _C.KV_PRESENT_PREFIX + "%d.encoder.key"
-CROSS_PRESENT_VALUE = _C.KV_PRESENT_PREFIX + "%d.encoder.value"
+# The cache forms add_kv_cache writes (csrc/passes/kv_cache/cache_form.h): names and genai keys.
+_FORMS = _C.kv_cache_forms()
+_SELF = _FORMS["seq2seq"]
+_SELF_INPLACE = _FORMS["seq2seq_inplace"]
+_CROSS = _FORMS["seq2seq_cross_from_encoder"]
+SELF_PAST_KEY = _SELF.past_key
+SELF_PAST_VALUE = _SELF.past_value
+SELF_PRESENT_KEY = _SELF.present_key
+SELF_PRESENT_VALUE = _SELF.present_value
+CROSS_PAST_KEY = _CROSS.past_key
+CROSS_PAST_VALUE = _CROSS.past_value
+CROSS_PRESENT_KEY = _CROSS.present_key
+CROSS_PRESENT_VALUE = _CROSS.present_value
+# The in-place decoder's input telling the tokens its buffers hold.
+PAST_LENGTH_INPUT = _SELF_INPLACE.past_length
 ENCODER_HIDDEN = "last_hidden_state"  # optimum's encoder output, the decoder's cross input
 CROSS_CACHE_FORMS = ("encoder", "recompute")
 
@@ -174,20 +181,20 @@ def whisper_for_genai(
         )
     decoder_inputs = {
         "input_ids": "input_ids",
-        "past_key_names": SELF_PAST_KEY,
-        "past_value_names": SELF_PAST_VALUE,
+        _SELF.genai_past_key: SELF_PAST_KEY,
+        _SELF.genai_past_value: SELF_PAST_VALUE,
     }
     encoder_outputs = {"encoder_hidden_states": ENCODER_HIDDEN}
     if from_encoder:
-        decoder_inputs["cross_past_key_names"] = CROSS_PAST_KEY
-        decoder_inputs["cross_past_value_names"] = CROSS_PAST_VALUE
-        encoder_outputs["cross_present_key_names"] = CROSS_PRESENT_KEY
-        encoder_outputs["cross_present_value_names"] = CROSS_PRESENT_VALUE
+        decoder_inputs[_CROSS.genai_past_key] = CROSS_PAST_KEY
+        decoder_inputs[_CROSS.genai_past_value] = CROSS_PAST_VALUE
+        encoder_outputs[_CROSS.genai_present_key] = CROSS_PRESENT_KEY
+        encoder_outputs[_CROSS.genai_present_value] = CROSS_PRESENT_VALUE
     else:
         decoder_inputs["encoder_hidden_states"] = "encoder_hidden_states"
-    inplace = "past_sequence_length" in inputs
+    inplace = PAST_LENGTH_INPUT in inputs
     if inplace:
-        decoder_inputs["past_sequence_length"] = "past_sequence_length"
+        decoder_inputs[PAST_LENGTH_INPUT] = PAST_LENGTH_INPUT
     logits = outputs.get("logits")
     vocab = int_dim(logits.shape, 2) if logits is not None else None
     block = {"head_size": head_size, "hidden_size": hidden, "num_attention_heads": heads}
@@ -221,8 +228,8 @@ def whisper_for_genai(
                 "inputs": decoder_inputs,
                 "outputs": {
                     "logits": "logits",
-                    "present_key_names": SELF_PRESENT_KEY,
-                    "present_value_names": SELF_PRESENT_VALUE,
+                    _SELF.genai_present_key: SELF_PRESENT_KEY,
+                    _SELF.genai_present_value: SELF_PRESENT_VALUE,
                 },
             },
         },

@@ -18,7 +18,9 @@ KvCache = Literal["standard", "inplace"]
 KV_CACHE_MODES: dict[str, int] = {"standard": 1, "inplace": 2}
 KV_CACHE_PASS = "add_kv_cache"
 # An encoder-decoder's cached decoder (add_kv_cache's seq2seq form) has optimum's names.
-SEQ2SEQ_PRESENT_KEY = "present.%d.decoder.key"
+SEQ2SEQ_PRESENT_KEY = _C.kv_cache_forms()["seq2seq"].present_key
+# Its cross cache (present.<i>.encoder.*) keeps the standard form in place.
+_CROSS_SECTION = _C.kv_cache_forms()["seq2seq_cross"].section + "."
 
 
 def with_kv_cache(names: list[str], kv_cache: str, target: str) -> list[str]:
@@ -87,7 +89,7 @@ def _check_inplace(model: _C.Model, seq2seq: bool) -> None:
     for v in model.graph.outputs:
         if v is None or not v.name.startswith(_C.KV_PRESENT_PREFIX):
             continue
-        if seq2seq and ".encoder." in v.name:
+        if seq2seq and _CROSS_SECTION in v.name:
             continue
         producer = v.producer
         op = producer.op_type if producer is not None else "a graph input"

@@ -121,6 +121,7 @@
 #include "passes/attention/masked_rows.h"
 #include "passes/attention/shapes.h"
 #include "passes/fusion_util.h"
+#include "passes/kv_cache/cache_form.h"
 
 namespace fastopt::passes {
 namespace {
@@ -165,7 +166,7 @@ void set_max_length(Value* x) {
     return;
   }
   x->type.encoded = ByteRef{};
-  x->type.dims[2] = Dim{std::nullopt, std::string("max_sequence_length")};
+  x->type.dims[2] = Dim{std::nullopt, std::string(kv_cache::kMaxSequenceLength)};
 }
 
 // The ops' additive bias (B|1, Hq|1, S, T) from the mask, or null without one. In place, GQA's

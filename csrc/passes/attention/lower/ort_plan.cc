@@ -14,6 +14,7 @@
 #include "passes/attention/head_split.h"
 #include "passes/attention/shapes.h"
 #include "passes/fusion_util.h"
+#include "passes/kv_cache/cache_form.h"
 
 namespace fastopt::passes {
 namespace {
@@ -59,7 +60,9 @@ const Node* foldable_rotary_of(const Graph& g, const Value* x4, int32_t dtype) {
 // The attention_mask graph input (B, T) of the cached form (kv_cache contract), or null.
 Value* attention_mask_input(const Graph& g) {
   for (Value* v : g.inputs()) {
-    if (v->name() == "attention_mask" && (value_rank(v) == 2 || value_rank(v) == -1)) return v;
+    if (v->name() == kv_cache::kAttentionMask && (value_rank(v) == 2 || value_rank(v) == -1)) {
+      return v;
+    }
   }
   return nullptr;
 }
@@ -67,7 +70,7 @@ Value* attention_mask_input(const Graph& g) {
 // The input_ids graph input (B, S), or null.
 Value* input_ids_input(const Graph& g) {
   for (Value* v : g.inputs()) {
-    if (v->name() == "input_ids" && (value_rank(v) == 2 || value_rank(v) == -1)) return v;
+    if (v->name() == kv_cache::kInputIds && (value_rank(v) == 2 || value_rank(v) == -1)) return v;
   }
   return nullptr;
 }
@@ -75,7 +78,7 @@ Value* input_ids_input(const Graph& g) {
 // The past_sequence_length graph input (int32 (1)) of an in-place seq2seq decoder, or null.
 Value* past_length_input(const Graph& g) {
   for (Value* v : g.inputs()) {
-    if (v->name() == kPastSequenceLength && value_dtype(v) == kInt32) return v;
+    if (v->name() == kv_cache::kPastSequenceLength && value_dtype(v) == kInt32) return v;
   }
   return nullptr;
 }
