@@ -42,6 +42,37 @@ std::string bytes_of(int32_t dtype, uint64_t n, const std::vector<uint8_t>* ones
   return out;
 }
 
+// A Concat's dims from its inputs' (each of one rank): the sum on its axis, elsewhere the first
+// input's known size (the inputs agree off the axis: a valid Concat).
+void concat_dims(const Node* n, const std::vector<std::vector<std::optional<int64_t>>>& parts,
+                 std::vector<std::optional<int64_t>>* out) {
+  const int64_t r = static_cast<int64_t>(parts[0].size());
+  int64_t ax = int_attr_or(n, "axis", 0);
+  if (ax < -r || ax >= r) return;
+  ax = ax < 0 ? ax + r : ax;
+  for (int64_t i = 0; i < r; ++i) {
+    std::optional<int64_t> d = i == ax ? std::optional<int64_t>(0) : std::nullopt;
+    for (const auto& part : parts) {
+      const auto& x = part[static_cast<size_t>(i)];
+      if (i == ax) {
+        d = d && x ? std::optional<int64_t>(*d + *x) : std::nullopt;
+      } else if (!d) {
+        d = x;  // the inputs agree off the axis (a valid Concat)
+      }
+    }
+    out->push_back(d);
+  }
+}
+
+// The small integer values of `t` into `computed` (if given): a node that reads no input
+// computes lengths the probes go around too (Mul(256, 2) is a constant 512).
+void collect_ints(const Tensor& t, std::vector<int64_t>* computed) {
+  if (computed && is_integer_type(t.dtype()) && t.numel() <= 64) {
+    if (auto ints = tensor_ints(t, 64))
+      computed->insert(computed->end(), ints->begin(), ints->end());
+  }
+}
+
 }  // namespace
 
 MaskWalker::MaskWalker(const Model& m, const Graph& g, std::vector<MaskInput> inputs)
@@ -80,33 +111,44 @@ bool MaskWalker::is_length(const std::string& param) const {
 // sum on its axis: a cache export's keys are Concat(past, new)). A dim is nullopt where its
 // size is not known; a known one is the probe's length (0 without a probe). False when the
 // probe gives one symbol two lengths.
+// The length of a length symbol on probe `p` (0 without one): "a+b" (shape inference's sum of
+// two symbols) is the sum of their lengths. False when the probe gives a symbol two lengths.
+bool MaskWalker::length_on_probe(const std::string& param, const Probe* p, int64_t* sum) const {
+  *sum = 0;
+  size_t from = 0;
+  while (p) {
+    const size_t plus = param.find('+', from);
+    auto x = slot_value(param.substr(from, plus - from), *p);
+    if (!x) return false;
+    *sum += *x;
+    if (plus == std::string::npos) break;
+    from = plus + 1;
+  }
+  return true;
+}
+
+// The dims of a value with a type (dims_of).
+bool MaskWalker::type_dims(const Value* v, const Probe* p,
+                           std::vector<std::optional<int64_t>>* out) const {
+  for (const Dim& d : v->type.dims) {
+    if (d.value) {
+      out->push_back(*d.value);
+    } else if (d.param && is_length(*d.param)) {
+      int64_t sum = 0;
+      if (!length_on_probe(*d.param, p, &sum)) return false;
+      out->push_back(sum);
+    } else {
+      out->push_back(std::nullopt);
+    }
+  }
+  return true;
+}
+
 bool MaskWalker::dims_of(const Value* v, const Probe* p, std::vector<std::optional<int64_t>>* out,
                          int depth) const {
   out->clear();
   if (!v || depth > 8) return true;
-  if (v->type.known && v->type.is_tensor && v->type.has_shape) {
-    for (const Dim& d : v->type.dims) {
-      if (d.value) {
-        out->push_back(*d.value);
-      } else if (d.param && is_length(*d.param)) {
-        // "a+b" (shape inference's sum of two symbols) is the sum of their lengths.
-        int64_t sum = 0;
-        size_t from = 0;
-        while (p) {
-          const size_t plus = d.param->find('+', from);
-          auto x = slot_value(d.param->substr(from, plus - from), *p);
-          if (!x) return false;
-          sum += *x;
-          if (plus == std::string::npos) break;
-          from = plus + 1;
-        }
-        out->push_back(sum);
-      } else {
-        out->push_back(std::nullopt);
-      }
-    }
-    return true;
-  }
+  if (v->type.known && v->type.is_tensor && v->type.has_shape) return type_dims(v, p, out);
   const Node* n = v->producer();
   if (!n || n->outputs().empty() || n->outputs()[0] != v || n->inputs().empty()) return true;
   if (n->op_type == "RotaryEmbedding") return dims_of(n->inputs()[0], p, out, depth + 1);
@@ -119,22 +161,7 @@ bool MaskWalker::dims_of(const Value* v, const Probe* p, std::vector<std::option
     if (!dims_of(x, p, &parts.back(), depth + 1)) return false;
     if (parts.back().empty() || parts.back().size() != parts[0].size()) return true;
   }
-  const int64_t r = static_cast<int64_t>(parts[0].size());
-  int64_t ax = int_attr_or(n, "axis", 0);
-  if (ax < -r || ax >= r) return true;
-  ax = ax < 0 ? ax + r : ax;
-  for (int64_t i = 0; i < r; ++i) {
-    std::optional<int64_t> d = i == ax ? std::optional<int64_t>(0) : std::nullopt;
-    for (const auto& part : parts) {
-      const auto& x = part[static_cast<size_t>(i)];
-      if (i == ax) {
-        d = d && x ? std::optional<int64_t>(*d + *x) : std::nullopt;
-      } else if (!d) {
-        d = x;  // the inputs agree off the axis (a valid Concat)
-      }
-    }
-    out->push_back(d);
-  }
+  concat_dims(n, parts, out);
   return true;
 }
 
@@ -192,20 +219,51 @@ bool MaskWalker::admit(Value* mask, std::string* why) {
   return true;
 }
 
+// A graph input the mask reads: one the probes give (tainted where only its shape may be read).
+bool MaskWalker::visit_input(const Value* v) {
+  const MaskInput* in = input_of(v);
+  if (!in) return reject("the mask reads the graph input '" + v->name() + "'");
+  if (!in->values) taint_[v] = v->name();
+  return true;
+}
+
+// A small integer constant's values are lengths the probes go around (probe_lengths).
+void MaskWalker::note_constants(const Tensor& t) {
+  if (is_integer_type(t.dtype()) && t.numel() <= 64) {
+    if (auto ints = tensor_ints(t, 64))
+      constants_.insert(constants_.end(), ints->begin(), ints->end());
+  }
+}
+
+// The op computing part of the mask is one the evaluator computes exactly.
+bool MaskWalker::evaluable(const Node* p, bool standard) {
+  static const std::unordered_set<std::string> kOps = [] {
+    const std::vector<std::string>& ops = native_fold_ops();
+    return std::unordered_set<std::string>(ops.begin(), ops.end());
+  }();
+  if (!standard || !p->subgraphs().empty() || p->outputs().size() != 1 || !kOps.count(p->op_type)) {
+    return reject("the mask is computed by " + p->op_type + " '" + p->name.value +
+                  "', which the check cannot evaluate exactly");
+  }
+  return true;
+}
+
+// An op's output reads the data of the first tainted input (a Shape or Size reads none).
+void MaskWalker::carry_taint(const Node* p) {
+  if (p->op_type == "Shape" || p->op_type == "Size") return;
+  for (Value* x : p->inputs()) {
+    if (auto it = taint_.find(x); x && it != taint_.end()) {
+      taint_[p->outputs()[0]] = it->second;
+      break;
+    }
+  }
+}
+
 bool MaskWalker::visit(Value* v) {
   if (!v || !seen_.insert(v).second) return true;
-  if (v->is_graph_input()) {
-    const MaskInput* in = input_of(v);
-    if (!in) return reject("the mask reads the graph input '" + v->name() + "'");
-    if (!in->values) taint_[v] = v->name();
-    return true;
-  }
+  if (v->is_graph_input()) return visit_input(v);
   if (TensorPtr t = constant_tensor(v)) {
-    if (is_integer_type(t->dtype()) && t->numel() <= 64) {
-      if (auto ints = tensor_ints(*t, 64)) {
-        constants_.insert(constants_.end(), ints->begin(), ints->end());
-      }
-    }
+    note_constants(*t);
     return true;
   }
   Node* p = v->producer();
@@ -218,14 +276,7 @@ bool MaskWalker::visit(Value* v) {
     nodes_.push_back(p);
     return true;
   }
-  static const std::unordered_set<std::string> kOps = [] {
-    const std::vector<std::string>& ops = native_fold_ops();
-    return std::unordered_set<std::string>(ops.begin(), ops.end());
-  }();
-  if (!standard || !p->subgraphs().empty() || p->outputs().size() != 1 || !kOps.count(p->op_type)) {
-    return reject("the mask is computed by " + p->op_type + " '" + p->name.value +
-                  "', which the check cannot evaluate exactly");
-  }
+  if (!evaluable(p, standard)) return false;
   const bool shape_read = p->op_type == "Shape" || p->op_type == "Size";
   for (Value* x : p->inputs()) {
     if (shape_read && x && x->is_graph_input() && !input_of(x)) {
@@ -236,14 +287,7 @@ bool MaskWalker::visit(Value* v) {
     if (!visit(x)) return false;
   }
   nodes_.push_back(p);
-  if (p->op_type != "Shape" && p->op_type != "Size") {
-    for (Value* x : p->inputs()) {
-      if (auto it = taint_.find(x); x && it != taint_.end()) {
-        taint_[p->outputs()[0]] = it->second;
-        break;
-      }
-    }
-  }
+  carry_taint(p);
   return true;
 }
 
@@ -303,6 +347,30 @@ std::optional<TensorPtr> MaskWalker::input_tensor(const Value* v, const Probe& p
   return make_tensor(dt, dims, bytes_of(dt, n, nullptr));
 }
 
+// A Shape answered from its input's type (shape_from_type) on probe `p`.
+std::optional<TensorPtr> MaskWalker::shape_leaf(const Node* n, const Probe& p,
+                                                std::string* err) const {
+  std::vector<std::optional<int64_t>> known;
+  if (!dims_of(n->inputs()[0], &p, &known, 0)) {
+    *err = "the shape of '" + n->inputs()[0]->name() + "' ties symbols the probe (" + p.what +
+           ") gives different lengths";
+    return std::nullopt;
+  }
+  std::vector<int64_t> dims;
+  // A dim of unknown size is never read (shape_from_type): any value does.
+  for (const auto& d : known) dims.push_back(d.value_or(1));
+  const int64_t r = static_cast<int64_t>(dims.size());
+  auto bound = [&](const char* name, int64_t fallback) {
+    int64_t x = int_attr_or(n, name, fallback);
+    x = x < 0 ? x + r : x;
+    return std::min<int64_t>(std::max<int64_t>(x, 0), r);
+  };
+  const int64_t start = bound("start", 0), end = bound("end", r);
+  std::vector<int64_t> part(dims.begin() + start, dims.begin() + std::max(start, end));
+  const int64_t len = static_cast<int64_t>(part.size());
+  return make_int64_tensor(part, {len});
+}
+
 std::optional<TensorPtr> MaskWalker::evaluate(const Probe& p, std::string* err,
                                               std::vector<int64_t>* computed) const {
   std::unordered_set<const Value*> reads_input;
@@ -329,25 +397,9 @@ std::optional<TensorPtr> MaskWalker::evaluate(const Probe& p, std::string* err,
       return std::nullopt;
     }
     if (shape_leaves_.count(n)) {
-      std::vector<std::optional<int64_t>> known;
-      if (!dims_of(n->inputs()[0], &p, &known, 0)) {
-        *err = "the shape of '" + n->inputs()[0]->name() + "' ties symbols the probe (" + p.what +
-               ") gives different lengths";
-        return std::nullopt;
-      }
-      std::vector<int64_t> dims;
-      // A dim of unknown size is never read (shape_from_type): any value does.
-      for (const auto& d : known) dims.push_back(d.value_or(1));
-      const int64_t r = static_cast<int64_t>(dims.size());
-      auto bound = [&](const char* name, int64_t fallback) {
-        int64_t x = int_attr_or(n, name, fallback);
-        x = x < 0 ? x + r : x;
-        return std::min<int64_t>(std::max<int64_t>(x, 0), r);
-      };
-      const int64_t start = bound("start", 0), end = bound("end", r);
-      std::vector<int64_t> part(dims.begin() + start, dims.begin() + std::max(start, end));
-      const int64_t len = static_cast<int64_t>(part.size());
-      vals[n->outputs()[0]] = make_int64_tensor(part, {len});
+      auto shape = shape_leaf(n, p, err);
+      if (!shape) return std::nullopt;
+      vals[n->outputs()[0]] = *shape;
       reads_input.insert(n->outputs()[0]);  // the lengths (fixed dims too: conservative)
       continue;
     }
@@ -377,10 +429,8 @@ std::optional<TensorPtr> MaskWalker::evaluate(const Probe& p, std::string* err,
     });
     if (!free) {
       reads_input.insert(n->outputs()[0]);
-    } else if (computed && is_integer_type((*out)[0]->dtype()) && (*out)[0]->numel() <= 64) {
-      if (auto ints = tensor_ints(*(*out)[0], 64)) {
-        computed->insert(computed->end(), ints->begin(), ints->end());
-      }
+    } else {
+      collect_ints(*(*out)[0], computed);
     }
   }
   return value_of(mask_);

@@ -69,9 +69,16 @@ class MaskWalker {
   bool is_length(const std::string& param) const;
   bool dims_of(const Value* v, const Probe* p, std::vector<std::optional<int64_t>>* out,
                int depth) const;
+  bool type_dims(const Value* v, const Probe* p, std::vector<std::optional<int64_t>>* out) const;
+  bool length_on_probe(const std::string& param, const Probe* p, int64_t* sum) const;
   bool shape_from_type(const Node* shape) const;
   bool reject(const std::string& what);
   bool visit(Value* v);
+  std::optional<TensorPtr> shape_leaf(const Node* n, const Probe& p, std::string* err) const;
+  bool visit_input(const Value* v);
+  void note_constants(const Tensor& t);
+  bool evaluable(const Node* p, bool standard);
+  void carry_taint(const Node* p);
   std::optional<int64_t> slot_value(const std::string& param, const Probe& p) const;
   std::optional<TensorPtr> input_tensor(const Value* v, const Probe& p, std::string* err) const;
 

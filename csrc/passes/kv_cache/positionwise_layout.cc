@@ -118,18 +118,11 @@ bool is_end(const std::optional<DimExpr>& e, const DimExpr& seq,
   return v && *v >= std::numeric_limits<int32_t>::max();
 }
 
-// Slice: along other axes it keeps each position's slice; along the sequence only the whole
-// range (identity) or the last position (the last-token logits of some exports) are kept.
-bool slice(const Node& n, SeqContext& c, std::vector<SeqState>& out) {
-  if (!others_free(c, 1, "bounds")) return false;
-  auto s = carried(c, 1);
-  if (!s) return false;
-  const int r = seq_rank(c, n.inputs()[0]);
-  if (r < 0) return c.refuse("its input rank is unknown");
-  const bool inputs = c.opset >= 10;
-  std::vector<int64_t> axes;
+// The axes a Slice cuts (inputs from opset 10, attributes before; all of them when none are
+// given); false with the refusal when they are not known.
+bool slice_axes(const Node& n, SeqContext& c, std::vector<int64_t>& axes) {
   size_t count = 0;
-  if (inputs) {
+  if (c.opset >= 10) {
     const int rs = seq_rank(c, n.inputs()[1]);
     auto len = rs == 1 ? c.facts.known_dim(n.inputs()[1], 0) : std::nullopt;
     if (!len) return c.refuse("its starts are unknown");
@@ -145,19 +138,42 @@ bool slice(const Node& n, SeqContext& c, std::vector<SeqState>& out) {
   if (axes.empty()) {
     for (size_t k = 0; k < count; ++k) axes.push_back(static_cast<int64_t>(k));
   }
+  return true;
+}
+
+// Start, end and step of a Slice's k-th axis, where they are known.
+struct SliceBounds {
+  std::optional<DimExpr> start, end, step = DimExpr::constant(1);
+};
+
+SliceBounds slice_bounds(const Node& n, SeqContext& c, size_t k) {
+  SliceBounds b;
+  if (c.opset >= 10) {
+    b.start = element(c, n, 1, k);
+    b.end = element(c, n, 2, k);
+    if (n.inputs().size() > 4 && n.inputs()[4]) b.step = element(c, n, 4, k);
+  } else {
+    const Attribute* st = n.attribute("starts");
+    const Attribute* en = n.attribute("ends");
+    if (st && k < st->ints.size()) b.start = DimExpr::constant(st->ints[k]);
+    if (en && k < en->ints.size()) b.end = DimExpr::constant(en->ints[k]);
+  }
+  return b;
+}
+
+// Slice: along other axes it keeps each position's slice; along the sequence only the whole
+// range (identity) or the last position (the last-token logits of some exports) are kept.
+bool slice(const Node& n, SeqContext& c, std::vector<SeqState>& out) {
+  if (!others_free(c, 1, "bounds")) return false;
+  auto s = carried(c, 1);
+  if (!s) return false;
+  const int r = seq_rank(c, n.inputs()[0]);
+  if (r < 0) return c.refuse("its input rank is unknown");
+  std::vector<int64_t> axes;
+  if (!slice_axes(n, c, axes)) return false;
   for (size_t k = 0; k < axes.size(); ++k) {
     if (normalize_axis(axes[k], r) != s->axis) continue;
-    std::optional<DimExpr> start, end, step = DimExpr::constant(1);
-    if (inputs) {
-      start = element(c, n, 1, k);
-      end = element(c, n, 2, k);
-      if (n.inputs().size() > 4 && n.inputs()[4]) step = element(c, n, 4, k);
-    } else {
-      const Attribute* st = n.attribute("starts");
-      const Attribute* en = n.attribute("ends");
-      if (st && k < st->ints.size()) start = DimExpr::constant(st->ints[k]);
-      if (en && k < en->ints.size()) end = DimExpr::constant(en->ints[k]);
-    }
+    const auto [start, end, step] = slice_bounds(n, c, k);
     const bool unit = step && *step == DimExpr::constant(1) && !s->flattened();
     // x[:, -S:] (LFM2's mask over the conv input) is all of it too
     const auto len = c.facts.dim(n.inputs()[0], s->axis);
@@ -321,7 +337,9 @@ bool one_hot(const Node& n, SeqContext& c, std::vector<SeqState>& out) {
 // position along that axis (TorchScript's slice_scatter builds a full index grid: Concat(...,
 // Unsqueeze(c_j, -1), ..., axis -1), c_j = Expand(Range(0, S) reshaped to S on axis j, 1
 // elsewhere, broadcast from the right)); null when that is not proven.
-const Node* own_position_component(SeqContext& c, const Value* indices, int axis, int rank) {
+// Component `axis` of the index tuples Concat(..., Unsqueeze(c_j, -1), ..., axis -1): c_j, or
+// null when `indices` is not built so.
+const Value* index_component(SeqContext& c, const Value* indices, int axis, int rank) {
   const Node* cat = indices ? indices->producer() : nullptr;
   if (!cat || cat->op_type != "Concat" || !cat->domain.value.empty() ||
       normalize_axis(int_attr_or(cat, "axis", 0), rank + 1) != rank ||
@@ -331,15 +349,26 @@ const Node* own_position_component(SeqContext& c, const Value* indices, int axis
   const Value* v = cat->inputs()[static_cast<size_t>(axis)];
   const Node* p = v ? v->producer() : nullptr;
   if (!p || p->op_type != "Unsqueeze" || seq_rank(c, p->inputs()[0]) != rank) return nullptr;
-  v = p->inputs()[0];
+  return p->inputs()[0];
+}
+
+// Whether v is (.., S, 1, .., 1) with S on `axis` of a rank-`rank` grid, broadcast from the
+// right: S on axis - (rank - r).
+bool sequence_line(SeqContext& c, const Value* v, int axis, int rank) {
+  const int r = seq_rank(c, v);
+  bool line = r >= 1 && r <= rank && axis - (rank - r) >= 0;
+  for (int i = 0; i < r && line; ++i) {
+    auto d = c.facts.dim(v, i);
+    line = d && (i == axis - (rank - r) ? c.facts.equal(*d, c.seq) : *d == DimExpr::constant(1));
+  }
+  return line;
+}
+
+const Node* own_position_component(SeqContext& c, const Value* indices, int axis, int rank) {
+  const Value* v = index_component(c, indices, axis, rank);
+  const Node* p = nullptr;
   for (int steps = 0; v && steps < 6; ++steps) {  // Expand / Cast of (.., S, 1, .., 1)
-    const int r = seq_rank(c, v);  // broadcast from the right: S on axis - (rank - r)
-    bool line = r >= 1 && r <= rank && axis - (rank - r) >= 0;
-    for (int i = 0; i < r && line; ++i) {
-      auto d = c.facts.dim(v, i);
-      line = d && (i == axis - (rank - r) ? c.facts.equal(*d, c.seq) : *d == DimExpr::constant(1));
-    }
-    if (line) break;
+    if (sequence_line(c, v, axis, rank)) break;
     p = v->producer();
     if (!p || (p->op_type != "Expand" && p->op_type != "Cast")) return nullptr;
     v = p->inputs()[0];
