@@ -36,6 +36,10 @@ else:
 
 _TOLERANCE = {"tensor(float)": 1e-3, "tensor(float16)": 2e-2, "tensor(double)": 1e-6}
 _NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}
+# The seq2seq cache forms (csrc/passes/kv_cache/cache_form.h): the cross cache's names, the
+# in-place decoder's past-length input.
+_CROSS_SECTION = _C.kv_cache_forms()["seq2seq_cross"].section + "."
+_PAST_LENGTH_INPUT = _C.kv_cache_forms()["seq2seq_inplace"].past_length
 
 
 @dataclass
@@ -114,7 +118,7 @@ def _feed(sess: Any, ids: list[int], past_len: int) -> dict[str, np.ndarray]:
         "attention_mask": np.ones((1, total), np.int64),
         "position_ids": np.arange(past_len, total, dtype=np.int64)[None, :],
         # an in-place seq2seq decoder: the tokens its self-attention buffers hold
-        "past_sequence_length": np.array([past_len], np.int32),
+        _PAST_LENGTH_INPUT: np.array([past_len], np.int32),
     }
     return {k: v for k, v in feed.items() if k in names}
 
@@ -261,7 +265,7 @@ def _run_cached(
 
 
 def _is_cross(past: str) -> bool:
-    return ".encoder." in past  # past_key_values.<i>.encoder.key|value: a seq2seq cross cache
+    return _CROSS_SECTION in past  # past_key_values.<i>.encoder.key|value: a seq2seq cross cache
 
 
 def _present(past: str) -> str:
