@@ -12,10 +12,15 @@ and of the sliding-window families (gemma2, gemma3, both exporters).
   index differs from a standard cache's holes), and by onnxruntime-genai for the in-place form.
 - Sliding windows: transformers' sliding layers cache only their last window - 1 rows
   (present = Slice(Concat(past, new), -3)); the export's mask covers those rows and the new
-  ones. That is refused with the reason (never converted): with padding, these exports do not
-  compute a sliding window over the tokens (they decode differently from the same weights
-  without a cache, shown below), so GroupQueryAttention's local_window_size would change what
-  the model computes.
+  ones. kv_cache_adopt.cc adopts them as full caches (the Concat is the present, the past holds
+  every row) once the mask is proven over the rows the layer holds (mask_proof.h SlidingRows):
+  the dynamo exports convert in place (right padding only, GroupQueryAttention's
+  local_window_size), proven below by greedy parity with the original. The standard form is
+  refused: with a left padding or a hole, these exports read a sliding layer's padding from
+  attention_mask's first columns, not the held positions' (they decode differently from the
+  same weights without a cache, shown below). The TorchScript exports are refused in both
+  forms: their traced offset indexes attention_mask out of range below a past of window - 1
+  (ONNX Runtime fails on them for a 1- or 2-token prompt).
 """
 
 from __future__ import annotations
@@ -157,24 +162,56 @@ SLIDING_CASES = [
     pytest.param(fx, mode, id=f"{fx}-{mode}")
     for fx in SLIDING_CACHED
     for mode in ("standard", "inplace")
+    if not (fx.exporter == "dynamo" and mode == "inplace")
 ]
+SLIDING_INPLACE = [fx for fx in SLIDING_CACHED if fx.exporter == "dynamo"]
 
 
 @pytest.mark.parametrize(("fx", "mode"), SLIDING_CASES)
 def test_sliding_cached_export_is_refused(fx: Fixture, mode: str, tmp_path: Path) -> None:
-    """Refused with the reason (the sliced present, its rows, the window), nothing written."""
+    """Refused with the real obstacle, nothing written: the dynamo export's mask reads a
+    sliding layer's padding from attention_mask's first columns (a standard cache's holes reach
+    it); the TorchScript export's index leaves attention_mask below a past of window - 1."""
     out = tmp_path / "model.onnx"
     with pytest.raises(fastopt.ModelError) as err:
         fastopt.optimize(fx.path, preset="llm", output=out, kv_cache=mode)  # type: ignore[arg-type]
     msg = str(err.value)
-    assert "reads a sliding-window cache: 'present.0.key' keeps the last 3 rows" in msg
-    assert "a window of 4 keys" in msg and "export without a cache" in msg
+    if fx.exporter == "dynamo":
+        assert "(past 4)" in msg and "a window of 4 keys" in msg, msg
+        assert "reads their padding from attention_mask's first columns" in msg, msg
+    else:
+        assert "its index -3 is outside the 1 entries there" in msg, msg
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("fx", SLIDING_INPLACE, ids=str)
+def test_sliding_cached_export_converts_in_place(fx: Fixture, tmp_path: Path) -> None:
+    """The dynamo export's sliding caches become full in-place caches with the window as
+    GroupQueryAttention's local_window_size (4 on the sliding layers 0 and 2, none on layer
+    1): 32 greedy tokens and step logits (1e-4) as the original fed its own presents, each row
+    alone (past 0 .. 40 rows: below, at and past the 3 rows a sliding layer keeps)."""
+    out = tmp_path / "model.onnx"
+    report = fastopt.optimize(fx.path, preset="llm", output=out, kv_cache="inplace")
+    assert counters(report, "add_kv_cache")["sliding caches adopted"] == 2
+    model = onnx.load(out)
+    windows = [
+        {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}.get(
+            "local_window_size", -1
+        )
+        for n in model.graph.node
+        if n.op_type == "GroupQueryAttention"
+    ]
+    assert windows == [4, -1, 4]
+    prompts = _prompts()
+    ref = original(fx, prompts, STEPS, "inplace")
+    got = kg.greedy_cached(out, prompts, STEPS, inplace=True)
+    same, diff = kg.compare(ref, got)
+    assert same == STEPS and diff <= 1e-4, (same, diff)
 
 
 @pytest.mark.parametrize("arch", SLIDING_ARCHS)
 def test_sliding_cached_export_is_not_a_window(arch: str) -> None:
-    """Why it is refused rather than converted: the same weights without a cache (whose
+    """Why the standard form is refused: the same weights without a cache (whose
     --kv-cache form, with local_window_size, decodes as they do: test_kv_generation.py) give
     other tokens or logits than the cached export on a right-padded batch, and the TorchScript
     cached export differs even for one unpadded row (its branches on the cache length are

@@ -140,3 +140,54 @@ def test_tf449_float16_mask_is_proven(exporter: str, tmp_path: Path) -> None:
             assert same >= 1
             _, moved = kg.divergence(ref, got, same)
             assert moved <= 2e-2, (mode, same, moved)
+
+
+def _gqa_windows(path: Path) -> list[int]:
+    return [
+        {a.name: helper.get_attribute_value(a) for a in n.attribute}.get("local_window_size", -1)
+        for n in onnx.load(path).graph.node
+        if n.op_type == "GroupQueryAttention"
+    ]
+
+
+@pytest.mark.parametrize("exporter", ["ts", "dynamo"])
+def test_tf449_qwen2_window_of_4096_is_proven_without_probing_it(
+    exporter: str, tmp_path: Path
+) -> None:
+    """4.49's Qwen2 mask keeps the config's 4096 window (Sub(cache_position, 4096) compared
+    with the key positions) although use_sliding_window is off. The proof replaces the constant
+    by two probed values (the window follows them), so no 4096-row probe runs: the cache
+    converts with a window of 4096 keys (local_window_size in place), well under a second, and
+    decodes as the original."""
+    (fx,) = matrix_fixtures("4.49.0", arch="qwen2", exporter=exporter, dtype="float32")
+    prompts = [[5, 17, 42, 7, 99, 3], [3, 8, 250]]
+    ref = kg.greedy_no_cache(fx.path, *kg.right_pad(prompts), 8)
+    for mode in ("standard", "inplace"):
+        out_path = tmp_path / mode / "model.onnx"
+        report = fastopt.optimize(fx.path, preset="llm", output=out_path, kv_cache=mode)  # type: ignore[arg-type]
+        add = next(p for p in report.passes if p.name == "add_kv_cache")
+        assert add.counters["sliding-window layers"] == 2 and add.seconds < 5, add
+        if mode == "inplace":
+            assert _gqa_windows(out_path) == [4096, 4096]
+        got = kg.greedy_cached(out_path, prompts, 8, inplace=mode == "inplace")
+        same, diff = kg.compare(ref, got)
+        assert same == 8 and diff <= 1e-4, (mode, same, diff)
+
+
+def test_tf449_far_constant_used_otherwise_is_refused(tmp_path: Path) -> None:
+    """The same mask with the constant read as 4096 - cache_position (no longer an offset of
+    a compared position): the substitution argument does not hold, and the mask is refused as
+    one holding a constant beyond the probes."""
+    (fx,) = matrix_fixtures("4.49.0", arch="qwen2", exporter="ts", dtype="float32")
+    proto = onnx.load(fx.path)
+    consts = {
+        n.output[0]
+        for n in proto.graph.node
+        if n.op_type == "Constant" and numpy_helper.to_array(n.attribute[0].t).tolist() == 4096
+    }
+    (sub,) = [n for n in proto.graph.node if n.op_type == "Sub" and n.input[1] in consts]
+    sub.input[0], sub.input[1] = sub.input[1], sub.input[0]
+    src = tmp_path / "model.onnx"
+    onnx.save(proto, src)
+    with pytest.raises(fastopt.ModelError, match="holds the constant 4096, beyond the lengths"):
+        fastopt.optimize(src, preset="llm", output=tmp_path / "o.onnx", kv_cache="standard")

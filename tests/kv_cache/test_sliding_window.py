@@ -111,9 +111,35 @@ def test_a_computed_window_is_found() -> None:
     assert attrs["sliding_window"] == 512
 
 
-def test_a_window_beyond_the_probes_is_refused() -> None:
+def _window_of(model: onnx.ModelProto) -> int:
+    loaded = fastopt.load_bytes(model.SerializeToString())
+    ctx = fastopt.PassContext(model=loaded, target="ort", options={"kv_cache": 1})
+    assert fastopt.get_pass("add_kv_cache").run(ctx) == 1
+    att = next(n for n in loaded.to_onnx().graph.node if n.op_type == "Attention")
+    return int({a.name: helper.get_attribute_value(a) for a in att.attribute}["sliding_window"])
+
+
+def test_a_window_beyond_the_probes_is_proven_by_substitution() -> None:
+    """A window of 4096, beyond the probed lengths, that is only an offset compared with the
+    positions: proven with the constant replaced by two probed values (the window follows)."""
+    assert _window_of(onnx.load_from_string(attention_model(window=4096))) == 4096
+
+
+def test_a_computed_window_beyond_the_probes_is_refused() -> None:
+    """Computed (Mul(2048, 2)), the constant is no offset the proof can replace: refused."""
+    model = onnx.load_from_string(attention_model(window=4096))
+    g = model.graph
+    (w,) = [i for i in g.initializer if i.name == "m_window"]
+    g.initializer.remove(w)
+    g.initializer.extend(
+        [
+            onnx.numpy_helper.from_array(np.array(2048, np.int64), "m_half"),
+            onnx.numpy_helper.from_array(np.array(2, np.int64), "m_two"),
+        ]
+    )
+    g.node.insert(0, helper.make_node("Mul", ["m_half", "m_two"], ["m_window"]))
     with pytest.raises(fastopt.ModelError, match="constant 4096, beyond the lengths"):
-        _add_cache(attention_model(window=4096))
+        _add_cache(model.SerializeToString())
 
 
 def _bool_mask(model: onnx.ModelProto, bias: str) -> str:

@@ -35,7 +35,8 @@
 // and in place (kv_cache 2) every Shape read of a past that includes its length gets P instead
 // of the buffer's max length. An ALiBi bias is kept as for a no-cache model (kv_cache_bias.cc;
 // it may also read a past's shape, P). A sliding-window cache that keeps only its last rows
-// (transformers' sliding layers: present = Slice(Concat(past, new), -(w - 1))) is refused.
+// (transformers' sliding layers: present = Slice(Concat(past, new), -(w - 1))) is adopted as a
+// full cache when its mask is proven over the rows it holds (kv_cache_adopt.cc).
 //
 // Masks: every attention's mask is replaced, so each is first proven (mask_proof.h,
 // by evaluating it on probes) to be causal with padding, or that with a sliding window of w

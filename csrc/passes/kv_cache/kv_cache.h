@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "passes/attention/internal_op.h"
 #include "passes/fusion_util.h"
 #include "passes/kv_cache/cache_form.h"
+#include "passes/kv_cache/mask_proof.h"
 
 namespace fastopt::passes::kv_cache {
 
@@ -110,9 +112,11 @@ SharedMask build_shared_mask(Graph& g, KvCacheBuilder& b, Value* input_ids, Valu
                              const Dim& batch_dim);
 
 // The window of each attention's mask (0: none), proven by mask_proof.h: the cached form
-// replaces the masks, so one it cannot reproduce is refused, never dropped.
+// replaces the masks, so one it cannot reproduce is refused, never dropped. `sliding`: the
+// model's sliding-window cache (its pasts hold min(P, rows) rows), read by `reading_rows`.
 std::vector<int64_t> proven_windows(const Graph& g, const std::vector<Node*>& attentions,
-                                    bool with_past);
+                                    bool with_past, const SlidingRows* sliding = nullptr,
+                                    const std::unordered_set<const Node*>& reading_rows = {});
 
 // `mask` as the attention's mask input (nullptr: none), with is_causal 0: the cache's mask says
 // what may be attended (kv_cache_mask.cc).

@@ -17,9 +17,25 @@ using pattern::attr_int;
 
 // The past inputs of the cached form, in the order the attentions read them (the edits follow
 // it: the same output every run), and the Concat(past, new) of each attention.
+struct CachedForm;
+
+// A sliding-window layer in the form transformers' sliding caches export: the attention reads
+// Concat(past input, new rows) on axis 2 for K and V, and each present output is the last `rows`
+// rows of that Concat (Slice). Adopted as a full cache: the Concats become the presents, the
+// past inputs hold every earlier row, and the window is the proven mask's.
+struct SlidingLayer {
+  Node* att;
+  Node* slices[2];  // K, V: the presents, Slice(Concat, last rows)
+  Node* inner[2];   // K, V: Slice(past, last rows) before the Concat, or null
+  int64_t rows;
+};
+
 struct CachedForm {
   std::vector<const Value*> pasts;
   std::unordered_set<const Node*> cache_concats;
+  std::vector<SlidingLayer> sliding;
+  SlidingRows sliding_rows;  // the sliding layers' pasts and rows, for the mask proof
+  std::unordered_set<const Node*> reading_rows;
 };
 
 // A sliding-window layer's cache as transformers keeps it: the present is
@@ -68,6 +84,57 @@ std::optional<SlidingCache> sliding_cache(const Graph& g, const Node* att) {
   return std::nullopt;
 }
 
+// The sliding form of `att` (SlidingLayer), when it has it: for K and V, the attention reads
+// Concat(past input, new) on axis 2, or Concat(Slice(past input, last rows), new) (the cache
+// rebuilt from the past keeps its last rows too: a no-op on a past of at most `rows` rows),
+// read by the attention and one Slice of its last rows that is a graph output, the same rows
+// everywhere.
+// `n` when it is a Concat of two inputs on axis 2 (a cache's rows).
+const Node* sequence_concat(const Node* n) {
+  if (!n || n->op_type != "Concat" || !n->domain.value.empty() || n->inputs().size() != 2 ||
+      !n->inputs()[0]) {
+    return nullptr;
+  }
+  const int64_t axis = int_attr_or(n, "axis", 0);
+  return axis == 2 || axis == -2 ? n : nullptr;
+}
+
+// One side (kv 0: K, 1: V) of sliding_layer's form; false when it is not that form.
+bool sliding_side(Node* att, int kv, SlidingLayer* l) {
+  auto same_rows = [&](std::optional<int64_t> rows) {
+    if (!rows || (l->rows && l->rows != *rows)) return false;
+    l->rows = *rows;
+    return true;
+  };
+  const Value* cat = att->inputs().size() > 2 ? att->inputs()[1 + kv] : nullptr;
+  const Node* c = cat && !cat->is_graph_output() ? sequence_concat(cat->producer()) : nullptr;
+  if (!c) return false;
+  const Value* past = c->inputs()[0];
+  if (Node* inner = past->producer()) {
+    if (!same_rows(last_rows(inner)) || past->uses().size() != 1 || past->is_graph_output()) {
+      return false;
+    }
+    l->inner[kv] = inner;
+    past = inner->inputs()[0];
+  }
+  if (!past || !past->is_graph_input() || past->initializer()) return false;
+  for (const Use& u : cat->uses()) {
+    if (u.node == att) continue;
+    if (l->slices[kv] || !same_rows(last_rows(u.node)) ||
+        !u.node->outputs()[0]->is_graph_output()) {
+      return false;
+    }
+    l->slices[kv] = u.node;
+  }
+  return l->slices[kv] != nullptr;
+}
+
+std::optional<SlidingLayer> sliding_layer(Node* att) {
+  SlidingLayer l{att, {nullptr, nullptr}, {nullptr, nullptr}, 0};
+  if (!sliding_side(att, 0, &l) || !sliding_side(att, 1, &l)) return std::nullopt;
+  return l;
+}
+
 // A present output that is a past input passed through Identity: the export never returns the
 // new rows (transformers 4.49's GPT-2 exports with a cache write Identity(past) as each present:
 // the cache it returns does not grow, so the export itself decodes wrongly after one step).
@@ -87,6 +154,29 @@ std::string unchanged_present(const Graph& g) {
   return "";
 }
 
+// A sliding layer (sliding_layer) joins the form, its pasts those of the sliding rows; one
+// whose rows differ from another's is refused.
+bool add_sliding(Node* att, CachedForm* form) {
+  std::optional<SlidingLayer> l = sliding_layer(att);
+  if (!l) return false;
+  if (form->sliding_rows.rows && form->sliding_rows.rows != l->rows) {
+    refuse("the sliding layers keep different numbers of rows (" +
+           std::to_string(form->sliding_rows.rows) + " and " + std::to_string(l->rows) + ")");
+  }
+  form->sliding_rows.rows = l->rows;
+  for (int kv = 0; kv < 2; ++kv) {
+    const Node* cat = l->slices[kv]->inputs()[0]->producer();
+    const Node* inner = l->inner[kv];
+    const Value* past = inner ? inner->inputs()[0] : cat->inputs()[0];
+    form->pasts.push_back(past);
+    form->sliding_rows.pasts.push_back(past->name());
+    form->cache_concats.insert({inner, cat});  // the Concat reads the past once adopted
+  }
+  form->reading_rows.insert(att);
+  form->sliding.push_back(*l);
+  return true;
+}
+
 // Every attention reads its K/V as Concat(past input, new rows) feeding a present output, and
 // every past input feeds one.
 CachedForm check_cached_form(const Graph& g, const std::vector<Node*>& attentions) {
@@ -97,6 +187,7 @@ CachedForm check_cached_form(const Graph& g, const std::vector<Node*>& attention
       refuse("attention '" + att->name.value + "' has inputs or outputs the form does not know");
     }
     const std::optional<CachedKV> c = cached_kv(att);
+    if (!c && add_sliding(att, &form)) continue;
     if (!c) {
       if (std::optional<SlidingCache> w = sliding_cache(g, att)) {
         refuse("attention '" + att->name.value + "' reads a sliding-window cache: '" +
@@ -120,6 +211,7 @@ CachedForm check_cached_form(const Graph& g, const std::vector<Node*>& attention
     }
     form.cache_concats.insert({c->present_k->producer(), c->present_v->producer()});
   }
+  pasts.insert(form.pasts.begin(), form.pasts.end());  // the sliding layers' too
   for (const Value* v : g.inputs()) {
     if (v && v->name().rfind(kExportedPastPrefix, 0) == 0 && !pasts.count(v)) {
       refuse("past input '" + v->name() + "' does not feed the cache of a fused attention");
@@ -162,6 +254,83 @@ std::vector<std::pair<Node*, int64_t>> past_shape_reads(const CachedForm& form, 
   return shape_reads;
 }
 
+// A sliding layer's past holds min(P, rows) rows, the adopted one P: a Shape read of its length
+// may only reach masks (all of which are replaced); one reaching anything else (an output, a
+// Reshape, positions) would read another length after the rewrite, and is refused.
+void check_sliding_shape_reads(const CachedForm& form,
+                               const std::vector<std::pair<Node*, int64_t>>& shape_reads) {
+  const std::vector<std::string>& names = form.sliding_rows.pasts;
+  std::vector<const Value*> todo;
+  for (auto [shape, at] : shape_reads) {
+    const std::string& past = shape->inputs()[0]->name();
+    if (std::find(names.begin(), names.end(), past) != names.end()) {
+      todo.push_back(shape->outputs()[0]);
+    }
+  }
+  std::unordered_set<const Value*> seen(todo.begin(), todo.end());
+  while (!todo.empty()) {
+    const Value* v = todo.back();
+    todo.pop_back();
+    if (v->is_graph_output()) {
+      refuse("the length of a sliding layer's past (min(P, " +
+             std::to_string(form.sliding_rows.rows) + ") rows) reaches the graph output '" +
+             v->name() + "': adopted as a full cache it would read P");
+    }
+    for (const Use& u : v->uses()) {
+      if (is_internal_attention(u.node) && u.input_index == 3) continue;  // a mask: replaced
+      if (is_internal_attention(u.node) || u.node->has_subgraphs()) {
+        refuse("the length of a sliding layer's past (min(P, " +
+               std::to_string(form.sliding_rows.rows) + ") rows) is read by " + u.node->op_type +
+               " '" + u.node->name.value +
+               "' beyond the masks: adopted as a full cache it would read P");
+      }
+      for (const Value* out : u.node->outputs()) {
+        if (out && seen.insert(out).second) todo.push_back(out);
+      }
+    }
+  }
+}
+
+// The sliding layers become full caches: each Concat(past, new) is the present output (its
+// name, the total length), the Slice of its last rows goes, and the past input is (B, Hkv, P, D).
+void adopt_sliding_layers(Graph& g, const CachedForm& form, const Value* attention_mask) {
+  Dim past_dim = param_dim("past_sequence_length");
+  for (const Value* v : form.pasts) {
+    const auto& names = form.sliding_rows.pasts;
+    const Dim* d = dim_of(v, 2);
+    if (d && std::find(names.begin(), names.end(), v->name()) == names.end()) past_dim = *d;
+  }
+  const Dim* total = dim_of(attention_mask, 1);
+  const Dim total_dim = total ? *total : param_dim("total_sequence_length");
+  for (const SlidingLayer& l : form.sliding) {
+    for (int kv = 0; kv < 2; ++kv) {
+      Node* slice = l.slices[kv];
+      Value* present = slice->outputs()[0];
+      Value* cat = slice->inputs()[0];
+      if (Node* inner = l.inner[kv]) {  // the whole past, not its last rows
+        cat->producer()->set_input(0, inner->inputs()[0]);
+        g.remove_node(inner);
+      }
+      Value* past = cat->producer()->inputs()[0];
+      const std::string name = present->name();
+      g.rename(present, g.unique_name(name + "_last_rows"));
+      g.rename(cat, name);
+      if (past->type.known && past->type.has_shape && past->type.dims.size() == 4) {
+        past->type.dims[2] = past_dim;
+        cat->type = past->type;
+        cat->type.dims[2] = total_dim;
+      }
+      g.replace_all_uses(present, cat);
+      g.remove_node(slice);
+      for (auto* entries : {&g.input_entries, &g.output_entries}) {
+        for (ValueInfoEntry& e : *entries) {
+          if (e.value == past || e.value == cat) e.own_type.reset();
+        }
+      }
+    }
+  }
+}
+
 // In place, Shape(past) reads (B, Hkv, max_len, D): give them (B, Hkv, P, D).
 void fix_past_shape_reads(KvCacheBuilder& b, const SharedMask& mask, Node* head,
                           const std::vector<std::pair<Node*, int64_t>>& shape_reads) {
@@ -199,15 +368,23 @@ int64_t adopt_cache(Graph& g, const std::vector<Node*>& attentions, Value* input
                     PassContext& ctx) {
   const bool inplace = cache_form.shares_buffer;
   const CachedForm form = check_cached_form(g, attentions);
-  past_shape_reads(form, inplace);  // refuses other reads of a past in place
+  // refuses other reads of a past in place; a sliding past's length may reach masks only
+  check_sliding_shape_reads(form, past_shape_reads(form, inplace));
   std::vector<ScoreBias> biases = check_score_biases(g, attentions, attention_mask);
   std::vector<int64_t> windows;
   {  // a biased attention's mask part is proven like any mask
     MaskPartsForProof proving(g, biases);
-    windows = proven_windows(g, attentions, true);
+    SlidingRows rows = form.sliding_rows;
+    rows.right_padded_only = inplace;
+    windows = proven_windows(g, attentions, true, form.sliding.empty() ? nullptr : &rows,
+                             form.reading_rows);
   }
 
   // ---- edits ----
+  adopt_sliding_layers(g, form, attention_mask);
+  if (!form.sliding.empty()) {
+    ctx.counters["sliding caches adopted"] += static_cast<int64_t>(form.sliding.size());
+  }
   KvCacheBuilder b(g);
   Node* head = g.first();  // the shared mask goes before it
   SharedMask mask = build_shared_mask(g, b, input_ids, attention_mask, batch_dim);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -90,14 +91,16 @@ SharedMask build_shared_mask(Graph& g, KvCacheBuilder& b, Value* input_ids, Valu
 }
 
 std::vector<int64_t> proven_windows(const Graph& g, const std::vector<Node*>& attentions,
-                                    bool with_past) {
+                                    bool with_past, const SlidingRows* sliding,
+                                    const std::unordered_set<const Node*>& reading_rows) {
   std::vector<int64_t> windows;
   // Layers sharing one mask value (and causal flag, head count) share the answer.
   std::vector<std::pair<const Node*, int64_t>> proven;
-  auto same_mask = [](const Node* a, const Node* b) {
+  auto same_mask = [&reading_rows](const Node* a, const Node* b) {
     return a->inputs().size() > 3 && b->inputs().size() > 3 && a->inputs()[3] == b->inputs()[3] &&
            int_attr_or(a, "is_causal", 0) == int_attr_or(b, "is_causal", 0) &&
-           int_attr_or(a, "q_num_heads", 0) == int_attr_or(b, "q_num_heads", 0);
+           int_attr_or(a, "q_num_heads", 0) == int_attr_or(b, "q_num_heads", 0) &&
+           reading_rows.count(a) == reading_rows.count(b);
   };
   for (size_t i = 0; i < attentions.size(); ++i) {
     auto known = std::find_if(proven.begin(), proven.end(),
@@ -107,7 +110,8 @@ std::vector<int64_t> proven_windows(const Graph& g, const std::vector<Node*>& at
       continue;
     }
     std::string why;
-    auto kind = classify_attention_mask(*g.model(), g, attentions[i], with_past, &why);
+    auto kind = classify_attention_mask(*g.model(), g, attentions[i], with_past, &why, sliding,
+                                        reading_rows.count(attentions[i]) > 0);
     if (!kind) {
       refuse("the mask of layer " + std::to_string(i) + " (attention '" +
              attentions[i]->name.value +

@@ -32,7 +32,9 @@
 //   - T = c-1 .. c+2 around every integer constant c of the subgraph (initializers and what its
 //     input-free nodes compute) with 16 < c <= 2048, with
 //     rows unpadded, padded by 1 and by T/2 on either side, and a hole; a constant of
-//     2048 < |c| < 2^31 - 1 (a window this check would have to probe beyond) refuses the mask;
+//     2048 < |c| < 2^31 - 1 (a window this check would have to probe beyond) refuses the mask,
+//     unless it is only an offset compared with positions (prove_far_offset: the subgraph is
+//     proven with c replaced by two probed values instead);
 //   - with a cache, S in {1, 2, T} for each T.
 // The mask must agree on every probe, for every query that attention_mask keeps, at every key,
 // with transformers' pattern: key t allowed iff attention_mask[b, t] != 0, t <= P + s, and
@@ -52,6 +54,8 @@
 // query may see a pad key, which the comparison checks), and its own output is don't-care.
 #include "passes/kv_cache/mask_proof.h"
 
+#include <algorithm>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -74,13 +78,20 @@ using mask_walk::TensorPtr;
 
 constexpr int64_t kShortLengths = 16;  // every length up to this, with every padding
 
-// Probe length slots: 0 batch, then S (new tokens), T (attention_mask's width), P (past).
-enum Slot : size_t { kBatch = 0, kSeq = 1, kTotal = 2, kPast = 3 };
+// Probe length slots: 0 batch, then S (new tokens), T (attention_mask's width), P (past), and
+// the rows a sliding layer's past holds, min(P, rows).
+enum Slot : size_t { kBatch = 0, kSeq = 1, kTotal = 2, kPast = 3, kRowsHeld = 4 };
 
 class MaskProof {
  public:
-  MaskProof(const Model& m, const Graph& g, const Node* att, bool with_past)
-      : att_(att), with_past_(with_past), walker_(m, g, inputs(g, with_past)) {}
+  MaskProof(const Model& m, const Graph& g, const Node* att, bool with_past,
+            const SlidingRows* sliding, bool reads_rows)
+      : att_(att),
+        with_past_(with_past),
+        rows_(sliding ? sliding->rows : 0),
+        reads_rows_(sliding && reads_rows),
+        right_padded_only_(sliding && sliding->right_padded_only),
+        walker_(m, g, inputs(g, with_past, sliding)) {}
 
   std::optional<MaskKind> run(std::string* why) {
     const std::vector<Value*>& in = att_->inputs();
@@ -95,6 +106,77 @@ class MaskProof {
     if (hq_ <= 0) return fail(why, "no q_num_heads");
     std::string err;
     if (!walker_.admit(mask, &err)) return fail(why, err);
+    const std::optional<int64_t> far = far_offset();
+    if (!far) return prove(why);
+    return prove_far_offset(*far, why);
+  }
+
+ private:
+  // A constant beyond the probes (transformers 4.49's Qwen2 window of 4096 when the config
+  // keeps one: Sub(cache_position, 4096) compared with the key positions), when there is one.
+  std::optional<int64_t> far_offset() {
+    std::vector<int64_t> constants = walker_.constants();
+    std::string err;
+    walker_.evaluate(make_probe(1, 1, {full_row(1)}, "length 1"), &err, &constants);
+    for (int64_t c : constants) {
+      const int64_t a = c < 0 ? -c : c;
+      if (a > mask_walk::kMaxProbeLength && a < std::numeric_limits<int32_t>::max()) return c;
+    }
+    return std::nullopt;
+  }
+
+  // The mask with a constant c beyond the probes. When c is an offset compared with something
+  // and nothing else (every use Add(x, c) or Sub(x, c), read only by Less/LessOrEqual/Greater/
+  // GreaterOrEqual: MaskWalker::compared_offsets), the mask depends on c only through where a
+  // length crosses c (or a small offset of it), the breakpoints the probes are placed around
+  // (this file's header). The same subgraph with c replaced by a probed c' > 16, clear of the
+  // other constants, crosses the same breakpoints in the same order, so it is proven the way
+  // any mask is; done for two such c', the window must follow c' (then it is c: the window
+  // comes from c) or stay the same (then c never changes the mask). No probe of c's length is
+  // run (a 4096-row probe took over 13 minutes).
+  std::optional<MaskKind> prove_far_offset(int64_t c, std::string* why) {
+    const std::vector<const Value*> leaves = walker_.compared_offsets(c);
+    if (leaves.empty()) return prove(why);  // refused: beyond the probes, used otherwise
+    std::vector<int64_t> others;
+    for (int64_t x : walker_.constants()) {
+      if (x != c) others.push_back(x < 0 ? -x : x);
+    }
+    auto clear = [&](int64_t from) {
+      int64_t v = from;
+      while (std::any_of(others.begin(), others.end(),
+                         [&](int64_t a) { return a >= v - 4 && a <= v + 4; })) {
+        ++v;
+      }
+      return v;
+    };
+    const int64_t c1 = clear(kShortLengths + 8), c2 = clear(c1 + 9);
+    std::optional<MaskKind> kinds[2];
+    const int64_t tried[2] = {c1, c2};
+    for (int i = 0; i < 2; ++i) {
+      for (const Value* leaf : leaves) walker_.substitute(leaf, c < 0 ? -tried[i] : tried[i]);
+      std::string err;
+      kinds[i] = prove(&err);
+      if (!kinds[i]) {
+        return fail(why, "its subgraph holds the constant " + std::to_string(c) +
+                             " (beyond the lengths the check probes), an offset compared with "
+                             "positions; with it replaced by " +
+                             std::to_string(tried[i]) + ", " + err);
+      }
+    }
+    const int64_t abs_c = c < 0 ? -c : c;
+    if (kinds[0]->window == c1 && kinds[1]->window == c2) return MaskKind{abs_c};
+    if (kinds[0]->window == kinds[1]->window) return kinds[0];
+    return fail(why, "its subgraph holds the constant " + std::to_string(c) +
+                         ", an offset compared with positions, whose window neither follows it "
+                         "nor stays (replaced by " +
+                         std::to_string(c1) + " and " + std::to_string(c2) + ": windows " +
+                         std::to_string(kinds[0]->window) + " and " +
+                         std::to_string(kinds[1]->window) + ")");
+  }
+
+  // The proof on the probes, for the admitted subgraph as the walker evaluates it.
+  std::optional<MaskKind> prove(std::string* why) {
+    std::string err;
     // Constants the subgraph computes (Mul(256, 2) is a window of 512 too): the values of its
     // input-free nodes, from one evaluation.
     std::vector<int64_t> constants = walker_.constants();
@@ -138,13 +220,15 @@ class MaskProof {
     return kind;
   }
 
- private:
   // attention_mask's values; the shapes of input_ids, of position_ids where it is tied to
   // input_ids' (positions_shape) and, with a cache, of the past_* inputs.
-  static std::vector<MaskInput> inputs(const Graph& g, bool with_past) {
+  static std::vector<MaskInput> inputs(const Graph& g, bool with_past, const SlidingRows* sliding) {
     std::vector<MaskInput> in = {{kAttentionMask, false, true, {{0, kBatch}, {1, kTotal}}},
                                  {kInputIds, false, false, {{0, kBatch}, {1, kSeq}}}};
     if (std::optional<MaskInput> pos = positions_shape(g)) in.push_back(std::move(*pos));
+    for (size_t i = 0; with_past && sliding && i < sliding->pasts.size(); ++i) {
+      in.push_back({sliding->pasts[i], false, false, {{0, kBatch}, {2, kRowsHeld}}});
+    }
     if (with_past) in.push_back({kExportedPastPrefix, true, false, {{0, kBatch}, {2, kPast}}});
     return in;
   }
@@ -193,10 +277,11 @@ class MaskProof {
 
   static std::vector<uint8_t> full_row(int64_t t) { return std::vector<uint8_t>(t, 1); }
 
-  static Probe make_probe(int64_t total, int64_t seq, std::vector<std::vector<uint8_t>> rows,
-                          std::string what) {
+  Probe make_probe(int64_t total, int64_t seq, std::vector<std::vector<uint8_t>> rows,
+                   std::string what) const {
     Probe p;
-    p.lengths = {static_cast<int64_t>(rows.size()), seq, total, total - seq};
+    p.lengths = {static_cast<int64_t>(rows.size()), seq, total, total - seq,
+                 std::min(total - seq, rows_)};
     p.rows = std::move(rows);
     p.what = std::move(what);
     return p;
@@ -213,7 +298,9 @@ class MaskProof {
       r[at] = 0;
       rows.push_back(std::move(r));
     };
-    if (total <= kShortLengths) {
+    if (right_padded_only_) {
+      for (int64_t k = 1; k < total; ++k) padded(k, true);
+    } else if (total <= kShortLengths) {
       for (int64_t k = 1; k < total; ++k) padded(k, true);
       for (int64_t k = 1; k < total; ++k) padded(k, false);
       for (int64_t k = 1; k + 1 < total; ++k) holed(k);
@@ -238,14 +325,28 @@ class MaskProof {
   // 1 when the evaluated mask lets query s of row b see key t (any head: all must agree, which
   // matches() checks), 0 when it removes it, -1 for a value that is neither, -2 when it does not
   // broadcast.
+  // Key t is the position: a sliding layer's attention holds positions P - min(P, rows) on
+  // (the earlier ones are not among its keys: it cannot see them).
   int allowed(const Tensor& mask, const uint8_t* base, const Probe& p, int64_t b, int64_t h,
               int64_t s, int64_t t) const {
     const int64_t past = p.lengths[kPast], seq = p.lengths[kSeq];
-    const int64_t full[4] = {static_cast<int64_t>(p.rows.size()), hq_, seq, past + seq};
-    const int64_t at[4] = {b, h, s, t};
+    const int64_t held = reads_rows_ ? p.lengths[kRowsHeld] : past;  // past rows among the keys
+    const int64_t j = t - (past - held);
+    if (j < 0) return 0;
+    const int64_t full[4] = {static_cast<int64_t>(p.rows.size()), hq_, seq, held + seq};
+    const int64_t at[4] = {b, h, s, j};
     int v = mask_walk::read_mask(mask, base, full, at);
-    if (v == 1 && causal_ && t > past + s) v = 0;  // is_causal, bottom-right aligned
+    if (v == 1 && causal_ && j > held + s) v = 0;  // is_causal, bottom-right aligned
     return v;
+  }
+
+  // Where a sliding layer's keys start, for a mismatch's message.
+  std::string held_note(const Probe& p) const {
+    const int64_t from = p.lengths[kPast] - p.lengths[kRowsHeld];
+    if (!reads_rows_ || from == 0) return "";
+    return " (its keys are the sliding cache's rows, positions " + std::to_string(from) +
+           " on: a mask that reads their padding from attention_mask's first columns reads "
+           "other positions' padding)";
   }
 
   bool matches(const TensorPtr& mask, const Probe& p, int64_t window, std::string* err) const {
@@ -281,7 +382,8 @@ class MaskProof {
               *err = "on a probe (" + p.what + ", row " + std::to_string(b) + ") query " +
                      std::to_string(s) + " " + (got ? "sees" : "does not see") + " key " +
                      std::to_string(t) + ", unlike a causal mask with padding" +
-                     (window ? " and a window of " + std::to_string(window) + " keys" : "");
+                     (window ? " and a window of " + std::to_string(window) + " keys" : "") +
+                     held_note(p);
               return false;
             }
           }
@@ -293,6 +395,9 @@ class MaskProof {
 
   const Node* att_;
   bool with_past_;
+  int64_t rows_;     // the rows a sliding layer's past holds at most (0: no sliding cache)
+  bool reads_rows_;  // this attention's keys are a sliding layer's rows and the new ones
+  bool right_padded_only_;
   MaskWalker walker_;
   bool causal_ = false;
   int64_t hq_ = 0;
@@ -301,8 +406,9 @@ class MaskProof {
 }  // namespace
 
 std::optional<MaskKind> classify_attention_mask(const Model& m, const Graph& g, const Node* att,
-                                                bool with_past, std::string* why) {
-  return MaskProof(m, g, att, with_past).run(why);
+                                                bool with_past, std::string* why,
+                                                const SlidingRows* sliding, bool reads_rows) {
+  return MaskProof(m, g, att, with_past, sliding, reads_rows).run(why);
 }
 
 }  // namespace fastopt::passes

@@ -73,6 +73,28 @@ void collect_ints(const Tensor& t, std::vector<int64_t>* computed) {
   }
 }
 
+// Why a Gather failed, when an index falls outside its data: the export then computes an index
+// no input of the probe's lengths can read (a length fixed by a trace), which ONNX Runtime
+// rejects as well.
+std::string gather_out_of_range(const Node& n, const std::vector<TensorPtr>& ins) {
+  if (n.op_type != "Gather" || ins.size() != 2 || !ins[0] || !ins[1]) return "";
+  const int64_t r = static_cast<int64_t>(ins[0]->dims.size());
+  int64_t axis = int_attr_or(&n, "axis", 0);
+  axis = axis < 0 ? axis + r : axis;
+  if (axis < 0 || axis >= r) return "";
+  const int64_t size = ins[0]->dims[static_cast<size_t>(axis)];
+  auto idx = tensor_ints(*ins[1], 1 << 20);
+  if (!idx) return "";
+  for (int64_t i : *idx) {
+    if (i < -size || i >= size) {
+      return ": its index " + std::to_string(i) + " is outside the " + std::to_string(size) +
+             " entries there (the export reads outside its input at that length, as ONNX "
+             "Runtime reports too)";
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 MaskWalker::MaskWalker(const Model& m, const Graph& g, std::vector<MaskInput> inputs)
@@ -228,10 +250,9 @@ bool MaskWalker::visit_input(const Value* v) {
 }
 
 // A small integer constant's values are lengths the probes go around (probe_lengths).
-void MaskWalker::note_constants(const Tensor& t) {
+void MaskWalker::note_constants(const Value* v, const Tensor& t) {
   if (is_integer_type(t.dtype()) && t.numel() <= 64) {
-    if (auto ints = tensor_ints(t, 64))
-      constants_.insert(constants_.end(), ints->begin(), ints->end());
+    if (auto ints = tensor_ints(t, 64)) constants_.emplace_back(v, std::move(*ints));
   }
 }
 
@@ -263,7 +284,7 @@ bool MaskWalker::visit(Value* v) {
   if (!v || !seen_.insert(v).second) return true;
   if (v->is_graph_input()) return visit_input(v);
   if (TensorPtr t = constant_tensor(v)) {
-    note_constants(*t);
+    note_constants(v, *t);
     return true;
   }
   Node* p = v->producer();
@@ -383,6 +404,7 @@ std::optional<TensorPtr> MaskWalker::evaluate(const Probe& p, std::string* err,
       if (t) vals[x] = *t;
       return t;
     }
+    if (auto it = substituted_.find(x); it != substituted_.end()) return it->second;
     if (TensorPtr t = constant_tensor(x)) return t;
     *err = "no value for '" + x->name() + "'";
     return std::nullopt;
@@ -420,7 +442,7 @@ std::optional<TensorPtr> MaskWalker::evaluate(const Probe& p, std::string* err,
     auto out = evaluate_node_on(*n, opset, limits, ins);
     if (!out || out->size() != 1 || !(*out)[0]) {
       *err = n->op_type + " '" + n->name.value + "' of the mask could not be evaluated on a " +
-             "probe (" + p.what + ")";
+             "probe (" + p.what + ")" + gather_out_of_range(*n, ins);
       return std::nullopt;
     }
     vals[n->outputs()[0]] = (*out)[0];
@@ -434,6 +456,63 @@ std::optional<TensorPtr> MaskWalker::evaluate(const Probe& p, std::string* err,
     }
   }
   return value_of(mask_);
+}
+
+std::vector<int64_t> MaskWalker::constants() const {
+  std::vector<int64_t> out;
+  for (const auto& [leaf, values] : constants_) {
+    auto it = substituted_.find(leaf);
+    if (it == substituted_.end()) {
+      out.insert(out.end(), values.begin(), values.end());
+    } else if (auto ints = tensor_ints(*it->second, 64)) {
+      out.insert(out.end(), ints->begin(), ints->end());
+    }
+  }
+  return out;
+}
+
+std::vector<const Value*> MaskWalker::compared_offsets(int64_t value) const {
+  static const std::unordered_set<std::string> kCompare = {"Less", "LessOrEqual", "Greater",
+                                                           "GreaterOrEqual"};
+  auto standard = [](const Node* n) {
+    return n->domain.value.empty() || n->domain.value == "ai.onnx";
+  };
+  std::vector<const Value*> leaves;
+  for (const auto& [leaf, values] : constants_) {
+    if (std::find(values.begin(), values.end(), value) == values.end()) continue;
+    const TensorPtr t = constant_tensor(leaf);
+    if (values.size() != 1 || leaf->is_graph_output() || !t ||
+        (t->dtype() != kInt64 && t->dtype() != kInt32)) {
+      return {};
+    }
+    for (const Use& u : leaf->uses()) {
+      const Node* n = u.node;
+      if (!std::count(nodes_.begin(), nodes_.end(), n)) continue;  // outside the mask
+      const bool offset =
+          standard(n) && (n->op_type == "Add" || (n->op_type == "Sub" && u.input_index == 1));
+      if (!offset || n->outputs().size() != 1 || n->outputs()[0] == mask_ ||
+          n->outputs()[0]->is_graph_output()) {
+        return {};
+      }
+      for (const Use& c : n->outputs()[0]->uses()) {
+        if (!standard(c.node) || !kCompare.count(c.node->op_type)) return {};
+      }
+    }
+    leaves.push_back(leaf);
+  }
+  return leaves;
+}
+
+void MaskWalker::substitute(const Value* leaf, int64_t value) {
+  TensorPtr t = constant_tensor(leaf);
+  std::string bytes(t->nbytes(), '\0');
+  if (t->dtype() == kInt32) {
+    const int32_t v32 = static_cast<int32_t>(value);
+    std::memcpy(&bytes[0], &v32, 4);
+  } else {
+    std::memcpy(&bytes[0], &value, 8);
+  }
+  substituted_[leaf] = make_tensor(t->dtype(), t->dims, std::move(bytes));
 }
 
 bool readable(const Tensor& mask) {

@@ -55,8 +55,16 @@ class MaskWalker {
   // inference as much).
   bool admit(Value* mask, std::string* why);
 
-  // The integer constants the admitted subgraph holds (small initializers and Constants).
-  const std::vector<int64_t>& constants() const { return constants_; }
+  // The integer constants the admitted subgraph holds (small initializers and Constants), with
+  // the substitutions below.
+  std::vector<int64_t> constants() const;
+
+  // The one-element integer constants of the subgraph holding `value` whose every use is an
+  // offset compared with something: Add(x, c) or Sub(x, c) read only by Less, LessOrEqual,
+  // Greater or GreaterOrEqual. Empty when one of them is used otherwise (or none holds it).
+  std::vector<const Value*> compared_offsets(int64_t value) const;
+  // Evaluates `leaf` (a constant of the subgraph) as `value` from now on (same dtype and shape).
+  void substitute(const Value* leaf, int64_t value);
 
   // The mask on probe `p`; `computed` (if given) collects the small integer values of the nodes
   // that read no graph input (Mul(256, 2) is a constant 512 too).
@@ -76,7 +84,7 @@ class MaskWalker {
   bool visit(Value* v);
   std::optional<TensorPtr> shape_leaf(const Node* n, const Probe& p, std::string* err) const;
   bool visit_input(const Value* v);
-  void note_constants(const Tensor& t);
+  void note_constants(const Value* v, const Tensor& t);
   bool evaluable(const Node* p, bool standard);
   void carry_taint(const Node* p);
   std::optional<int64_t> slot_value(const std::string& param, const Probe& p) const;
@@ -91,7 +99,8 @@ class MaskWalker {
   std::vector<const Node*> nodes_;  // topological
   std::unordered_set<const Node*> shape_leaves_;
   std::unordered_map<const Value*, std::string> taint_;  // value -> input whose data it reads
-  std::vector<int64_t> constants_;
+  std::vector<std::pair<const Value*, std::vector<int64_t>>> constants_;  // leaf -> its values
+  std::unordered_map<const Value*, TensorPtr> substituted_;
   std::string why_;
 };
 
