@@ -34,6 +34,7 @@ LAYER_NORMS = sorted(FORMS.glob("cohere_layer_norm_*/model.onnx"))
 MLA = [Fixture(p) for p in sorted((FIXTURES / "mla").glob("*/model.onnx"))]
 PARTIAL = [Fixture(p) for p in sorted(FORMS.glob("gpt_neox_rot09_*/model.onnx"))]
 COMPUTED_HEADS = sorted(FORMS.glob("attention_heads_*/model.onnx"))
+VAR_NORMS = sorted(FORMS.glob("var_layer_norm_*/model.onnx"))
 TARGETS = ["ort", "onnx"]
 
 
@@ -68,6 +69,25 @@ def test_cohere_layer_norm_fuses_without_bias(path: Path, target: str) -> None:
     x = np.random.default_rng(0).standard_normal((3, 7, 32)).astype(dtype)
     bound = 2e-2 if dtype == np.float16 else 1e-5
     np.testing.assert_allclose(_run(out, x), _run(path, x), atol=bound, rtol=0)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("path", VAR_NORMS, ids=_ids(VAR_NORMS))
+def test_var_unbiased_false_layer_norm_fuses(path: Path, target: str) -> None:
+    """`(x - mean) / sqrt(x.var(unbiased=False) + eps) * w + b`: dynamo writes the variance's
+    mean without keepdims plus a Reshape that puts the axis back, and the norm's mean a second
+    time (axes -1 and 2): one LayerNormalization with its bias, nothing left, ORT parity."""
+    assert len(VAR_NORMS) == 2
+    _, out = optimize(Fixture(path), preset="llm", target=target)
+    ops = [n.op_type for n in out.graph.node]
+    norms = [
+        n for n in out.graph.node if n.op_type in ("LayerNormalization", "SkipLayerNormalization")
+    ]
+    assert len(norms) == 1 and len(norms[0].input) >= 3, ops
+    for residue in ("ReduceMean", "Sqrt", "Reshape", "Sub", "Div"):
+        assert residue not in ops, ops
+    x = np.random.default_rng(0).standard_normal((3, 7, 32)).astype(np.float32)
+    np.testing.assert_allclose(_run(out, x), _run(path, x), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("target", TARGETS)

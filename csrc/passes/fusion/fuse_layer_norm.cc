@@ -21,6 +21,9 @@
 // mean's ReduceMean. fp16 exports may cast the centered value up before Pow and
 // the root back after Sqrt. gamma and beta must be 1-D constants of the normalized size; without
 // an Add(beta) the fused op has no bias input.
+#include <optional>
+#include <string>
+
 #include "ir/constant.h"
 #include "passes/fusion/norm_util.h"
 #include "passes/fusion_util.h"
@@ -31,7 +34,7 @@ namespace {
 using namespace pattern;
 
 struct Core {
-  P x, mean, var, eps, norm;
+  P x, mean, var, reshape, kept, eps, norm, mean2;
 };
 
 Core core(Pattern& p) {
@@ -42,14 +45,43 @@ Core core(Pattern& p) {
   P dc = p.optional(p.op("Cast", {d}));
   P sq = p.alt("square", {p.op("Pow", {dc, p.scalar("two", 2.0)}), p.op("Mul", {dc, dc})});
   c.var = p.op("ReduceMean", {sq}).extra_inputs();
+  // dynamo's var(unbiased=False): the mean without keepdims, then a Reshape that puts the
+  // reduced axis back (fuse() checks the shape it gives).
+  c.reshape = p.op("Reshape", {c.var, p.var("kept_shape")});
+  c.kept = p.optional(c.reshape);
   c.eps = p.var("epsilon");
-  P s = p.optional(p.op("Cast", {p.op("Sqrt", {p.op("Add", {c.var, c.eps}).commutative()})}));
-  // The same Sub, or a duplicate of it (old PyTorch exports).
-  P d2 = p.alt("centered", {d, p.op("Sub", {c.x, c.mean})});
+  P s = p.optional(p.op("Cast", {p.op("Sqrt", {p.op("Add", {c.kept, c.eps}).commutative()})}));
+  // The same Sub, or a duplicate of it (old PyTorch exports), or a Sub of a second mean of x
+  // (dynamo writes var's mean and the norm's with different axes inputs, -1 and rank - 1).
+  c.mean2 = p.op("ReduceMean", {c.x}).extra_inputs();
+  P d2 = p.alt("centered", {d, p.op("Sub", {c.x, c.mean}), p.op("Sub", {c.x, c.mean2})});
   // 1 / s: Reciprocal (dynamo's rsqrt) or Div(1, s) (TorchScript's rsqrt, cohere's LayerNorm).
   P inv = p.alt("inverse", {p.op("Reciprocal", {s}), p.op("Div", {p.scalar("one", 1.0), s})});
   c.norm = p.alt("normalized", {p.op("Div", {d2, s}), p.op("Mul", {d2, inv}).commutative()});
   return c;
+}
+
+// The variance's mean: over the last axis, kept (keepdims 1), or dropped and put back by a
+// Reshape to x's shape with 1 last (dims compared on the types: fixed sizes or the same
+// symbols).
+std::optional<std::string> check_variance(const Node* var, const Node* kept, const Value* x,
+                                          int rank) {
+  if (!kept) return norm::check_last_axis_mean(var, rank);
+  if (auto e = norm::check_last_axis_mean(var, rank, false)) return e;
+  const Value* y = kept->outputs()[0];
+  if (rank <= 0 || value_rank(y) != rank || !x->type.has_shape) {
+    return "the variance's Reshape has no known rank equal to the input's";
+  }
+  for (int i = 0; i < rank; ++i) {
+    const Dim& a = x->type.dims[static_cast<size_t>(i)];
+    const Dim& b = y->type.dims[static_cast<size_t>(i)];
+    const bool last = i == rank - 1;
+    const bool same = last ? (b.value && *b.value == 1)
+                           : ((a.value && b.value && *a.value == *b.value) ||
+                              (a.param && b.param && !a.param->empty() && *a.param == *b.param));
+    if (!same) return "the variance's Reshape does not give the input's shape with 1 last";
+  }
+  return std::nullopt;
 }
 
 Replacement fuse(const Core& c, Value* gamma, Value* beta, const Match& m, Rewriter& rw,
@@ -63,9 +95,11 @@ Replacement fuse(const Core& c, Value* gamma, Value* beta, const Match& m, Rewri
   const int32_t dt = value_dtype(x);
   if (!norm::is_float_type(dt)) return rw.fail("the input's dtype is unknown or not float");
   const int rank = value_rank(x);
-  for (const Node* r : {mean, m.node(c.var)}) {
+  for (const Node* r : {mean, m.node(c.mean2)}) {
+    if (!r) continue;
     if (auto e = norm::check_last_axis_mean(r, rank)) return rw.fail(*e);
   }
+  if (auto e = check_variance(m.node(c.var), m.node(c.reshape), x, rank)) return rw.fail(*e);
   for (const Node* n : m.matched_nodes()) {
     if (n->op_type != "Cast") continue;
     const Attribute* to = n->attribute("to");

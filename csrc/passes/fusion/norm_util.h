@@ -37,11 +37,13 @@ inline bool is_float_type(int32_t t) {
   return t == kFloat || t == kFloat16 || t == kDouble || t == kBFloat16;
 }
 
-// ReduceMean over the last axis only, keepdims = 1 (axes as attribute before opset 18, as a
-// constant input from 18 on). `rank` is the input's rank, or -1 when unknown.
-inline std::optional<std::string> check_last_axis_mean(const Node* n, int rank) {
+// ReduceMean over the last axis only, keepdims = 1 (0 with `keepdims` false; axes as attribute
+// before opset 18, as a constant input from 18 on). `rank` is the input's rank, or -1 when unknown.
+inline std::optional<std::string> check_last_axis_mean(const Node* n, int rank,
+                                                       bool keepdims = true) {
   const Attribute* keep = n->attribute("keepdims");
-  if (keep && keep->i && *keep->i != 1) return "ReduceMean has keepdims = 0";
+  const bool kept = !keep || !keep->i || *keep->i != 0;
+  if (kept != keepdims) return keepdims ? "ReduceMean has keepdims = 0" : "ReduceMean keeps dims";
   std::vector<int64_t> axes;
   if (const Attribute* a = n->attribute("axes")) {
     axes = a->ints;
