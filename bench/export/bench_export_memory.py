@@ -129,6 +129,8 @@ def child(hf: str, out: str, quantize: str | None, exporter: str) -> dict[str, A
         "checkpoint_bytes": report.checkpoint_bytes,
         "phases": meter.rows,
         "report_seconds": report.seconds,
+        # PyTorch's half (load, check outputs, torch.onnx, save) runs in a process of its own
+        "torch_peak_rss": getattr(report, "torch_peak_rss", 0),
     }
 
 
@@ -229,6 +231,14 @@ def main() -> None:
             # (wait4's ru_maxrss is the last phase's: resetting VmHWM resets it too)
             row["peak_rss"] = max(r["peak_rss"] for r in row["result"]["phases"])
             print(table(row["result"]["phases"], ckpt), flush=True)
+            torch_peak = row["result"].get("torch_peak_rss", 0)
+            if torch_peak:
+                row["torch_peak_rss"] = torch_peak
+                print(
+                    f"PyTorch process peak RSS {torch_peak / MB:,.0f} MB "
+                    f"({torch_peak / ckpt:.2f}x)",
+                    flush=True,
+                )
         if size in args.builder.split(","):
             bdir = base / "builder_int4"
             shutil.rmtree(bdir, ignore_errors=True)

@@ -2,8 +2,9 @@
 batch (real text through the checkpoint's tokenizer when it has one, at another shape than the
 export's example) and their outputs must agree to the dtype's precision.
 
-The PyTorch outputs are computed while the model is loaded; ONNX Runtime runs after the model
-is freed, so the check never holds two copies of the weights."""
+The PyTorch outputs are computed while the model is loaded, in the export's child process;
+ONNX Runtime runs in the parent after it has exited, so the check never holds two copies of the
+weights."""
 
 from __future__ import annotations
 
@@ -114,6 +115,12 @@ def torch_outputs(specs: list[GraphSpec], config: Any, tokenizer: Any) -> list[E
     return out
 
 
+def _numpy(tensor: Any) -> np.ndarray:
+    import torch
+
+    return tensor.float().numpy() if tensor.dtype == torch.bfloat16 else tensor.numpy()
+
+
 def compare(
     spec_name: str,
     output_name: str,
@@ -126,13 +133,10 @@ def compare(
     """ONNX Runtime on the export against PyTorch's outputs; raises ExportError beyond the
     dtype's tolerance."""
     import onnxruntime as ort  # type: ignore[import-untyped]
-    import torch
 
     logits = output_name == "logits"
     result = GraphCheck(spec_name, what, tuple(next(iter(feeds.values())).shape))
-    np_feeds = {}
-    for k, v in feeds.items():
-        np_feeds[k] = v.float().numpy() if v.dtype == torch.bfloat16 else v.numpy()
+    np_feeds = {k: v if isinstance(v, np.ndarray) else _numpy(v) for k, v in feeds.items()}
     try:
         # Graph optimizations and MLAS weight prepacking off: either would copy weights (a
         # folded transpose, a packed MatMul B) for one run of the check.

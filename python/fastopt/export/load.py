@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from fastopt.export.errors import ExportError
+from fastopt.export.folder import has_tokenizer
 
 Kind = Literal["decoder", "encoder", "seq2seq"]
 DTYPES = ("fp32", "fp16", "bf16")
@@ -148,3 +149,25 @@ def _model_class(ckpt: Checkpoint) -> Any:
 def _one_line(e: BaseException) -> str:
     text = " ".join(str(e).split()) or type(e).__name__
     return text if len(text) <= 300 else text[:300] + "..."
+
+
+def load_tokenizer(ckpt: Checkpoint, required: bool) -> Any:
+    """The checkpoint's tokenizer, None without one; a decoder needs one (onnxruntime-genai
+    reads it beside the model) unless `required` is False."""
+    if not has_tokenizer(ckpt.folder):
+        if required and ckpt.kind == "decoder":
+            raise ExportError(
+                f"{ckpt.folder}: no tokenizer (tokenizer.json or tokenizer.model); "
+                "onnxruntime-genai needs one beside the model: copy the checkpoint's tokenizer "
+                "files into the folder, or pass --no-tokenizer (require_tokenizer=False)"
+            )
+        return None
+    import transformers
+
+    try:
+        return transformers.AutoTokenizer.from_pretrained(str(ckpt.folder))
+    except Exception as e:  # tokenizers and sentencepiece raise their own types
+        raise ExportError(
+            f"{ckpt.folder}: its tokenizer does not load ({type(e).__name__}: "
+            f"{' '.join(str(e).split())[:300]})"
+        ) from e

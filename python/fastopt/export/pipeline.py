@@ -1,16 +1,16 @@
 """``fastopt.export``: a Hugging Face checkpoint folder -> ONNX -> the optimize pipeline -> a
 folder onnxruntime-genai runs.
 
-:func:`stage` does the part before ``optimize``: read the folder, load the model, compute the
-check batch's PyTorch outputs, export each graph into a scratch folder beside the output, free
-the model, check the export in ONNX Runtime. Its caller optimizes the staged graphs into the
+:func:`stage` does the part before ``optimize``: read the folder; in a child process
+(:mod:`fastopt.export.child`) load the model, compute the check batch's PyTorch outputs and
+export each graph into a scratch folder beside the output; once it has exited, check the export
+in ONNX Runtime. Its caller optimizes the staged graphs into the
 scratch folder (:func:`export` with ``fastopt.optimize``; the CLI with ``fastopt optimize``'s own
 run, flags and report); when the block ends the checkpoint's tokenizer and generation files are
 copied, the raw export is dropped and the folder renamed into place."""
 
 from __future__ import annotations
 
-import gc
 import inspect
 import os
 import shutil
@@ -22,17 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from fastopt.errors import ModelError
-from fastopt.export.check import GraphCheck, compare, torch_outputs
+from fastopt.export.check import GraphCheck, compare
 from fastopt.export.errors import ExportError, require_extra
-from fastopt.export.exporter import (
-    Exporter,
-    decoder_graph,
-    encoder_graph,
-    export_graph,
-    seq2seq_graphs,
-)
-from fastopt.export.folder import copy_side_files, has_tokenizer, staging
-from fastopt.export.load import Checkpoint, Kind, load_model, read_checkpoint
+from fastopt.export.exporter import Exporter
+from fastopt.export.folder import copy_side_files, staging
+from fastopt.export.load import Checkpoint, Kind, load_tokenizer, read_checkpoint
+from fastopt.export.torch_process import run_torch_export
 
 StepFn = Callable[[str], None]
 RAW = "export"  # the scratch folder's subfolder holding the raw export
@@ -52,6 +47,7 @@ class ExportReport:
     side_files: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)  # load, export, check, optimize
     optimize: list[Any] = field(default_factory=list)  # fastopt.OptimizeReport per graph
+    torch_peak_rss: int = 0  # the PyTorch process's peak resident memory (load and export)
 
     def describe(self) -> str:
         steps = ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items())
@@ -103,49 +99,6 @@ class Staged:
         return str(self.folder / f"{name}.onnx")
 
 
-def _graphs(model: Any, kind: Kind) -> list[Any]:
-    if kind == "decoder":
-        return [decoder_graph(model)]
-    if kind == "encoder":
-        return [encoder_graph(model)]
-    return seq2seq_graphs(model)
-
-
-def _tokenizer(ckpt: Checkpoint, required: bool) -> Any:
-    """The checkpoint's tokenizer, None without one; a decoder needs one (onnxruntime-genai
-    reads it beside the model) unless `required` is False."""
-    if not has_tokenizer(ckpt.folder):
-        if required and ckpt.kind == "decoder":
-            raise ExportError(
-                f"{ckpt.folder}: no tokenizer (tokenizer.json or tokenizer.model); "
-                "onnxruntime-genai needs one beside the model: copy the checkpoint's tokenizer "
-                "files into the folder, or pass --no-tokenizer (require_tokenizer=False)"
-            )
-        return None
-    import transformers
-
-    try:
-        return transformers.AutoTokenizer.from_pretrained(str(ckpt.folder))
-    except Exception as e:  # tokenizers and sentencepiece raise their own types
-        raise ExportError(
-            f"{ckpt.folder}: its tokenizer does not load ({type(e).__name__}: "
-            f"{' '.join(str(e).split())[:300]})"
-        ) from e
-
-
-def _export_all(
-    specs: list[Any], raw: Path, exporter: Exporter, opset: int | None, say: StepFn
-) -> dict[str, str]:
-    """Exports each graph into `raw`: name -> .onnx path."""
-    exported: dict[str, str] = {}
-    for spec in specs:
-        say(f"torch.onnx ({exporter}): {spec.name} graph")
-        path = str(raw / f"{spec.name}.onnx")
-        export_graph(spec, path, exporter, opset, say)
-        exported[spec.name] = path
-    return exported
-
-
 @contextmanager
 def stage(
     hf_dir: str | os.PathLike[str],
@@ -167,31 +120,25 @@ def stage(
     t0 = time.perf_counter()
     say("reading the checkpoint")
     ckpt = read_checkpoint(hf_dir)
-    tokenizer = _tokenizer(ckpt, require_tokenizer)
+    tokenizer = load_tokenizer(ckpt, require_tokenizer)
     out = Path(output)
     with staging(out) as folder:
         raw = folder / RAW
         raw.mkdir()
-        say(f"loading {ckpt.model_type} ({ckpt.weight_bytes / 1e6:.0f} MB)")
-        model = load_model(ckpt, dtype, opset or 18)
-        specs = _graphs(model, ckpt.kind)
-        say("running PyTorch on the check batch")
-        expected = torch_outputs(specs, ckpt.config, tokenizer)
-        seconds["load"] = time.perf_counter() - t0
+        # PyTorch runs in a child process: torch.export keeps views of the checkpoint's
+        # mapping alive after the model is freed, and the check must not hold both copies.
+        request = {"hf_dir": str(ckpt.folder), "exporter": exporter, "dtype": dtype, "opset": opset}
         t1 = time.perf_counter()
-        exported = _export_all(specs, raw, exporter, opset, say)
-        heads = [(s.name, s.output) for s in specs]
-        # The weights now live in the export's data file only (no loop variable of this frame
-        # may hold a graph, whose module holds the model).
-        del specs, model
-        gc.collect()
-        seconds["export"] = time.perf_counter() - t1
+        pt = run_torch_export(request, raw, say)
+        seconds.update(pt.seconds)
+        seconds["load"] += t1 - t0  # the parent's reading of the folder and tokenizer
+        exported = {g.name: g.path for g in pt.graphs}
         t2 = time.perf_counter()
         say("checking the export against PyTorch")
         checks = [
-            compare(name, output_name, exported[name], feeds, what, want, dtype)
-            for (name, output_name), (feeds, what, want) in zip(heads, expected)
+            compare(g.name, g.output, g.path, g.feeds, g.what, g.expected, dtype) for g in pt.graphs
         ]
+        del pt.graphs[:]  # PyTorch's outputs: not needed past the check
         seconds["check"] = time.perf_counter() - t2
         report = ExportReport(
             str(out),
@@ -204,6 +151,7 @@ def stage(
             checks=checks,
             tokenizer=tokenizer is not None,
             seconds=seconds,
+            torch_peak_rss=pt.peak_rss,
         )
         staged = Staged(ckpt, folder, exported, report)
         yield staged
