@@ -5,7 +5,8 @@
 //   encoder_attention_mask (B, E): values and shape.
 // Admitted subgraphs read nothing else (constants aside), through ops the native evaluator
 // computes exactly; a Shape of an activation is answered from its type when every dim is fixed or
-// a symbol of those inputs' dims.
+// a symbol of those inputs' dims, or, above an op the evaluator cannot compute (a norm), when a
+// dim of unknown size only sizes a broadcast (t5's zero cross-attention bias, mask_walker.h).
 //
 // Probes: every S in 1..8 with every E in 1..8 and, for each integer constant c of the subgraph
 // with 8 < c <= 2048, S and E of c-1 .. c+2; each with a batch of encoder_attention_mask rows

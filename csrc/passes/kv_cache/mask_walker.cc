@@ -95,6 +95,40 @@ std::string gather_out_of_range(const Node& n, const std::vector<TensorPtr>& ins
   return "";
 }
 
+// An op of the default domain the native evaluator computes exactly.
+bool computable(const Node* p) {
+  static const std::unordered_set<std::string> kOps = [] {
+    const std::vector<std::string>& ops = native_fold_ops();
+    return std::unordered_set<std::string>(ops.begin(), ops.end());
+  }();
+  const bool standard = p->domain.value.empty() || p->domain.value == "ai.onnx";
+  return standard && p->subgraphs().empty() && p->outputs().size() == 1 &&
+         kOps.count(p->op_type) != 0;
+}
+
+// A normalization: its output 0 has its input 0's shape.
+bool is_norm(const std::string& op) {
+  return op == "LayerNormalization" || op == "RMSNormalization" ||
+         op == "SimplifiedLayerNormalization" || op == "SkipLayerNormalization" ||
+         op == "SkipSimplifiedLayerNormalization";
+}
+
+// Ops whose output entry at an index reads only their inputs' entries at that index (broadcast):
+// a tensor that holds one value along an axis gives one value along it, whatever its size.
+bool is_elementwise(const std::string& op) {
+  static const std::unordered_set<std::string> kOps = {
+      "Add", "Sub",  "Mul", "Div", "Max",   "Min",  "Where",       "Cast",    "Identity",
+      "Neg", "Not",  "And", "Or",  "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual",
+      "Abs", "Sqrt", "Exp"};
+  return kOps.count(op) != 0;
+}
+
+// Ops that move dims (shape arithmetic) from their input 0 (Concat: any input).
+bool moves_dims(const std::string& op) {
+  return op == "Gather" || op == "Unsqueeze" || op == "Squeeze" || op == "Concat" || op == "Cast" ||
+         op == "Identity" || op == "Slice";
+}
+
 }  // namespace
 
 MaskWalker::MaskWalker(const Model& m, const Graph& g, std::vector<MaskInput> inputs)
@@ -173,7 +207,9 @@ bool MaskWalker::dims_of(const Value* v, const Probe* p, std::vector<std::option
   if (v->type.known && v->type.is_tensor && v->type.has_shape) return type_dims(v, p, out);
   const Node* n = v->producer();
   if (!n || n->outputs().empty() || n->outputs()[0] != v || n->inputs().empty()) return true;
-  if (n->op_type == "RotaryEmbedding") return dims_of(n->inputs()[0], p, out, depth + 1);
+  if (n->op_type == "RotaryEmbedding" || is_norm(n->op_type)) {
+    return dims_of(n->inputs()[0], p, out, depth + 1);
+  }
   if (n->op_type != "Concat" || !(n->domain.value.empty() || n->domain.value == "ai.onnx")) {
     return true;
   }
@@ -222,6 +258,68 @@ bool MaskWalker::shape_from_type(const Node* shape) const {
   return true;
 }
 
+// Whether `shape` reads an op the evaluator cannot compute (a norm) whose dims are known in
+// number (a dim may be of unknown size): a broadcast leaf then (dims_only_broadcast).
+bool MaskWalker::has_rank(const Node* shape) const {
+  const Node* p = shape->inputs()[0]->producer();
+  if (!p || computable(p)) return false;
+  std::vector<std::optional<int64_t>> dims;
+  dims_of(shape->inputs()[0], nullptr, &dims, 0);
+  return !dims.empty();
+}
+
+// How `n` carries the unknown dims of a broadcast leaf: 1, its output holds them (shape
+// arithmetic); 2, its output is a tensor they only size (ConstantOfShape, Expand's shape, then
+// elementwise ops and Expand over such a tensor): its values are the same whatever they are;
+// 0, it reads them otherwise (refused).
+int MaskWalker::spread_dims(const Node* n, const std::unordered_set<const Value*>& dims,
+                            const std::unordered_set<const Value*>& shaped) const {
+  const auto& ins = n->inputs();
+  const bool standard = n->domain.value.empty() || n->domain.value == "ai.onnx";
+  bool reads_dims = false, reads_shaped = false;
+  for (size_t i = 0; i < ins.size(); ++i) {
+    if (!ins[i]) continue;
+    if (dims.count(ins[i])) {
+      reads_dims = true;
+      const bool data = i == 0 || n->op_type == "Concat";
+      const bool sizes =
+          (n->op_type == "ConstantOfShape" && i == 0) || (n->op_type == "Expand" && i == 1);
+      if (!standard || !((data && moves_dims(n->op_type)) || sizes)) return 0;
+    }
+    if (shaped.count(ins[i])) {
+      reads_shaped = true;
+      if (n->op_type == "Expand" ? i != 0 : !is_elementwise(n->op_type)) return 0;
+    }
+  }
+  if (n->outputs().size() != 1 || !standard) return 0;
+  if (n->op_type == "ConstantOfShape" || n->op_type == "Expand" || reads_shaped) return 2;
+  return reads_dims ? 1 : 0;
+}
+
+// The unknown dims a broadcast leaf reads only size broadcasts on the way to the mask: every
+// value of the mask is then the same for any size there, so the evaluation's 1 stands for all
+// (the sizes at run time broadcast to the attention's, or the export itself fails).
+bool MaskWalker::dims_only_broadcast() {
+  std::unordered_set<const Value*> dims, shaped;
+  for (const Node* s : broadcast_leaves_) dims.insert(s->outputs()[0]);
+  for (const Node* n : nodes_) {
+    if (broadcast_leaves_.count(n)) continue;
+    const bool reads = std::any_of(n->inputs().begin(), n->inputs().end(), [&](const Value* x) {
+      return x && (dims.count(x) || shaped.count(x));
+    });
+    if (!reads) continue;
+    const int how = spread_dims(n, dims, shaped);
+    if (how == 0) {
+      return reject(n->op_type + " '" + n->name.value +
+                    "' of the mask reads a dim whose size the types do not give (a Shape of an " +
+                    "activation), other than as the size of a broadcast");
+    }
+    (how == 1 ? dims : shaped).insert(n->outputs()[0]);
+  }
+  if (dims.count(mask_)) return reject("the mask is a shape whose size the types do not give");
+  return true;
+}
+
 bool MaskWalker::reject(const std::string& what) {
   why_ = what;
   return false;
@@ -229,7 +327,7 @@ bool MaskWalker::reject(const std::string& what) {
 
 bool MaskWalker::admit(Value* mask, std::string* why) {
   mask_ = mask;
-  if (!visit(mask)) {
+  if (!visit(mask) || !dims_only_broadcast()) {
     if (why) *why = why_;
     return false;
   }
@@ -258,11 +356,7 @@ void MaskWalker::note_constants(const Value* v, const Tensor& t) {
 
 // The op computing part of the mask is one the evaluator computes exactly.
 bool MaskWalker::evaluable(const Node* p, bool standard) {
-  static const std::unordered_set<std::string> kOps = [] {
-    const std::vector<std::string>& ops = native_fold_ops();
-    return std::unordered_set<std::string>(ops.begin(), ops.end());
-  }();
-  if (!standard || !p->subgraphs().empty() || p->outputs().size() != 1 || !kOps.count(p->op_type)) {
+  if (!standard || !computable(p)) {
     return reject("the mask is computed by " + p->op_type + " '" + p->name.value +
                   "', which the check cannot evaluate exactly");
   }
@@ -292,7 +386,8 @@ bool MaskWalker::visit(Value* v) {
   if (nodes_.size() >= kMaxNodes) return reject("the mask's subgraph is too large to evaluate");
   const bool standard = p->domain.value.empty() || p->domain.value == "ai.onnx";
   if (standard && p->op_type == "Shape" && p->inputs().size() == 1 &&
-      !p->inputs()[0]->is_graph_input() && shape_from_type(p)) {
+      !p->inputs()[0]->is_graph_input() && (shape_from_type(p) || has_rank(p))) {
+    if (!shape_from_type(p)) broadcast_leaves_.insert(p);  // checked by dims_only_broadcast
     shape_leaves_.insert(p);
     nodes_.push_back(p);
     return true;

@@ -52,7 +52,9 @@ class MaskWalker {
   // another input, an input's values where only its shape may be read, or an op the evaluator
   // cannot compute exactly. A Shape of an activation is answered from its type when every dim is
   // fixed or a symbol of the inputs' length axes (the rest of the pipeline trusts shape
-  // inference as much).
+  // inference as much); a dim of unknown size only where it sizes a broadcast and nothing else
+  // (dims_only_broadcast: t5's zero position bias, ConstantOfShape((1, H, S, E)) read off
+  // Shape(hidden), added to the padding).
   bool admit(Value* mask, std::string* why);
 
   // The integer constants the admitted subgraph holds (small initializers and Constants), with
@@ -80,6 +82,10 @@ class MaskWalker {
   bool type_dims(const Value* v, const Probe* p, std::vector<std::optional<int64_t>>* out) const;
   bool length_on_probe(const std::string& param, const Probe* p, int64_t* sum) const;
   bool shape_from_type(const Node* shape) const;
+  bool has_rank(const Node* shape) const;
+  bool dims_only_broadcast();
+  int spread_dims(const Node* n, const std::unordered_set<const Value*>& dims,
+                  const std::unordered_set<const Value*>& shaped) const;
   bool reject(const std::string& what);
   bool visit(Value* v);
   std::optional<TensorPtr> shape_leaf(const Node* n, const Probe& p, std::string* err) const;
@@ -98,6 +104,9 @@ class MaskWalker {
   std::unordered_set<const Value*> seen_;
   std::vector<const Node*> nodes_;  // topological
   std::unordered_set<const Node*> shape_leaves_;
+  // Shapes with a dim of unknown size that is read, admitted when it only sizes a broadcast
+  // (dims_only_broadcast); the evaluation gives it 1.
+  std::unordered_set<const Node*> broadcast_leaves_;
   std::unordered_map<const Value*, std::string> taint_;  // value -> input whose data it reads
   std::vector<std::pair<const Value*, std::vector<int64_t>>> constants_;  // leaf -> its values
   std::unordered_map<const Value*, TensorPtr> substituted_;
