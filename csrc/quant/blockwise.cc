@@ -67,13 +67,7 @@ FASTOPT_VECTOR_CLONES void quantize_row(const float* __restrict row, const float
                                         float* __restrict cse, float* __restrict csq) {
   for (int64_t c = 0; c < n; ++c) {
     const float v = row[c];
-    // clamp(roundf(x), 0, kmax) == roundf(clamp(x, 0, kmax)) since kmax is whole; for
-    // x >= 0, roundf (halves away from zero) is t + (x - t >= 0.5) with t = trunc(x), exact.
-    float x = v * rs[c] + zf[c];
-    x = x >= 0.0f ? x : 0.0f;
-    x = x <= kmax ? x : kmax;
-    const int32_t t = static_cast<int32_t>(x);
-    const int32_t qi = t + ((x - static_cast<float>(t)) >= 0.5f ? 1 : 0);
+    const int32_t qi = nearest_code(v, rs[c], zf[c], kmax);
     q[c] = static_cast<uint8_t>(qi);
     const float d = v - (static_cast<float>(qi) - zf[c]) * ds[c];
     const float e = std::fabs(d);

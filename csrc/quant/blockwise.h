@@ -86,4 +86,15 @@ class BlockQuantizer {
 uint16_t float_to_bfloat16(float f);
 float bfloat16_to_float(uint16_t b);
 
+// q = clamp(roundf(v * recip + zero), 0, kmax), the code of one value. clamp(roundf(x)) ==
+// roundf(clamp(x)) since kmax is whole; for x >= 0, roundf (halves away from zero) is
+// t + (x - t >= 0.5) with t = trunc(x): exact, and branch-free so that callers vectorize.
+inline int32_t nearest_code(float v, float recip, float zero, float kmax) {
+  float x = v * recip + zero;
+  x = x >= 0.0f ? x : 0.0f;
+  x = x <= kmax ? x : kmax;
+  const int32_t t = static_cast<int32_t>(x);
+  return t + ((x - static_cast<float>(t)) >= 0.5f ? 1 : 0);
+}
+
 }  // namespace fastopt::quant

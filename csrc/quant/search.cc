@@ -32,7 +32,7 @@ constexpr float kDivisors[] = {0.95f, 0.975f, 1.0f, 1.025f, 1.05f, 1.075f, 1.15f
 constexpr int kRounds = 2;  // codes-then-refit rounds from the best candidate
 
 // Per column: the weighted sums of the codes (recip, zero) make, L = q - zero with
-// q = clamp(round(x * recip + zero), 0, kmax) computed as blockwise.cc's quantize_row does:
+// q = nearest_code(x, recip, zero, kmax) (blockwise.h), as quantize_row rounds:
 // slx = sum w L x, sll = sum w L^2, and with kOffset (the asymmetric joint fit) sl = sum w L.
 template <bool kOffset>
 FASTOPT_VECTOR_CLONES void code_sums(const float* __restrict src, int64_t ld, int64_t rows,
@@ -46,11 +46,7 @@ FASTOPT_VECTOR_CLONES void code_sums(const float* __restrict src, int64_t ld, in
     const float w = imp ? imp[r] : 1.0f;
     for (int64_t c = 0; c < n; ++c) {
       const float v = row[c];
-      float x = v * rs[c] + zf[c];
-      x = x >= 0.0f ? x : 0.0f;
-      x = x <= kmax ? x : kmax;
-      const int32_t t = static_cast<int32_t>(x);
-      const float q = static_cast<float>(t + ((x - static_cast<float>(t)) >= 0.5f ? 1 : 0));
+      const float q = static_cast<float>(nearest_code(v, rs[c], zf[c], kmax));
       const float l = q - zf[c];
       const float wl = w * (av[c] + std::fabs(v)) * l;
       slx[c] += wl * v;
@@ -106,11 +102,7 @@ FASTOPT_VECTOR_CLONES void exact_error(const float* __restrict src, int64_t ld, 
     const float w = imp ? imp[r] : 1.0f;
     for (int64_t c = 0; c < n; ++c) {
       const float v = row[c];
-      float x = v * rs[c] + zf[c];
-      x = x >= 0.0f ? x : 0.0f;
-      x = x <= kmax ? x : kmax;
-      const int32_t t = static_cast<int32_t>(x);
-      const int32_t qi = t + ((x - static_cast<float>(t)) >= 0.5f ? 1 : 0);
+      const int32_t qi = nearest_code(v, rs[c], zf[c], kmax);
       const float d = v - (static_cast<float>(qi) - zf[c]) * ds[c];
       e[c] += static_cast<double>(w * (av[c] + std::fabs(v)) * d * d);
     }

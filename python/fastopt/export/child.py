@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fastopt.export.check import torch_outputs
-from fastopt.export.errors import ExportError
+from fastopt.export.errors import ExportError, one_line
 from fastopt.export.exporter import (
     Exporter,
     decoder_graph,
@@ -99,11 +99,6 @@ def export_torch(request: dict[str, Any], say: StepFn) -> None:
     (raw / RESULT_FILE).write_text(json.dumps(result))
 
 
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text[:400]}" if text else type(e).__name__
-
-
 def main(argv: list[str]) -> int:
     request_path = Path(argv[0])
     request = json.loads(request_path.read_text())
@@ -119,7 +114,7 @@ def main(argv: list[str]) -> int:
     except ExportError as e:
         error = {"export_error": True, "message": str(e)}
     except Exception as e:  # anything else: the parent names it in one line
-        error = {"export_error": False, "message": _one_line(e)}
+        error = {"export_error": False, "message": one_line(e)}
     else:
         return 0
     (Path(request["raw"]) / ERROR_FILE).write_text(json.dumps(error))

@@ -16,6 +16,14 @@ class MissingExtraError(ExportError):
     """torch or transformers is not installed: the export is an optional extra."""
 
 
+def one_line(e: BaseException, limit: int = 400) -> str:
+    """A foreign exception on one line, "Type: message", its message cut at `limit`."""
+    text = " ".join(str(e).split())
+    if not text:
+        return type(e).__name__
+    return f"{type(e).__name__}: " + (text if len(text) <= limit else text[:limit] + "...")
+
+
 def require_extra() -> None:
     """torch and transformers, or one line saying what to install."""
     missing = []

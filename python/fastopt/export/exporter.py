@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from fastopt.export.errors import ExportError
+from fastopt.export.errors import ExportError, one_line
 
 Exporter = Literal["dynamo", "torchscript"]
 EXPORTERS = ("dynamo", "torchscript")
@@ -207,12 +207,10 @@ def export_graph(
     except ExportError:
         raise
     except Exception as e:  # torch's exporters raise every kind of exception
-        text = " ".join(str(e).split()) or type(e).__name__
-        first = text if len(text) <= 400 else text[:400] + "..."
         other = "torchscript" if exporter == "dynamo" else "dynamo"
         raise ExportError(
             f"torch.onnx ({exporter}) failed to export the {spec.name} graph: "
-            f"{type(e).__name__}: {first} (try --exporter {other})"
+            f"{one_line(e)} (try --exporter {other})"
         ) from e
 
 
@@ -258,40 +256,6 @@ def _dynamo(
     say(f"saving the {spec.name} graph")
     # Straight from the model's tensors to one data file: no second copy of the weights.
     prog.save(path, external_data=True)
-    _release_weights(prog)
-    del prog
-
-
-def _release_weights(prog: Any) -> None:
-    """Unlinks every ONNX IR value the exporter left alive from the model's tensors.
-    onnxscript's rewrite rules (module-level objects) keep their last match: nodes and values
-    of the exported graph, some already replaced by its optimizer, whose constant values are
-    the model's parameters. Without this the weights outlive the model (measured: a 0.5B
-    checkpoint's 2.1 GB stayed mapped through the export check and the whole optimize run)."""
-    import gc
-
-    try:
-        import onnx_ir as ir
-    except ImportError:  # older onnxscript: its IR module
-        return
-    graph = getattr(getattr(prog, "model", None), "graph", None)
-    if graph is not None:
-        graph.initializers.clear()
-    torch_tensor = _torch_tensor_type()
-    if torch_tensor is None:
-        return
-    for obj in gc.get_objects():
-        if isinstance(obj, ir.Value) and isinstance(obj.const_value, torch_tensor):
-            obj.const_value = None
-
-
-def _torch_tensor_type() -> type | None:
-    """torch.onnx's tensor wrapping a torch.Tensor in the ONNX IR (a private class)."""
-    try:
-        from torch.onnx._internal.exporter._core import TorchTensor
-    except ImportError:
-        return None
-    return TorchTensor
 
 
 def _drop_stack_traces(prog: Any) -> None:
