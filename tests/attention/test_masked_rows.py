@@ -21,7 +21,17 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 from support import kv_generation as kg
-from support.llm_fixtures import PARITY_ATOL, Fixture, feeds, fixtures, ids, optimize, run
+from support.llm_fixtures import (
+    PARITY_ATOL,
+    Fixture,
+    feeds,
+    fixtures,
+    ids,
+    matrix_fixtures,
+    op_count,
+    optimize,
+    run,
+)
 from support.paths import TESTS
 
 CASES = [
@@ -256,3 +266,70 @@ def test_sliding_cache_keeps_pad_rows(tmp_path: Path) -> None:
     lowered = next(p.counters for p in report.passes if p.name == "lower_attention")
     assert UNREAD not in lowered, lowered
     assert any("kept as exported" in e and "sliding-window cache" in e for e in report.explain)
+
+
+def _without_emulation(src: Path, dst: Path) -> int:
+    """src with each emulated row's Where bypassed (its other branch read instead): the fused op's
+    own rows where every key is masked, as if the emulation were dropped. Returns how many."""
+    proto = onnx.load(src)
+    made = {o: n for n in proto.graph.node for o in n.output}
+
+    def from_mean(value: str, depth: int = 8) -> bool:
+        node = made.get(value)
+        if node is None or depth == 0:
+            return False
+        return node.op_type == "ReduceMean" or any(from_mean(i, depth - 1) for i in node.input)
+
+    bypassed = 0
+    for where in [n for n in proto.graph.node if n.op_type == "Where"]:
+        for k in (1, 2):
+            if from_mean(where.input[k]):
+                other = where.input[3 - k]
+                for n in proto.graph.node:
+                    n.input[:] = [other if x == where.output[0] else x for x in n.input]
+                bypassed += 1
+    onnx.save(proto, dst)
+    return bypassed
+
+
+SLIDING_CACHED = [
+    *fixtures(arch=["gemma2", "gemma3"], exporter="dynamo", cache_export=True),
+    *matrix_fixtures(
+        release="5.24.0", arch=["gemma2", "gemma3"], exporter="dynamo", cache_export=True
+    ),
+]
+
+
+@pytest.mark.parametrize("fx", SLIDING_CACHED, ids=ids(SLIDING_CACHED))
+def test_sliding_export_reads_its_all_masked_rows(fx: Fixture, tmp_path: Path) -> None:
+    """Why gemma2/3's dynamo cache exports keep the emulation (their target-ort residue): the
+    export's sliding layers read their keys' padding from attention_mask's first columns, so
+    after a left-padded prompt a real query can see no key (or a pad key) and a real token reads
+    an all-masked row. Greedy decoding from left-padded prompts: the optimized model gives the
+    original's logits; with the emulation bypassed (the fused op's own rows), real tokens' logits
+    change: the residue is what equality with the export costs, not a missed proof."""
+    out = tmp_path / "model.onnx"
+    fastopt.optimize(fx.path, preset="llm", target="ort", output=out)  # type: ignore[arg-type]
+    dropped = tmp_path / "dropped.onnx"
+    assert _without_emulation(out, dropped) >= 1
+    prompts = [[5, 9, 77, 301, 12, 8, 440, 17, 23], [61, 7, 250, 3, 11], [44]]
+    ref = _greedy_left_padded(fx.path, prompts, 6)
+    same, diff = kg.compare(ref, _greedy_left_padded(out, prompts, 6))
+    assert same == 6 and diff <= PARITY_ATOL["float32"], (same, diff)
+    dropped_gen = _greedy_left_padded(dropped, prompts, 6)
+    worst = float(np.abs(dropped_gen.logits - ref.logits).max())
+    assert worst > 1e-2, f"dropping the emulation changed real logits by only {worst}"
+
+
+def test_capped_sliding_layers_name_why_they_stay_decomposed(tmp_path: Path) -> None:
+    """gemma2's sliding layers (soft-capped; keys = a sliding cache's rows + the new ones) stay
+    standard ops for target ort: only GroupQueryAttention caps, and its keys must be the query's
+    rows or a cache it holds. The reason names the soft-capping (the target-ort Softmax residue
+    of gemma2's cache exports in coverage.json)."""
+    (fx,) = fixtures(arch="gemma2", exporter="dynamo", cache_export=True)
+    report = fastopt.optimize(
+        fx.path, preset="llm", output=tmp_path / "m.onnx", explain="lower_attention"
+    )
+    kept = [e for e in report.explain if "kept as standard ops" in e]
+    assert kept and all("soft-capping needs GroupQueryAttention" in e for e in kept), kept
+    assert op_count(onnx.load(tmp_path / "m.onnx"), "Softmax") == len(kept)

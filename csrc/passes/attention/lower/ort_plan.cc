@@ -278,7 +278,9 @@ std::string Planner::gqa_refusal() {
     return why_gqa + " needs GroupQueryAttention, which on CUDA takes neither fp32 nor a bias";
   }
   if (use_gqa && !same_len) {
-    return "GroupQueryAttention (" + dtype_name(plan.dtype) +
+    // Name why GQA was the only op left (MHA has neither soft-capping nor sinks).
+    return (needs_gqa ? why_gqa + " needs GroupQueryAttention: " : std::string()) +
+           "GroupQueryAttention (" + dtype_name(plan.dtype) +
            (fp32 && plan.hkv < plan.hq ? ", Hkv < Hq"
             : plan.inplace             ? ", in place"
                                        : "") +
