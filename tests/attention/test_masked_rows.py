@@ -292,11 +292,13 @@ def _without_emulation(src: Path, dst: Path) -> int:
     return bypassed
 
 
+# Every fixture whose target-ort output keeps a masked-row emulation (coverage.json's ReduceMean
+# residue): gemma2's cache exports (both exporters), gemma3's dynamo one; models/ and 5.24.
 SLIDING_CACHED = [
-    *fixtures(arch=["gemma2", "gemma3"], exporter="dynamo", cache_export=True),
-    *matrix_fixtures(
-        release="5.24.0", arch=["gemma2", "gemma3"], exporter="dynamo", cache_export=True
-    ),
+    *fixtures(arch="gemma2", cache_export=True),
+    *fixtures(arch="gemma3", exporter="dynamo", cache_export=True),
+    *matrix_fixtures(release="5.24.0", arch="gemma2", cache_export=True),
+    *matrix_fixtures(release="5.24.0", arch="gemma3", exporter="dynamo", cache_export=True),
 ]
 
 
