@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 
 def _peak_rss_mb() -> float:
@@ -60,6 +61,115 @@ def _cost_child(path: str) -> None:
             }
         )
     )
+
+
+def _calibrated_child(path: str, calibration: str, tokenizer_dir: str) -> None:
+    import fastopt
+    import numpy  # noqa: F401
+    import onnx  # noqa: F401
+    import onnxruntime  # noqa: F401
+    from fastopt.quant.fp16_ranges import check_ranges
+
+    model = fastopt.load(path)
+    t = time.perf_counter()
+    check = check_ranges(
+        model, calibration=calibration if calibration != "-" else None, hf_config=tokenizer_dir
+    )
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    print(
+        json.dumps(
+            {
+                "source": check.inputs(),
+                "range_s": round(time.perf_counter() - t, 2),
+                # the ORT run happens in a forked child (fastopt.forked)
+                "peak_rss_mb": round(max(_peak_rss_mb(), children)),
+                "values": check.observed,
+                "kept": len(check.kept),
+                "kept_ops": [
+                    {"node": k.node, "op": k.op, "max": k.max_abs, "by_source": k.by_source}
+                    for k in check.kept
+                ],
+            }
+        )
+    )
+
+
+def _prose_feeds(model_path: Path, tokenizer_dir: str) -> dict[str, Any]:
+    import numpy as np
+    import onnx
+    import tokenizers
+    from fastopt.verify.real_text import __file__ as real_text
+
+    prose = (Path(real_text).parent / "prose.txt").read_text("utf-8")
+    tok = tokenizers.Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
+    ids = np.array([tok.encode(prose).ids], np.int64)
+    names = {i.name for i in onnx.load(str(model_path), load_external_data=False).graph.input}
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    if "position_ids" in names:
+        feeds["position_ids"] = np.arange(ids.shape[1], dtype=np.int64)[None]
+    return feeds
+
+
+def calibrated(path: str, tokenizer_dir: str, out_dir: str, text: str = "builtin") -> None:
+    import fastopt
+    import numpy as np
+    import onnxruntime as ort
+
+    for calibration in ("-", text):
+        out = subprocess.run(
+            [sys.executable, __file__, "_calibrated", path, calibration, tokenizer_dir],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        print(out.stdout.strip() or out.stderr[-2000:])
+    feeds = _prose_feeds(Path(path), tokenizer_dir)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+
+    def logits(p: Path | str) -> np.ndarray:
+        sess = ort.InferenceSession(str(p), so, providers=["CPUExecutionProvider"])
+        return np.asarray(sess.run(["logits"], feeds)[0], np.float64)[0]
+
+    ref = logits(path)
+    for calibration in (None, text):
+        dst = Path(out_dir) / f"fp16_{'calibrated' if calibration else 'random'}" / "model.onnx"
+        # (a checkpoint folder; a tokenizer beside the model is found without it)
+        hf = tokenizer_dir if (Path(tokenizer_dir) / "config.json").exists() else None
+        r = fastopt.quantize(path, dst, mode="fp16", calibration=calibration, hf_config=hf)
+        got = logits(dst)
+        finite = np.isfinite(got).all(-1)
+        a, b = ref[finite], got[finite]
+        cos = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+        lp = (
+            a
+            - np.log(np.exp(a - a.max(-1, keepdims=True)).sum(-1, keepdims=True))
+            - a.max(-1, keepdims=True)
+        )
+        lq = (
+            b
+            - np.log(np.exp(b - b.max(-1, keepdims=True)).sum(-1, keepdims=True))
+            - b.max(-1, keepdims=True)
+        )
+        check = r.range_check
+        print(
+            json.dumps(
+                {
+                    "check": check.inputs() if check else None,
+                    "prose_tokens": int(feeds["input_ids"].shape[1]),
+                    "kept_ops": len(check.kept) if check else 0,
+                    "kept_by_the_check": check.newly_kept if check else 0,
+                    "positions_with_nan_inf": int((~finite).sum()),
+                    "min_cosine": round(float(cos.min()), 6) if cos.size else None,
+                    "top1_agreement": round(float((a.argmax(-1) == b.argmax(-1)).mean()), 4)
+                    if cos.size
+                    else None,
+                    "kl": round(float((np.exp(lp) * (lp - lq)).sum(-1).mean()), 6)
+                    if cos.size
+                    else None,
+                }
+            )
+        )
 
 
 def cost(paths: list[str]) -> None:
@@ -175,6 +285,10 @@ def main(argv: list[str]) -> int:
         cost(argv[1:])
     elif argv[:1] == ["real"] and len(argv) == 3:
         real(argv[1], argv[2])
+    elif argv[:1] == ["_calibrated"]:
+        _calibrated_child(argv[1], argv[2], argv[3])
+    elif argv[:1] == ["calibrated"] and len(argv) in (4, 5):
+        calibrated(*argv[1:])
     else:
         print(__doc__)
         return 2

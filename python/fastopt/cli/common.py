@@ -247,7 +247,7 @@ def print_precision(
     range."""
     if check is not None:
         if check.kept and verbose:
-            table = Table(title="ops that stay float32 (values near fp16's limit)", show_edge=False)
+            table = Table(title="ops that stay float32 (range, angles)", show_edge=False)
             for col in ("node", "op", "why"):
                 table.add_column(col)
             for k in check.kept:

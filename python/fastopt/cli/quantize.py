@@ -96,7 +96,8 @@ def add_recipe_flags(p: argparse.ArgumentParser) -> None:
         "--calibration",
         metavar="FILE|builtin",
         help="int4/int8: run the float model on this text (or fastopt's built-in prose) to "
-        "measure each weight's input importance (mean x^2 per channel)",
+        "measure each weight's input importance (mean x^2 per channel); fp16: the range check "
+        "runs on this text too (real tokens and lengths)",
     )
     p.add_argument(
         "--awq",

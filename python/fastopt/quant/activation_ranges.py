@@ -49,14 +49,54 @@ _FLOAT = 1  # onnx.TensorProto.FLOAT
 @dataclass
 class ActivationRanges:
     """max |x| per observed value (graph inputs and node outputs of type float32) over
-    ``samples`` input sets; values that were not observed are absent."""
+    ``samples`` input sets; values that were not observed are absent. ``by_source``: the same
+    per source of the inputs ("random": fastopt's input maker; "calibration": token ids of
+    calibration text), with ``samples_by_source``."""
 
     max_abs: dict[str, float] = field(default_factory=dict)
     samples: int = 0
     seconds: float = 0.0
+    by_source: dict[str, dict[str, float]] = field(default_factory=dict)
+    samples_by_source: dict[str, int] = field(default_factory=dict)
 
     def of(self, name: str) -> float | None:
         return self.max_abs.get(name)
+
+    def add(self, names: Sequence[str], got: Sequence[Any], source: str = "random") -> None:
+        """One run's reductions (``got``, the scalars of ``names``) from inputs of ``source``."""
+        mine = self.by_source.setdefault(source, {})
+        for name, m in zip(names, got):
+            x = float(m)
+            for table in (self.max_abs, mine):
+                if x == x and x > table.get(name, 0.0):  # NaN, -inf (empty): no
+                    table[name] = x
+                else:
+                    table.setdefault(name, 0.0)
+        self.samples += 1
+        self.samples_by_source[source] = self.samples_by_source.get(source, 0) + 1
+
+
+class RangeProbe:
+    """The range reductions as a probe of calibration's runs (fastopt.quant.calibration.Probe):
+    max |x| of every float32 value on the calibration text, then on ``extra`` input sets
+    (source "random"), in one ONNX Runtime session."""
+
+    def __init__(self, model: _C.Model, extra: Sequence[Mapping[str, np.ndarray]] = ()) -> None:
+        self.model = model
+        self.extra = list(extra)
+        self.observed: list[str] = []
+        self.ranges = ActivationRanges()
+
+    def instrument(self, proto: onnx.ModelProto) -> list[str]:
+        self.observed = _float32_values(proto, self.model)
+        _instrument(proto, self.observed)
+        return [_PREFIX + v for v in self.observed]
+
+    def add(self, got: Sequence[Any], source: str) -> None:
+        self.ranges.add(self.observed, got, "calibration" if source == "calibration" else "random")
+
+    def extra_inputs(self) -> Sequence[Mapping[str, np.ndarray]]:
+        return self.extra
 
 
 def representative_inputs(
@@ -109,11 +149,19 @@ def _float32_values(proto: onnx.ModelProto, model: _C.Model) -> list[str]:
     return names
 
 
+def float32_value_names(model: _C.Model) -> list[str]:
+    """The main graph's float32 inputs and node outputs (types as the range pass reads them)."""
+    import onnx
+
+    return _float32_values(onnx.load_from_string(model.skeleton()), model)
+
+
 def _instrument(proto: onnx.ModelProto, values: Sequence[str]) -> None:
     """Adds a scalar output ``fastopt_range/<value>`` = max |value| below SENTINEL per value."""
     from onnx import TensorProto, helper, numpy_helper
 
     g = proto.graph
+    first_new = len(g.node)
     sentinel = _PREFIX + "sentinel"
     zero = _PREFIX + "zero"
     g.initializer.extend(
@@ -138,6 +186,33 @@ def _instrument(proto: onnx.ModelProto, values: Sequence[str]) -> None:
             ]
         )
         g.output.append(helper.make_tensor_value_info(out, TensorProto.FLOAT, []))
+    place_early(proto, first_new)
+
+
+def place_early(proto: onnx.ModelProto, first_new: int) -> None:
+    """Moves the main graph's nodes from ``first_new`` on (an instrumentation's, appended) to
+    right after the last producer of their inputs. The session (``_session``: priority-based
+    order, which runs ready nodes in graph order) then frees each activation once reduced;
+    appended at the end, or in ONNX Runtime's default order, the reductions kept the observed
+    activations alive to the end of the run (SmolLM2 at 512 tokens: 4.7 GB peak against 1.9 GB
+    for the plain model; 2.0 GB so)."""
+    nodes = list(proto.graph.node)
+    anchor: dict[str, int] = {}  # value -> index of the original node after which it exists
+    for i, n in enumerate(nodes[:first_new]):
+        for o in n.output:
+            anchor[o] = i
+    after: dict[int, list[onnx.NodeProto]] = {}
+    for n in nodes[first_new:]:
+        at = max((anchor.get(x, -1) for x in n.input if x), default=-1)
+        after.setdefault(at, []).append(n)
+        for o in n.output:
+            anchor[o] = at
+    order = list(after.get(-1, []))
+    for i, n in enumerate(nodes[:first_new]):
+        order.append(n)
+        order.extend(after.get(i, []))
+    del proto.graph.node[:]
+    proto.graph.node.extend(order)
 
 
 def collect_ranges(
@@ -160,8 +235,9 @@ def collect_ranges(
     skeleton = model.skeleton()
     proto = onnx.load_from_string(skeleton)
     observed = list(values) if values is not None else _float32_values(proto, model)
-    ranges = ActivationRanges(samples=len(feeds_list))
+    ranges = ActivationRanges()
     if not observed:  # nothing in float32 (an fp16 model): no run
+        ranges.samples = len(feeds_list)
         ranges.seconds = time.perf_counter() - start
         return ranges
     _instrument(proto, observed)
@@ -173,13 +249,7 @@ def collect_ranges(
             wanted = {i.name for i in sess.get_inputs()}
             for feeds in feeds_list:
                 fed = {k: np.asarray(v) for k, v in feeds.items() if k in wanted}
-                got = sess.run(outputs, fed)
-                for name, m in zip(observed, got):
-                    x = float(m)
-                    if x == x and x > ranges.max_abs.get(name, 0.0):  # NaN, -inf (empty): no
-                        ranges.max_abs[name] = x
-                    else:
-                        ranges.max_abs.setdefault(name, 0.0)
+                ranges.add(observed, sess.run(outputs, fed))
         except _C.ModelError:
             raise
         except Exception as e:
@@ -251,6 +321,9 @@ def _session(
         with open(source, "wb") as f:
             f.write(proto.SerializeToString())
     so = run_once_options()
+    # Ready nodes in graph order (Kahn's sort; the default order is a DFS from the outputs, which
+    # runs every reduction last): with place_early, each activation dies after its reduction.
+    so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     if names:
         so.add_external_initializers(names, arrays)
     sess = ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])

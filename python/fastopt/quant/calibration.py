@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fastopt import _C
 from fastopt._lazy import lazy_module
@@ -71,6 +71,23 @@ class Importance:
             "seconds": self.seconds,
             "forward_seconds": self.forward_seconds,
         }
+
+
+class Probe(Protocol):
+    """More statistics gathered in the same ONNX Runtime runs as the importance (so calibration
+    costs one pass): fastopt.quant.activation_ranges.RangeProbe (the fp16 range check)."""
+
+    def instrument(self, proto: onnx.ModelProto) -> list[str]:
+        """Adds the probe's nodes and graph outputs to ``proto``; returns the outputs' names."""
+        ...
+
+    def add(self, got: Sequence[Any], source: str) -> None:
+        """One run's values of the probe's outputs; ``source``: "calibration" or "extra"."""
+        ...
+
+    def extra_inputs(self) -> Sequence[Mapping[str, np.ndarray]]:
+        """Input sets run after the calibration text, for the probe's outputs alone."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -304,18 +321,22 @@ def collect_importance(
     max_tokens: int = MAX_TOKENS,
     token_batches: Iterable[np.ndarray] | None = None,
     workdir: str = "",
+    probes: Sequence[Probe] = (),
+    importance: bool = True,
 ) -> Importance:
     """Runs ``model`` (not changed) in ONNX Runtime on the calibration tokens and returns the
     importance vectors of its MatMul weights. ``token_batches`` ([1, T] id arrays) replace the
-    text when given. ModelError when the model cannot run or has no weight MatMul."""
+    text when given. ``probes`` gather their own statistics in the same runs; with
+    ``importance=False`` they alone are gathered (no vectors). ModelError when the model cannot
+    run or has no weight MatMul."""
     import onnx
 
-    from fastopt.quant.activation_ranges import _PLACEHOLDER, _session
+    from fastopt.quant.activation_ranges import _PLACEHOLDER, _session, place_early
     from fastopt.verify.check import summarize_error
 
     start = time.perf_counter()
-    uses = weight_matmuls(model)
-    if not uses:
+    uses = weight_matmuls(model) if importance else []
+    if importance and not uses:
         raise _C.ModelError("calibration: the model has no MatMul with a constant 2-D weight")
     folders = tokenizer_folders(model, hf_config)
     encode, source = None, "token batches given"
@@ -333,7 +354,10 @@ def collect_importance(
     opset = next((v for k, v in model.opset_imports.items() if k in ("", "ai.onnx")), 17)
     skeleton = model.skeleton()
     proto = onnx.load_from_string(skeleton)
+    plain = len(proto.graph.node)
     _instrument(proto, uses, opset)
+    place_early(proto, plain)  # each activation freed once reduced
+    probe_outputs = [p.instrument(proto) for p in probes]
     acc = _Accumulator(uses)
     imp = Importance()
     with ExitStack() as stack:
@@ -347,10 +371,12 @@ def collect_importance(
             outputs = acc.outputs()
             for ids in batches:
                 t0 = time.perf_counter()
-                got = sess.run(outputs, _feeds(model, ids_name, ids, wanted))
+                got = sess.run(outputs + _flat(probe_outputs), _feeds(model, ids_name, ids, wanted))
                 imp.forward_seconds += time.perf_counter() - t0
                 acc.add(got)
+                _probes_add(probes, probe_outputs, got[len(outputs) :], "calibration")
                 imp.tokens += int(ids.size)
+            _probes_extra(sess, probes, probe_outputs, wanted)
         except _C.ModelError:
             raise
         except Exception as e:
@@ -361,6 +387,28 @@ def collect_importance(
     imp.source = source
     imp.seconds = time.perf_counter() - start
     return imp
+
+
+def _flat(lists: Sequence[list[str]]) -> list[str]:
+    return [x for names in lists for x in names]
+
+
+def _probes_add(
+    probes: Sequence[Probe], outputs: Sequence[list[str]], got: Sequence[Any], source: str
+) -> None:
+    at = 0
+    for p, names in zip(probes, outputs):
+        p.add(got[at : at + len(names)], source)
+        at += len(names)
+
+
+def _probes_extra(
+    sess: Any, probes: Sequence[Probe], outputs: Sequence[list[str]], wanted: set[str]
+) -> None:
+    for p, names in zip(probes, outputs):
+        for feeds in p.extra_inputs():
+            fed = {k: np.asarray(v) for k, v in feeds.items() if k in wanted}
+            p.add(sess.run(names, fed), "extra")
 
 
 def _sample(

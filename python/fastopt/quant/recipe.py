@@ -64,7 +64,11 @@ class RecipeReport:
 
 
 def needed(settings: QuantSettings) -> bool:
-    return bool(settings.calibration or settings.awq or settings.bits_budget is not None)
+    # (fp16's calibration measures its ranges instead: fastopt.quant.fp16_ranges)
+    weight_only = settings.mode in ("int4", "int8")
+    return weight_only and bool(
+        settings.calibration or settings.awq or settings.bits_budget is not None
+    )
 
 
 def prepare(

@@ -162,15 +162,38 @@ class QuantSettings:
             if not g or "," in g:
                 raise _C.ModelError(f"exclude patterns must be non-empty, without ',': {g!r}")
 
+    def _validate_calibration(self, weight_only: bool) -> None:
+        """Calibration weights int4/int8 and measures fp16's ranges (fastopt.quant.fp16_ranges);
+        bf16 keeps float32's exponent range, so there is nothing for it to decide there."""
+        if self.calibration is None:
+            return
+        if not weight_only and self.mode != "fp16":
+            raise _C.ModelError(
+                f"calibration applies to int4/int8 (importance) and fp16 (ranges), not to "
+                f"{self.mode}"
+                + (
+                    ": bf16 has float32's range, no activation overflows it"
+                    if self.mode == "bf16"
+                    else ""
+                )
+            )
+        if self.mode == "fp16" and not self.fp16_ranges:
+            raise _C.ModelError(
+                "calibration with fp16 measures the ranges: it needs the range check "
+                "(fp16_ranges on)"
+            )
+        if self.mode == "fp16" and self.importance_output is not None:
+            raise _C.ModelError("importance_output applies to int4/int8, not to fp16")
+
     def _validate_recipe(self) -> None:
         weight_only = self.mode in ("int4", "int8")
         for name, given in (
-            ("calibration", self.calibration is not None),
             ("awq", self.awq),
             ("bits_budget", self.bits_budget is not None),
         ):
             if given and not weight_only:
                 raise _C.ModelError(f"{name} applies to weight-only int4/int8, not to {self.mode}")
+        self._validate_calibration(weight_only)
         if self.calibration not in (None, "builtin") and not os.path.isfile(self.calibration):
             raise _C.ModelError(
                 f"calibration: no file {self.calibration!r} (give a text file or 'builtin')"

@@ -14,7 +14,7 @@ from fastopt.pipeline.manager import PassReport, WorkProgressFn, run_pass
 from fastopt.pipeline.registry import PassContext, all_passes, default_opset
 from fastopt.quant import recipe as quant_recipe
 from fastopt.quant.checks import extra_options
-from fastopt.quant.fp16_ranges import RangeCheck, check_ranges
+from fastopt.quant.fp16_ranges import RangeCheck, check_ranges, with_angles
 from fastopt.quant.settings import QDQ_OPSET, Mode, QuantSettings
 
 
@@ -34,7 +34,9 @@ def quantize_step(
     ctx: PassContext, settings: QuantSettings, work_progress: WorkProgressFn | None
 ) -> tuple[list[PassReport], RangeCheck | None, quant_recipe.RecipeReport | None]:
     """The quantization step: target onnx's blocked DequantizeLinear needs opset 21 first; fp16
-    measures the activations first and keeps the ops that overflow float32 (fp16_ranges);
+    measures the activations first (on the calibration text too when given) and keeps the ops
+    that overflow float32 (fp16_ranges); bf16 keeps the ops computing Sin/Cos angles float32
+    (fastopt.quant.angles);
     int4/int8 runs calibration, AWQ and the bits budget first when asked (quant_recipe)."""
     reports = []
     range_check = None
@@ -50,9 +52,18 @@ def quantize_step(
     ctx.options.update(settings.options())
     ctx.options.update(extra_options(ctx.model, settings, ctx.target, given))
     # (convert_precision refuses control flow and local functions: its message, not the check's)
-    if settings.mode == "fp16" and settings.fp16_ranges and not _has_bodies(ctx.model):
-        range_check = check_ranges(ctx.model, workdir=settings.tmpdir)
-        ctx.options["precision_f32_values"] = range_check.option()
+    if settings.mode in ("fp16", "bf16") and not _has_bodies(ctx.model):
+        if settings.mode == "fp16" and settings.fp16_ranges:
+            range_check = check_ranges(
+                ctx.model,
+                workdir=settings.tmpdir,
+                calibration=settings.calibration,
+                hf_config=settings.hf_config,
+            )
+        if settings.mode == "bf16":  # (fp16: measured harmless up to 1,024 positions)
+            range_check = with_angles(range_check, ctx.model)
+        if range_check is not None:
+            ctx.options["precision_f32_values"] = range_check.option()
     ctx.progress = work_progress
     with ExitStack() as stack:  # the recipe's temporary files live until the pass is done
         if quant_recipe.needed(settings):
