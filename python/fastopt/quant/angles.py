@@ -5,8 +5,8 @@ the integer positions).
 A 16-bit type keeps a relative precision, but Sin and Cos need an absolute one: bfloat16 spaces
 its values 2 apart from 256 to 512 (float16 from 2048 to 4096), so the angle of position 500 is
 off by up to a radian in bf16 and attention loses the positions. Measured on SmolLM2-135M
-(bench/results/fp16_ranges.md): bf16 on 488 tokens of prose, KL against fp32 0.121 and top-1
-0.889 with the angles in bf16, 0.00075 and 0.992 with them in float32.
+(bench/results/fp16_ranges.md, bf16 emulated in ONNX Runtime): on 488 tokens of prose, KL
+against fp32 0.114 and top-1 0.883 with the angles in bf16, 0.00074 and 0.988 in float32.
 
 The rule is structural, not read from the activation statistics: the largest angle measured is
 the longest position run (16 random tokens, 128 of calibration text), far below the contexts the
