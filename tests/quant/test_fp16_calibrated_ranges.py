@@ -207,3 +207,25 @@ def test_a_model_without_token_ids_is_refused(tmp_path: Path) -> None:
     with pytest.raises(fastopt.ModelError, match="calibration: the model has no token ids"):
         fastopt.quantize(path, tmp_path / "o.onnx", mode="fp16", calibration="builtin")
     assert not (tmp_path / "o.onnx").exists()
+
+
+def test_optimize_quantize_step_takes_calibration(
+    massive: tuple[Path, int], tmp_path: Path
+) -> None:
+    """optimize(quantize=QuantSettings(mode="fp16", calibration=...)) after the llm preset's
+    fusions: the check runs on the fused graph, on the text too."""
+    from fastopt.quant.settings import QuantSettings
+
+    path, _ = massive
+    out = tmp_path / "o.onnx"
+    settings = QuantSettings(mode="fp16", calibration="builtin", keep_io_types=True)
+    r = fastopt.optimize(path, output=out, preset="llm", quantize=settings)
+    check = r.range_check
+    assert check is not None and check.samples_by_source["calibration"] > 0
+    assert any(k.by_source.get("random", 0.0) < 1e3 < FP16_MAX <= k.max_abs for k in check.kept)
+    feeds = _text_feeds(path)
+    ref, got = _logits(path, feeds), _logits(out, feeds)
+    assert np.isfinite(got).all()
+    a, b = ref.reshape(-1, ref.shape[-1]), got.reshape(-1, got.shape[-1])
+    cos = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+    assert cos.min() >= 0.99, cos.min()
