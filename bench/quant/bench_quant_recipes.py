@@ -22,6 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_quantize_accuracy import PROSE, logits_of, metrics
+from fastopt.quant.recipe import recipe_settings
 
 # (name, source "fp32"|"fp16", fastopt.quantize kwargs)
 RECIPES: list[tuple[str, str, dict]] = [
@@ -87,6 +88,24 @@ RECIPES: list[tuple[str, str, dict]] = [
         "search b32 sym fp16 awq budget 4.6",
         "fp16",
         dict(method="search", calibration="builtin", awq=True, bits_budget=4.6),
+    ),
+    # part Q4: q4m with and without its data-free importance (importance="norms")
+    ("q4m fp16", "fp16", dict(recipe="q4m", **recipe_settings("q4m"))),
+    (
+        "q4m fp16 no importance",
+        "fp16",
+        dict(recipe="q4m", **{**recipe_settings("q4m"), "importance": ""}),
+    ),
+    (
+        "search b64 asym fp16 norms",
+        "fp16",
+        dict(method="search", symmetric=False, block_size=64, importance="norms"),
+    ),
+    ("search b32 sym fp16 norms", "fp16", dict(method="search", importance="norms")),
+    (
+        "search b32 asym fp16 norms",
+        "fp16",
+        dict(method="search", symmetric=False, importance="norms"),
     ),
 ]
 

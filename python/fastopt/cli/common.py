@@ -133,9 +133,10 @@ def add_quant_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--importance",
-        metavar="FILE",
+        metavar="FILE|norms",
         help="int4/int8 --method search: an ONNX file of float32 [K] initializers named as the "
-        "weights (mean x^2 per input channel) weighting each weight's squared errors",
+        "weights (mean x^2 per input channel) weighting each weight's squared errors; norms: "
+        "estimated from the weights (norm gains and the residual stream), without data",
     )
     p.add_argument(
         "--accuracy-level",

@@ -116,7 +116,8 @@ def add_recipe_flags(p: argparse.ArgumentParser) -> None:
         "--recipe",
         choices=tuple(RECIPES),
         help="int4: settings that go together (flags given explicitly win); q4m: at most 4.6 "
-        "bits per weight, scales included, int8 where it removes the most error",
+        "bits per weight, scales included, asymmetric blocks of 64 rounded by the search "
+        "weighted by --importance norms, int8 for attention V and MLP down projections",
     )
 
 
@@ -165,6 +166,12 @@ def print_recipe(recipe: RecipeReport, out: Any, verbose: bool = False) -> None:
                 markup=False,
                 highlight=False,
             )
+    if recipe.norm_importance:
+        out.print(
+            f"importance: estimated from the weights for {recipe.norm_importance} weights (norms)",
+            markup=False,
+            highlight=False,
+        )
     alloc = recipe.allocation
     if alloc is None:
         return

@@ -37,6 +37,8 @@ WEIGHT_POLICIES = ("keep", "int4", "int8")
 # block's scale (and zero point) for the least weighted squared error (csrc/quant/search.cc);
 # "rtn" is onnxruntime's round-to-nearest, byte for byte.
 METHODS = ("rtn", "search")
+# importance="norms": the data-free estimate of fastopt.quant.norm_importance, not a file
+NORMS = "norms"
 DEFAULT_METHOD = "rtn"
 # Opset of the blocked DequantizeLinear (block_size attribute, int4 types).
 QDQ_OPSET = 21
@@ -62,7 +64,9 @@ class QuantSettings:
     block_size: int = 32
     symmetric: bool = True
     method: str | None = None  # None: "search" with calibration (it reads the importance), else rtn
-    importance: str = ""  # path of an importance file ("" for uniform weights)
+    # path of an importance file ("" for uniform weights), or NORMS: estimated from the weights
+    # (fastopt.quant.norm_importance)
+    importance: str = ""
     accuracy_level: int | None = None  # None: 4 for fp32 weights; 0 for fp16/bf16 or cuda=1
     exclude: Sequence[str] = ()
     lm_head: str | None = None  # None: as the rest
@@ -130,9 +134,10 @@ class QuantSettings:
             raise _C.ModelError(f"method must be {' or '.join(METHODS)}, not {self.method!r}")
         if self.importance and self.mode not in ("int4", "int8"):
             raise _C.ModelError(f"importance applies to int4/int8, not to {self.mode}")
-        if self.importance and self.rounding != "search":
+        # (norms with rtn: a recipe's default that --method rtn overrides; nothing to weight)
+        if self.importance and self.importance != NORMS and self.rounding != "search":
             raise _C.ModelError("importance weights the search: it needs method search")
-        if self.importance and not os.path.isfile(self.importance):
+        if self.importance and self.importance != NORMS and not os.path.isfile(self.importance):
             raise _C.ModelError(f"importance file {self.importance!r} does not exist")
         if self.accuracy_level is not None and self.accuracy_level not in range(5):
             raise _C.ModelError(
@@ -210,8 +215,10 @@ class QuantSettings:
                 )
             if self.mode != "int4":
                 raise _C.ModelError("bits_budget mixes int4 and int8: use it with mode int4")
-        if (self.importance_output is not None) and not self.calibration:
-            raise _C.ModelError("importance_output needs calibration")
+        if (self.importance_output is not None) and not (
+            self.calibration or self.importance == NORMS
+        ):
+            raise _C.ModelError("importance_output needs calibration (or importance norms)")
         if self.recipe is not None:
             from fastopt.quant.recipe import recipe_settings
 
@@ -235,7 +242,7 @@ class QuantSettings:
         if self.mode in ("int4", "int8"):
             o["quant_bits"] = 4 if self.mode == "int4" else 8
             o["quant_method"] = METHODS.index(self.rounding)
-            if self.importance:
+            if self.importance and self.importance != NORMS:  # (norms: the recipe step's file)
                 o["quant_importance"] = os.path.abspath(self.importance)
         if self.accuracy_level is not None:
             o["quant_accuracy_level"] = self.accuracy_level

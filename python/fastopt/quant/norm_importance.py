@@ -1,0 +1,235 @@
+"""Data-free importance (``--importance norms``): each weight's input importance (mean x_k^2 per
+input channel, what calibration measures) estimated from the weights alone, without running
+the model.
+
+The estimate follows the residual stream's per-channel mean square r through the graph, as if
+every channel were an independent zero-mean variable:
+
+- r starts as the token embedding's per-column mean square (its rows read as the tokens);
+- a MatMul fed by a norm's gain gamma (RMSNorm/LayerNorm, fused or as ``Mul(x, gamma)``) reads
+  gamma_k^2 * r_k / mean(r): the norm divides by the stream's rms, the gain scales each channel;
+- its output's mean square per column is sum_k imp_k W_kn^2; a gated MLP's product
+  ``silu(gate) * up`` reads E[silu(g)^2] * E[u^2] per channel (g normal with that variance);
+- a MatMul that is not fed by a norm and writes the stream's width back (attention's output,
+  the MLP's down projection) adds its output's mean square to r; attention's output reads its
+  value projection's mean square, one value for all its channels (softmax-weighted sums of
+  values: the heads' order is not traced), and adds a third of it (kAttentionMix).
+
+The importance weights the search (csrc/quant/search.cc) as calibration's does. On SmolLM2-135M
+(bench/results/quantize_accuracy.md) it takes ``--recipe q4m``'s KL from 0.299 to 0.234, and
+0.329 to 0.279 on the grid-broken copy; calibration's measured importance gives 0.188 / 0.210.
+Gains alone (gamma^2, r ignored) gave 0.277 / 0.328: the residual stream's uneven channels
+(the embedding's, and what the layers write) are most of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from fastopt import _C
+from fastopt._lazy import lazy_module
+from fastopt.quant.calibration import WeightUse, weight_matmuls
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_module("numpy")
+
+_NORM_SCALE_INPUT = {
+    "LayerNormalization": 1,
+    "SimplifiedLayerNormalization": 1,
+    "SkipLayerNormalization": 2,
+    "SkipSimplifiedLayerNormalization": 2,
+}
+_PASS_THROUGH = {"Cast", "Identity", "Dropout"}
+# Ops between attention's value projection and its output projection (heads, repeats, the
+# attention product itself: followed through its values only).
+_ATTENTION_PATH = {"Reshape", "Transpose", "Expand", "Tile", "Concat", "Unsqueeze", "Squeeze"}
+_ATTENTION_OPS = {"Attention", "MultiHeadAttention", "GroupQueryAttention"}
+# What attention's output adds to the stream, relative to its values' mean square: a softmax
+# average of a few weakly correlated values has a smaller mean square than one value.
+kAttentionMix = 0.3
+# Rows of the embedding table read for its per-column mean square (a strided sample).
+_EMBEDDING_ROWS = 4096
+# Rows of a weight converted and squared at a time.
+_ROWS = 64
+_FLOAT_TYPES = (1, 10, 16)
+
+
+def _float_initializer(v: _C.Value | None) -> np.ndarray | None:
+    t = v.initializer if v is not None else None
+    if t is None or t.dtype not in _FLOAT_TYPES:
+        return None
+    return np.asarray(t.numpy(), np.float32)
+
+
+def _skip_casts(v: _C.Value | None) -> _C.Node | None:
+    p = v.producer if v is not None else None
+    while p is not None and p.op_type in _PASS_THROUGH and p.inputs:
+        p = p.inputs[0].producer if p.inputs[0] is not None else None
+    return p
+
+
+def norm_gain(a: _C.Value, k: int) -> np.ndarray | None:
+    """The [K] gain of the norm that produces ``a``, or None when no norm does."""
+    p = _skip_casts(a)
+    if p is None:
+        return None
+    if p.op_type in _NORM_SCALE_INPUT:
+        i = _NORM_SCALE_INPUT[p.op_type]
+        g = _float_initializer(p.inputs[i]) if len(p.inputs) > i else None
+    elif p.op_type == "Mul":
+        g = next((x for x in map(_float_initializer, p.inputs) if x is not None), None)
+    else:
+        return None
+    return g.reshape(-1) if g is not None and g.size == k else None
+
+
+def _embedding_mean_square(model: _C.Model) -> np.ndarray | None:
+    """Per column, the mean square of the token embedding (the first Gather of a 2-D float
+    table), from a strided sample of its rows."""
+    for n in model.graph.nodes:
+        if n.op_type != "Gather" or not n.inputs or n.attributes.get("axis", 0) != 0:
+            continue
+        t = n.inputs[0].initializer if n.inputs[0] is not None else None
+        if t is None or t.dtype not in _FLOAT_TYPES or len(t.shape) != 2:
+            continue
+        table = t.numpy()
+        rows = table[:: max(1, table.shape[0] // _EMBEDDING_ROWS)]
+        x = np.asarray(rows, np.float32)
+        return np.asarray((x * x).mean(0), np.float64)
+    return None
+
+
+# E[silu(g)^2] for g ~ N(0, s^2): s^2 * _SILU_SQ(s), tabulated on a grid of s (Gauss-Hermite).
+def _silu_square(var: np.ndarray) -> np.ndarray:
+    z, w = np.polynomial.hermite_e.hermegauss(48)
+    w = w / w.sum()
+    g = np.sqrt(np.maximum(var, 0.0))[:, None] * z[None, :]
+    return np.asarray(((g / (1.0 + np.exp(-g))) ** 2) @ w, np.float64)
+
+
+class _Estimate:
+    """The walk's state: r, and each weight MatMul's importance and output mean square."""
+
+    def __init__(self, model: _C.Model) -> None:
+        self.model = model
+        self.uses = {u.node: u for u in weight_matmuls(model)}
+        self.r = _embedding_mean_square(model)
+        self.importance: dict[str, np.ndarray] = {}  # by node
+        self._out: dict[str, np.ndarray] = {}
+
+    def out_mean_square(self, node: str) -> np.ndarray:
+        """Per output column of a weight MatMul: sum_k imp_k W_kn^2 (in row chunks that stay in
+        cache: float16 weights convert a chunk at a time)."""
+        if node not in self._out:
+            use = self.uses[node]
+            t = self.model.graph.initializer(use.weight)
+            assert t is not None
+            imp = self.importance.get(node)
+            imp = np.ones(use.k, np.float32) if imp is None else imp.astype(np.float32)
+            w = t.numpy() if t.shape[0] == use.k else t.numpy().T  # [K, N]
+            acc = np.zeros(w.shape[1], np.float64)
+            for r in range(0, use.k, _ROWS):
+                x = np.asarray(w[r : r + _ROWS], np.float32)
+                acc += imp[r : r + _ROWS] @ (x * x)
+            self._out[node] = acc
+        return self._out[node]
+
+    def mean_square(self, v: _C.Value | None, depth: int = 0) -> np.ndarray | None:
+        """Per channel of ``v``: its mean square where the ops that make it are understood
+        (weight MatMuls, silu, products, casts), else None."""
+        p = v.producer if v is not None else None
+        if p is None or depth > 6:
+            return None
+        if p.name in self.uses and p.name in self.importance:
+            return self.out_mean_square(p.name)
+        if p.op_type in _PASS_THROUGH:
+            return self.mean_square(p.inputs[0], depth + 1)
+        if p.op_type == "Mul" and len(p.inputs) == 2:
+            a, b = p.inputs
+            for x, y in ((a, b), (b, a)):  # silu: x * Sigmoid(x)
+                q = y.producer if y is not None else None
+                if (
+                    q is not None
+                    and q.op_type == "Sigmoid"
+                    and x is not None
+                    and q.inputs[0] is not None
+                    and q.inputs[0].name == x.name
+                ):
+                    m = self.mean_square(x, depth + 1)
+                    return None if m is None else _silu_square(m)
+            ma, mb = self.mean_square(a, depth + 1), self.mean_square(b, depth + 1)
+            if ma is not None and mb is not None and ma.shape == mb.shape:
+                return ma * mb
+        return None
+
+    def attention_values(self, a: _C.Value) -> float | None:
+        """The mean square of the value projection that ``a`` mixes (attention's output), or
+        None when ``a`` is not reached from one through attention."""
+        todo: list[_C.Value | None] = [a]
+        seen, through_attention = 0, False
+        while todo and seen < 24:
+            v = todo.pop()
+            seen += 1
+            p = v.producer if v is not None else None
+            if p is None:
+                continue
+            if p.name in self.uses:
+                if through_attention and p.name in self.importance:
+                    return float(self.out_mean_square(p.name).mean())
+                continue
+            if p.op_type == "MatMul" and len(p.inputs) == 2:  # softmax(q k) @ v: the values
+                through_attention = True
+                todo.append(p.inputs[1])
+            elif p.op_type in _ATTENTION_OPS and len(p.inputs) > 2:
+                through_attention = True
+                todo.append(p.inputs[2])
+            elif p.op_type in _ATTENTION_PATH or p.op_type in _PASS_THROUGH:
+                todo.extend(p.inputs[:1])
+        return None
+
+    def visit(self, use: WeightUse, a: _C.Value) -> None:
+        gain = norm_gain(a, use.k)
+        if gain is not None:
+            imp = np.asarray(gain, np.float64) ** 2
+            if self.r is not None and self.r.size == use.k and self.r.mean() > 0:
+                imp = imp * self.r / self.r.mean()
+            self.importance[use.node] = imp
+            return
+        mix = 1.0
+        product = self.mean_square(a)
+        if product is not None and product.size == use.k:
+            self.importance[use.node] = product
+        else:
+            values = self.attention_values(a)
+            if values is None:
+                return
+            self.importance[use.node] = np.full(use.k, values)
+            mix = kAttentionMix
+        n = self.out_mean_square(use.node)
+        if self.r is not None and n.shape == self.r.shape:  # writes the stream back
+            self.r = self.r + mix * n
+
+
+def norm_importance(
+    model: _C.Model, keep: Callable[[WeightUse], bool] | None = None
+) -> dict[str, np.ndarray]:
+    """Per weight initializer, its estimated input importance (float32 [K]): see the module
+    docstring. Weights with no estimate are left out (uniform); a weight read by several
+    MatMuls takes the first's."""
+    est = _Estimate(model)
+    nodes = {n.name: n for n in model.graph.nodes if n.name in est.uses}
+    for name, node in nodes.items():
+        use = est.uses[name]
+        if node.inputs[0] is not None:
+            est.visit(use, node.inputs[0])
+    out: dict[str, np.ndarray] = {}
+    for name, imp in est.importance.items():
+        use = est.uses[name]
+        if use.weight in out or (keep is not None and not keep(use)):
+            continue
+        if np.all(np.isfinite(imp)) and imp.max() > 0:
+            out[use.weight] = np.asarray(np.maximum(imp, imp.max() * 1e-6), np.float32)
+    return out

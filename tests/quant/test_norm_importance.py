@@ -1,0 +1,202 @@
+"""Data-free importance (``importance="norms"``, fastopt.quant.norm_importance): each weight's
+input mean square per channel estimated from the norms' gains, the embedding and the weights,
+on the llama TorchScript fixture (RMSNorm as Mul(x, gamma), silu MLP, grouped-query attention)
+and on small graphs for the fused norms; and how ``--recipe q4m`` hands it to the pass."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import fastopt
+import numpy as np
+import onnx
+import pytest
+from fastopt.cli.main import main
+from fastopt.quant import budget
+from fastopt.quant.calibration import read_importance, weight_matmuls
+from fastopt.quant.norm_importance import kAttentionMix, norm_gain, norm_importance
+from fastopt.quant.recipe import recipe_settings
+from onnx import TensorProto, helper, numpy_helper
+from support.paths import TESTS
+
+LLAMA = TESTS / "fixtures" / "models" / "llama_ts_float32" / "model.onnx"
+
+
+def _by_role(model: fastopt.Model) -> dict[tuple[str, str], str]:
+    """(layer, projection) -> weight name, from the fixture's node names."""
+    out = {}
+    for u in weight_matmuls(model):
+        parts = u.node.split("/")
+        layer = parts[3] if "layers." in u.node else "head"
+        out[(layer, parts[-2])] = u.weight
+    return out
+
+
+def _weight(model: fastopt.Model, name: str) -> np.ndarray:
+    t = model.graph.initializer(name)
+    assert t is not None
+    return np.asarray(t.numpy(), np.float64)
+
+
+def _gain(model: fastopt.Model, layer: str, norm: str) -> np.ndarray:
+    t = model.graph.initializer(f"m.model.{layer}.{norm}.weight")
+    assert t is not None
+    return np.asarray(t.numpy(), np.float64)
+
+
+def _silu_square(var: np.ndarray) -> np.ndarray:
+    """E[silu(g)^2] for g ~ N(0, var), by the trapezoid rule on a fine grid."""
+    z = np.linspace(-12, 12, 24001)
+    pdf = np.exp(-0.5 * z * z) / np.sqrt(2 * np.pi)
+    g = np.sqrt(var)[:, None] * z[None, :]
+    return np.trapezoid((g / (1 + np.exp(-g))) ** 2 * pdf, z, axis=1)
+
+
+def test_the_first_layer_reads_its_gain_squared_times_the_embedding() -> None:
+    model = fastopt.load(LLAMA)
+    imp = norm_importance(model)
+    w = _by_role(model)
+    assert set(imp) == {u.weight for u in weight_matmuls(model)}
+    table = _weight(model, "m.model.embed_tokens.weight")
+    r = (table**2).mean(0)
+    want = _gain(model, "layers.0", "input_layernorm") ** 2 * r / r.mean()
+    for proj in ("q_proj", "k_proj", "v_proj"):  # one norm feeds all three
+        np.testing.assert_allclose(imp[w[("layers.0", proj)]], want, rtol=1e-5)
+
+
+def test_the_mlp_and_attention_outputs_follow_the_stream() -> None:
+    model = fastopt.load(LLAMA)
+    imp = norm_importance(model)
+    w = _by_role(model)
+    table = _weight(model, "m.model.embed_tokens.weight")
+    r = (table**2).mean(0)
+    qkv = imp[w[("layers.0", "v_proj")]].astype(np.float64)
+    # attention's output: one value for all channels, the value projection's mean square
+    values = qkv @ _weight(model, w[("layers.0", "v_proj")]) ** 2
+    o = imp[w[("layers.0", "o_proj")]]
+    np.testing.assert_allclose(o, np.full(o.shape, values.mean()), rtol=1e-5)
+    r = r + kAttentionMix * (o.astype(np.float64) @ _weight(model, w[("layers.0", "o_proj")]) ** 2)
+    post = _gain(model, "layers.0", "post_attention_layernorm") ** 2 * r / r.mean()
+    np.testing.assert_allclose(imp[w[("layers.0", "gate_proj")]], post, rtol=1e-4)
+    np.testing.assert_allclose(imp[w[("layers.0", "up_proj")]], post, rtol=1e-4)
+    # the down projection reads silu(gate) * up: E[silu(g)^2] E[u^2] per channel
+    g = post @ _weight(model, w[("layers.0", "gate_proj")]) ** 2
+    u = post @ _weight(model, w[("layers.0", "up_proj")]) ** 2
+    np.testing.assert_allclose(imp[w[("layers.0", "down_proj")]], _silu_square(g) * u, rtol=1e-3)
+    # the next layer's norm reads the stream with the MLP's output added
+    d = imp[w[("layers.0", "down_proj")]].astype(np.float64)
+    r = r + d @ _weight(model, w[("layers.0", "down_proj")]) ** 2
+    nxt = _gain(model, "layers.1", "input_layernorm") ** 2 * r / r.mean()
+    np.testing.assert_allclose(imp[w[("layers.1", "q_proj")]], nxt, rtol=1e-3)
+
+
+def _norm_graph(op: str, gain: np.ndarray, domain: str = "") -> fastopt.Model:
+    k = gain.size
+    w = np.random.default_rng(0).standard_normal((k, 8)).astype(np.float32)
+    inputs = ["x", "skip", "gamma"] if op.startswith("Skip") else ["x", "gamma"]
+    if op == "LayerNormalization":
+        inputs.append("beta")
+    nodes = [
+        helper.make_node(op, inputs, ["n"], domain=domain),
+        helper.make_node("MatMul", ["n", "w"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(gain, "gamma"), numpy_helper.from_array(w, "w")]
+    if op == "LayerNormalization":
+        inits.append(numpy_helper.from_array(np.zeros(k, np.float32), "beta"))
+    x = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])]
+    if op.startswith("Skip"):
+        x.append(helper.make_tensor_value_info("skip", TensorProto.FLOAT, [1, k]))
+    graph = helper.make_graph(
+        nodes, "g", x, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], inits
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    return fastopt.load_bytes(helper.make_model(graph, opset_imports=opsets).SerializeToString())
+
+
+@pytest.mark.parametrize(
+    "op,domain",
+    [
+        ("LayerNormalization", ""),
+        ("SimplifiedLayerNormalization", ""),
+        ("SkipSimplifiedLayerNormalization", "com.microsoft"),
+    ],
+)
+def test_fused_norms_give_their_gain_squared(op: str, domain: str) -> None:
+    gain = np.linspace(0.1, 3.0, 16).astype(np.float32)
+    model = _norm_graph(op, gain, domain)
+    np.testing.assert_allclose(norm_importance(model)["w"], gain**2, rtol=1e-6)
+
+
+def test_no_norm_no_estimate() -> None:
+    w = np.ones((4, 4), np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    model = fastopt.load_bytes(helper.make_model(graph).SerializeToString())
+    assert norm_importance(model) == {}
+    node = next(n for n in model.graph.nodes if n.op_type == "MatMul")
+    assert norm_gain(node.inputs[0], 4) is None
+
+
+def test_q4m_weights_the_search_with_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    settings = recipe_settings("q4m")
+    assert settings["importance"] == "norms"
+    kept = tmp_path / "imp.onnx"
+    r = fastopt.quantize(
+        LLAMA, tmp_path / "a.onnx", mode="int4", recipe="q4m", importance_output=kept, **settings
+    )
+    assert r.recipe is not None and r.recipe.norm_importance == 15
+    stored = read_importance(kept)
+    want = norm_importance(fastopt.load(LLAMA))
+    assert set(stored) == set(want)
+    for name, v in want.items():
+        np.testing.assert_array_equal(stored[name], v)
+    # the importance reaches the pass: other bytes than the same recipe without it
+    plain = {**settings, "importance": ""}
+    fastopt.quantize(LLAMA, tmp_path / "b.onnx", mode="int4", recipe="q4m", **plain)
+
+    def codes(path: Path) -> dict[str, bytes]:
+        proto = onnx.load(str(path))
+        return {i.name: i.raw_data for i in proto.graph.initializer if i.name.endswith("_Q4")}
+
+    a, b = codes(tmp_path / "a.onnx"), codes(tmp_path / "b.onnx")
+    assert a.keys() == b.keys() and a != b
+    # the CLI: the recipe, and --importance norms alone
+    out = tmp_path / "c.onnx"
+    assert main(["quantize", str(LLAMA), "-o", str(out), "--mode", "int4", "--recipe", "q4m"]) == 0
+    line = "importance: estimated from the weights for 15 weights (norms)"
+    assert line in capsys.readouterr().out
+    args = ["quantize", str(LLAMA), "-o", str(out), "--mode", "int4", "--method", "search"]
+    assert main([*args, "--importance", "norms"]) == 0
+    # with calibration, the measured importance wins
+    r = fastopt.quantize(LLAMA, out, mode="int4", recipe="q4m", calibration="builtin", **settings)
+    assert r.recipe is not None and r.recipe.calibration is not None
+    assert r.recipe.norm_importance == 0
+
+
+def test_the_budget_estimates_errors_from_a_sample_of_columns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each weight's int4 and int8 errors were computed over every column before the pass, which
+    made q4m's command 2.0-2.1x round to nearest's; 64 columns rank as well."""
+    seen: list[tuple[int, int]] = []
+    real = budget.weighted_error
+
+    def spy(w: np.ndarray, *a: object, **k: object) -> float:
+        seen.append(w.shape)
+        return real(w, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(budget, "weighted_error", spy)
+    model = fastopt.load(LLAMA)
+    alloc = budget.allocate(model, 4.6, block_size=64, symmetric=False, over_floor_ok=True)
+    assert max(n for _, n in seen) <= budget._ERROR_COLUMNS
+    head = next(t for t in alloc.tensors if t.lm_head)
+    assert head.shape == (64, 512)  # the lm_head's 512 columns: 64 of them read
+    monkeypatch.setattr(budget, "weighted_error", real)
+    w = np.asarray(model.graph.initializer(head.weight).numpy(), np.float32)
+    full = real(w.T if w.shape[0] != 64 else w, 4, 64, False)
+    assert head.error_int4 == pytest.approx(full, rel=0.25)
