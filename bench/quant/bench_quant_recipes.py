@@ -103,6 +103,11 @@ RECIPES: list[tuple[str, str, dict]] = [
     ),
     ("search b32 sym fp16 norms", "fp16", dict(method="search", importance="norms")),
     (
+        "search b32 sym fp16 norms budget 4.6",
+        "fp16",
+        dict(method="search", importance="norms", bits_budget=4.6),
+    ),
+    (
         "search b32 asym fp16 norms",
         "fp16",
         dict(method="search", symmetric=False, importance="norms"),

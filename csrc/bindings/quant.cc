@@ -7,11 +7,13 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "bindings/handles.h"
 #include "ir/error.h"
 #include "passes/quant/options.h"
 #include "quant/blockwise.h"
+#include "quant/weight_source.h"
 
 namespace fastopt::bindings {
 namespace {
@@ -61,9 +63,112 @@ py::dict quantization_error(const FloatArray& weight, int bits, int64_t block_si
   return d;
 }
 
+// A 2-D float initializer read as MatMul's B [K, N] (`transposed`: stored [N, K], the tied
+// lm_head), straight from the model's mapping like the pass reads it.
+quant::WeightSource weight_source(const PyTensor& t, bool transposed) {
+  const Tensor& x = *t.tensor;
+  const int32_t dt = x.dtype();
+  if (x.dims.size() != 2 || (dt != 1 && dt != 10 && dt != 16)) {
+    throw ModelError("weight must be a 2-D float32/float16/bfloat16 tensor");
+  }
+  const int64_t K = transposed ? x.dims[1] : x.dims[0], N = transposed ? x.dims[0] : x.dims[1];
+  quant::WeightSource src{x.bytes(), dt, K, N, transposed};
+  src.check_readable();
+  return src;
+}
+
+// Rows of K read at a time (and released once read: the pages leave the process).
+constexpr int64_t kRowChunk = 64;
+
+// Per column n: sum_k imp[k] W[k, n]^2.
+py::array_t<double> weight_column_sums(const PyTensor& t, bool transposed, py::object importance) {
+  const quant::WeightSource src = weight_source(t, transposed);
+  const int64_t K = src.K, N = src.N;
+  FloatArray imp;
+  if (!importance.is_none()) {
+    imp = importance.cast<FloatArray>();
+    if (imp.ndim() != 1 || imp.shape(0) != K) {
+      throw ModelError("importance must be 1-D of length K = " + std::to_string(K));
+    }
+  }
+  py::array_t<double> out(N);
+  double* acc = out.mutable_data();
+  const float* iw = importance.is_none() ? nullptr : imp.data();
+  {
+    py::gil_scoped_release release;
+    std::fill(acc, acc + N, 0.0);
+    if (transposed) {  // stored rows are B's columns
+      std::vector<float> col(static_cast<size_t>(K));
+      for (int64_t c = 0; c < N; ++c) {
+        src.read_columns(c, 1, col.data());
+        double s = 0.0;
+        for (int64_t k = 0; k < K; ++k)
+          s += static_cast<double>(iw ? iw[k] : 1.0f) * col[k] * col[k];
+        acc[c] = s;
+        src.release(c, 1, 0, K, c + 1 < N);
+      }
+    } else {
+      std::vector<float> rows(static_cast<size_t>(kRowChunk * N));
+      for (int64_t r0 = 0; r0 < K; r0 += kRowChunk) {
+        const int64_t n = std::min(kRowChunk, K - r0);
+        src.read(r0, n, 0, N, rows.data());
+        for (int64_t r = 0; r < n; ++r) {
+          const double w = iw ? iw[r0 + r] : 1.0;
+          const float* row = rows.data() + r * N;
+          for (int64_t c = 0; c < N; ++c) acc[c] += w * row[c] * row[c];
+        }
+        src.release(r0, n, 0, N, r0 + n < K);
+      }
+    }
+  }
+  return out;
+}
+
+// Columns `columns` of B [K, N] as float32 [K, len(columns)].
+FloatArray weight_columns(const PyTensor& t, bool transposed, const std::vector<int64_t>& columns) {
+  const quant::WeightSource src = weight_source(t, transposed);
+  const int64_t K = src.K, N = src.N, n = static_cast<int64_t>(columns.size());
+  for (int64_t c : columns) {
+    if (c < 0 || c >= N) throw ModelError("column " + std::to_string(c) + " out of range");
+  }
+  FloatArray out({K, n});
+  float* dst = out.mutable_data();
+  {
+    py::gil_scoped_release release;
+    if (transposed) {
+      std::vector<float> col(static_cast<size_t>(K));
+      for (int64_t j = 0; j < n; ++j) {
+        src.read_columns(columns[j], 1, col.data());
+        for (int64_t k = 0; k < K; ++k) dst[k * n + j] = col[k];
+        src.release(columns[j], 1, 0, K);
+      }
+    } else {
+      std::vector<float> rows(static_cast<size_t>(kRowChunk * N));
+      for (int64_t r0 = 0; r0 < K; r0 += kRowChunk) {
+        const int64_t m = std::min(kRowChunk, K - r0);
+        src.read(r0, m, 0, N, rows.data());
+        for (int64_t r = 0; r < m; ++r) {
+          for (int64_t j = 0; j < n; ++j) dst[(r0 + r) * n + j] = rows[r * N + columns[j]];
+        }
+        src.release(r0, m, 0, N, r0 + m < K);
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 void bind_quant(py::module_& m) {
+  m.def("weight_column_sums", &weight_column_sums, py::arg("weight"), py::arg("transposed") = false,
+        py::arg("importance") = py::none(),
+        "Per column n of a float initializer read as MatMul's B [K, N] (transposed: stored "
+        "[N, K]): sum_k importance[k] W[k, n]^2, float64 [N]. Read from the model's mapping in "
+        "row chunks whose pages are released once read, as quantize_weights reads.");
+  m.def("weight_columns", &weight_columns, py::arg("weight"), py::arg("transposed"),
+        py::arg("columns"),
+        "Columns of a float initializer read as MatMul's B [K, N] (transposed: stored [N, K]) "
+        "as float32 [K, len(columns)], read like weight_column_sums (pages released).");
   m.def("quantization_error", &quantization_error, py::arg("weight"), py::arg("bits") = 4,
         py::arg("block_size") = 32, py::arg("symmetric") = true, py::arg("method") = "search",
         py::arg("importance") = py::none(),

@@ -184,15 +184,13 @@ _ERROR_COLUMNS = 64
 
 
 def _weight_columns(model: _C.Model, name: str, transposed: bool) -> tuple[np.ndarray, float]:
-    """The weight [K, n] as the MatMul reads it, n of its N columns (a strided sample), and
-    N / n."""
+    """The weight [K, n] as the MatMul reads it, n of its N columns (a strided sample, read in
+    C++ from the mapping whose pages leave the process once read), and N / n."""
     t = model.graph.initializer(name)
     assert t is not None
-    a = t.numpy()  # (mapped: only the sampled columns are converted)
-    cols = a.shape[0] if transposed else a.shape[1]
-    stride = max(1, cols // _ERROR_COLUMNS)
-    w = np.asarray(a[::stride] if transposed else a[:, ::stride], np.float32)
-    w = np.ascontiguousarray(w.T if transposed else w)
+    cols = t.shape[0] if transposed else t.shape[1]
+    stride = max(1, -(-cols // _ERROR_COLUMNS))
+    w = _C.weight_columns(t, transposed, list(range(0, cols, stride)))
     return w, cols / w.shape[1]
 
 

@@ -50,10 +50,6 @@ _ATTENTION_OPS = {"Attention", "MultiHeadAttention", "GroupQueryAttention"}
 # What attention's output adds to the stream, relative to its values' mean square: a softmax
 # average of a few weakly correlated values has a smaller mean square than one value.
 kAttentionMix = 0.3
-# Rows of the embedding table read for its per-column mean square (a strided sample).
-_EMBEDDING_ROWS = 4096
-# Rows of a weight converted and squared at a time.
-_ROWS = 64
 _FLOAT_TYPES = (1, 10, 16)
 
 
@@ -88,17 +84,14 @@ def norm_gain(a: _C.Value, k: int) -> np.ndarray | None:
 
 def _embedding_mean_square(model: _C.Model) -> np.ndarray | None:
     """Per column, the mean square of the token embedding (the first Gather of a 2-D float
-    table), from a strided sample of its rows."""
+    table)."""
     for n in model.graph.nodes:
         if n.op_type != "Gather" or not n.inputs or n.attributes.get("axis", 0) != 0:
             continue
         t = n.inputs[0].initializer if n.inputs[0] is not None else None
-        if t is None or t.dtype not in _FLOAT_TYPES or len(t.shape) != 2:
+        if t is None or t.dtype not in _FLOAT_TYPES or len(t.shape) != 2 or not t.shape[0]:
             continue
-        table = t.numpy()
-        rows = table[:: max(1, table.shape[0] // _EMBEDDING_ROWS)]
-        x = np.asarray(rows, np.float32)
-        return np.asarray((x * x).mean(0), np.float64)
+        return np.asarray(_C.weight_column_sums(t), np.float64) / t.shape[0]
     return None
 
 
@@ -110,31 +103,56 @@ def _silu_square(var: np.ndarray) -> np.ndarray:
     return np.asarray(((g / (1.0 + np.exp(-g))) ** 2) @ w, np.float64)
 
 
+def _key(node: _C.Node) -> str:
+    out = node.outputs[0] if node.outputs else None
+    return out.name if out is not None else ""
+
+
+def _weight_nodes(model: _C.Model) -> dict[str, tuple[_C.Node, WeightUse]]:
+    """The weight MatMuls (calibration.weight_matmuls) with their nodes, in graph order, keyed
+    by their output's name."""
+    uses = weight_matmuls(model)
+    out: dict[str, tuple[_C.Node, WeightUse]] = {}
+    i = 0
+    for n in model.graph.nodes:
+        if i == len(uses):
+            break
+        u = uses[i]
+        if n.op_type != "MatMul" or n.name != u.node or len(n.inputs) != 2:
+            continue
+        a, b = n.inputs
+        w = b.producer.inputs[0] if b is not None and b.producer is not None else b
+        if a is None or a.name != u.a or w is None or w.name != u.weight:
+            continue
+        out[_key(n)] = (n, u)
+        i += 1
+    return out
+
+
 class _Estimate:
     """The walk's state: r, and each weight MatMul's importance and output mean square."""
 
     def __init__(self, model: _C.Model) -> None:
         self.model = model
-        self.uses = {u.node: u for u in weight_matmuls(model)}
+        self.nodes = _weight_nodes(model)  # by output name (node names may be empty)
+        self.uses = {key: use for key, (_, use) in self.nodes.items()}
         self.r = _embedding_mean_square(model)
         self.importance: dict[str, np.ndarray] = {}  # by node
         self._out: dict[str, np.ndarray] = {}
 
     def out_mean_square(self, node: str) -> np.ndarray:
-        """Per output column of a weight MatMul: sum_k imp_k W_kn^2 (in row chunks that stay in
-        cache: float16 weights convert a chunk at a time)."""
+        """Per output column of a weight MatMul: sum_k imp_k W_kn^2 (read in C++ from the
+        mapping, whose pages leave the process once read, as the pass reads weights)."""
         if node not in self._out:
             use = self.uses[node]
             t = self.model.graph.initializer(use.weight)
             assert t is not None
             imp = self.importance.get(node)
-            imp = np.ones(use.k, np.float32) if imp is None else imp.astype(np.float32)
-            w = t.numpy() if t.shape[0] == use.k else t.numpy().T  # [K, N]
-            acc = np.zeros(w.shape[1], np.float64)
-            for r in range(0, use.k, _ROWS):
-                x = np.asarray(w[r : r + _ROWS], np.float32)
-                acc += imp[r : r + _ROWS] @ (x * x)
-            self._out[node] = acc
+            self._out[node] = _C.weight_column_sums(
+                t,
+                t.shape[0] != use.k,
+                None if imp is None else np.asarray(imp, np.float32),
+            )
         return self._out[node]
 
     def mean_square(self, v: _C.Value | None, depth: int = 0) -> np.ndarray | None:
@@ -143,8 +161,9 @@ class _Estimate:
         p = v.producer if v is not None else None
         if p is None or depth > 6:
             return None
-        if p.name in self.uses and p.name in self.importance:
-            return self.out_mean_square(p.name)
+        key = _key(p)
+        if key in self.uses and key in self.importance:
+            return self.out_mean_square(key)
         if p.op_type in _PASS_THROUGH:
             return self.mean_square(p.inputs[0], depth + 1)
         if p.op_type == "Mul" and len(p.inputs) == 2:
@@ -176,9 +195,10 @@ class _Estimate:
             p = v.producer if v is not None else None
             if p is None:
                 continue
-            if p.name in self.uses:
-                if through_attention and p.name in self.importance:
-                    return float(self.out_mean_square(p.name).mean())
+            key = _key(p)
+            if key in self.uses:
+                if through_attention and key in self.importance:
+                    return float(self.out_mean_square(key).mean())
                 continue
             if p.op_type == "MatMul" and len(p.inputs) == 2:  # softmax(q k) @ v: the values
                 through_attention = True
@@ -190,25 +210,25 @@ class _Estimate:
                 todo.extend(p.inputs[:1])
         return None
 
-    def visit(self, use: WeightUse, a: _C.Value) -> None:
+    def visit(self, key: str, use: WeightUse, a: _C.Value) -> None:
         gain = norm_gain(a, use.k)
         if gain is not None:
             imp = np.asarray(gain, np.float64) ** 2
             if self.r is not None and self.r.size == use.k and self.r.mean() > 0:
                 imp = imp * self.r / self.r.mean()
-            self.importance[use.node] = imp
+            self.importance[key] = imp
             return
         mix = 1.0
         product = self.mean_square(a)
         if product is not None and product.size == use.k:
-            self.importance[use.node] = product
+            self.importance[key] = product
         else:
             values = self.attention_values(a)
             if values is None:
                 return
-            self.importance[use.node] = np.full(use.k, values)
+            self.importance[key] = np.full(use.k, values)
             mix = kAttentionMix
-        n = self.out_mean_square(use.node)
+        n = self.out_mean_square(key)
         if self.r is not None and n.shape == self.r.shape:  # writes the stream back
             self.r = self.r + mix * n
 
@@ -220,14 +240,12 @@ def norm_importance(
     docstring. Weights with no estimate are left out (uniform); a weight read by several
     MatMuls takes the first's."""
     est = _Estimate(model)
-    nodes = {n.name: n for n in model.graph.nodes if n.name in est.uses}
-    for name, node in nodes.items():
-        use = est.uses[name]
+    for key, (node, use) in est.nodes.items():
         if node.inputs[0] is not None:
-            est.visit(use, node.inputs[0])
+            est.visit(key, use, node.inputs[0])
     out: dict[str, np.ndarray] = {}
-    for name, imp in est.importance.items():
-        use = est.uses[name]
+    for key, imp in est.importance.items():
+        use = est.uses[key]
         if use.weight in out or (keep is not None and not keep(use)):
             continue
         if np.all(np.isfinite(imp)) and imp.max() > 0:

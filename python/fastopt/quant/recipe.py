@@ -26,7 +26,8 @@ from typing import Any
 from fastopt import _C
 from fastopt.quant.awq import AwqReport, apply_awq
 from fastopt.quant.budget import BitsAllocation, allocate
-from fastopt.quant.calibration import Importance, collect_importance, write_importance
+from fastopt.quant.calibration import Importance, collect_importance
+from fastopt.quant.importance_file import write_importance_file
 from fastopt.quant.norm_importance import norm_importance
 from fastopt.quant.settings import NORMS, QuantSettings
 
@@ -123,7 +124,7 @@ def prepare(
         if not path:
             folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="fastopt-imp-"))
             path = os.path.join(folder, "importance.onnx")
-        write_importance(importance, path)
+        write_importance_file(importance, path)
         report.importance_file = settings.importance_output
         if method != "rtn":  # (rtn's bytes are onnxruntime's: no weights)
             options["quant_importance"] = os.fspath(path)
