@@ -80,79 +80,99 @@ quant::WeightSource weight_source(const PyTensor& t, bool transposed) {
 // Rows of K read at a time (and released once read: the pages leave the process).
 constexpr int64_t kRowChunk = 64;
 
-// Per column n: sum_k imp[k] W[k, n]^2.
-py::array_t<double> weight_column_sums(const PyTensor& t, bool transposed, py::object importance) {
-  const quant::WeightSource src = weight_source(t, transposed);
+// Per column n of a transposed source (stored [N, K]): sum_k imp[k] W[k, n]^2 into acc.
+void column_sums_transposed(const quant::WeightSource& src, const float* iw, double* acc) {
   const int64_t K = src.K, N = src.N;
+  std::vector<float> col(static_cast<size_t>(K));
+  for (int64_t c = 0; c < N; ++c) {
+    src.read_columns(c, 1, col.data());
+    double s = 0.0;
+    for (int64_t k = 0; k < K; ++k) s += (iw ? iw[k] : 1.0) * col[k] * col[k];
+    acc[c] = s;
+    src.release(c, 1, 0, K, c + 1 < N);
+  }
+}
+
+// The same over every `stride`-th row of a [K, N] source, times `stride` (an estimate when
+// stride > 1: every row in chunks otherwise).
+void column_sums_rows(const quant::WeightSource& src, const float* iw, int64_t stride,
+                      double* acc) {
+  const int64_t K = src.K, N = src.N;
+  const int64_t chunk = stride == 1 ? kRowChunk : 1;
+  std::vector<float> rows(static_cast<size_t>(chunk * N));
+  for (int64_t r0 = 0; r0 < K; r0 += chunk == 1 ? stride : chunk) {
+    const int64_t n = std::min(chunk, K - r0);
+    src.read(r0, n, 0, N, rows.data());
+    for (int64_t r = 0; r < n; ++r) {
+      const double w = (iw ? iw[r0 + r] : 1.0) * static_cast<double>(stride);
+      const float* row = rows.data() + r * N;
+      for (int64_t c = 0; c < N; ++c) acc[c] += w * row[c] * row[c];
+    }
+    src.release(r0, n, 0, N, r0 + n < K);
+  }
+}
+
+// Per column n: sum_k imp[k] W[k, n]^2 (row_stride > 1: estimated from every row_stride-th row).
+py::array_t<double> weight_column_sums(const PyTensor& t, bool transposed, py::object importance,
+                                       int64_t row_stride) {
+  const quant::WeightSource src = weight_source(t, transposed);
+  if (row_stride < 1 || (transposed && row_stride != 1)) {
+    throw ModelError("row_stride must be >= 1 (1 for a transposed weight)");
+  }
   FloatArray imp;
   if (!importance.is_none()) {
     imp = importance.cast<FloatArray>();
-    if (imp.ndim() != 1 || imp.shape(0) != K) {
-      throw ModelError("importance must be 1-D of length K = " + std::to_string(K));
+    if (imp.ndim() != 1 || imp.shape(0) != src.K) {
+      throw ModelError("importance must be 1-D of length K = " + std::to_string(src.K));
     }
   }
-  py::array_t<double> out(N);
+  py::array_t<double> out(src.N);
   double* acc = out.mutable_data();
   const float* iw = importance.is_none() ? nullptr : imp.data();
-  {
-    py::gil_scoped_release release;
-    std::fill(acc, acc + N, 0.0);
-    if (transposed) {  // stored rows are B's columns
-      std::vector<float> col(static_cast<size_t>(K));
-      for (int64_t c = 0; c < N; ++c) {
-        src.read_columns(c, 1, col.data());
-        double s = 0.0;
-        for (int64_t k = 0; k < K; ++k)
-          s += static_cast<double>(iw ? iw[k] : 1.0f) * col[k] * col[k];
-        acc[c] = s;
-        src.release(c, 1, 0, K, c + 1 < N);
-      }
-    } else {
-      std::vector<float> rows(static_cast<size_t>(kRowChunk * N));
-      for (int64_t r0 = 0; r0 < K; r0 += kRowChunk) {
-        const int64_t n = std::min(kRowChunk, K - r0);
-        src.read(r0, n, 0, N, rows.data());
-        for (int64_t r = 0; r < n; ++r) {
-          const double w = iw ? iw[r0 + r] : 1.0;
-          const float* row = rows.data() + r * N;
-          for (int64_t c = 0; c < N; ++c) acc[c] += w * row[c] * row[c];
-        }
-        src.release(r0, n, 0, N, r0 + n < K);
-      }
-    }
+  py::gil_scoped_release release;
+  std::fill(acc, acc + src.N, 0.0);
+  if (transposed) {
+    column_sums_transposed(src, iw, acc);
+  } else {
+    column_sums_rows(src, iw, row_stride, acc);
   }
   return out;
 }
 
-// Columns `columns` of B [K, N] as float32 [K, len(columns)].
-FloatArray weight_columns(const PyTensor& t, bool transposed, const std::vector<int64_t>& columns) {
+// Rows [r0, r0 + rows) x `columns` (all when empty) of B [K, N] as float32 [rows, n].
+FloatArray weight_rows(const PyTensor& t, bool transposed, int64_t r0, int64_t rows,
+                       std::vector<int64_t> columns) {
   const quant::WeightSource src = weight_source(t, transposed);
-  const int64_t K = src.K, N = src.N, n = static_cast<int64_t>(columns.size());
+  const int64_t K = src.K, N = src.N;
+  if (r0 < 0 || rows < 0 || r0 + rows > K) throw ModelError("rows out of range");
+  if (columns.empty()) {
+    columns.resize(static_cast<size_t>(N));
+    for (int64_t c = 0; c < N; ++c) columns[static_cast<size_t>(c)] = c;
+  }
   for (int64_t c : columns) {
     if (c < 0 || c >= N) throw ModelError("column " + std::to_string(c) + " out of range");
   }
-  FloatArray out({K, n});
+  const int64_t n = static_cast<int64_t>(columns.size());
+  FloatArray out({rows, n});
   float* dst = out.mutable_data();
-  {
-    py::gil_scoped_release release;
-    if (transposed) {
-      std::vector<float> col(static_cast<size_t>(K));
-      for (int64_t j = 0; j < n; ++j) {
-        src.read_columns(columns[j], 1, col.data());
-        for (int64_t k = 0; k < K; ++k) dst[k * n + j] = col[k];
-        src.release(columns[j], 1, 0, K);
-      }
-    } else {
-      std::vector<float> rows(static_cast<size_t>(kRowChunk * N));
-      for (int64_t r0 = 0; r0 < K; r0 += kRowChunk) {
-        const int64_t m = std::min(kRowChunk, K - r0);
-        src.read(r0, m, 0, N, rows.data());
-        for (int64_t r = 0; r < m; ++r) {
-          for (int64_t j = 0; j < n; ++j) dst[(r0 + r) * n + j] = rows[r * N + columns[j]];
-        }
-        src.release(r0, m, 0, N, r0 + m < K);
-      }
+  py::gil_scoped_release release;
+  if (transposed) {  // stored rows are B's columns
+    std::vector<float> col(static_cast<size_t>(K));
+    for (int64_t j = 0; j < n; ++j) {
+      src.read_columns(columns[j], 1, col.data());
+      for (int64_t r = 0; r < rows; ++r) dst[r * n + j] = col[r0 + r];
+      src.release(columns[j], 1, 0, K);
     }
+    return out;
+  }
+  std::vector<float> buf(static_cast<size_t>(kRowChunk * N));
+  for (int64_t done = 0; done < rows; done += kRowChunk) {
+    const int64_t m = std::min(kRowChunk, rows - done);
+    src.read(r0 + done, m, 0, N, buf.data());
+    for (int64_t r = 0; r < m; ++r) {
+      for (int64_t j = 0; j < n; ++j) dst[(done + r) * n + j] = buf[r * N + columns[j]];
+    }
+    src.release(r0 + done, m, 0, N);
   }
   return out;
 }
@@ -161,14 +181,16 @@ FloatArray weight_columns(const PyTensor& t, bool transposed, const std::vector<
 
 void bind_quant(py::module_& m) {
   m.def("weight_column_sums", &weight_column_sums, py::arg("weight"), py::arg("transposed") = false,
-        py::arg("importance") = py::none(),
+        py::arg("importance") = py::none(), py::arg("row_stride") = 1,
         "Per column n of a float initializer read as MatMul's B [K, N] (transposed: stored "
-        "[N, K]): sum_k importance[k] W[k, n]^2, float64 [N]. Read from the model's mapping in "
+        "[N, K]): sum_k importance[k] W[k, n]^2, float64 [N] (row_stride > 1: from every "
+        "row_stride-th row, times row_stride). Read from the model's mapping in "
         "row chunks whose pages are released once read, as quantize_weights reads.");
-  m.def("weight_columns", &weight_columns, py::arg("weight"), py::arg("transposed"),
-        py::arg("columns"),
-        "Columns of a float initializer read as MatMul's B [K, N] (transposed: stored [N, K]) "
-        "as float32 [K, len(columns)], read like weight_column_sums (pages released).");
+  m.def("weight_rows", &weight_rows, py::arg("weight"), py::arg("transposed"), py::arg("start"),
+        py::arg("rows"), py::arg("columns") = std::vector<int64_t>{},
+        "Rows [start, start + rows) and `columns` (all when empty) of a float initializer read "
+        "as MatMul's B [K, N] (transposed: stored [N, K]) as float32 [rows, len(columns)], read "
+        "like weight_column_sums (pages released).");
   m.def("quantization_error", &quantization_error, py::arg("weight"), py::arg("bits") = 4,
         py::arg("block_size") = 32, py::arg("symmetric") = true, py::arg("method") = "search",
         py::arg("importance") = py::none(),

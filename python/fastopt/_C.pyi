@@ -7,7 +7,7 @@ import numpy
 import numpy.typing
 import typing
 import typing_extensions
-__all__: list[str] = ['Bytes', 'FACT_ATTENTION_FUSED', 'FACT_NO_INTERNAL_OPS', 'FACT_VALUE_TYPES', 'FOLD_MAX_BYTES', 'FOLD_MAX_EXPAND_BYTES', 'FUSED_OPS_OPSET', 'Function', 'Graph', 'INTERNAL_DOMAIN', 'KV_PAST_PREFIX', 'KV_PRESENT_PREFIX', 'KvCacheForm', 'Match', 'Model', 'ModelError', 'Node', 'OptionInfo', 'PassInfo', 'PassResult', 'Pattern', 'PatternNode', 'QUANT_BLOCK_SIZE_MAX', 'QUANT_BLOCK_SIZE_MIN', 'QuantRecord', 'ROTARY_MAX_POSITIONS_LIMIT', 'Rewriter', 'Rule', 'ShapeFacts', 'Tensor', 'Value', 'analyze_shapes', 'apply_rules', 'constant_nodes_model', 'cpp_passes', 'dtype_name', 'kv_cache_forms', 'load', 'load_bytes', 'load_skeleton', 'make_tensor', 'move_cross_projections', 'native_fold_ops', 'native_fold_unsupported', 'nested_graphs', 'ort_fold_candidates', 'quant_block_size_problem', 'quantization_error', 'run_pass', 'shape_analysis_summary', 'shape_facts', 'weight_column_sums', 'weight_columns', 'write_file']
+__all__: list[str] = ['Bytes', 'FACT_ATTENTION_FUSED', 'FACT_NO_INTERNAL_OPS', 'FACT_VALUE_TYPES', 'FOLD_MAX_BYTES', 'FOLD_MAX_EXPAND_BYTES', 'FUSED_OPS_OPSET', 'Function', 'Graph', 'INTERNAL_DOMAIN', 'KV_PAST_PREFIX', 'KV_PRESENT_PREFIX', 'KvCacheForm', 'Match', 'Model', 'ModelError', 'Node', 'OptionInfo', 'PassInfo', 'PassResult', 'Pattern', 'PatternNode', 'QUANT_BLOCK_SIZE_MAX', 'QUANT_BLOCK_SIZE_MIN', 'QuantRecord', 'ROTARY_MAX_POSITIONS_LIMIT', 'Rewriter', 'Rule', 'ShapeFacts', 'Tensor', 'Value', 'analyze_shapes', 'apply_rules', 'constant_nodes_model', 'cpp_passes', 'dtype_name', 'kv_cache_forms', 'load', 'load_bytes', 'load_skeleton', 'make_tensor', 'move_cross_projections', 'native_fold_ops', 'native_fold_unsupported', 'nested_graphs', 'ort_fold_candidates', 'quant_block_size_problem', 'quantization_error', 'run_pass', 'shape_analysis_summary', 'shape_facts', 'weight_column_sums', 'weight_rows', 'write_file']
 class ModelError(Exception):
     pass
 class Tensor:
@@ -775,13 +775,13 @@ def shape_facts(model: Model, subgraphs: bool = False) -> dict:
     ints, or strings spelling expressions of symbols ('?N' names a fresh symbol: unknown, but equal
     wherever it appears); None when the rank / the elements are unknown.
     """
-def weight_column_sums(weight: Tensor, transposed: bool = False, importance: typing.Any = None) -> numpy.typing.NDArray[numpy.float64]:
+def weight_column_sums(weight: Tensor, transposed: bool = False, importance: typing.Any = None, row_stride: typing.SupportsInt | typing.SupportsIndex = 1) -> numpy.typing.NDArray[numpy.float64]:
     """
-    Per column n of a float initializer read as MatMul's B [K, N] (transposed: stored [N, K]): sum_k importance[k] W[k, n]^2, float64 [N]. Read from the model's mapping in row chunks whose pages are released once read, as quantize_weights reads.
+    Per column n of a float initializer read as MatMul's B [K, N] (transposed: stored [N, K]): sum_k importance[k] W[k, n]^2, float64 [N] (row_stride > 1: from every row_stride-th row, times row_stride). Read from the model's mapping in row chunks whose pages are released once read, as quantize_weights reads.
     """
-def weight_columns(weight: Tensor, transposed: bool, columns: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> numpy.typing.NDArray[numpy.float32]:
+def weight_rows(weight: Tensor, transposed: bool, start: typing.SupportsInt | typing.SupportsIndex, rows: typing.SupportsInt | typing.SupportsIndex, columns: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex] = []) -> numpy.typing.NDArray[numpy.float32]:
     """
-    Columns of a float initializer read as MatMul's B [K, N] (transposed: stored [N, K]) as float32 [K, len(columns)], read like weight_column_sums (pages released).
+    Rows [start, start + rows) and `columns` (all when empty) of a float initializer read as MatMul's B [K, N] (transposed: stored [N, K]) as float32 [rows, len(columns)], read like weight_column_sums (pages released).
     """
 def write_file(path: typing.Any, data: bytes) -> None:
     """

@@ -2,7 +2,7 @@
 
 Every weight starts at int4. Its error at int4 and at int8 (fastopt.quant.error: the squared
 error of the dequantized weight, weighted by the input's importance when calibrated; estimated
-from 64 of its output columns) and its
+from a sample of its blocks, _weight_sample) and its
 size at each (codes, scales and zero points, as MatMulNBits stores them) give the gain of
 moving it to int8: error removed per extra bit. The lm_head comes first (as llama.cpp's q4_K_M
 keeps its output tensor at higher precision; a tied embedding is the same tensor), then the rest
@@ -44,7 +44,7 @@ class TensorBits:
     lm_head: bool
     bits: int
     bits_per_weight: float  # at the chosen bits, scales and zero points included
-    error_int4: float  # estimated from a sample of the columns (_ERROR_COLUMNS)
+    error_int4: float  # estimated from a sample (_weight_sample)
     error_int8: float
     role: str = ""  # "value" (attention V) or "down" (MLP down projection): ranked first
     node: str = ""  # the MatMul reading it
@@ -176,22 +176,36 @@ def _layer_ends(model: _C.Model, roles: Mapping[str, str]) -> dict[str, int]:
 _ROLE_RANK = {"value": 0, "down": 1}
 
 
-# Output columns whose error estimates a weight's (every N/_ERROR_COLUMNS-th): blocks run
-# along K, so each sampled column's error is exact; the estimate ranks weights, and computing
-# every column at int4 and int8 cost more than the quantization pass itself (q4m's command
-# took 2.0-2.1x round to nearest's; the pass's own report has every weight's exact error).
+# A weight's int4 and int8 errors are estimated from a sample, read in C++ from the mapping
+# (pages released): at least _ERROR_ROWS rows of K in whole blocks evenly spaced along K (each
+# block's error is exact), all columns; a transposed weight (stored [N, K], the tied lm_head)
+# from _ERROR_COLUMNS of its columns, all rows. The estimate only ranks weights (by role first);
+# every column of every weight at int4 and int8 cost more than the quantization pass itself
+# (q4m's command took 2.0-2.1x round to nearest's), and the pass reports each exact error.
+_ERROR_ROWS = 128
 _ERROR_COLUMNS = 64
 
 
-def _weight_columns(model: _C.Model, name: str, transposed: bool) -> tuple[np.ndarray, float]:
-    """The weight [K, n] as the MatMul reads it, n of its N columns (a strided sample, read in
-    C++ from the mapping whose pages leave the process once read), and N / n."""
+def _weight_sample(
+    model: _C.Model, name: str, transposed: bool, block_size: int, k: int
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """A sample of the weight as the MatMul reads it ([rows, columns]), the rows of K it holds,
+    and the weight's size over the sample's."""
     t = model.graph.initializer(name)
     assert t is not None
-    cols = t.shape[0] if transposed else t.shape[1]
-    stride = max(1, -(-cols // _ERROR_COLUMNS))
-    w = _C.weight_columns(t, transposed, list(range(0, cols, stride)))
-    return w, cols / w.shape[1]
+    if transposed:
+        cols = t.shape[0]
+        picked = list(range(0, cols, max(1, -(-cols // _ERROR_COLUMNS))))
+        w = _C.weight_rows(t, True, 0, k, picked)
+        return w, np.arange(k), cols / len(picked)
+    full = k // block_size
+    want = -(-_ERROR_ROWS // block_size)
+    if full <= want:
+        return _C.weight_rows(t, False, 0, k), np.arange(k), 1.0
+    blocks = np.linspace(0, full - 1, want).round().astype(int)
+    parts = [_C.weight_rows(t, False, int(b) * block_size, block_size) for b in blocks]
+    rows = np.concatenate([np.arange(b * block_size, (b + 1) * block_size) for b in blocks])
+    return np.concatenate(parts), rows, k / rows.size
 
 
 def allocate(
@@ -228,11 +242,13 @@ def allocate(
         init = model.graph.initializer(use.weight)
         assert init is not None
         transposed = init.shape[0] != use.k
-        w, scale = _weight_columns(model, use.weight, transposed)
-        k = w.shape[0]
+        k = use.k
+        w, rows, scale = _weight_sample(model, use.weight, transposed, block_size, k)
         n = init.shape[0] if transposed else init.shape[1]
         scale_bytes = 4 if init.dtype == 1 else 2
         imp = None if importance is None else importance.get(use.weight)
+        if imp is not None:
+            imp = np.asarray(imp, np.float32)[rows]
         e4 = scale * weighted_error(w, 4, block_size, symmetric, imp, method=method)
         e8 = scale * weighted_error(w, 8, block_size, symmetric, imp, method=method)
         del w

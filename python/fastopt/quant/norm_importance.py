@@ -51,6 +51,9 @@ _ATTENTION_OPS = {"Attention", "MultiHeadAttention", "GroupQueryAttention"}
 # average of a few weakly correlated values has a smaller mean square than one value.
 kAttentionMix = 0.3
 _FLOAT_TYPES = (1, 10, 16)
+# Rows of the embedding table read for its per-column mean square (a vocabulary's worth of
+# tokens: reading all of Qwen2-0.5B's 151936 took 0.6 s).
+_EMBEDDING_ROWS = 8192
 
 
 def _float_initializer(v: _C.Value | None) -> np.ndarray | None:
@@ -84,14 +87,15 @@ def norm_gain(a: _C.Value, k: int) -> np.ndarray | None:
 
 def _embedding_mean_square(model: _C.Model) -> np.ndarray | None:
     """Per column, the mean square of the token embedding (the first Gather of a 2-D float
-    table)."""
+    table), from about _EMBEDDING_ROWS of its rows (evenly spaced)."""
     for n in model.graph.nodes:
         if n.op_type != "Gather" or not n.inputs or n.attributes.get("axis", 0) != 0:
             continue
         t = n.inputs[0].initializer if n.inputs[0] is not None else None
         if t is None or t.dtype not in _FLOAT_TYPES or len(t.shape) != 2 or not t.shape[0]:
             continue
-        return np.asarray(_C.weight_column_sums(t), np.float64) / t.shape[0]
+        stride = max(1, t.shape[0] // _EMBEDDING_ROWS)
+        return np.asarray(_C.weight_column_sums(t, row_stride=stride), np.float64) / t.shape[0]
     return None
 
 
