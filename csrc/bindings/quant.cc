@@ -98,7 +98,11 @@ void column_sums_transposed(const quant::WeightSource& src, const float* iw, dou
 void column_sums_rows(const quant::WeightSource& src, const float* iw, int64_t stride,
                       double* acc) {
   const int64_t K = src.K, N = src.N;
-  const int64_t chunk = stride == 1 ? kRowChunk : 1;
+  const int64_t chunk =
+      stride == 1
+          ? std::max<int64_t>(
+                1, std::min<int64_t>(kRowChunk, (int64_t{1} << 20) / std::max<int64_t>(N, 1)))
+          : 1;
   std::vector<float> rows(static_cast<size_t>(chunk * N));
   for (int64_t r0 = 0; r0 < K; r0 += chunk == 1 ? stride : chunk) {
     const int64_t n = std::min(chunk, K - r0);
@@ -165,9 +169,12 @@ FloatArray weight_rows(const PyTensor& t, bool transposed, int64_t r0, int64_t r
     }
     return out;
   }
-  std::vector<float> buf(static_cast<size_t>(kRowChunk * N));
-  for (int64_t done = 0; done < rows; done += kRowChunk) {
-    const int64_t m = std::min(kRowChunk, rows - done);
+  // (a wide weight, an lm_head [K, vocab], in fewer rows at a time: at most ~4 MB of floats)
+  const int64_t chunk = std::max<int64_t>(
+      1, std::min<int64_t>(kRowChunk, (int64_t{1} << 20) / std::max<int64_t>(N, 1)));
+  std::vector<float> buf(static_cast<size_t>(chunk * N));
+  for (int64_t done = 0; done < rows; done += chunk) {
+    const int64_t m = std::min(chunk, rows - done);
     src.read(r0 + done, m, 0, N, buf.data());
     for (int64_t r = 0; r < m; ++r) {
       for (int64_t j = 0; j < n; ++j) dst[(done + r) * n + j] = buf[r * N + columns[j]];

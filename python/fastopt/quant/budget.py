@@ -184,6 +184,8 @@ _ROLE_RANK = {"value": 0, "down": 1}
 # (q4m's command took 2.0-2.1x round to nearest's), and the pass reports each exact error.
 _ERROR_ROWS = 128
 _ERROR_COLUMNS = 64
+# ... and of a wide weight (an lm_head stored [K, vocab]) at most this many columns, evenly spaced.
+_ERROR_WIDE_COLUMNS = 2048
 
 
 def _weight_sample(
@@ -198,14 +200,16 @@ def _weight_sample(
         picked = list(range(0, cols, max(1, -(-cols // _ERROR_COLUMNS))))
         w = _C.weight_rows(t, True, 0, k, picked)
         return w, np.arange(k), cols / len(picked)
+    cols = t.shape[1]
+    picked = list(range(0, cols, max(1, -(-cols // _ERROR_WIDE_COLUMNS))))
     full = k // block_size
     want = -(-_ERROR_ROWS // block_size)
     if full <= want:
-        return _C.weight_rows(t, False, 0, k), np.arange(k), 1.0
+        return _C.weight_rows(t, False, 0, k, picked), np.arange(k), cols / len(picked)
     blocks = np.linspace(0, full - 1, want).round().astype(int)
-    parts = [_C.weight_rows(t, False, int(b) * block_size, block_size) for b in blocks]
+    parts = [_C.weight_rows(t, False, int(b) * block_size, block_size, picked) for b in blocks]
     rows = np.concatenate([np.arange(b * block_size, (b + 1) * block_size) for b in blocks])
-    return np.concatenate(parts), rows, k / rows.size
+    return np.concatenate(parts), rows, k * cols / (rows.size * len(picked))
 
 
 def allocate(
