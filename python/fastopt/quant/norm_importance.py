@@ -16,8 +16,8 @@ every channel were an independent zero-mean variable:
   values: the heads' order is not traced), and adds a third of it (kAttentionMix).
 
 The importance weights the search (csrc/quant/search.cc) as calibration's does. On SmolLM2-135M
-(bench/results/quantize_accuracy.md) it takes ``--recipe q4m``'s KL from 0.299 to 0.234, and
-0.329 to 0.279 on the grid-broken copy; calibration's measured importance gives 0.188 / 0.210.
+(bench/results/quantize_accuracy.md) it takes ``--recipe q4m``'s KL from 0.299 to 0.235, and
+0.329 to 0.278 on the grid-broken copy; calibration's measured importance gives 0.188 / 0.210.
 Gains alone (gamma^2, r ignored) gave 0.277 / 0.328: the residual stream's uneven channels
 (the embedding's, and what the layers write) are most of it.
 """
