@@ -301,3 +301,24 @@ def test_the_importance_file_is_written_without_onnx(tmp_path: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_the_fused_graph_gets_its_estimate_too() -> None:
+    """`fastopt optimize --quantize` quantizes after the fusions: SkipSimplifiedLayerNormalization
+    gives the gains, QuickGelu(alpha 1) is the MLP's silu."""
+    model = fastopt.optimize(LLAMA).model
+    assert model is not None
+    imp = norm_importance(model)
+    downs = []
+    for n in model.graph.nodes:
+        p = n.inputs[0].producer if n.op_type == "MatMul" and n.inputs[0] is not None else None
+        if p is None or p.op_type != "Mul":
+            continue
+        if any(x.producer is not None and x.producer.op_type == "QuickGelu" for x in p.inputs):
+            downs.append(n.inputs[1].name)
+    assert len(downs) == 2
+    for name in downs:
+        assert name in imp and imp[name].std() > 0
+    normed = [n for n in model.graph.nodes if n.op_type == "SkipSimplifiedLayerNormalization"]
+    assert normed
+    assert len(imp) >= len(weight_matmuls(model)) - 2  # (packed QKV: attention's output unknown)

@@ -99,12 +99,13 @@ def _embedding_mean_square(model: _C.Model) -> np.ndarray | None:
     return None
 
 
-# E[silu(g)^2] for g ~ N(0, s^2): s^2 * _SILU_SQ(s), tabulated on a grid of s (Gauss-Hermite).
-def _silu_square(var: np.ndarray) -> np.ndarray:
+# E[(g sigmoid(alpha g))^2] for g ~ N(0, var), per channel (Gauss-Hermite quadrature): silu
+# (alpha 1, x * Sigmoid(x)) and the fused QuickGelu (its alpha).
+def _silu_square(var: np.ndarray, alpha: float = 1.0) -> np.ndarray:
     z, w = np.polynomial.hermite_e.hermegauss(48)
     w = w / w.sum()
     g = np.sqrt(np.maximum(var, 0.0))[:, None] * z[None, :]
-    return np.asarray(((g / (1.0 + np.exp(-g))) ** 2) @ w, np.float64)
+    return np.asarray(((g / (1.0 + np.exp(-alpha * g))) ** 2) @ w, np.float64)
 
 
 def _key(node: _C.Node) -> str:
@@ -170,6 +171,10 @@ class _Estimate:
             return self.out_mean_square(key)
         if p.op_type in _PASS_THROUGH:
             return self.mean_square(p.inputs[0], depth + 1)
+        if p.op_type == "QuickGelu" and p.inputs:  # x * Sigmoid(alpha x), fused
+            m = self.mean_square(p.inputs[0], depth + 1)
+            alpha = float(p.attributes.get("alpha", 1.702))
+            return None if m is None else _silu_square(m, alpha)
         if p.op_type == "Mul" and len(p.inputs) == 2:
             a, b = p.inputs
             for x, y in ((a, b), (b, a)):  # silu: x * Sigmoid(x)
