@@ -7,7 +7,10 @@ shared 24 GB machine they must fail with MemoryError rather than take everyone's
 watchdog that kills a process whose RSS passes the cap; what happened is reported.
 
     python bench/quant/bench_quantize_7b.py [--dir /tmp/fastopt-bench/llm_7b_fp16] [--delete]
-                                      [--out bench/results/quantize_7b.md]
+                                      [--out bench/results/quantize_7b.md] [--recipe q4m]
+                                      [--modes int4,int8-dynamic] [--skip-peers]
+
+``--recipe q4m`` adds a row: fastopt int4 with that recipe (fastopt quantize --recipe q4m).
 """
 
 from __future__ import annotations
@@ -35,8 +38,11 @@ def _child_fastopt(mode: str, src: str, dst: str) -> dict[str, Any]:
     import resource
 
     import fastopt
+    from fastopt.quant.recipe import recipe_settings
 
-    r = fastopt.quantize(src, dst, mode=mode)
+    mode, _, recipe = mode.partition(":")  # int4:q4m: the recipe's settings, as the CLI's
+    extra: dict[str, Any] = {**recipe_settings(recipe), "recipe": recipe} if recipe else {}
+    r = fastopt.quantize(src, dst, mode=mode, **extra)
     ru = resource.getrusage(resource.RUSAGE_SELF)
     reasons: dict[str, int] = {}
     for w in r.kept:
@@ -71,6 +77,8 @@ def main() -> None:
     ap.add_argument("--cap-gb", type=float, default=14.0, help="peers' address-space cap")
     ap.add_argument("--delete", action="store_true", help="remove the model and outputs after")
     ap.add_argument("--skip-peers", action="store_true")
+    ap.add_argument("--recipe", help="also fastopt int4 with this recipe (q4m)")
+    ap.add_argument("--modes", default="int4,int8-dynamic", help="comma separated")
     ap.add_argument("--out", default=str(BENCH / "results" / "quantize_7b.md"))
     ap.add_argument("--child", nargs=3, metavar=("MODE", "SRC", "DST"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -93,12 +101,22 @@ def main() -> None:
     prl = ["prlimit", f"--as={cap}"]
     int4_peer = [*prl, py, str(HERE / "bench_quantize.py"), "--child", "ort"]
     int8_peer = [*prl, py, str(HERE / "bench_quantize_dynamic.py"), "--child", "ort"]
+    modes = args.modes.split(",")
     tools = [
         ("fastopt int4", [py, __file__, "--child", "int4"], False),
         ("MatMulNBitsQuantizer int4", int4_peer, True),
+    ] * ("int4" in modes)
+    if args.recipe:
+        recipe_row = (
+            f"fastopt int4 --recipe {args.recipe}",
+            [py, __file__, "--child", f"int4:{args.recipe}"],
+            False,
+        )
+        tools.append(recipe_row)
+    tools += [
         ("fastopt int8-dynamic", [py, __file__, "--child", "int8-dynamic"], False),
         ("quantize_dynamic int8", int8_peer, True),
-    ]
+    ] * ("int8-dynamic" in modes)
     rows: list[dict[str, Any]] = []
     work = os.path.join(os.path.dirname(args.dir), "q7b-out")
     for name, cmd, peer in tools:
@@ -173,6 +191,9 @@ def main() -> None:
         "Command: `python bench/quant/bench_quantize_7b.py"
         + (f" --dir {args.dir}" if args.dir != ap.get_default("dir") else "")
         + (" --delete" if args.delete else "")
+        + (f" --recipe {args.recipe}" if args.recipe else "")
+        + (f" --modes {args.modes}" if args.modes != ap.get_default("modes") else "")
+        + (" --skip-peers" if args.skip_peers else "")
         + "` (the machine is shared: 2 cores, other sessions' jobs running, so wall times "
         "depend on them; CPU time is what the tool itself used).",
         "",

@@ -6,9 +6,10 @@ check's forked child included), and the whole process's wall time, CPU and peak 
 
     python bench/quant/profile_quantize.py MODEL --mode int4 [--runs 3] [-- EXTRA CLI ARGS]
 
-The timers wrap module attributes the CLI calls through (fastopt.optimize.load, _quantize,
-check_runs, fastopt._C.Model.save): nothing in fastopt is changed. The save's own split (bytes
-written, fsync) is in the strace summary: ``--strace`` runs the child under ``strace -f -c``.
+The timers wrap module attributes the CLI calls through (fastopt.optimize.load, quantize_step,
+start_run_check, fastopt._C.Model.save, PendingCheck.finish): nothing in fastopt is changed.
+The save's own split (bytes written, fsync) is in the strace summary: ``--strace`` runs the
+child under ``strace -f -c``.
 """
 
 from __future__ import annotations
@@ -53,25 +54,41 @@ def timed(name, fn):
             lap(name)
     return wrapper
 opt.load = timed("load (parse, map)", opt.load)
-opt._quantize = timed("quantization pass", opt._quantize)
-opt.check_runs = timed("run check", opt.check_runs)
-_C.Model.save = timed("save (write, fsync)", _C.Model.save)
+opt.quantize_step = timed("quantization pass", opt.quantize_step)
+if hasattr(opt, "check_runs"):  # before the check ran beside the save (main before q5-speed)
+    opt.check_runs = timed("run check", opt.check_runs)
+else:
+    opt.start_run_check = timed("run check (fork its child)", opt.start_run_check)
+_C.Model.save = timed("save (write, fsync; the check's child ends)", _C.Model.save)
+# The check's child runs beside the save, which waits for it before naming its files: that
+# wait is inside the save's wall time (and the child's CPU in its CPU, counted when reaped).
+from fastopt.verify import run_check as rcheck
+waited = [0.0]
+def timed_finish(self, finish=getattr(rcheck, "PendingCheck", None) and rcheck.PendingCheck.finish):
+    t = time.perf_counter()
+    try:
+        return finish(self)
+    finally:
+        waited[0] += time.perf_counter() - t
+if hasattr(rcheck, "PendingCheck"):
+    rcheck.PendingCheck.finish = timed_finish
 rc = cli.main(sys.argv[1:])
 lap("(between)")
 merged = {}
 for p in phases:
     m = merged.setdefault(p["phase"], {"phase": p["phase"], "wall": 0.0, "cpu": 0.0})
     m["wall"] += p["wall"]; m["cpu"] += p["cpu"]
+merged["wait"] = {"phase": "(in the save: waiting for the check)", "wall": waited[0], "cpu": None}
 print("@@RESULT@@" + json.dumps({"rc": rc, "t_start": t_start, "phases": list(merged.values())}),
       file=sys.stderr, flush=True)
 """
 
 
-def run_once(args: argparse.Namespace, out_dir: str) -> dict[str, Any]:
+def run_once(args: argparse.Namespace, out_dir: str, python: str) -> dict[str, Any]:
     shutil.rmtree(out_dir, ignore_errors=True)
     if args.existing_folder:
         os.makedirs(out_dir)
-    cmd = [sys.executable, "-c", CHILD, "quantize", args.model, "-o",
+    cmd = [python, "-c", CHILD, "quantize", args.model, "-o",
            os.path.join(out_dir, "model.onnx"), "--mode", args.mode, *args.extra]  # fmt: skip
     if args.strace:
         cmd = ["strace", "-f", "-c", "-w", "-o", os.path.join(args.work, "strace.txt"), *cmd]
@@ -101,13 +118,25 @@ def main() -> None:
         "--existing-folder", action="store_true", help="the output folder exists before the run"
     )
     ap.add_argument("--strace", action="store_true", help="one run under strace -f -c")
+    ap.add_argument(
+        "--python",
+        action="append",
+        help="run the command with this interpreter (repeatable: the runs alternate between them, "
+        "e.g. main's install and a branch's venv); default: this one",
+    )
     ap.add_argument("extra", nargs="*", help="more CLI arguments (after --)")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
-    runs = [run_once(args, os.path.join(args.work, "out")) for _ in range(args.runs)]
-    names = [p["phase"] for p in runs[0]["phases"]]
+    pythons = args.python or [sys.executable]
+    order = [py for _ in range(args.runs) for py in pythons]
+    runs = [run_once(args, os.path.join(args.work, "out"), py) for py in order]
+    for i, py in enumerate(pythons):
+        print(f"python {chr(ord('A') + i)}: {py}")
+    names = list(dict.fromkeys(p["phase"] for r in runs for p in r["phases"]))
     print(f"fastopt quantize {args.model} --mode {args.mode} {' '.join(args.extra)}")
-    print("| phase | " + " | ".join(f"run {i + 1} wall / CPU" for i in range(len(runs))) + " |")
+    tag = {py: chr(ord("A") + i) for i, py in enumerate(pythons)}
+    heads = [f"run {i + 1} ({tag[py]}) wall / CPU" for i, py in enumerate(order)]
+    print("| phase | " + " | ".join(heads) + " |")
     print("| --- |" + " ---: |" * len(runs))
     for name in names:
         cells = []

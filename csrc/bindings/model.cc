@@ -239,9 +239,16 @@ the graph without reading or copying the weights (fastopt.verify.run_check).)doc
           [](const Model& mm, const py::object& path, const py::object& external_data,
              const std::string& location, uint64_t size_threshold, uint64_t align,
              uint64_t max_file_bytes, const std::map<std::string, py::bytes>& side_files,
-             bool fsync) {
+             bool fsync, const py::object& before_commit) {
             SaveOptions o;
             o.durable = fsync;
+            if (!before_commit.is_none()) {
+              // (a borrowed handle: before_commit outlives the save; called with the GIL)
+              o.before_commit = [fn = py::handle(before_commit)] {
+                py::gil_scoped_acquire gil;
+                fn();
+              };
+            }
             for (const auto& [name, bytes] : side_files) o.side_files.emplace_back(name, bytes);
             o.location = location;
             if (external_data.is_none()) {
@@ -265,7 +272,7 @@ the graph without reading or copying the weights (fastopt.verify.run_check).)doc
           py::arg("path"), py::arg("external_data") = py::none(), py::kw_only(),
           py::arg("location") = "", py::arg("size_threshold") = 1024, py::arg("align") = 0,
           py::arg("max_file_bytes") = 0, py::arg("side_files") = std::map<std::string, py::bytes>{},
-          py::arg("fsync") = true,
+          py::arg("fsync") = true, py::arg("before_commit") = py::none(),
           R"doc(Writes the model: complete or absent at every instant, never over the loaded model's files.
 
 Files are written unnamed and named at the end, data files before the model file (the old
@@ -293,6 +300,10 @@ fsync : bool, default True
     False writes as cp does: no writeback while writing and no fsync, so the save returns
     before the bytes reach the disk; the files are still complete or absent for every reader
     and if this process dies, but a power loss may leave them partial.
+before_commit : callable, optional
+    Called with no arguments once every file is written (and fsynced) but none named: an
+    exception from it is raised here and leaves nothing written (optimize's run check, running
+    beside the save, refuses its output so).
 
 Raises
 ------

@@ -643,7 +643,7 @@ void write_model_file(const Model& model, const std::string& path, const SaveOpt
   }
   auto commit = [&](OutputFile& out, std::vector<OutputFile*> files) {
     for (auto& f : side) files.push_back(f.get());
-    commit_outputs(&out, files);  // the model file takes its name last
+    commit_outputs(&out, files, options.before_commit);  // the model file takes its name last
     folders.keep();
   };
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,6 +26,9 @@ struct SaveOptions {
   // false: no writeback, no fsync (as cp writes): the files are still complete or absent for
   // every reader and after a crash of this process, but a power loss may leave them partial.
   bool durable = true;
+  // Called when every file is written (and fsynced) but none named (commit_outputs): an
+  // exception from it leaves nothing. The run check waits for its forked child here.
+  std::function<void()> before_commit;
 };
 
 // Writes the model file, its data files and side files: complete or absent at every instant

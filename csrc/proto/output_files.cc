@@ -411,17 +411,20 @@ class KillSwitch {
 // the old output, the new one, or no model file; never the old model file beside new data
 // (which would load without error, with wrong weights), never a partial or temporary file:
 //   1. every new file is complete and fsynced while it is still unnamed (O_TMPFILE; a save with
-//      SaveOptions::durable false skips the fsyncs, so only steps 2-4 hold after a power loss);
+//      SaveOptions::durable false skips the fsyncs, so only steps 2-4 hold after a power loss),
+//      then `before_naming` may still refuse them all;
 //   2. the old model file is removed: from here on no model file names old data;
 //   3. each data file: the old one is removed and the new one linked under its name;
 //   4. the new model file is linked under its name, last: it appears only with all its data;
 //   5. the folder is fsynced, so that the new names survive a power loss.
 // Old data files that the new model does not use are left alone: they are nobody's temporary.
-void commit_outputs(OutputFile* model, const std::vector<OutputFile*>& data) {
+void commit_outputs(OutputFile* model, const std::vector<OutputFile*>& data,
+                    const std::function<void()>& before_naming) {
   KillSwitch kill;
   for (OutputFile* f : data) f->sync();
   if (model) model->sync();
-  kill.step();  // 1: everything written, nothing named
+  if (before_naming) before_naming();  // may throw: nothing is named yet
+  kill.step();                         // 1: everything written, nothing named
   if (model) {
     remove_old(model->final_);
     kill.step();  // 2

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -137,7 +138,8 @@ class OutputFile {
   void set_durable(bool durable) { durable_ = durable; }
 
  private:
-  friend void commit_outputs(OutputFile* model, const std::vector<OutputFile*>& data);
+  friend void commit_outputs(OutputFile* model, const std::vector<OutputFile*>& data,
+                             const std::function<void()>& before_naming);
   static constexpr uint64_t kWritebackChunk = 32ull << 20;  // see appended()
   void appended(uint64_t n);  // size_ += n; starts the writeback of what is complete
   void sync();
@@ -156,9 +158,12 @@ class OutputFile {
 };
 
 // Gives `data` files and then the `model` file their names, in the order described in
-// output_files.cc. FASTOPT_TEST_KILL_AT_STEP=k (tests only) kills the process with SIGKILL
-// right after step k, to prove that every intermediate state is safe.
-void commit_outputs(OutputFile* model, const std::vector<OutputFile*>& data);
+// output_files.cc. `before_naming`, when set, is called once every file is complete (and
+// fsynced) but none is named: an exception from it leaves nothing (the run check that ran
+// beside the save refuses its output there). FASTOPT_TEST_KILL_AT_STEP=k (tests only) kills the
+// process with SIGKILL right after step k, to prove that every intermediate state is safe.
+void commit_outputs(OutputFile* model, const std::vector<OutputFile*>& data,
+                    const std::function<void()>& before_naming = nullptr);
 
 // Writes `bytes` to `path` as a save writes a model file (folders created, never over a
 // directory or special file, complete or absent).

@@ -48,6 +48,11 @@ TempFile::~TempFile() {
 uint64_t TempFile::reserve(uint64_t n, uint64_t framing) {
   std::lock_guard<std::mutex> lock(reserve_mu_);
   const uint64_t frame = size_.load();
+  // The file is as long as its reservations at once (tails never written read as zeros), so
+  // data() never resizes it: a forked run check maps it while the save appends to it.
+  if (::ftruncate(fd_, static_cast<off_t>(frame + framing + n)) != 0) {
+    throw ModelError("cannot size a temporary file in '" + path_ + "': " + std::strerror(errno));
+  }
   slots_.push_back(Slot{frame, frame + framing, n});
   size_.store(frame + framing + n);
   return frame + framing;
@@ -89,8 +94,8 @@ const uint8_t* TempFile::data() const {
       map_ = &kEmpty;
       return;
     }
-    // Reserved tails past the last write read as zeros: make the file that long (never
-    // shorter: a save that took the file may have appended to it).
+    // reserve() makes the file as long as its reservations, so this only sizes a file with
+    // none (never shorter: a save that took the file may have appended to it).
     struct stat st{};
     if (::fstat(fd_, &st) != 0 || (static_cast<uint64_t>(st.st_size) < mapped_size_ &&
                                    ::ftruncate(fd_, static_cast<off_t>(mapped_size_)) != 0)) {

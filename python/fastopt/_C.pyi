@@ -259,7 +259,7 @@ class Model:
         """
         Bytes of all initializers (subgraphs included)
         """
-    def save(self, path: typing.Any, external_data: typing.Any = None, *, location: str = '', size_threshold: typing.SupportsInt | typing.SupportsIndex = 1024, align: typing.SupportsInt | typing.SupportsIndex = 0, max_file_bytes: typing.SupportsInt | typing.SupportsIndex = 0, side_files: collections.abc.Mapping[str, bytes] = {}, fsync: bool = True) -> None:
+    def save(self, path: typing.Any, external_data: typing.Any = None, *, location: str = '', size_threshold: typing.SupportsInt | typing.SupportsIndex = 1024, align: typing.SupportsInt | typing.SupportsIndex = 0, max_file_bytes: typing.SupportsInt | typing.SupportsIndex = 0, side_files: collections.abc.Mapping[str, bytes] = {}, fsync: bool = True, before_commit: typing.Any = None) -> None:
         """
         Writes the model: complete or absent at every instant, never over the loaded model's files.
         
@@ -288,6 +288,10 @@ class Model:
             False writes as cp does: no writeback while writing and no fsync, so the save returns
             before the bytes reach the disk; the files are still complete or absent for every reader
             and if this process dies, but a power loss may leave them partial.
+        before_commit : callable, optional
+            Called with no arguments once every file is written (and fsynced) but none named: an
+            exception from it is raised here and leaves nothing written (optimize's run check, running
+            beside the save, refuses its output so).
         
         Raises
         ------

@@ -22,7 +22,7 @@ from fastopt.pipeline.registry import preset as preset_passes
 from fastopt.quant.fp16_ranges import RangeCheck
 from fastopt.quant.settings import Mode, QuantSettings, WeightQuantization
 from fastopt.quant.step import not_for_cpu, quant_settings, quantize_step
-from fastopt.verify.run_check import run_check as check_runs
+from fastopt.verify.run_check import RunCheck, start_run_check
 
 ModelOrPath = Union[_C.Model, str, "os.PathLike[str]"]
 # What callers of optimize() name (its report, its callbacks), wherever they are defined.
@@ -93,6 +93,17 @@ DEFAULT_PRESET = "default"
 
 
 @entry_point("optimize")
+def _run_check_line(result: RunCheck) -> str:
+    """OptimizeReport.run_check's text."""
+    if result.ran:
+        return (
+            f"{result.note}, {result.seconds:.2f} s"
+            if result.note
+            else f"ran in {result.seconds:.2f} s"
+        )
+    return result.note
+
+
 def optimize(
     model_or_path: ModelOrPath,
     preset: str = DEFAULT_PRESET,
@@ -236,18 +247,26 @@ def optimize(
     ops_after = model.op_counts()
     out_path = None
     checked = ""
-    if output is not None and run_check:
-        result = check_runs(model, original, not_for_cpu(ctx, quantize))
-        checked = f"ran in {result.seconds:.2f} s" if result.ran else result.note
-        if result.ran and result.note:
-            checked = f"{result.note}, {result.seconds:.2f} s"
     genai_notes: list[str] = []
     if output is not None:
         out_path = os.fspath(output)
-        side_files, genai_notes = genai_side_files(
-            model, out_path, kv_cache=kv_cache, hf_files=hf_files, hf=hf, seq2seq=seq2seq
-        )
-        model.save(out_path, external_data, side_files=side_files, fsync=fsync)
+        # The run check's child works while this process saves; the save names its files only
+        # after the check passed (before_commit), so a refused output is never written.
+        check = start_run_check(model, original, not_for_cpu(ctx, quantize)) if run_check else None
+        try:
+            side_files, genai_notes = genai_side_files(
+                model, out_path, kv_cache=kv_cache, hf_files=hf_files, hf=hf, seq2seq=seq2seq
+            )
+            before_commit = check.finish if check is not None else None
+            model.save(
+                out_path, external_data, side_files=side_files, fsync=fsync,
+                before_commit=before_commit,
+            )  # fmt: skip
+            if check is not None:
+                checked = _run_check_line(check.finish())
+        finally:
+            if check is not None:
+                check.cancel()  # a child the save did not wait for (it failed first)
     return OptimizeReport(
         passes=reports,
         nodes_before=sum(ops_before.values()),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import fastopt
@@ -191,3 +192,117 @@ def test_existing_folder_setting() -> None:
     assert existing_folder("") == ""
     assert existing_folder(str(TESTS / "no" / "such" / "dir")) == str(TESTS)
     assert existing_folder(str(TESTS)) == str(TESTS)
+
+
+def test_run_check_runs_beside_the_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run check's forked child (ORT's import and session: 0.2-0.4 s of CPU on the 0.5B)
+    works while this process writes the output: the save starts before the check ends, and
+    names its files only after it passed."""
+    stamps = tmp_path / "stamps"
+    stamps.mkdir()
+    run_once = rc._run_once
+
+    def slow_check(model: fastopt.Model) -> str:
+        time.sleep(1.0)
+        left_out = run_once(model)
+        (stamps / "check_end").write_text(repr(time.time()))
+        return left_out
+
+    save = fastopt.Model.save
+
+    def timed_save(self: fastopt.Model, *a: object, **k: object) -> None:
+        (stamps / "save_start").write_text(repr(time.time()))
+        save(self, *a, **k)
+
+    monkeypatch.setattr(rc, "_run_once", slow_check)
+    monkeypatch.setattr(fastopt.Model, "save", timed_save)
+    out = tmp_path / "q" / "model.onnx"
+    report = fastopt.quantize(QWEN, out, mode="int4")
+    assert report.run_check.startswith("ran in"), report.run_check
+    assert float((stamps / "save_start").read_text()) < float((stamps / "check_end").read_text())
+    assert out.exists()
+
+
+def test_check_beside_the_save_refuses_and_leaves_the_old_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An output ORT cannot run is refused by the check that ran beside the save: its files were
+    written unnamed and go; the output it would have replaced stays as it was; no folder the
+    save made is left; no child is left running."""
+    run_once = rc._run_once
+
+    def refuses_int4(model: fastopt.Model) -> str:
+        if any(
+            n.op_type == "MatMulNBits" for n in model.graph.nodes
+        ):  # the output, not the original
+            time.sleep(0.5)  # so that the save has written its files by now
+            raise RuntimeError("[ONNXRuntimeError] : 10 : INVALID_GRAPH : no kernel (test)")
+        return run_once(model)
+
+    monkeypatch.setattr(rc, "_run_once", refuses_int4)
+    old = tmp_path / "old" / "model.onnx"
+    old.parent.mkdir()
+    old.write_bytes(b"the old output")
+    with pytest.raises(rc.RunCheckError, match=r"no kernel.*the original runs"):
+        fastopt.quantize(QWEN, old, mode="int4")
+    assert os.listdir(old.parent) == ["model.onnx"] and old.read_bytes() == b"the old output"
+    new = tmp_path / "new" / "dir" / "model.onnx"
+    with pytest.raises(rc.RunCheckError):
+        fastopt.quantize(QWEN, new, mode="int4", external_data=True)
+    assert sorted(os.listdir(tmp_path)) == ["old"]
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)  # every child reaped
+
+
+def test_failed_save_ends_the_check_beside_it(tmp_path: Path) -> None:
+    """A save that fails before the check's answer is wanted (the output is a folder) kills and
+    reaps the check's child."""
+    (tmp_path / "model.onnx").mkdir()
+    with pytest.raises(fastopt.ModelError):
+        fastopt.quantize(QWEN, tmp_path / "model.onnx", mode="int4")
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)
+
+
+def test_save_before_commit_sees_the_files_written_but_unnamed(tmp_path: Path) -> None:
+    """Model.save(before_commit=f): f runs once, after every byte is written and before any
+    file is named; its exception is raised by the save, which then leaves nothing."""
+    model = fastopt.load(str(QWEN))
+    out = tmp_path / "new" / "model.onnx"
+    seen: list[list[str]] = []
+
+    def ready() -> None:
+        seen.append(sorted(os.listdir(out.parent)))
+
+    model.save(out, True, before_commit=ready)
+    assert seen == [[]]
+    assert sorted(os.listdir(out.parent)) == ["model.onnx", "model.onnx.data"]
+
+    class Refused(Exception):
+        pass
+
+    def refuse() -> None:
+        raise Refused("no")
+
+    again = tmp_path / "again" / "model.onnx"
+    with pytest.raises(Refused):
+        model.save(again, True, before_commit=refuse)
+    assert not again.parent.exists()
+    with pytest.raises(Refused):
+        model.save(out, False, before_commit=refuse)  # over the earlier output: it stays
+    assert sorted(os.listdir(out.parent)) == ["model.onnx", "model.onnx.data"]
+    assert fastopt.load(str(out)).graph.nodes[0].op_type == model.graph.nodes[0].op_type
+
+
+def test_forked_cancel_kills_and_reaps() -> None:
+    from fastopt.forked import Forked
+
+    start = time.perf_counter()
+    child = Forked(time.sleep, 30)
+    child.cancel()
+    assert time.perf_counter() - start < 10
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)
+    with pytest.raises(RuntimeError, match="cancelled"):
+        child.result()
+    assert Forked(pow, 2, 10).result() == 1024
