@@ -3,6 +3,7 @@ user and system CPU and peak RSS of each whole process (Python start, imports, l
 and, for fastopt, its run check and fsync), the 1-minute load average at each start.
 
     python bench/quant/bench_quantize_cli.py MODEL [--modes int4,int8-dynamic] [--runs 3]
+                                             [--baseline-python /path/to/other/python]
 
 int4: `fastopt quantize MODEL -o OUT --mode int4` (block 32, symmetric, accuracy level 4: its
 defaults) against `python -m onnxruntime.quantization.matmul_nbits_quantizer --input_model MODEL
@@ -38,7 +39,7 @@ PEER_INT8 = (
 )
 
 
-def commands(mode: str, model: str, out: str, lock: str) -> dict[str, list[str]]:
+def commands(mode: str, model: str, out: str, lock: str, baseline: str) -> dict[str, list[str]]:
     fastopt = [sys.executable, "-m", "fastopt", "quantize", model, "-o", out, "--mode", mode]
     if mode == "int4":
         peer = [sys.executable, "-m", "onnxruntime.quantization.matmul_nbits_quantizer",
@@ -46,11 +47,14 @@ def commands(mode: str, model: str, out: str, lock: str) -> dict[str, list[str]]
                 "--symmetric", "True", "--accuracy_level", "4"]  # fmt: skip
     else:
         peer = [sys.executable, "-c", PEER_INT8, model, out]
-    return {
+    cmds = {
         "fastopt": fastopt,
         "fastopt --no-run-check": [*fastopt, "--no-run-check"],
         "peer": ["flock", lock, *peer] if lock else peer,
     }
+    if baseline:  # another install's fastopt (main's) in the same rounds
+        cmds["fastopt (baseline)"] = [baseline, *fastopt[1:]]
+    return cmds
 
 
 def run(cmd: list[str], out_dir: str, make_folder: bool) -> dict[str, Any]:
@@ -97,13 +101,18 @@ def main() -> None:
         default="/tmp/heavy.lock",
         help="flock file for the peers' runs; '' when the whole bench runs under it",
     )
+    ap.add_argument(
+        "--baseline-python",
+        default="",
+        help="also run `fastopt quantize` with this interpreter's fastopt (e.g. main's install)",
+    )
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {bl.cpu_model()}, "
           f"{os.cpu_count()} cores; model {a.model}")  # fmt: skip
     for mode in a.modes.split(","):
         out = os.path.join(a.work, "out", "model.onnx")
-        cmds = commands(mode, a.model, out, a.peer_lock)
+        cmds = commands(mode, a.model, out, a.peer_lock, a.baseline_python)
         rows: dict[str, list[dict[str, Any]]] = {k: [] for k in cmds}
         for i in range(a.runs):
             for name, cmd in cmds.items():
@@ -116,7 +125,7 @@ def main() -> None:
         for name, rs in rows.items():
             print(f"| {name} | {summary(rs)} |")
         peer = rows["peer"]
-        for name in ("fastopt", "fastopt --no-run-check"):
+        for name in [k for k in rows if k != "peer"]:
             ours = rows[name]
             ratio = [p["wall"] / o["wall"] for p, o in zip(peer, ours)]
             cpu = [(p["user"] + p["sys"]) / (o["user"] + o["sys"]) for p, o in zip(peer, ours)]
