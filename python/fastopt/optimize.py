@@ -22,7 +22,7 @@ from fastopt.pipeline.registry import preset as preset_passes
 from fastopt.quant.fp16_ranges import RangeCheck
 from fastopt.quant.settings import Mode, QuantSettings, WeightQuantization
 from fastopt.quant.step import not_for_cpu, quant_settings, quantize_step
-from fastopt.verify.run_check import RunCheck, start_run_check
+from fastopt.verify.run_check import start_run_check
 
 ModelOrPath = Union[_C.Model, str, "os.PathLike[str]"]
 # What callers of optimize() name (its report, its callbacks), wherever they are defined.
@@ -93,17 +93,6 @@ DEFAULT_PRESET = "default"
 
 
 @entry_point("optimize")
-def _run_check_line(result: RunCheck) -> str:
-    """OptimizeReport.run_check's text."""
-    if result.ran:
-        return (
-            f"{result.note}, {result.seconds:.2f} s"
-            if result.note
-            else f"ran in {result.seconds:.2f} s"
-        )
-    return result.note
-
-
 def optimize(
     model_or_path: ModelOrPath,
     preset: str = DEFAULT_PRESET,
@@ -263,7 +252,7 @@ def optimize(
                 before_commit=before_commit,
             )  # fmt: skip
             if check is not None:
-                checked = _run_check_line(check.finish())
+                checked = check.finish().line()
         finally:
             if check is not None:
                 check.cancel()  # a child the save did not wait for (it failed first)
