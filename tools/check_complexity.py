@@ -43,7 +43,6 @@ ALLOWED: dict[str, str] = {
         "pattern/rewrite.cc::fastopt::pattern::apply_rules",
         "proto/onnx_reader_graph.cc::fastopt::ModelReader::read_graph_body",
         "proto/onnx_reader_tensor.cc::fastopt::ModelReader::finish_tensor",
-        "quant/quantize_job.cc::fastopt::quant::nbits_tile",
     )
 }
 # Tables: one case per dtype or field, nothing to cut into checks.

@@ -112,7 +112,59 @@ RECIPES: list[tuple[str, str, dict]] = [
         "fp16",
         dict(method="search", symmetric=False, importance="norms"),
     ),
+    # GPTQ (--method gptq, part Q3): error feedback along K from the calibration's X^T X
+    (
+        "gptq b64 asym fp16 budget 4.6",
+        "fp16",
+        dict(method="gptq", symmetric=False, block_size=64, calibration="builtin", bits_budget=4.6),
+    ),
+    (
+        "gptq b64 asym fp16 awq budget 4.6",
+        "fp16",
+        dict(
+            method="gptq",
+            symmetric=False,
+            block_size=64,
+            calibration="builtin",
+            awq=True,
+            bits_budget=4.6,
+        ),
+    ),
+    (
+        "gptq b32 sym fp16 budget 4.6",
+        "fp16",
+        dict(method="gptq", calibration="builtin", bits_budget=4.6),
+    ),
+    (
+        "gptq b32 sym fp16 awq budget 4.6",
+        "fp16",
+        dict(method="gptq", calibration="builtin", awq=True, bits_budget=4.6),
+    ),
+    (
+        "gptq b128 asym fp16 budget 4.6",
+        "fp16",
+        dict(
+            method="gptq", symmetric=False, block_size=128, calibration="builtin", bits_budget=4.6
+        ),
+    ),
 ]
+
+
+def cost(report: object) -> str:
+    """Where a calibrated recipe's time went: the whole calibration, ONNX Runtime's runs in it,
+    the GPTQ factors, and the quantization pass."""
+    rec = getattr(report, "recipe", None)
+    if rec is None or rec.calibration is None:
+        return ""
+    cal = rec.calibration
+    parts = [f"calibration {cal.seconds:.1f} s (ORT runs {cal.forward_seconds:.1f} s)"]
+    if rec.gptq is not None:
+        parts.append(f"factors {rec.gptq.seconds:.1f} s ({rec.gptq.bytes / 2**20:.0f} MiB)")
+    parts.append(f"recipe {rec.seconds:.1f} s")
+    for p in getattr(report, "passes", []):
+        if p.name == "quantize_weights":
+            parts.append(f"pass {p.seconds:.1f} s")
+    return "; ".join(parts)
 
 
 def bits_per_weight(path: Path) -> tuple[float, int]:
@@ -173,7 +225,9 @@ def main() -> int:
         out.parent.mkdir(exist_ok=True)
         t0 = time.perf_counter()
         try:
-            fastopt.quantize(srcs[src], out, mode="int4", run_check=False, hf_config=args.hf, **kw)
+            rep = fastopt.quantize(
+                srcs[src], out, mode="int4", run_check=False, hf_config=args.hf, **kw
+            )
         except Exception as e:  # a recipe that fails is a row saying so
             print(f"| {name} | failed: {type(e).__name__}: {str(e)[:100]} |", flush=True)
             continue
@@ -187,9 +241,13 @@ def main() -> int:
             f" | {m['top1']:.3f} | {dt:.1f} |",
             flush=True,
         )
+        if where := cost(rep):
+            print(f"    ({name}: {where})", flush=True)
         if args.json:
             with open(args.json, "a") as f:
-                row = dict(name=name, bpw=bpw, int8=n8, seconds=dt, **m, kw=kw, src=src)
+                row = dict(
+                    name=name, bpw=bpw, int8=n8, seconds=dt, **m, kw=kw, src=src, cost=cost(rep)
+                )
                 f.write(json.dumps(row) + "\n")
         for f in out.parent.iterdir():
             f.unlink()

@@ -13,6 +13,7 @@
 #include "ir/error.h"
 #include "passes/quant/options.h"
 #include "quant/blockwise.h"
+#include "quant/gptq.h"
 #include "quant/weight_source.h"
 
 namespace fastopt::bindings {
@@ -184,6 +185,92 @@ FloatArray weight_rows(const PyTensor& t, bool transposed, int64_t r0, int64_t r
   return out;
 }
 
+using Int64Array = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+
+// `order` as a permutation of 0..K-1 (empty for None); ModelError otherwise.
+Int64Array checked_order(const py::object& order, int64_t K) {
+  if (order.is_none()) return Int64Array();
+  Int64Array perm = order.cast<Int64Array>();
+  bool ok = perm.ndim() == 1 && perm.shape(0) == K;
+  std::vector<bool> seen(static_cast<size_t>(K), false);
+  for (int64_t i = 0; ok && i < K; ++i) {
+    const int64_t v = perm.data()[i];
+    ok = v >= 0 && v < K && !seen[static_cast<size_t>(v)];
+    if (ok) seen[static_cast<size_t>(v)] = true;
+  }
+  if (!ok) throw ModelError("order must be a permutation of 0..K-1");
+  return perm;
+}
+
+// `importance` as K floats (empty for None); ModelError otherwise.
+FloatArray checked_importance(const py::object& importance, int64_t K) {
+  if (importance.is_none()) return FloatArray();
+  FloatArray imp = importance.cast<FloatArray>();
+  if (imp.ndim() != 1 || imp.shape(0) != K) {
+    throw ModelError("importance must be 1-D of length K = " + std::to_string(K));
+  }
+  return imp;
+}
+
+// Block kb's rows as MatMulNBits reads them, (q - zero point) * stored scale, into dst [K, N].
+void dequantize_block(const quant::BlockQuantizer& b, int64_t kb, int64_t rows, int64_t N,
+                      int64_t block_size, float* dst) {
+  const uint8_t* q = b.codes();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < N; ++c) {
+      float scale;
+      b.store_scale(c, reinterpret_cast<uint8_t*>(&scale));
+      dst[(kb * block_size + r) * N + c] =
+          (static_cast<float>(q[r * N + c]) - b.zero_point(c)) * scale;
+    }
+  }
+}
+
+// GPTQ on one array (quant/gptq.h), as quantize_weights rounds a weight with a Hessian factor:
+// returns the dequantized weight [K, N] (float32 scales).
+py::array_t<float> gptq_dequantize(const FloatArray& weight, const FloatArray& factor, int bits,
+                                   int64_t block_size, bool symmetric, const std::string& params,
+                                   py::object importance, py::object order) {
+  if (weight.ndim() != 2) throw ModelError("weight must be 2-D [K, N]");
+  const int64_t K = weight.shape(0), N = weight.shape(1);
+  if (factor.ndim() != 2 || factor.shape(0) != K || factor.shape(1) != K) {
+    throw ModelError("factor must be [K, K] with K = " + std::to_string(K));
+  }
+  if (bits != 4 && bits != 8) throw ModelError("bits must be 4 or 8");
+  if (std::string problem = quant::block_size_problem(block_size); !problem.empty()) {
+    throw ModelError(problem);
+  }
+  if (params != "rtn" && params != "search") throw ModelError("params must be rtn or search");
+  const FloatArray imp = checked_importance(importance, K);
+  const Int64Array perm = checked_order(order, K);
+  const bool act_order = !order.is_none();
+  quant::BlockwiseSpec spec;
+  spec.bits = bits;
+  spec.block_size = block_size;
+  spec.symmetric = symmetric;
+  spec.method = params == "rtn" ? quant::Method::kRtn : quant::Method::kGptq;
+  std::vector<float> w(weight.data(), weight.data() + K * N);
+  py::array_t<float> out({K, N});
+  float* dst = out.mutable_data();
+  const float* iw = importance.is_none() ? nullptr : imp.data();
+  {
+    py::gil_scoped_release release;
+    quant::BlockQuantizer bq(spec);
+    std::vector<quant::BlockQuantizer> bqs;
+    std::vector<float> errors;
+    auto emit = [&](int64_t kb, int64_t rows) {
+      dequantize_block(act_order ? bqs[static_cast<size_t>(kb)] : bq, kb, rows, N, block_size, dst);
+    };
+    if (act_order) {
+      gptq_columns_act_order(w.data(), K, N, factor.data(), perm.data(), spec, iw, bqs, errors,
+                             emit);
+    } else {
+      gptq_columns(w.data(), K, N, factor.data(), spec, iw, bq, errors, emit);
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 void bind_quant(py::module_& m) {
@@ -205,6 +292,15 @@ void bind_quant(py::module_& m) {
         "read as float32) without writing anything: {'rel_mse': sum imp[k] (w - w')^2 / "
         "sum imp[k] w^2, 'max_rel_error', 'mean_rel_error', 'sq_err'}. `importance`: float32 "
         "[K] weights per input channel (None: uniform). Scales as float32 weights store them.");
+  m.def("gptq_dequantize", &gptq_dequantize, py::arg("weight"), py::arg("factor"),
+        py::arg("bits") = 4, py::arg("block_size") = 32, py::arg("symmetric") = true,
+        py::arg("params") = "search", py::arg("importance") = py::none(),
+        py::arg("order") = py::none(),
+        "GPTQ-rounded float weight [K, N] (quantize_weights' quant_method gptq, float32 scales), "
+        "dequantized: `factor` is the upper Cholesky factor of H^-1 [K, K]; `params` chooses "
+        "each block's scale and zero point by round to nearest or by the search. `order` (int64 "
+        "[K]): act order, rows coded in that order with `factor` the permuted H's, each "
+        "block's parameters chosen before any row is coded.");
 }
 
 }  // namespace fastopt::bindings

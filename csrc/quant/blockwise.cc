@@ -81,6 +81,19 @@ FASTOPT_VECTOR_CLONES void quantize_row(const float* __restrict row, const float
   }
 }
 
+// One row's codes and dequantized values from the chosen parameters (GPTQ's step).
+FASTOPT_VECTOR_CLONES void code_and_dequantize(const float* __restrict row,
+                                               const float* __restrict rs,
+                                               const float* __restrict zf,
+                                               const float* __restrict ds, float kmax, int64_t n,
+                                               uint8_t* __restrict q, float* __restrict deq) {
+  for (int64_t c = 0; c < n; ++c) {
+    const int32_t qi = nearest_code(row[c], rs[c], zf[c], kmax);
+    q[c] = static_cast<uint8_t>(qi);
+    deq[c] = (static_cast<float>(qi) - zf[c]) * ds[c];
+  }
+}
+
 }  // namespace
 
 float BlockQuantizer::store(size_t c, float scale) {
@@ -98,9 +111,10 @@ float BlockQuantizer::store(size_t c, float scale) {
   return scale;
 }
 
-void BlockQuantizer::run(const float* src, int64_t ld, int64_t rows, int64_t cols, ErrorSums& err,
-                         const float* importance) {
+void BlockQuantizer::choose(const float* src, int64_t ld, int64_t rows, int64_t cols,
+                            const float* importance) {
   const size_t n = static_cast<size_t>(cols);
+  cols_ = cols;
   min_.resize(n);
   max_.resize(n);
   recip_.resize(n);
@@ -144,8 +158,41 @@ void BlockQuantizer::run(const float* src, int64_t ld, int64_t rows, int64_t col
     dequant_scale_[c] = dequant;
     zp_[c] = zp;
   }
-  if (spec_.method == Method::kSearch) search(src, ld, rows, static_cast<int64_t>(n), importance);
+  if (spec_.method != Method::kRtn) search(src, ld, rows, static_cast<int64_t>(n), importance);
+}
 
+void BlockQuantizer::code_row(int64_t r, const float* row, float* deq) {
+  code_and_dequantize(row, recip_.data(), zero_.data(), dequant_scale_.data(),
+                      static_cast<float>(spec_.max_code()), cols_,
+                      codes_.data() + static_cast<size_t>(r * cols_), deq);
+}
+
+void BlockQuantizer::add_error(const float* src, int64_t ld, int64_t rows, ErrorSums& err,
+                               const float* importance) const {
+  ErrorSums e;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float w = importance ? importance[r] : 1.0f;
+    const uint8_t* q = codes_.data() + static_cast<size_t>(r * cols_);
+    for (int64_t c = 0; c < cols_; ++c) {
+      const float v = src[r * ld + c];
+      const float d = v - (static_cast<float>(q[c]) - zero_[c]) * dequant_scale_[c];
+      e.abs_err += std::fabs(d);
+      e.abs += std::fabs(v);
+      e.sq_err += static_cast<double>(w * d * d);
+      e.sq += static_cast<double>(w * v * v);
+      e.max_err = std::max(e.max_err, std::fabs(d));
+      e.max_abs = std::max(e.max_abs, std::fabs(v));
+    }
+  }
+  e.count = static_cast<uint64_t>(rows * cols_);
+  err.merge(e);
+}
+
+void BlockQuantizer::run(const float* src, int64_t ld, int64_t rows, int64_t cols, ErrorSums& err,
+                         const float* importance) {
+  choose(src, ld, rows, cols, importance);
+  const size_t n = static_cast<size_t>(cols);
+  const float kmax = static_cast<float>(spec_.max_code());
   const float* __restrict rs = recip_.data();
   const float* __restrict zf = zero_.data();
   const float* __restrict ds = dequant_scale_.data();

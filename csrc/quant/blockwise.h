@@ -13,7 +13,9 @@
 // The loops run across columns of a row-major block, so the compiler vectorizes them; the file
 // is built with -ffp-contract=off (no fused multiply-adds: the rounding must match).
 // Method::kSearch replaces nearest rounding's scale (and zero point) per block and column with
-// the one that minimises the importance-weighted squared error (quant/search.cc).
+// the one that minimises the importance-weighted squared error (quant/search.cc). Method::kGptq
+// chooses each block's parameters as the search does, from weights that earlier rows' rounding
+// errors were fed into (quant/gptq.h, with calibration's Hessian).
 #pragma once
 
 #include <cstddef>
@@ -24,7 +26,8 @@ namespace fastopt::quant {
 
 // How a block's scale and zero point are chosen: onnxruntime's round-to-nearest from the block's
 // range (its bytes), or searched for the least weighted squared error (quant/search.cc).
-enum class Method { kRtn = 0, kSearch = 1 };
+// GPTQ: the search's parameters, codes made row by row with error feedback (quant/gptq.h).
+enum class Method { kRtn = 0, kSearch = 1, kGptq = 2 };
 
 struct BlockwiseSpec {
   Method method = Method::kRtn;
@@ -61,6 +64,14 @@ class BlockQuantizer {
   void run(const float* src, int64_t ld, int64_t rows, int64_t cols, ErrorSums& err,
            const float* importance = nullptr);
 
+  // GPTQ (quant/gptq.h): chooses the block's parameters as run() does, without coding it; then
+  // code_row codes row r (< rows) into codes() and writes its dequantized values into deq, and
+  // add_error sums the error of the block's codes against the original rows `src`.
+  void choose(const float* src, int64_t ld, int64_t rows, int64_t cols, const float* importance);
+  void code_row(int64_t r, const float* row, float* deq);
+  void add_error(const float* src, int64_t ld, int64_t rows, ErrorSums& err,
+                 const float* importance) const;
+
   const uint8_t* codes() const { return codes_.data(); }
   uint8_t zero_point(int64_t c) const { return zp_[c]; }
   // Writes column c's scale as stored (little-endian, spec.scale_bytes() bytes).
@@ -80,6 +91,7 @@ class BlockQuantizer {
   std::vector<double> s_err_;
   std::vector<uint32_t> stored_;  // bits of the stored scale
   std::vector<uint8_t> zp_, codes_;
+  int64_t cols_ = 0;  // of the block choose() chose for
 };
 
 // bfloat16 <-> float (round to nearest even, as ml_dtypes / numpy casts do).

@@ -5,6 +5,7 @@
 
 #include "ir/constant.h"
 #include "ir/error.h"
+#include "quant/gptq.h"
 #include "quant/pack.h"
 
 namespace fastopt::quant {
@@ -30,6 +31,8 @@ struct Scratch {
   std::vector<uint8_t> last_codes;  // per column: code of the previous block's last row
   std::vector<float> columns;       // transposed sources: the tile's columns, whole
   std::vector<uint8_t> pairs;       // pack_columns' staging
+  std::vector<float> work, errors;  // GPTQ: the tile [K, cols] being rounded, block errors
+  std::vector<BlockQuantizer> block_quantizers;  // GPTQ act order: one per block
 };
 
 // kQdqRows: the first K * bits / 8 bytes of each column's MatMulNBits blocks (no padding), as
@@ -77,17 +80,81 @@ void pack_last_block(const uint8_t* q, int64_t rows, int64_t w, int64_t cc, int6
   }
 }
 
+// The codes, scales and zero points bq holds for block kb of columns [cc, cc + w) of the tile
+// starting at column c0, into the tile's staging (zero points of kQdqRows into the job).
+void store_block(WeightJob& job, const BlockQuantizer& bq, int64_t kb, int64_t rows, int64_t w,
+                 int64_t cc, int64_t c0, Scratch& s) {
+  const BlockwiseSpec& spec = job.spec;
+  const int64_t bs = spec.block_size, kb_count = job.k_blocks(), blob = job.blob();
+  const int64_t zp_cols = (kb_count * spec.bits + 7) / 8;
+  const int sb = spec.scale_bytes();
+  const uint8_t* q = bq.codes();
+  if (rows == bs) {
+    pack_columns(q, rows, w, spec.bits, s.data.data() + (cc * kb_count + kb) * blob,
+                 kb_count * blob, s.pairs);
+    if (spec.bits == 4) std::memcpy(s.last_codes.data() + cc, q + (rows - 1) * w, w);
+  } else {
+    pack_last_block(q, rows, w, cc, kb, job, s);
+  }
+  for (int64_t j = 0; j < w; ++j) {
+    const int64_t c = cc + j;
+    bq.store_scale(j, s.scales.data() + (c * kb_count + kb) * sb);
+    if (!spec.symmetric && job.layout == Layout::kQdqRows) {  // packed flat at the end
+      job.qdq_zero_points[static_cast<size_t>((c0 + c) * kb_count + kb)] = bq.zero_point(j);
+    } else if (!spec.symmetric) {
+      uint8_t* z = s.zps.data() + c * zp_cols;
+      if (spec.bits == 8) {
+        z[kb] = bq.zero_point(j);
+      } else {
+        // Low nibble first; a column's spare high nibble (odd block count) is 8.
+        if (kb % 2 == 0) {
+          z[kb / 2] = static_cast<uint8_t>(bq.zero_point(j) | (kb + 1 == kb_count ? 0x80 : 0));
+        } else {
+          z[kb / 2] = static_cast<uint8_t>(z[kb / 2] | (bq.zero_point(j) << 4));
+        }
+      }
+    }
+  }
+}
+
+// Sizes the staging of a MatMulNBits tile of `cols` columns (every byte is written).
+void start_nbits_tile(const WeightJob& job, int64_t cols, Scratch& s) {
+  const BlockwiseSpec& spec = job.spec;
+  const int64_t kb_count = job.k_blocks();
+  const int64_t zp_cols = (kb_count * spec.bits + 7) / 8;
+  s.data.resize(static_cast<size_t>(cols * kb_count * job.blob()));
+  s.scales.resize(static_cast<size_t>(cols * kb_count * spec.scale_bytes()));
+  if (!spec.symmetric) s.zps.assign(static_cast<size_t>(cols * zp_cols), 0);
+  s.last_codes.assign(static_cast<size_t>(cols), 0);
+}
+
+// Writes a MatMulNBits tile's staged parts (columns [c0, c0 + cols)) and merges its error.
+void write_nbits_tile(WeightJob& job, int64_t c0, int64_t cols, const ErrorSums& err, TempFile& out,
+                      Scratch& s) {
+  const BlockwiseSpec& spec = job.spec;
+  const int64_t kb_count = job.k_blocks();
+  const int64_t zp_cols = (kb_count * spec.bits + 7) / 8;
+  if (job.layout == Layout::kQdqRows) {
+    write_rows_layout(job, c0, cols, out, s);
+  } else {
+    out.write(job.data_offset + static_cast<uint64_t>(c0 * kb_count * job.blob()), s.data.data(),
+              s.data.size());
+  }
+  out.write(job.scale_offset + static_cast<uint64_t>(c0 * kb_count * spec.scale_bytes()),
+            s.scales.data(), s.scales.size());
+  if (!spec.symmetric && job.layout == Layout::kNBits) {
+    out.write(job.zp_offset + static_cast<uint64_t>(c0 * zp_cols), s.zps.data(), s.zps.size());
+  }
+  std::lock_guard<std::mutex> lock(*job.mu);
+  job.error.merge(err);
+}
+
 // MatMulNBits tile: columns [c0, c1), all of K. Its output is contiguous in each part.
 void nbits_tile(WeightJob& job, int64_t c0, int64_t c1, TempFile& out, Scratch& s) {
   const BlockwiseSpec& spec = job.spec;
   const int64_t K = job.src.K, bs = spec.block_size, kb_count = job.k_blocks();
-  const int64_t cols = c1 - c0, blob = job.blob();
-  const int64_t zp_cols = (kb_count * spec.bits + 7) / 8;
-  const int sb = spec.scale_bytes();
-  s.data.resize(static_cast<size_t>(cols * kb_count * blob));  // every byte is written
-  s.scales.resize(static_cast<size_t>(cols * kb_count * sb));
-  if (!spec.symmetric) s.zps.assign(static_cast<size_t>(cols * zp_cols), 0);
-  s.last_codes.assign(static_cast<size_t>(cols), 0);
+  const int64_t cols = c1 - c0;
+  start_nbits_tile(job, cols, s);
   // float32 weights are quantized where they lie in the mapping (rows N floats apart).
   const float* in_place = job.src.in_place();
   if (!in_place || job.src.transposed) s.block.resize(static_cast<size_t>(bs * cols));
@@ -122,33 +189,7 @@ void nbits_tile(WeightJob& job, int64_t c0, int64_t c1, TempFile& out, Scratch& 
     for (int64_t cc = 0; cc < cols; cc += kChunk) {
       const int64_t w = std::min(kChunk, cols - cc);
       bq.run(block + cc, ld, rows, w, err, job.importance ? job.importance + r0 : nullptr);
-      const uint8_t* q = bq.codes();
-      if (rows == bs) {
-        pack_columns(q, rows, w, spec.bits, s.data.data() + (cc * kb_count + kb) * blob,
-                     kb_count * blob, s.pairs);
-        if (spec.bits == 4) std::memcpy(s.last_codes.data() + cc, q + (rows - 1) * w, w);
-      } else {
-        pack_last_block(q, rows, w, cc, kb, job, s);
-      }
-      for (int64_t j = 0; j < w; ++j) {
-        const int64_t c = cc + j;
-        bq.store_scale(j, s.scales.data() + (c * kb_count + kb) * sb);
-        if (!spec.symmetric && job.layout == Layout::kQdqRows) {  // packed flat at the end
-          job.qdq_zero_points[static_cast<size_t>((c0 + c) * kb_count + kb)] = bq.zero_point(j);
-        } else if (!spec.symmetric) {
-          uint8_t* z = s.zps.data() + c * zp_cols;
-          if (spec.bits == 8) {
-            z[kb] = bq.zero_point(j);
-          } else {
-            // Low nibble first; a column's spare high nibble (odd block count) is 8.
-            if (kb % 2 == 0) {
-              z[kb / 2] = static_cast<uint8_t>(bq.zero_point(j) | (kb + 1 == kb_count ? 0x80 : 0));
-            } else {
-              z[kb / 2] = static_cast<uint8_t>(z[kb / 2] | (bq.zero_point(j) << 4));
-            }
-          }
-        }
-      }
+      store_block(job, bq, kb, rows, w, cc, c0, s);
     }
     // Whole rows, though the tile read some of their columns: consecutive blocks' releases
     // then cover the weight without gaps, whatever the faults mapped around the bytes read
@@ -156,19 +197,63 @@ void nbits_tile(WeightJob& job, int64_t c0, int64_t c1, TempFile& out, Scratch& 
     if (!job.src.transposed) job.src.release(r0, rows, 0, job.src.N, kb + 1 < kb_count);
   }
   if (job.src.transposed) job.src.release(c0, cols, 0, K);
-  if (job.layout == Layout::kQdqRows) {
-    write_rows_layout(job, c0, cols, out, s);
+  write_nbits_tile(job, c0, cols, err, out, s);
+}
+
+// The tile's columns [c0, c0 + cols), all of K, as floats into dst [K, cols].
+void read_tile(const WeightJob& job, int64_t c0, int64_t cols, float* dst, Scratch& s) {
+  const int64_t K = job.src.K, N = job.src.N;
+  const float* in_place = job.src.in_place();
+  if (job.src.transposed) {
+    const float* columns = in_place ? in_place + c0 * K : nullptr;
+    if (!columns) {
+      s.columns.resize(static_cast<size_t>(cols * K));
+      job.src.read_columns(c0, cols, s.columns.data());
+      columns = s.columns.data();
+    }
+    for (int64_t c = 0; c < cols; ++c) {
+      for (int64_t r = 0; r < K; ++r) dst[r * cols + c] = columns[c * K + r];
+    }
+    job.src.release(c0, cols, 0, K);
+    return;
+  }
+  if (in_place) {
+    for (int64_t r = 0; r < K; ++r) {
+      std::memcpy(dst + r * cols, in_place + r * N + c0, static_cast<size_t>(cols) * 4);
+    }
   } else {
-    out.write(job.data_offset + static_cast<uint64_t>(c0 * kb_count * blob), s.data.data(),
-              s.data.size());
+    job.src.read(0, K, c0, cols, dst);
   }
-  out.write(job.scale_offset + static_cast<uint64_t>(c0 * kb_count * sb), s.scales.data(),
-            s.scales.size());
-  if (!spec.symmetric && job.layout == Layout::kNBits) {
-    out.write(job.zp_offset + static_cast<uint64_t>(c0 * zp_cols), s.zps.data(), s.zps.size());
+  job.src.release(0, K, 0, N);
+}
+
+// MatMulNBits tile rounded by GPTQ (quant/gptq.h): the tile's columns read whole along K into
+// staging (K x cols floats, and the originals beside them for the error sums).
+void gptq_tile(WeightJob& job, int64_t c0, int64_t c1, TempFile& out, Scratch& s) {
+  const int64_t K = job.src.K, cols = c1 - c0;
+  start_nbits_tile(job, cols, s);
+  const size_t n = static_cast<size_t>(K * cols);
+  s.work.resize(2 * n);
+  float* w = s.work.data();
+  float* original = w + n;
+  read_tile(job, c0, cols, original, s);
+  std::memcpy(w, original, n * 4);
+  BlockQuantizer bq(job.spec);
+  ErrorSums err;
+  const float* imp = job.importance;
+  auto emit = [&](int64_t kb, int64_t rows) {
+    const BlockQuantizer& b = job.gptq_order ? s.block_quantizers[static_cast<size_t>(kb)] : bq;
+    const int64_t r0 = kb * job.spec.block_size;
+    b.add_error(original + r0 * cols, cols, rows, err, imp ? imp + r0 : nullptr);
+    store_block(job, b, kb, rows, cols, 0, c0, s);
+  };
+  if (job.gptq_order) {
+    gptq_columns_act_order(w, K, cols, job.gptq_factor, job.gptq_order, job.spec, imp,
+                           s.block_quantizers, s.errors, emit);
+  } else {
+    gptq_columns(w, K, cols, job.gptq_factor, job.spec, imp, bq, s.errors, emit);
   }
-  std::lock_guard<std::mutex> lock(*job.mu);
-  job.error.merge(err);
+  write_nbits_tile(job, c0, cols, err, out, s);
 }
 
 // QDQ tile: rows [r0, r1) (whole blocks), all of N, in column chunks.
@@ -273,8 +358,8 @@ void run_jobs(std::vector<WeightJob>& jobs, TempFile& out, int threads,
       // wide tiles keep each row's part of a wide weight (an lm_head) many pages long.
       if (!job.src.in_place())
         width = std::min<int64_t>(width, static_cast<int64_t>(kTileBytes / 4) / bs);
-      // A transposed tile stages its columns whole.
-      if (job.src.transposed)
+      // A transposed tile, and GPTQ's, stages its columns whole.
+      if (job.src.transposed || job.gptq_factor)
         width = std::min<int64_t>(width, static_cast<int64_t>(kTileBytes / 4) / K);
       width = std::max<int64_t>(16, std::min(width, N));
       for (int64_t c = 0; c < N; c += width) {
@@ -307,7 +392,9 @@ void run_jobs(std::vector<WeightJob>& jobs, TempFile& out, int threads,
         const Tile& t = tiles[i];
         WeightJob& job = jobs[t.job];
         Scratch& s = scratch[static_cast<size_t>(w)];
-        if (job.layout != Layout::kQdq) {
+        if (job.gptq_factor) {
+          gptq_tile(job, t.begin, t.end, out, s);
+        } else if (job.layout != Layout::kQdq) {
           nbits_tile(job, t.begin, t.end, out, s);
         } else {
           qdq_tile(job, t.begin, t.end, out, s);

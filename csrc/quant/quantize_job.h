@@ -2,8 +2,9 @@
 // a tile is read from the model's mapping in place (quant/weight_source.h: float32 straight into
 // the block quantizer, float16 / bfloat16 converted block by block), quantized block by block
 // (blockwise.h) and its packed bytes are written straight into the TempFile. Memory: a few MB of
-// staging per thread, whatever the model weighs; the source pages a block read leave the
-// process's mapping once it is done, so they do not add up in its RSS either.
+// staging per thread (GPTQ's tiles, whole along K: 2 x 4 MB), whatever the model weighs; the source
+// pages a block read leave the process's mapping once it is done, so they do not add up in its RSS
+// either.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +40,12 @@ struct WeightJob {
   // Per input channel (K floats, >= 0): weights of the squared errors the search minimises and
   // error.sq_err sums; null for uniform. Owned by the caller, alive until run_jobs returns.
   const float* importance = nullptr;
+  // GPTQ (quant/gptq.h; MatMulNBits layout): the upper Cholesky factor of H^-1, [K, K] floats
+  // row-major, owned by the caller like `importance`; null: the spec's method alone.
+  const float* gptq_factor = nullptr;
+  // With it, act order: the order rows are coded in (K indices), the factor being that of the
+  // permuted H; null: along K.
+  const int64_t* gptq_order = nullptr;
 
   int64_t k_blocks() const { return (src.K + spec.block_size - 1) / spec.block_size; }
   int64_t blob() const { return spec.block_size * spec.bits / 8; }

@@ -7,7 +7,7 @@ import numpy
 import numpy.typing
 import typing
 import typing_extensions
-__all__: list[str] = ['Bytes', 'FACT_ATTENTION_FUSED', 'FACT_NO_INTERNAL_OPS', 'FACT_VALUE_TYPES', 'FOLD_MAX_BYTES', 'FOLD_MAX_EXPAND_BYTES', 'FUSED_OPS_OPSET', 'Function', 'Graph', 'INTERNAL_DOMAIN', 'KV_PAST_PREFIX', 'KV_PRESENT_PREFIX', 'KvCacheForm', 'Match', 'Model', 'ModelError', 'Node', 'OptionInfo', 'PassInfo', 'PassResult', 'Pattern', 'PatternNode', 'QUANT_BLOCK_SIZE_MAX', 'QUANT_BLOCK_SIZE_MIN', 'QuantRecord', 'ROTARY_MAX_POSITIONS_LIMIT', 'Rewriter', 'Rule', 'ShapeFacts', 'Tensor', 'Value', 'analyze_shapes', 'apply_rules', 'constant_nodes_model', 'cpp_passes', 'dtype_name', 'kv_cache_forms', 'load', 'load_bytes', 'load_skeleton', 'make_tensor', 'move_cross_projections', 'native_fold_ops', 'native_fold_unsupported', 'nested_graphs', 'ort_fold_candidates', 'quant_block_size_problem', 'quantization_error', 'run_pass', 'shape_analysis_summary', 'shape_facts', 'weight_column_sums', 'weight_rows', 'write_file']
+__all__: list[str] = ['Bytes', 'FACT_ATTENTION_FUSED', 'FACT_NO_INTERNAL_OPS', 'FACT_VALUE_TYPES', 'FOLD_MAX_BYTES', 'FOLD_MAX_EXPAND_BYTES', 'FUSED_OPS_OPSET', 'Function', 'Graph', 'INTERNAL_DOMAIN', 'KV_PAST_PREFIX', 'KV_PRESENT_PREFIX', 'KvCacheForm', 'Match', 'Model', 'ModelError', 'Node', 'OptionInfo', 'PassInfo', 'PassResult', 'Pattern', 'PatternNode', 'QUANT_BLOCK_SIZE_MAX', 'QUANT_BLOCK_SIZE_MIN', 'QuantRecord', 'ROTARY_MAX_POSITIONS_LIMIT', 'Rewriter', 'Rule', 'ShapeFacts', 'Tensor', 'Value', 'analyze_shapes', 'apply_rules', 'constant_nodes_model', 'cpp_passes', 'dtype_name', 'gptq_dequantize', 'kv_cache_forms', 'load', 'load_bytes', 'load_skeleton', 'make_tensor', 'move_cross_projections', 'native_fold_ops', 'native_fold_unsupported', 'nested_graphs', 'ort_fold_candidates', 'quant_block_size_problem', 'quantization_error', 'run_pass', 'shape_analysis_summary', 'shape_facts', 'weight_column_sums', 'weight_rows', 'write_file']
 class ModelError(Exception):
     pass
 class Tensor:
@@ -715,6 +715,10 @@ def cpp_passes() -> list[PassInfo]:
     """
 def dtype_name(arg0: typing.SupportsInt | typing.SupportsIndex) -> str:
     ...
+def gptq_dequantize(weight: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], factor: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], bits: typing.SupportsInt | typing.SupportsIndex = 4, block_size: typing.SupportsInt | typing.SupportsIndex = 32, symmetric: bool = True, params: str = 'search', importance: typing.Any = None, order: typing.Any = None) -> numpy.typing.NDArray[numpy.float32]:
+    """
+    GPTQ-rounded float weight [K, N] (quantize_weights' quant_method gptq, float32 scales), dequantized: `factor` is the upper Cholesky factor of H^-1 [K, K]; `params` chooses each block's scale and zero point by round to nearest or by the search. `order` (int64 [K]): act order, rows coded in that order with `factor` the permuted H's, each block's parameters chosen before any row is coded.
+    """
 def kv_cache_forms() -> dict[str, KvCacheForm]:
     """
     The KV-cache forms add_kv_cache writes, by name

@@ -93,12 +93,18 @@ QuantOptions read_options(const passes::PassContext& ctx) {
   o.tmpdir = text(ctx, "quant_tmpdir", "");
   o.cuda = option(ctx, "cuda", 0) != 0;
   const int64_t method = option(ctx, "quant_method", kDefaultMethod);
-  if (method != static_cast<int64_t>(Method::kRtn) &&
-      method != static_cast<int64_t>(Method::kSearch)) {
-    throw ModelError("quant_method must be 0 (rtn) or 1 (search), not " + std::to_string(method));
+  if (method < static_cast<int64_t>(Method::kRtn) || method > static_cast<int64_t>(Method::kGptq)) {
+    throw ModelError("quant_method must be 0 (rtn), 1 (search) or 2 (gptq), not " +
+                     std::to_string(method));
   }
   o.method = static_cast<Method>(method);
   o.importance = text(ctx, "quant_importance", "");
+  o.hessian = text(ctx, "quant_hessian", "");
+  if (o.method == Method::kGptq && o.hessian.empty()) {
+    throw ModelError(
+        "quant_method gptq needs quant_hessian: the Hessian factors calibration writes "
+        "(fastopt quantize --method gptq --calibration FILE|builtin)");
+  }
   return o;
 }
 

@@ -13,9 +13,13 @@
 //   quant_per_channel    1 | 0 (default)      quant_keep_io_types  1 | 0 (default)
 //   quant_threads        threads (0 = all cores)
 //   quant_tmpdir         text: folder for the temporary file of quantized bytes ("" = $TMPDIR)
-//   quant_method         0 rtn (default: onnxruntime's bytes) | 1 search (quant/search.cc)
+//   quant_method         0 rtn (default: onnxruntime's bytes) | 1 search (quant/search.cc) |
+//                        2 gptq (quant/gptq.h: error feedback along K; needs quant_hessian)
 //   quant_importance     text: an ONNX file of float32 [K] initializers named as the weights
 //                        (mean x^2 per input channel) weighting the search's squared errors
+//   quant_hessian        text: an ONNX file of float32 [K, K] initializers named as the weights:
+//                        the upper Cholesky factor of each weight's H^-1 (H = X^T X, dampened;
+//                        python/fastopt/quant/gptq.py), read by quant_method gptq
 #pragma once
 
 #include <cstdint>
@@ -44,6 +48,7 @@ struct QuantOptions {
   bool cuda = false;  // option cuda=1
   Method method = Method::kRtn;
   std::string importance;  // path, "" for none
+  std::string hessian;     // path, "" for none (quant_method gptq needs one)
 
   // MatMulNBits accuracy_level for a weight of `dtype` when none was given: 4 (int8 compute,
   // what the model builder uses on CPU) for float32; 0 for float16/bfloat16 (ORT 1.32's CPU

@@ -212,6 +212,7 @@ class Quantizer {
     model_.for_each_graph([&](Graph& g) { collect(g); });
     if (jobs_.empty()) return 0;
     read_importance();
+    read_hessian();
     // Room for each part's framing as its first user will name it, so that a self-contained
     // save can keep the quantized bytes where they are written (quant/temp_file.h).
     for (size_t j = 0; j < jobs_.size(); ++j) {
@@ -275,6 +276,93 @@ class Quantizer {
       }
       job.importance = p;
     }
+  }
+
+  // quant_hessian (quant_method gptq): each int4 job whose weight has an entry gets its factor
+  // [K, K] (read in place from the file's mapping; copied only when unaligned). int8 weights
+  // and embedding tables keep the search.
+  void read_hessian() {
+    if (opt_.hessian.empty()) return;
+    if (qdq_) {
+      throw ModelError(
+          "quant_method gptq writes MatMulNBits (target ort); target onnx's blocked "
+          "DequantizeLinear is not supported by it");
+    }
+    hessian_model_ = read_model_file(opt_.hessian);
+    std::map<std::string, const Value*> by_name;
+    for (const Value* v : hessian_model_->graph->initializer_order) by_name.emplace(v->name(), v);
+    for (size_t j = 0; j < jobs_.size(); ++j) {
+      quant::WeightJob& job = jobs_[j];
+      auto it = by_name.find(job.name);
+      if (it == by_name.end() || job.spec.bits != 4 || embedding_job(j)) continue;
+      job.gptq_factor = hessian_factor(it->second, job);
+      auto order = by_name.find(job.name + "#order");
+      if (order != by_name.end()) job.gptq_order = coding_order(order->second, job);
+    }
+  }
+
+  bool embedding_job(size_t j) const {
+    if (first_user_[j] == kEmbeddingJob) return true;
+    for (const Embedding& e : embeds_) {
+      if (e.job == j) return true;
+    }
+    return false;
+  }
+
+  // "<weight>#order": int64 [K], a permutation of 0..K-1 (GPTQ's act order).
+  const int64_t* coding_order(const Value* v, const quant::WeightJob& job) {
+    const Tensor* t = constant_tensor_view(v);
+    const std::string where = "hessian order '" + v->name() + "' in " + opt_.hessian;
+    const int64_t K = job.src.K;
+    if (!t || t->dtype() != kInt64 || t->dims.size() != 1 || t->dims[0] != K) {
+      throw ModelError(where + ": must be int64 [" + std::to_string(K) + "]");
+    }
+    hessian_bytes_.push_back(t->bytes());
+    const ByteRef& bytes = hessian_bytes_.back();
+    hessian_orders_.emplace_back(static_cast<size_t>(K));
+    std::vector<int64_t>& order = hessian_orders_.back();
+    if (bytes.size != static_cast<uint64_t>(K) * 8) throw ModelError(where + ": wrong size");
+    std::memcpy(order.data(), bytes.data(), bytes.size);
+    std::vector<bool> seen(static_cast<size_t>(K), false);
+    for (int64_t i : order) {
+      if (i < 0 || i >= K || seen[static_cast<size_t>(i)]) {
+        throw ModelError(where + ": not a permutation of 0.." + std::to_string(K - 1));
+      }
+      seen[static_cast<size_t>(i)] = true;
+    }
+    return order.data();
+  }
+
+  const float* hessian_factor(const Value* v, const quant::WeightJob& job) {
+    const Tensor* t = constant_tensor_view(v);
+    const std::string where = "hessian '" + job.name + "' in " + opt_.hessian;
+    const int64_t K = job.src.K;
+    if (!t || t->dtype() != kFloat) {
+      throw ModelError(where + ": must be float32, not " + (t ? dtype_name(t->dtype()) : "?"));
+    }
+    if (t->dims.size() != 2 || t->dims[0] != K || t->dims[1] != K) {
+      throw ModelError(where + ": must be [" + std::to_string(K) + ", " + std::to_string(K) +
+                       "] (the weight's input channels)");
+    }
+    hessian_bytes_.push_back(t->bytes());
+    const ByteRef& bytes = hessian_bytes_.back();
+    if (bytes.size != static_cast<uint64_t>(K * K) * 4) {
+      throw ModelError(where + ": holds " + std::to_string(bytes.size) + " bytes, not " +
+                       std::to_string(K * K * 4));
+    }
+    const float* p = reinterpret_cast<const float*>(bytes.data());
+    if (reinterpret_cast<uintptr_t>(p) % alignof(float) != 0) {
+      hessian_copies_.emplace_back(static_cast<size_t>(K * K));
+      std::memcpy(hessian_copies_.back().data(), bytes.data(), bytes.size);
+      p = hessian_copies_.back().data();
+    }
+    for (int64_t k = 0; k < K; ++k) {
+      if (!(p[k * K + k] > 0.0f) || !std::isfinite(p[k * K + k])) {
+        throw ModelError(where + ": diagonal value " + std::to_string(k) +
+                         " is not positive and finite");
+      }
+    }
+    return p;
   }
 
   void keep(const Value* w, const Node* n, std::string reason, const Tensor* t) {
@@ -636,6 +724,10 @@ class Quantizer {
   std::unique_ptr<Model> importance_model_;  // its mapping backs the jobs' importance
   std::list<ByteRef> importance_bytes_;
   std::list<std::vector<float>> importance_copies_;
+  std::unique_ptr<Model> hessian_model_;  // its mapping backs the jobs' GPTQ factors
+  std::list<ByteRef> hessian_bytes_;
+  std::list<std::vector<float>> hessian_copies_;
+  std::list<std::vector<int64_t>> hessian_orders_;
 };
 
 int64_t quantize_weights(Model& model, PassContext& ctx) {
@@ -647,7 +739,8 @@ const PassRegistrar kRegister{
              "weight-only int4/int8 (options quant_bits, quant_block_size, quant_symmetric, ...): "
              "MatMul with a constant 2-D float weight -> com.microsoft MatMulNBits (target ort) or "
              "blocked DequantizeLinear + MatMul (target onnx, opset 21); quant_method search "
-             "(least weighted squared error per block) or rtn (onnxruntime's bytes)")
+             "(least weighted squared error per block), gptq (error feedback along K from "
+             "calibration's Hessians, quant_hessian) or rtn (onnxruntime's bytes)")
         .tags({"quantization"})
         .not_idempotent()
         .options({OptionDecl("quant_method",
@@ -655,7 +748,7 @@ const PassRegistrar kRegister{
                              "searched for the least weighted squared error, or onnxruntime's "
                              "round-to-nearest bytes")
                       .default_value(quant::kDefaultMethod)
-                      .choices({{0, "rtn"}, {1, "search"}})
+                      .choices({{0, "rtn"}, {1, "search"}, {2, "gptq"}})
                       .internal()})
         .run(quantize_weights)};
 

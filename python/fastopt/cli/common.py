@@ -129,7 +129,9 @@ def add_quant_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         help="int4/int8 rounding: rtn rounds to nearest (onnxruntime's bytes; the default); search "
         "picks each block's scale and zero point for the least weighted squared error (the "
-        "default with --calibration, whose importance it weights)",
+        "default with --calibration, whose importance it weights); gptq (int4, needs "
+        "--calibration) feeds each row's rounding error into the rows after it along K through "
+        "the calibration's X^T X",
     )
     p.add_argument(
         "--importance",

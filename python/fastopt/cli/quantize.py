@@ -117,7 +117,8 @@ def add_recipe_flags(p: argparse.ArgumentParser) -> None:
         choices=tuple(RECIPES),
         help="int4: settings that go together (flags given explicitly win); q4m: at most 4.6 "
         "bits per weight, scales included, asymmetric blocks of 64 rounded by the search "
-        "weighted by --importance norms, int8 for attention V and MLP down projections",
+        "weighted by --importance norms, int8 for attention V and MLP down projections (with "
+        "--calibration: --method gptq)",
     )
 
 
@@ -127,7 +128,7 @@ _FLAG_DEFAULTS = {"block_size": 32, "symmetric": True}
 
 def apply_recipe(args: argparse.Namespace) -> None:
     """Fills the flags the user did not give (None) from --recipe, then from their defaults."""
-    given = recipe_settings(args.recipe) if args.recipe else {}
+    given = recipe_settings(args.recipe, bool(args.calibration)) if args.recipe else {}
     if given and args.mode != "int4":
         raise fastopt.ModelError(f"recipe {args.recipe} is an int4 recipe, not {args.mode}")
     for key, value in given.items():
@@ -169,6 +170,16 @@ def print_recipe(recipe: RecipeReport, out: Any, verbose: bool = False) -> None:
     if recipe.norm_importance:
         out.print(
             f"importance: estimated from the weights for {recipe.norm_importance} weights (norms)",
+            markup=False,
+            highlight=False,
+        )
+    for note in recipe.notes:
+        out.print(note, markup=False, highlight=False)
+    if recipe.gptq is not None:
+        g = recipe.gptq
+        out.print(
+            f"gptq: X^T X factors for {g.weights} weights ({g.factors} distinct, "
+            f"{g.bytes / 2**20:.0f} MiB) in {g.seconds:.2f} s",
             markup=False,
             highlight=False,
         )

@@ -15,6 +15,10 @@ onnxruntime-genai's tokenizer when the folder holds a genai_config.json. With no
 model writes its own calibration text: continuations of its BOS token sampled at temperature 0.8
 (never uniform random ids, which no layer sees in use).
 
+With ``hessians=True`` (``--method gptq``), each distinct MatMul input also gets
+``MatMul(Transpose(Reshape(A, [-1, K])), Reshape(A, [-1, K]))``: H = X^T X [K, K], summed over the
+runs in float32 (fastopt.quant.gptq says what it costs and where it refuses).
+
 The importance file (``write_importance``) is an ONNX model whose graph holds only initializers:
 one float32 1-D tensor of length K per weight, named as the MatMul's weight initializer. The
 quantization pass reads it as option ``quant_importance=PATH``.
@@ -62,10 +66,14 @@ class Importance:
     source: str = ""  # what the tokens came from
     seconds: float = 0.0  # the whole calibration
     forward_seconds: float = 0.0  # ONNX Runtime's runs of the instrumented model alone
+    # with hessians=True: weight -> X^T X [K, K] float32 summed over the tokens (one array
+    # shared by the weights of one input)
+    hessians: dict[str, np.ndarray] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "weights": len(self.vectors),
+            "hessians": len({id(h) for h in self.hessians.values()}),
             "tokens": self.tokens,
             "source": self.source,
             "seconds": self.seconds,
@@ -236,16 +244,27 @@ def _logits_output(sess: Any) -> str:
     return outs[0]
 
 
+def hessian_inputs(uses: Sequence[WeightUse]) -> dict[str, int]:
+    """Distinct MatMul inputs -> the index of the first use reading each (its X^T X output)."""
+    first: dict[str, int] = {}
+    for i, u in enumerate(uses):
+        first.setdefault(u.a, i)
+    return first
+
+
 class _Accumulator:
-    def __init__(self, uses: Sequence[WeightUse]) -> None:
+    def __init__(self, uses: Sequence[WeightUse], hessians: bool = False) -> None:
         self.uses = uses
         self.sums: dict[str, np.ndarray] = {}
         self.rows: dict[str, int] = {}
+        self.inputs = hessian_inputs(uses) if hessians else {}
+        self.xtx: dict[str, np.ndarray] = {}  # input -> sum X^T X (float32)
 
     def outputs(self) -> list[str]:
         out = []
         for i in range(len(self.uses)):
             out += [f"{_PREFIX}{i}/sumsq", f"{_PREFIX}{i}/size"]
+        out += [f"{_PREFIX}{i}/xtx" for i in self.inputs.values()]
         return out
 
     def add(self, got: Sequence[Any]) -> None:
@@ -257,15 +276,29 @@ class _Accumulator:
             else:
                 self.sums[u.weight] = sumsq.copy()
             self.rows[u.weight] = self.rows.get(u.weight, 0) + rows
+        base = 2 * len(self.uses)
+        for j, a in enumerate(self.inputs):
+            h = np.asarray(got[base + j], np.float32)
+            if a in self.xtx:
+                self.xtx[a] += h
+            else:
+                self.xtx[a] = h
+
+    def hessians(self) -> dict[str, np.ndarray]:
+        return {u.weight: self.xtx[u.a] for u in self.uses if u.a in self.xtx}
 
     def vectors(self) -> dict[str, np.ndarray]:
         return {w: (s / max(self.rows[w], 1)).astype(np.float32) for w, s in self.sums.items()}
 
 
-def _instrument(proto: onnx.ModelProto, uses: Sequence[WeightUse], opset: int) -> None:
-    """Adds per use i the outputs ``<prefix>i/sumsq`` (float32 [K]) and ``<prefix>i/size``."""
+def _instrument(
+    proto: onnx.ModelProto, uses: Sequence[WeightUse], opset: int, hessians: bool = False
+) -> None:
+    """Adds per use i the outputs ``<prefix>i/sumsq`` (float32 [K]) and ``<prefix>i/size``, and
+    with ``hessians`` per distinct input (first read by use i) ``<prefix>i/xtx`` [K, K]."""
     from onnx import TensorProto, helper, numpy_helper
 
+    xtx = set(hessian_inputs(uses).values()) if hessians else set()
     g = proto.graph
     axes = _PREFIX + "axes0"
     g.initializer.append(numpy_helper.from_array(np.array([0], np.int64), axes))
@@ -303,6 +336,16 @@ def _instrument(proto: onnx.ModelProto, uses: Sequence[WeightUse], opset: int) -
                 helper.make_tensor_value_info(t + "size", TensorProto.INT64, []),
             ]
         )
+        if i in xtx:
+            g.node.extend(
+                [
+                    helper.make_node("Transpose", [t + "rows"], [t + "rowsT"], name=t + "T"),
+                    helper.make_node(
+                        "MatMul", [t + "rowsT", t + "rows"], [t + "xtx"], name=t + "XtX"
+                    ),
+                ]
+            )
+            g.output.append(helper.make_tensor_value_info(t + "xtx", TensorProto.FLOAT, [u.k, u.k]))
 
 
 def _chunks(ids: Sequence[int], length: int, limit: int) -> list[np.ndarray]:
@@ -323,12 +366,14 @@ def collect_importance(
     workdir: str = "",
     probes: Sequence[Probe] = (),
     importance: bool = True,
+    hessians: bool = False,
 ) -> Importance:
     """Runs ``model`` (not changed) in ONNX Runtime on the calibration tokens and returns the
-    importance vectors of its MatMul weights. ``token_batches`` ([1, T] id arrays) replace the
-    text when given. ``probes`` gather their own statistics in the same runs; with
-    ``importance=False`` they alone are gathered (no vectors). ModelError when the model cannot
-    run or has no weight MatMul."""
+    importance vectors of its MatMul weights (and with ``hessians`` their inputs' X^T X, for
+    GPTQ). ``token_batches`` ([1, T] id arrays) replace the text when given. ``probes`` gather
+    their own statistics in the same runs; with ``importance=False`` they alone are gathered
+    (no vectors). ModelError when the model cannot run, has no weight MatMul, or its Hessians
+    are over fastopt.quant.gptq's limit."""
     import onnx
 
     from fastopt.quant.activation_ranges import _PLACEHOLDER, _session, place_early
@@ -338,6 +383,10 @@ def collect_importance(
     uses = weight_matmuls(model) if importance else []
     if importance and not uses:
         raise _C.ModelError("calibration: the model has no MatMul with a constant 2-D weight")
+    if hessians:
+        from fastopt.quant.gptq import check_cost
+
+        check_cost(uses)
     folders = tokenizer_folders(model, hf_config)
     encode, source = None, "token batches given"
     batches: list[np.ndarray] | None = None
@@ -355,10 +404,10 @@ def collect_importance(
     skeleton = model.skeleton()
     proto = onnx.load_from_string(skeleton)
     plain = len(proto.graph.node)
-    _instrument(proto, uses, opset)
+    _instrument(proto, uses, opset, hessians)
     place_early(proto, plain)  # each activation freed once reduced
     probe_outputs = [p.instrument(proto) for p in probes]
-    acc = _Accumulator(uses)
+    acc = _Accumulator(uses, hessians)
     imp = Importance()
     with ExitStack() as stack:
         try:
@@ -375,6 +424,7 @@ def collect_importance(
                 imp.forward_seconds += time.perf_counter() - t0
                 acc.add(got)
                 _probes_add(probes, probe_outputs, got[len(outputs) :], "calibration")
+                del got  # (X^T X outputs: not two runs' at once)
                 imp.tokens += int(ids.size)
             _probes_extra(sess, probes, probe_outputs, wanted)
         except _C.ModelError:
@@ -384,6 +434,7 @@ def collect_importance(
                 f"calibration: ONNX Runtime could not run the model: {summarize_error(str(e))}"
             ) from e
     imp.vectors = acc.vectors()
+    imp.hessians = acc.hessians()
     imp.source = source
     imp.seconds = time.perf_counter() - start
     return imp

@@ -166,11 +166,14 @@ def quantize(
         int4/int8: rows per block, a power of two in 16..256.
     symmetric : bool, default True
         int4/int8: False adds a zero point per block.
-    method : {"rtn", "search"}, optional
+    method : {"rtn", "search", "gptq"}, optional
         int4/int8 rounding: "search" picks each block's scale (and zero point) for the least
         (importance-weighted) squared error, as llama.cpp's k-quants; "rtn" rounds to nearest,
-        byte for byte onnxruntime's MatMulNBitsQuantizer. Default: "search" with `calibration`
-        (it weights the search by the importance), else "rtn".
+        byte for byte onnxruntime's MatMulNBitsQuantizer; "gptq" (int4, needs `calibration`)
+        codes each weight row by row along K, feeding each row's rounding error into the rows
+        after it through the calibration's X^T X (GPTQ), each block's scale chosen by the
+        search. Default: "search" with `calibration` (it weights the search by the
+        importance), else "rtn".
     importance : str or os.PathLike, optional
         int4/int8 search: an ONNX file whose float32 1-D initializers, named as the MatMul
         weights and of length K, weight each input channel's squared error (mean x^2 of the

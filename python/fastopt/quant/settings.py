@@ -35,8 +35,9 @@ MODES: dict[str, str] = {
 WEIGHT_POLICIES = ("keep", "int4", "int8")
 # int4/int8 rounding (pass option quant_method, declared by quantize_weights): "search" picks each
 # block's scale (and zero point) for the least weighted squared error (csrc/quant/search.cc);
-# "rtn" is onnxruntime's round-to-nearest, byte for byte.
-METHODS = ("rtn", "search")
+# "rtn" is onnxruntime's round-to-nearest, byte for byte; "gptq" feeds each row's rounding error
+# into the rows after it along K (csrc/quant/gptq.h, with calibration's X^T X: needs calibration).
+METHODS = ("rtn", "search", "gptq")
 # importance="norms": the data-free estimate of fastopt.quant.norm_importance, not a file
 NORMS = "norms"
 DEFAULT_METHOD = "rtn"
@@ -131,11 +132,20 @@ class QuantSettings:
         if problem := _C.quant_block_size_problem(bs):  # the rule: csrc/passes/quant/options.h
             raise _C.ModelError(problem)
         if self.method is not None and self.method not in METHODS:
-            raise _C.ModelError(f"method must be {' or '.join(METHODS)}, not {self.method!r}")
+            raise _C.ModelError(
+                f"method must be {', '.join(METHODS[:-1])} or {METHODS[-1]}, not {self.method!r}"
+            )
+        if self.method == "gptq" and self.mode != "int4":
+            raise _C.ModelError(f"method gptq rounds int4 weights, not {self.mode}")
+        if self.method == "gptq" and not self.calibration:
+            raise _C.ModelError(
+                "method gptq needs calibration (--calibration FILE|builtin): it reads each "
+                "weight's input statistics X^T X"
+            )
         if self.importance and self.mode not in ("int4", "int8"):
             raise _C.ModelError(f"importance applies to int4/int8, not to {self.mode}")
         # (norms with rtn: a recipe's default that --method rtn overrides; nothing to weight)
-        if self.importance and self.importance != NORMS and self.rounding != "search":
+        if self.importance and self.importance != NORMS and self.rounding not in ("search", "gptq"):
             raise _C.ModelError("importance weights the search: it needs method search")
         if self.importance and self.importance != NORMS and not os.path.isfile(self.importance):
             raise _C.ModelError(f"importance file {self.importance!r} does not exist")
