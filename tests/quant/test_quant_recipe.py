@@ -84,6 +84,21 @@ def test_explicit_flags_win_over_the_recipe(tmp_path: Path) -> None:
     assert _bits_per_weight(out) <= 5.5 + 1e-9
 
 
+def test_python_api_recipe_alone_applies_its_settings(tmp_path: Path) -> None:
+    """fastopt.quantize(recipe="q4m") writes q4m's model, byte for byte the one its settings
+    spelled out give (it wrote round to nearest's before: the name was only recorded)."""
+    by_name, spelled = tmp_path / "name.onnx", tmp_path / "spelled.onnx"
+    fastopt.quantize(LLAMA_FP16, by_name, mode="int4", recipe="q4m", run_check=False)
+    settings = recipe_settings("q4m")
+    fastopt.quantize(LLAMA_FP16, spelled, mode="int4", run_check=False, recipe="q4m", **settings)
+    nodes = _matmul_nbits(by_name)
+    assert nodes == _matmul_nbits(spelled)
+    assert {n["block_size"] for n in nodes} == {settings["block_size"]}
+    assert any(n["bits"] == 8 for n in nodes)
+    a, b = onnx.load(str(by_name)).graph.initializer, onnx.load(str(spelled)).graph.initializer
+    assert [t.raw_data for t in a] == [t.raw_data for t in b]
+
+
 def test_without_a_recipe_the_defaults_stay(tmp_path: Path) -> None:
     out = tmp_path / "q.onnx"
     assert main(["quantize", str(LLAMA), "-o", str(out), "--mode", "int4"]) == 0

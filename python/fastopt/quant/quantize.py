@@ -38,7 +38,7 @@ from fastopt.pipeline.options import check_options
 from fastopt.pipeline.registry import Target
 from fastopt.quant.checks import reduce_range
 from fastopt.quant.fp16_ranges import RangeCheck
-from fastopt.quant.recipe import RecipeReport
+from fastopt.quant.recipe import RecipeReport, recipe_settings, recipe_untouched
 from fastopt.quant.settings import (
     Mode,
     QuantSettings,
@@ -236,9 +236,11 @@ def quantize(
         With calibration: keep the importance file here (float32 1-D initializers named as the
         weights).
     recipe : str, optional
-        Name the settings came from (fastopt.quant.recipe.RECIPES; pass its settings too:
-        ``**recipe_settings(name)``): its bits budget then leaves all weights int4 where int4
-        alone is over it, instead of refusing.
+        A named recipe (fastopt.quant.recipe.RECIPES, e.g. "q4m"). Given alone (block size,
+        symmetry, method, importance and bits budget at their defaults) it brings its settings
+        (GPTQ with calibration); to change one of them, pass ``**recipe_settings(name)`` with
+        yours. Its bits budget leaves all weights int4 where int4 alone is over it, instead of
+        refusing.
 
     Returns
     -------
@@ -253,6 +255,19 @@ def quantize(
     fastopt.ModelError
         A problem with the input or the output path (`verify` without paths too).
     """
+    if recipe is not None and recipe_untouched(
+        block_size=block_size,
+        symmetric=symmetric,
+        method=method,
+        importance=importance,
+        bits_budget=bits_budget,
+    ):  # recipe="q4m" alone: its settings (the command line resolves its own flags first)
+        chosen = recipe_settings(recipe, bool(calibration))
+        block_size = chosen.get("block_size", block_size)
+        symmetric = chosen.get("symmetric", symmetric)
+        method = chosen.get("method", method)
+        importance = chosen.get("importance", importance)
+        bits_budget = chosen.get("bits_budget", bits_budget)
     settings = QuantSettings(
         mode=mode,
         block_size=block_size,

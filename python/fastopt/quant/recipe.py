@@ -65,6 +65,22 @@ def recipe_settings(name: str, calibrated: bool = False) -> dict[str, Any]:
     return {**RECIPES[name], **(CALIBRATED.get(name, {}) if calibrated else {})}
 
 
+# quantize()'s defaults of the settings a recipe sets.
+_API_DEFAULTS: dict[str, Any] = {
+    "block_size": 32,
+    "symmetric": True,
+    "method": None,
+    "importance": None,
+    "bits_budget": None,
+}
+
+
+def recipe_untouched(**given: Any) -> bool:
+    """Whether quantize() was called with every setting a recipe sets at its default (the
+    recipe's name alone): then the recipe's settings apply."""
+    return all(given.get(k, v) == v for k, v in _API_DEFAULTS.items())
+
+
 @dataclass
 class RecipeReport:
     calibration: Importance | None = None
