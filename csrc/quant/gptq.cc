@@ -20,33 +20,16 @@ FASTOPT_VECTOR_CLONES void scaled_error(const float* __restrict row, const float
   for (int64_t c = 0; c < n; ++c) e[c] = (row[c] - deq[c]) * inv_d;
 }
 
-// Codes rows [r0, r0 + rows) of w one at a time, each row's error fed into the block's later
-// rows; the scaled errors go to e [rows, cols].
-void code_block(float* w, int64_t K, int64_t cols, const float* u, int64_t r0, int64_t rows,
-                BlockQuantizer& bq, float* e, float* deq) {
-  for (int64_t j = 0; j < rows; ++j) {
-    const int64_t r = r0 + j;
-    float* row = w + r * cols;
-    bq.code_row(j, row, deq);
-    const float d = u[r * K + r];
-    if (!(d > 0.0f)) {
-      throw ModelError("gptq: the Hessian factor's diagonal must be positive (row " +
-                       std::to_string(r) + ")");
-    }
-    float* ej = e + j * cols;
-    scaled_error(row, deq, 1.0f / d, cols, ej);
-    for (int64_t k = r + 1; k < r0 + rows; ++k) feed(w + k * cols, u[r * K + k], ej, cols);
-  }
-}
-
-// Act order: codes positions [i0, i0 + n) of the order (rows perm[i]), each with its block's
-// parameters, each row's error fed into the batch's later rows; scaled errors into e [n, cols].
-void code_batch(float* w, int64_t K, int64_t cols, const float* u, const int64_t* perm, int64_t bs,
-                int64_t i0, int64_t n, std::vector<BlockQuantizer>& bqs, float* e, float* deq) {
+// Codes positions [i0, i0 + n) of the coding order one at a time (position i is row row_of(i) of
+// w, coded by code(i, row, deq)), each row's error fed into the later positions' rows; the scaled
+// errors go to e [n, cols].
+template <class RowOf, class Code>
+void code_rows(float* w, int64_t K, int64_t cols, const float* u, int64_t i0, int64_t n,
+               RowOf row_of, Code code, float* e, float* deq) {
   for (int64_t j = 0; j < n; ++j) {
-    const int64_t i = i0 + j, r = perm[i];
-    float* row = w + r * cols;
-    bqs[static_cast<size_t>(r / bs)].code_row(r % bs, row, deq);
+    const int64_t i = i0 + j;
+    float* row = w + row_of(i) * cols;
+    code(i, row, deq);
     const float d = u[i * K + i];
     if (!(d > 0.0f)) {
       throw ModelError("gptq: the Hessian factor's diagonal must be positive (row " +
@@ -54,8 +37,27 @@ void code_batch(float* w, int64_t K, int64_t cols, const float* u, const int64_t
     }
     float* ej = e + j * cols;
     scaled_error(row, deq, 1.0f / d, cols, ej);
-    for (int64_t k = i + 1; k < i0 + n; ++k) feed(w + perm[k] * cols, u[i * K + k], ej, cols);
+    for (int64_t k = i + 1; k < i0 + n; ++k) feed(w + row_of(k) * cols, u[i * K + k], ej, cols);
   }
+}
+
+// Along K: rows [r0, r0 + rows), one block's quantizer.
+void code_block(float* w, int64_t K, int64_t cols, const float* u, int64_t r0, int64_t rows,
+                BlockQuantizer& bq, float* e, float* deq) {
+  code_rows(
+      w, K, cols, u, r0, rows, [](int64_t i) { return i; },
+      [&](int64_t i, float* row, float* out) { bq.code_row(i - r0, row, out); }, e, deq);
+}
+
+// Act order: positions [i0, i0 + n) of the order (rows perm[i]), each with its block's parameters.
+void code_batch(float* w, int64_t K, int64_t cols, const float* u, const int64_t* perm, int64_t bs,
+                int64_t i0, int64_t n, std::vector<BlockQuantizer>& bqs, float* e, float* deq) {
+  code_rows(
+      w, K, cols, u, i0, n, [perm](int64_t i) { return perm[i]; },
+      [&](int64_t i, float* row, float* out) {
+        bqs[static_cast<size_t>(perm[i] / bs)].code_row(perm[i] % bs, row, out);
+      },
+      e, deq);
 }
 
 }  // namespace

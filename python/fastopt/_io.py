@@ -1,9 +1,11 @@
-"""Loading models: thin wrappers over the C++ reader (saving is ``Model.save``)."""
+"""Loading models: thin wrappers over the C++ reader (saving is ``Model.save``); small side files
+written atomically."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 from typing import TYPE_CHECKING, Union
 
 from fastopt import _C
@@ -168,3 +170,17 @@ def verify_checksums(model: _C.Model) -> int:
             )
         checked += 1
     return checked
+
+
+def write_atomically(path: PathLike, data: bytes, prefix: str) -> None:
+    """Writes ``data`` to ``path`` through a temporary file (``prefix``) in the same folder,
+    renamed over it: a reader sees the old file or the whole new one, never a part."""
+    path = os.fspath(path)
+    fd, tmp = tempfile.mkstemp(prefix=prefix, dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise

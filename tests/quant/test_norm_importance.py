@@ -17,6 +17,7 @@ from fastopt.quant.calibration import read_importance, weight_matmuls
 from fastopt.quant.norm_importance import kAttentionMix, norm_gain, norm_importance
 from fastopt.quant.recipe import recipe_settings
 from onnx import TensorProto, helper, numpy_helper
+from support.mapping_rss import RSS_FILE_SOURCE
 from support.paths import TESTS
 
 LLAMA = TESTS / "fixtures" / "models" / "llama_ts_float32" / "model.onnx"
@@ -207,15 +208,15 @@ def test_the_budget_estimates_errors_from_a_sample(monkeypatch: pytest.MonkeyPat
     assert down.error_int4 != pytest.approx(exact, rel=1e-9)
 
 
-_RSS_CHILD = """
+_RSS_CHILD = (
+    """
 import json, sys, fastopt, numpy
 from fastopt.quant.budget import allocate
 from fastopt.quant.norm_importance import norm_importance
 fastopt._C.quantization_error(numpy.ones((32, 2), numpy.float32))  # (libraries mapped first)
-def rss_file():
-    for line in open("/proc/self/status"):
-        if line.startswith("RssFile:"):
-            return int(line.split()[1]) * 1024
+"""
+    + RSS_FILE_SOURCE
+    + """
 m = fastopt.load(sys.argv[1])
 before = rss_file()
 if sys.argv[2] == "norms":
@@ -224,6 +225,7 @@ else:
     got = len(allocate(m, 4.6, block_size=64, symmetric=False, over_floor_ok=True).tensors)
 print(json.dumps({"grew": rss_file() - before, "weights": got}))
 """
+)
 
 
 def _gated_mlp(path: Path) -> None:

@@ -357,6 +357,19 @@ def test_refusals(tmp_path: Path, kwargs: dict[str, object], message: str) -> No
     assert not (tmp_path / "q.onnx").exists()
 
 
+def _gptq_pass(model: fastopt.Model, hessian: Path) -> None:
+    _C.run_pass(
+        model,
+        "quantize_weights",
+        "ort",
+        1,
+        "",
+        {"quant_method": 2},
+        {"quant_hessian": str(hessian)},
+        None,
+    )
+
+
 def test_pass_option_refusals(tmp_path: Path) -> None:
     model = fastopt.load(LLAMA)
     with pytest.raises(fastopt.ModelError, match="needs quant_hessian"):
@@ -365,16 +378,7 @@ def test_pass_option_refusals(tmp_path: Path) -> None:
     name = weight_matmuls(model)[0].weight
     write_factors({name: np.eye(8)}, bad)
     with pytest.raises(fastopt.ModelError, match=r"must be \[64, 64\]|must be \["):
-        _C.run_pass(
-            model,
-            "quantize_weights",
-            "ort",
-            1,
-            "",
-            {"quant_method": 2},
-            {"quant_hessian": str(bad)},
-            None,
-        )
+        _gptq_pass(model, bad)
     # act order: an order that is not a permutation
     k = weight_matmuls(model)[0].k
     write_factors({name: np.eye(k)}, bad, act_order=True)
@@ -382,16 +386,7 @@ def test_pass_option_refusals(tmp_path: Path) -> None:
         f.seek(k * k * 4)
         f.write(bytes(8 * k))
     with pytest.raises(fastopt.ModelError, match="not a permutation"):
-        _C.run_pass(
-            model,
-            "quantize_weights",
-            "ort",
-            1,
-            "",
-            {"quant_method": 2},
-            {"quant_hessian": str(bad)},
-            None,
-        )
+        _gptq_pass(model, bad)
     uses = weight_matmuls(model)
     with pytest.raises(fastopt.ModelError, match=r"GiB of float32, over the"):
         check_cost(uses, limit=1000)

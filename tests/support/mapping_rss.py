@@ -10,12 +10,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-_CHILD = """
-import json, sys, threading, time, fastopt
+# The child processes' reader of their own file-backed resident memory.
+RSS_FILE_SOURCE = """
 def rss_file():
     for line in open("/proc/self/status"):
         if line.startswith("RssFile:"):
             return int(line.split()[1]) * 1024
+"""
+
+_CHILD = (
+    """
+import json, sys, threading, time, fastopt
+"""
+    + RSS_FILE_SOURCE
+    + """
 m = fastopt.load(sys.argv[1])
 before = rss_file()
 peak, done = [before], threading.Event()
@@ -30,6 +38,7 @@ done.set()
 t.join()
 print(json.dumps({"before": before, "peak": max(peak[0], rss_file()), "after": rss_file()}))
 """
+)
 
 
 def quantize_rss_file(model: Path, mode: str, threads: int) -> dict[str, int]:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
@@ -38,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from fastopt import _C
 from fastopt._lazy import lazy_module
+from fastopt.quant.importance_file import write_importance_file
 
 if TYPE_CHECKING:
     import numpy as np
@@ -485,29 +485,8 @@ def _sample(
 
 def write_importance(vectors: Mapping[str, np.ndarray], path: str | os.PathLike[str]) -> None:
     """The importance file: an ONNX model holding one float32 1-D initializer per weight, named
-    as the weight (written atomically)."""
-    import onnx
-    from onnx import helper, numpy_helper
-
-    inits = [
-        numpy_helper.from_array(np.ascontiguousarray(v, np.float32).reshape(-1), name)
-        for name, v in sorted(vectors.items())
-    ]
-    graph = helper.make_graph([], "fastopt_importance", [], [], initializer=inits)
-    proto = helper.make_model(
-        graph, producer_name="fastopt", opset_imports=[helper.make_opsetid("", 17)]
-    )
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".importance-", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(proto.SerializeToString())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    del onnx
+    as the weight (written atomically; fastopt.quant.importance_file, without onnx)."""
+    write_importance_file(vectors, path)
 
 
 def read_importance(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:

@@ -26,7 +26,6 @@ the layers in turn, one forward pass per group, is not built).
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fastopt import _C
+from fastopt._io import write_atomically
 from fastopt._lazy import lazy_module
 
 if TYPE_CHECKING:
@@ -195,15 +195,7 @@ def write_factors(
         report.bytes = f.tell()
     graph = helper.make_graph([], "fastopt_hessian", [], [], initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".hessian-", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(model.SerializeToString())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    write_atomically(path, model.SerializeToString(), ".hessian-")
     report.seconds = time.perf_counter() - start
     return report
 

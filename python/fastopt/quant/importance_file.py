@@ -9,10 +9,10 @@ command on SmolLM2-135M; the file is a few protobuf fields, encoded here.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from fastopt._io import write_atomically
 from fastopt._lazy import lazy_module
 
 if TYPE_CHECKING:
@@ -72,13 +72,4 @@ def importance_model_bytes(vectors: Mapping[str, np.ndarray]) -> bytes:
 
 def write_importance_file(vectors: Mapping[str, np.ndarray], path: str | os.PathLike[str]) -> None:
     """Writes the importance file atomically (a temporary file in the same folder, renamed)."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".importance-", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(importance_model_bytes(vectors))
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    write_atomically(path, importance_model_bytes(vectors), ".importance-")
