@@ -158,6 +158,8 @@ def cost(report: object) -> str:
         return ""
     cal = rec.calibration
     parts = [f"calibration {cal.seconds:.1f} s (ORT runs {cal.forward_seconds:.1f} s)"]
+    if cal.sampling_seconds:
+        parts.append(f"of which sampling its text {cal.sampling_seconds:.1f} s")
     if rec.gptq is not None:
         parts.append(f"factors {rec.gptq.seconds:.1f} s ({rec.gptq.bytes / 2**20:.0f} MiB)")
     parts.append(f"recipe {rec.seconds:.1f} s")

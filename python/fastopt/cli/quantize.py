@@ -94,10 +94,11 @@ def add_recipe_flags(p: argparse.ArgumentParser) -> None:
     """Calibration, AWQ and the bits budget (fastopt quantize only)."""
     p.add_argument(
         "--calibration",
-        metavar="FILE|builtin",
-        help="int4/int8: run the float model on this text (or fastopt's built-in prose) to "
-        "measure each weight's input importance (mean x^2 per channel); fp16: the range check "
-        "runs on this text too (real tokens and lengths)",
+        metavar="FILE|builtin|sampled",
+        help="int4/int8: run the float model on this text (or fastopt's built-in prose, or "
+        "'sampled': text the model writes itself, no data needed) to measure each weight's "
+        "input importance (mean x^2 per channel); fp16: the range check runs on this text too "
+        "(real tokens and lengths)",
     )
     p.add_argument(
         "--awq",
@@ -146,7 +147,12 @@ def print_recipe(recipe: RecipeReport, out: Any, verbose: bool = False) -> None:
     if cal is not None:
         out.print(
             f"calibration: {cal.tokens} tokens from {cal.source}; {len(cal.vectors)} importance "
-            f"vectors in {cal.seconds:.2f} s (ONNX Runtime runs {cal.forward_seconds:.2f} s)",
+            f"vectors in {cal.seconds:.2f} s (ONNX Runtime runs {cal.forward_seconds:.2f} s"
+            + (
+                f", sampling the text {cal.sampling_seconds:.2f} s)"
+                if cal.sampling_seconds
+                else ")"
+            ),
             markup=False,
             highlight=False,
         )

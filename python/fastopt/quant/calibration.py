@@ -8,12 +8,12 @@ the activations as it always does. Summed over the batches and divided by the ro
 the importance vector of W: mean x_k^2 over tokens, per input channel k (what llama.cpp's
 imatrix holds). A weight read by several MatMuls accumulates over all of them.
 
-The text (``--calibration FILE|builtin``; builtin: ``fastopt/quant/calibration.txt``, prose
+The text (``--calibration FILE|builtin|sampled``; builtin: ``fastopt/quant/calibration.txt``, prose
 written for this package) is tokenized with the model's tokenizer: ``tokenizer.json`` beside the
 model or in the ``hf_config`` folder, read with the ``tokenizers`` package, else with
-onnxruntime-genai's tokenizer when the folder holds a genai_config.json. With no tokenizer the
-model writes its own calibration text: continuations of its BOS token sampled at temperature 0.8
-(never uniform random ids, which no layer sees in use).
+onnxruntime-genai's tokenizer when the folder holds a genai_config.json. With ``sampled``, or with
+no tokenizer, the model writes its own calibration text (fastopt.quant.sampled_text: continuations
+of its BOS token, batched through a KV cache; never uniform random ids, which no layer sees in use).
 
 With ``hessians=True`` (``--method gptq``), each distinct MatMul input also gets
 ``MatMul(Transpose(Reshape(A, [-1, K])), Reshape(A, [-1, K]))``: H = X^T X [K, K], summed over the
@@ -26,7 +26,6 @@ quantization pass reads it as option ``quant_importance=PATH``.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -38,6 +37,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from fastopt import _C
 from fastopt._lazy import lazy_module
 from fastopt.quant.importance_file import write_importance_file
+from fastopt.quant.sampled_text import sample_calibration
+from fastopt.quant.token_feeds import ids_input, token_feeds
 
 if TYPE_CHECKING:
     import numpy as np
@@ -46,13 +47,10 @@ else:
     np = lazy_module("numpy")
 
 BUILTIN = "builtin"
+SAMPLED = "sampled"  # the model's own text, even where a tokenizer is found
 # Tokens per calibration sequence, and the most tokens taken from the text in all.
 SEQUENCE = 128
 MAX_TOKENS = 4096
-# Sampling when the model has no tokenizer: sequences x tokens, temperature.
-SAMPLED_SEQUENCES = 4
-SAMPLED_TOKENS = 48
-TEMPERATURE = 0.8
 _PREFIX = "fastopt_calib/"
 _FLOAT_TYPES = (1, 10, 16)  # float, float16, bfloat16
 
@@ -65,6 +63,7 @@ class Importance:
     tokens: int = 0  # tokens run through the model
     source: str = ""  # what the tokens came from
     seconds: float = 0.0  # the whole calibration
+    sampling_seconds: float = 0.0  # writing the model's own text (sampled_text), when it did
     forward_seconds: float = 0.0  # ONNX Runtime's runs of the instrumented model alone
     # with hessians=True: weight -> X^T X [K, K] float32 summed over the tokens (one array
     # shared by the weights of one input)
@@ -78,6 +77,7 @@ class Importance:
             "source": self.source,
             "seconds": self.seconds,
             "forward_seconds": self.forward_seconds,
+            "sampling_seconds": self.sampling_seconds,
         }
 
 
@@ -193,55 +193,6 @@ def find_tokenizer(folders: Sequence[str]) -> tuple[Callable[[str], list[int]] |
         else f"no tokenizer.json in {where}"
     )
     return None, why
-
-
-def _ids_input(model: _C.Model) -> str:
-    from fastopt.verify.inputs import _is_ids_name
-
-    for v in model.graph.inputs:
-        if v is not None and _is_ids_name(v.name) and v.dtype in (6, 7):  # int32, int64
-            return v.name
-    raise _C.ModelError(
-        "calibration: the model has no token ids input (an input named *ids of int32/int64)"
-    )
-
-
-def _feeds(
-    model: _C.Model, ids_name: str, ids: np.ndarray, wanted: set[str]
-) -> dict[str, np.ndarray]:
-    """Inputs for one sequence: ``ids`` [1, T] and the rest as fastopt.verify makes them for
-    batch 1, T tokens, no past (masks of ones, positions 0..T-1)."""
-    from fastopt.verify.inputs import make_inputs
-
-    t = int(ids.shape[1])
-    dims = {"batch": 1, "batch_size": 1, "sequence_length": t, "past_sequence_length": 0}
-    feeds = make_inputs(model, dims=dims, seed=0)
-    dtype = feeds[ids_name].dtype if ids_name in feeds else np.int64
-    feeds[ids_name] = ids.astype(dtype)
-    return {k: np.asarray(v) for k, v in feeds.items() if k in wanted}
-
-
-def _bos(folders: Sequence[str]) -> int:
-    for folder in folders:
-        for name in ("generation_config.json", "config.json"):
-            try:
-                with open(os.path.join(folder, name)) as f:
-                    bos = json.load(f).get("bos_token_id")
-            except (OSError, ValueError):
-                continue
-            if isinstance(bos, list) and bos:
-                bos = bos[0]
-            if isinstance(bos, int):
-                return bos
-    return 0
-
-
-def _logits_output(sess: Any) -> str:
-    outs = [o.name for o in sess.get_outputs() if not o.name.startswith(_PREFIX)]
-    for name in outs:
-        if "logits" in name:
-            return name
-    return outs[0]
 
 
 def hessian_inputs(uses: Sequence[WeightUse]) -> dict[str, int]:
@@ -388,10 +339,13 @@ def collect_importance(
 
         check_cost(uses)
     folders = tokenizer_folders(model, hf_config)
+    ids_name = ids_input(model)  # (a model without token ids: refused before any run)
     encode, source = None, "token batches given"
     batches: list[np.ndarray] | None = None
     if token_batches is not None:
         batches = [np.asarray(b, np.int64).reshape(1, -1) for b in token_batches]
+    elif calibration == SAMPLED:
+        source = "--calibration sampled"
     else:
         text = calibration_text(calibration)
         encode, source = find_tokenizer(folders)
@@ -399,7 +353,10 @@ def collect_importance(
             batches = _chunks(encode(text), sequence, max_tokens)
             what = "builtin text" if calibration == BUILTIN else calibration
             source = f"{what} ({source})"
-    ids_name = _ids_input(model)
+    imp = Importance()
+    if batches is None:  # the model writes its own text (before the instrumented session)
+        sampled = sample_calibration(model, folders, workdir, source)
+        batches, source, imp.sampling_seconds = sampled.batches, sampled.source, sampled.seconds
     opset = next((v for k, v in model.opset_imports.items() if k in ("", "ai.onnx")), 17)
     skeleton = model.skeleton()
     proto = onnx.load_from_string(skeleton)
@@ -408,19 +365,17 @@ def collect_importance(
     place_early(proto, plain)  # each activation freed once reduced
     probe_outputs = [p.instrument(proto) for p in probes]
     acc = _Accumulator(uses, hessians)
-    imp = Importance()
     with ExitStack() as stack:
         try:
             sess = _session(proto, skeleton.count(_PLACEHOLDER), model, stack, workdir)
             del proto
             wanted = {i.name for i in sess.get_inputs()}
-            if batches is None:  # no tokenizer: the model writes its own text
-                batches = _sample(sess, model, ids_name, wanted, _bos(folders), imp)
-                source = f"{SAMPLED_SEQUENCES} sequences sampled from the model ({source})"
             outputs = acc.outputs()
             for ids in batches:
                 t0 = time.perf_counter()
-                got = sess.run(outputs + _flat(probe_outputs), _feeds(model, ids_name, ids, wanted))
+                got = sess.run(
+                    outputs + _flat(probe_outputs), token_feeds(model, ids_name, ids, wanted)
+                )
                 imp.forward_seconds += time.perf_counter() - t0
                 acc.add(got)
                 _probes_add(probes, probe_outputs, got[len(outputs) :], "calibration")
@@ -460,27 +415,6 @@ def _probes_extra(
         for feeds in p.extra_inputs():
             fed = {k: np.asarray(v) for k, v in feeds.items() if k in wanted}
             p.add(sess.run(names, fed), "extra")
-
-
-def _sample(
-    sess: Any, model: _C.Model, ids_name: str, wanted: set[str], bos: int, imp: Importance
-) -> list[np.ndarray]:
-    """SAMPLED_SEQUENCES continuations of BOS, SAMPLED_TOKENS each, sampled at TEMPERATURE
-    (seeded: the same model gives the same text). Whole-sequence runs, no cache: short."""
-    logits_name = _logits_output(sess)
-    rng = np.random.default_rng(0)
-    out = []
-    for _ in range(SAMPLED_SEQUENCES):
-        ids = [bos]
-        for _ in range(SAMPLED_TOKENS - 1):
-            t0 = time.perf_counter()
-            (logits,) = sess.run([logits_name], _feeds(model, ids_name, np.array([ids]), wanted))
-            imp.forward_seconds += time.perf_counter() - t0
-            z = np.asarray(logits, np.float64)[0, -1] / TEMPERATURE
-            p = np.exp(z - z.max())
-            ids.append(int(rng.choice(len(p), p=p / p.sum())))
-        out.append(np.array([ids], np.int64))
-    return out
 
 
 def write_importance(vectors: Mapping[str, np.ndarray], path: str | os.PathLike[str]) -> None:

@@ -17,15 +17,14 @@ measured here: one past the range is clamped by the pass, which counts it (a war
 A model ONNX Runtime cannot run on made-up inputs is converted without the check, and the
 report (a warning line on the command line) says so.
 
-With calibration text (``--calibration FILE|builtin``) the values are measured on that text too:
-real token ids in sequences of 128 tokens (fastopt.quant.calibration's tokenization; a frequent
-token that triggers a massive activation is drawn by random ids only by chance), then on the
-random inputs, in one ONNX Runtime session (a RangeProbe riding calibration's runs). Each kept op
-reports its maximum per source. The limit stays a quarter of fp16's range: on SmolLM2 a second
-text (4,096 tokens of this README) reached up to 1.9x the built-in text's maxima, and random ids
-up to 1.5x (bench/results/fp16_ranges.md), so one text is no tighter a sample than random ids.
-Here a failure to run is a ModelError (the text was asked for), not a skipped check.
-"""
+With calibration text (``--calibration FILE|builtin|sampled``) the values are measured on that text
+too: real token ids in sequences of 128 tokens (fastopt.quant.calibration's tokenization; a frequent
+token that triggers a massive activation is drawn by random ids only by chance), then on the random
+inputs, in one ONNX Runtime session (a RangeProbe riding calibration's runs). Each kept op reports
+its maximum per source. The limit stays a quarter of fp16's range: on SmolLM2 a second text (4,096
+tokens of this README) reached up to 1.9x the built-in text's maxima, and random ids up to 1.5x
+(bench/results/fp16_ranges.md), so one text is no tighter a sample than random ids. Here a failure
+to run is a ModelError (the text was asked for), not a skipped check."""
 
 from __future__ import annotations
 
@@ -43,7 +42,12 @@ from fastopt.quant.activation_ranges import (
     representative_inputs,
 )
 from fastopt.quant.angles import angle_ops
-from fastopt.quant.calibration import SEQUENCE, calibration_text, collect_importance
+from fastopt.quant.calibration import (
+    SAMPLED,
+    SEQUENCE,
+    calibration_text,
+    collect_importance,
+)
 
 FP16_MAX = 65504.0
 LIMIT = FP16_MAX / 4
@@ -219,7 +223,8 @@ def _calibrated_check(
     sequence: int,
     start: float,
 ) -> RangeCheck:
-    calibration_text(calibration)  # an unreadable or empty file: its error before any run
+    if calibration != SAMPLED:
+        calibration_text(calibration)  # an unreadable or empty file: its error before any run
     try:
         ranges, tokens, source = call_forked(
             _calibrated_ranges, model, calibration, hf_config, workdir, sequence

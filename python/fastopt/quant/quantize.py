@@ -222,7 +222,9 @@ def quantize(
         int4/int8: a text file, or "builtin" (prose shipped with fastopt), run through the float
         model in ONNX Runtime to measure each weight's input importance (mean x^2 per channel,
         fastopt.quant.calibration); tokenized with the model's tokenizer (tokenizer.json beside
-        the model or in `hf_config`), else the model samples its own text. fp16: the range check
+        the model or in `hf_config`). "sampled", or no tokenizer: the model samples its own
+        text (4,096 tokens, batched through a KV cache; fastopt.quant.sampled_text), which needs
+        no data. fp16: the range check
         measures the activations on this text as well as on the random inputs, in one ONNX
         Runtime session (``report.range_check`` gives each kept op's maximum per source).
     awq : bool, default False

@@ -159,7 +159,7 @@ def prepare(
         report.norm_importance = len(importance)
     if settings.awq:
         if importance is None:
-            raise _C.ModelError("awq needs calibration (--calibration FILE|builtin)")
+            raise _C.ModelError("awq needs calibration (--calibration FILE|builtin|sampled)")
         report.awq, importance = apply_awq(
             model,
             importance,

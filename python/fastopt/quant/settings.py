@@ -139,7 +139,7 @@ class QuantSettings:
             raise _C.ModelError(f"method gptq rounds int4 weights, not {self.mode}")
         if self.method == "gptq" and not self.calibration:
             raise _C.ModelError(
-                "method gptq needs calibration (--calibration FILE|builtin): it reads each "
+                "method gptq needs calibration (--calibration FILE|builtin|sampled): it reads each "
                 "weight's input statistics X^T X"
             )
         if self.importance and self.mode not in ("int4", "int8"):
@@ -209,12 +209,15 @@ class QuantSettings:
             if given and not weight_only:
                 raise _C.ModelError(f"{name} applies to weight-only int4/int8, not to {self.mode}")
         self._validate_calibration(weight_only)
-        if self.calibration not in (None, "builtin") and not os.path.isfile(self.calibration):
+        if self.calibration not in (None, "builtin", "sampled") and not os.path.isfile(
+            self.calibration
+        ):
             raise _C.ModelError(
-                f"calibration: no file {self.calibration!r} (give a text file or 'builtin')"
+                f"calibration: no file {self.calibration!r} (give a text file, 'builtin' or "
+                "'sampled')"
             )
         if self.awq and not self.calibration:
-            raise _C.ModelError("awq needs calibration (--calibration FILE|builtin)")
+            raise _C.ModelError("awq needs calibration (--calibration FILE|builtin|sampled)")
         if self.hf_config is not None and not os.path.isdir(self.hf_config):
             raise _C.ModelError(f"hf_config: {self.hf_config!r} is not a folder")
         if self.bits_budget is not None:
