@@ -83,6 +83,21 @@ def test_importance_file_equals_numpy_over_ort_values(tmp_path: Path) -> None:
         np.testing.assert_allclose(vec, sums[name] / rows[name], rtol=2e-5, atol=1e-7)
 
 
+def test_sequences_run_together_give_the_same_statistics() -> None:
+    """Equal-length sequences stacked into one run ([B, T]: masks, positions and ids per row)
+    sum to what one run per sequence sums, X^T X included."""
+    model = fastopt.load(LLAMA)
+    rng = np.random.default_rng(1)
+    seqs = [rng.integers(0, 97, (1, 16)) for _ in range(5)] + [rng.integers(0, 97, (1, 9))]
+    alone = collect_importance(model, token_batches=seqs, hessians=True, run_tokens=1)
+    together = collect_importance(model, token_batches=seqs, hessians=True, run_tokens=48)
+    assert alone.tokens == together.tokens == 89
+    for name, vec in alone.vectors.items():
+        np.testing.assert_allclose(together.vectors[name], vec, rtol=1e-4, atol=1e-6)
+    for name, h in alone.hessians.items():
+        np.testing.assert_allclose(together.hessians[name], h, rtol=1e-4, atol=1e-4)
+
+
 def test_tokenizer_beside_the_model_and_sampled_text(tmp_path: Path) -> None:
     tokenizers = pytest.importorskip("tokenizers")
     folder = tmp_path / "m"

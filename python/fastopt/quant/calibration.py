@@ -51,6 +51,10 @@ SAMPLED = "sampled"  # the model's own text, even where a tokenizer is found
 # Tokens per calibration sequence, and the most tokens taken from the text in all.
 SEQUENCE = 128
 MAX_TOKENS = 4096
+# Sequences of one length run together, up to this many tokens a run: batch 8 x 64 ran SmolLM2's
+# forward 1.9x faster than 8 runs of one sequence (ORT's MatMuls are more efficient at more
+# rows), while a run's activations (the logits above all: tokens x vocab) stay bounded.
+RUN_TOKENS = 512
 _PREFIX = "fastopt_calib/"
 _FLOAT_TYPES = (1, 10, 16)  # float, float16, bfloat16
 
@@ -318,10 +322,12 @@ def collect_importance(
     probes: Sequence[Probe] = (),
     importance: bool = True,
     hessians: bool = False,
+    run_tokens: int = RUN_TOKENS,
 ) -> Importance:
     """Runs ``model`` (not changed) in ONNX Runtime on the calibration tokens and returns the
     importance vectors of its MatMul weights (and with ``hessians`` their inputs' X^T X, for
-    GPTQ). ``token_batches`` ([1, T] id arrays) replace the text when given. ``probes`` gather
+    GPTQ). ``token_batches`` ([1, T] id arrays) replace the text when given. Sequences of one
+    length run together, ``run_tokens`` tokens a run at most. ``probes`` gather
     their own statistics in the same runs; with ``importance=False`` they alone are gathered
     (no vectors). ModelError when the model cannot run, has no weight MatMul, or its Hessians
     are over fastopt.quant.gptq's limit."""
@@ -357,6 +363,7 @@ def collect_importance(
     if batches is None:  # the model writes its own text (before the instrumented session)
         sampled = sample_calibration(model, folders, workdir, source)
         batches, source, imp.sampling_seconds = sampled.batches, sampled.source, sampled.seconds
+    batches = _stacked(batches, run_tokens)
     opset = next((v for k, v in model.opset_imports.items() if k in ("", "ai.onnx")), 17)
     skeleton = model.skeleton()
     proto = onnx.load_from_string(skeleton)
@@ -393,6 +400,18 @@ def collect_importance(
     imp.source = source
     imp.seconds = time.perf_counter() - start
     return imp
+
+
+def _stacked(batches: Sequence[np.ndarray], run_tokens: int) -> list[np.ndarray]:
+    """Consecutive [1, T] sequences of one length as [B, T] runs of at most ``run_tokens``."""
+    runs: list[np.ndarray] = []
+    group: list[np.ndarray] = []
+    for ids in batches:
+        if group and (ids.shape != group[0].shape or (len(group) + 1) * ids.size > run_tokens):
+            runs.append(np.concatenate(group))
+            group = []
+        group.append(ids)
+    return runs + ([np.concatenate(group)] if group else [])
 
 
 def _flat(lists: Sequence[list[str]]) -> list[str]:

@@ -257,6 +257,7 @@ def _calibrated_ranges(
         workdir=workdir,
         probes=[probe],
         importance=False,
+        run_tokens=1,  # one sequence a run: the range check's peak memory stays a sequence's
     )
     probe.ranges.seconds = imp.seconds
     return probe.ranges, imp.tokens, imp.source

@@ -28,12 +28,12 @@ def ids_input(model: _C.Model) -> str:
 def token_feeds(
     model: _C.Model, ids_name: str, ids: np.ndarray, wanted: set[str]
 ) -> dict[str, np.ndarray]:
-    """Inputs for one sequence: ``ids`` [1, T] and the rest as fastopt.verify makes them for
-    batch 1, T tokens, no past (masks of ones, positions 0..T-1)."""
+    """Inputs for one run: ``ids`` [B, T] and the rest as fastopt.verify makes them for batch
+    B, T tokens, no past (masks of ones, positions 0..T-1)."""
     from fastopt.verify.inputs import make_inputs
 
-    t = int(ids.shape[1])
-    dims = {"batch": 1, "batch_size": 1, "sequence_length": t, "past_sequence_length": 0}
+    b, t = (int(d) for d in ids.shape)
+    dims = {"batch": b, "batch_size": b, "sequence_length": t, "past_sequence_length": 0}
     feeds = make_inputs(model, dims=dims, seed=0)
     dtype = feeds[ids_name].dtype if ids_name in feeds else np.int64
     feeds[ids_name] = ids.astype(dtype)
