@@ -188,12 +188,13 @@ def quant_settings(args: argparse.Namespace, mode: Mode, output: str | None) -> 
         fp16_ranges=args.fp16_ranges == "on",
         threads=args.threads,
         tmpdir=os.path.dirname(os.path.abspath(output)) if output else "",
-        # fastopt quantize's own flags (cli/quantize.py: add_recipe_flags)
+        # the recipe flags (cli/recipe_flags.py)
         calibration=getattr(args, "calibration", None),
         hf_config=getattr(args, "hf_config", None),
         awq=getattr(args, "awq", False),
         bits_budget=getattr(args, "bits_budget", None),
         importance_output=getattr(args, "save_importance", None),
+        recipe=getattr(args, "recipe", None),
     )
 
 

@@ -28,6 +28,7 @@ from fastopt.cli.common import (
 )
 from fastopt.cli.output import console, print_table
 from fastopt.cli.progress import CommandProgress
+from fastopt.cli.recipe_flags import add_recipe_flags, apply_recipe, print_recipe
 from fastopt.optimize import DEFAULT_PRESET, OptimizeReport
 from fastopt.pipeline.registry import PRESET_DESCRIPTIONS, PRESETS, get_pass, preset
 from fastopt.pipeline.summary import human_bytes
@@ -129,7 +130,10 @@ def add_optimize_flags(opt: argparse.ArgumentParser) -> None:
         help="quantize after the preset's passes (fusions, KV cache, packing): " + "|".join(MODES),
     )
     add_quant_flags(opt)
+    add_recipe_flags(opt)
     add_text_flags(opt)
+    # None: not given, so a --recipe may set it (apply_recipe fills the usual defaults after)
+    opt.set_defaults(block_size=None, symmetric=None)
 
 
 def preset_help() -> str:
@@ -152,6 +156,11 @@ def run_command(args: argparse.Namespace) -> int:
     providers = parse_providers(args.providers)
     external = {"auto": None, "always": True, "never": False}[args.external_data]
 
+    recipe_flags = ("recipe", "calibration", "awq", "bits_budget", "save_importance")
+    given = [f"--{f.replace('_', '-')}" for f in recipe_flags if getattr(args, f)]
+    if given and not args.quantize:
+        raise fastopt.ModelError(f"{', '.join(given)}: only with --quantize int4|int8")
+    apply_recipe(args, args.quantize)
     quantize = quant_settings(args, args.quantize, args.output) if args.quantize else None
     if quantize is not None:
         quantize.validate()
@@ -199,6 +208,9 @@ def run_command(args: argparse.Namespace) -> int:
     print_quantization(report.quantization, out, verbose=args.verbose)
     if quantize is not None:
         print_precision(report.range_check, report.passes, quantize.mode, out, verbose=args.verbose)
+    if report.quant_recipe is not None:
+        verbose = args.verbose or args.bits_budget is not None
+        print_recipe(report.quant_recipe, out, verbose=verbose)
     print_genai_notes(report.genai_notes, out)
     print_summary(report, out, args.model)
     result: dict[str, object] = {"optimize": report.to_dict()}
