@@ -202,6 +202,14 @@ def test_refuses_folder_without_config(tmp_path: Path, capsys: pytest.CaptureFix
     _refused(capsys, ["export", str(tmp_path / "hf"), "-o", str(tmp_path / "o")], "config.json")
 
 
+def test_refuses_recipe_flags_without_quantize_before_exporting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "hf").mkdir()  # (no config.json: the flags are refused first)
+    args = ["export", str(tmp_path / "hf"), "-o", str(tmp_path / "o"), "--recipe", "q4m"]
+    _refused(capsys, args, "--recipe: only with --quantize")
+
+
 def test_refuses_unknown_architecture(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     hf = tmp_path / "hf"
     hf.mkdir()

@@ -126,14 +126,14 @@ def run_command(args: argparse.Namespace) -> int:
 
 def _check_flags(args: argparse.Namespace) -> None:
     """optimize's names and values, before the minutes of loading and exporting."""
-    from fastopt.cli.common import parse_options, quant_settings
+    from fastopt.cli.common import parse_options
+    from fastopt.cli.optimize import quantize_settings
     from fastopt.pipeline.registry import get_pass, preset
 
     passes = [p for p in args.passes.split(",") if p] if args.passes else preset(args.preset)
     for name in passes:
         get_pass(name)
     parse_options(args.option)
-    if args.quantize:
-        quant_settings(args, args.quantize, None).validate()
+    quantize_settings(args, None)
     if args.opset is not None and not 7 <= args.opset <= 25:
         raise ValueError(f"--opset must be between 7 and 25, not {args.opset}")

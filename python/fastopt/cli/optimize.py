@@ -32,6 +32,7 @@ from fastopt.cli.recipe_flags import add_recipe_flags, apply_recipe, print_recip
 from fastopt.optimize import DEFAULT_PRESET, OptimizeReport
 from fastopt.pipeline.registry import PRESET_DESCRIPTIONS, PRESETS, get_pass, preset
 from fastopt.pipeline.summary import human_bytes
+from fastopt.quant.settings import QuantSettings
 from fastopt.verify.run_check import RunCheckError
 
 # Ops whose appearance means a fusion happened: the summary names them.
@@ -136,6 +137,21 @@ def add_optimize_flags(opt: argparse.ArgumentParser) -> None:
     opt.set_defaults(block_size=None, symmetric=None)
 
 
+def quantize_settings(args: argparse.Namespace, output: str | None) -> QuantSettings | None:
+    """--quantize and the recipe flags resolved (a recipe fills the flags not given) and checked,
+    before any work; None without --quantize."""
+    recipe_flags = ("recipe", "calibration", "awq", "bits_budget", "save_importance")
+    given = [f"--{f.replace('_', '-')}" for f in recipe_flags if getattr(args, f)]
+    if given and not args.quantize:
+        raise fastopt.ModelError(f"{', '.join(given)}: only with --quantize int4|int8")
+    apply_recipe(args, args.quantize)
+    if not args.quantize:
+        return None
+    settings = quant_settings(args, args.quantize, output)
+    settings.validate()
+    return settings
+
+
 def preset_help() -> str:
     names = "; ".join(
         f"{n}: {PRESET_DESCRIPTIONS.get(n, ', '.join(p))}" for n, p in PRESETS.items()
@@ -156,14 +172,7 @@ def run_command(args: argparse.Namespace) -> int:
     providers = parse_providers(args.providers)
     external = {"auto": None, "always": True, "never": False}[args.external_data]
 
-    recipe_flags = ("recipe", "calibration", "awq", "bits_budget", "save_importance")
-    given = [f"--{f.replace('_', '-')}" for f in recipe_flags if getattr(args, f)]
-    if given and not args.quantize:
-        raise fastopt.ModelError(f"{', '.join(given)}: only with --quantize int4|int8")
-    apply_recipe(args, args.quantize)
-    quantize = quant_settings(args, args.quantize, args.output) if args.quantize else None
-    if quantize is not None:
-        quantize.validate()
+    quantize = quantize_settings(args, args.output)
     if args.tokenizer is None and args.hf_config is not None:  # the checkpoint's tokenizer
         args.tokenizer = args.hf_config
     if args.verify:  # a bad --verify-text file or tokenizer fails before any work
