@@ -81,14 +81,19 @@ class BlockQuantizer {
   // Method::kSearch (search.cc): replaces the nearest-rounding parameters of each column where
   // a searched scale (and zero point) gives a smaller weighted squared error.
   void search(const float* src, int64_t ld, int64_t rows, int64_t n, const float* importance);
+  // The search of columns [c0, c0 + n), src pointing at column c0.
+  void search_span(const float* src, int64_t ld, int64_t rows, int64_t n, const float* importance,
+                   int64_t c0);
   // The stored form of scale s in column c, and the value dequantization reads back.
   float store(size_t c, float s);
 
   BlockwiseSpec spec_;
   std::vector<float> min_, max_, recip_, zero_, dequant_scale_;
   std::vector<float> col_err_, col_abs_, col_max_err_, col_max_abs_, col_sq_err_, col_sq_;
-  std::vector<float> s_sums_;  // search's per-column sums (search.cc)
+  std::vector<float> s_sums_;     // search's per-column sums (search.cc)
+  std::vector<float> s_weights_;  // and its element weights
   std::vector<double> s_err_;
+  std::vector<uint16_t> s_halves_;
   std::vector<uint32_t> stored_;  // bits of the stored scale
   std::vector<uint8_t> zp_, codes_;
   int64_t cols_ = 0;  // of the block choose() chose for

@@ -13,12 +13,15 @@
 //      that weighted error.
 // All loops run across the block's columns (vectorized like blockwise.cc's); the per-column
 // scalar work is a few operations per candidate.
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "ir/constant.h"
 #include "quant/blockwise.h"
+#include "quant/search_steps.h"
 #include "quant/vector_clones.h"
 
 namespace fastopt::quant {
@@ -31,32 +34,74 @@ namespace {
 constexpr float kDivisors[] = {0.95f, 0.975f, 1.0f, 1.025f, 1.05f, 1.075f, 1.15f, 1.3f, 1.5f};
 constexpr int kRounds = 2;  // codes-then-refit rounds from the best candidate
 
-// Per column: the weighted sums of the codes (recip, zero) make, L = q - zero with
-// q = nearest_code(x, recip, zero, kmax) (blockwise.h), as quantize_row rounds:
-// slx = sum w L x, sll = sum w L^2, and with kOffset (the asymmetric joint fit) sl = sum w L.
-template <bool kOffset>
-FASTOPT_VECTOR_CLONES void code_sums(const float* __restrict src, int64_t ld, int64_t rows,
-                                     int64_t n, const float* __restrict imp,
-                                     const float* __restrict av, const float* __restrict rs,
-                                     const float* __restrict zf, float kmax, float* __restrict slx,
-                                     float* __restrict sll, float* __restrict sl) {
-  for (int64_t c = 0; c < n; ++c) slx[c] = sll[c] = sl[c] = 0.0f;
+// Columns summed together: a group's accumulators stay in registers over the block's rows.
+// (Loops across all of a chunk's columns kept them in memory, a load and a store per sum, row
+// and column: on the 0.5B that was most of the search's time.) Each column's sums still add its
+// rows in order, so the results are the same floats.
+constexpr int64_t kGroup = 16;
+// A full group's width as a compile-time constant (the compiler then keeps its sums in vector
+// registers); the last group of a block's columns has a runtime one.
+using FullGroup = std::integral_constant<int64_t, kGroup>;
+// Floats of a span's rows (search below): with its element weights, 32 KB.
+constexpr int64_t kSpanFloats = 4096;
+
+// nearest_code(v, recip, zero, kmax) (blockwise.h) as a float, in fewer instructions: for x in
+// [0, kmax] (kmax <= 255) the integer part of x + 0.49999997f is roundf(x), for every float
+// (checked exhaustively over [0, 255]; x + 0.5f alone fails at x = 0.49999997f, whose sum rounds
+// up to 1). Three instructions where nearest_code's rounding takes seven.
+FASTOPT_INLINE float nearest_code_value(float v, float recip, float zero, float kmax) {
+  float x = v * recip + zero;
+  x = x >= 0.0f ? x : 0.0f;
+  x = x <= kmax ? x : kmax;
+  return static_cast<float>(static_cast<int32_t>(x + 0.49999997f));
+}
+
+// The weighted sums of one group's columns under the codes (recip, zero) make, L = q - zero with
+// q = nearest_code(x, recip, zero, kmax) (blockwise.h), as quantize_row rounds, the element
+// weights ew [rows, ldw] (see data_sums): slx = sum ew L x, sll = sum ew L^2, and with kOffset
+// (the asymmetric joint fit) sl = sum ew L.
+template <bool kOffset, typename Width>
+FASTOPT_INLINE void code_sums_group(const float* __restrict src, int64_t ld, int64_t rows,
+                                    const float* __restrict ew, int64_t ldw,
+                                    const float* __restrict rs, const float* __restrict zf,
+                                    float kmax, Width width, float* __restrict slx,
+                                    float* __restrict sll, float* __restrict sl) {
+  const int64_t w = width;
+  float a[kGroup] = {}, b[kGroup] = {}, t[kGroup] = {};
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = src + r * ld;
-    const float w = imp ? imp[r] : 1.0f;
-    for (int64_t c = 0; c < n; ++c) {
+    const float* e = ew + r * ldw;
+    for (int64_t c = 0; c < w; ++c) {
       const float v = row[c];
-      const float q = static_cast<float>(nearest_code(v, rs[c], zf[c], kmax));
-      const float l = q - zf[c];
-      const float wl = w * (av[c] + std::fabs(v)) * l;
-      slx[c] += wl * v;
-      sll[c] += wl * l;
-      if (kOffset) sl[c] += wl;
+      const float l = nearest_code_value(v, rs[c], zf[c], kmax) - zf[c];
+      const float wl = e[c] * l;
+      a[c] += wl * v;
+      b[c] += wl * l;
+      if (kOffset) t[c] += wl;
     }
+  }
+  for (int64_t c = 0; c < w; ++c) {
+    slx[c] = a[c];
+    sll[c] = b[c];
+    sl[c] = t[c];
   }
 }
 
+template <bool kOffset>
+FASTOPT_VECTOR_CLONES void code_sums(const float* src, int64_t ld, int64_t rows, int64_t n,
+                                     const float* ew, const float* rs, const float* zf, float kmax,
+                                     float* slx, float* sll, float* sl) {
+  int64_t c0 = 0;
+  for (; c0 + kGroup <= n; c0 += kGroup)
+    code_sums_group<kOffset>(src + c0, ld, rows, ew + c0, n, rs + c0, zf + c0, kmax, FullGroup(),
+                             slx + c0, sll + c0, sl + c0);
+  if (c0 < n)
+    code_sums_group<kOffset>(src + c0, ld, rows, ew + c0, n, rs + c0, zf + c0, kmax, n - c0,
+                             slx + c0, sll + c0, sl + c0);
+}
+
 // Per column: av = sqrt(sum w x^2 / sum w), the scale of the element weights w (av + |x|).
+// (Once per block: its sums stay in memory.)
 FASTOPT_VECTOR_CLONES void column_rms(const float* __restrict src, int64_t ld, int64_t rows,
                                       int64_t n, const float* __restrict imp,
                                       float* __restrict av) {
@@ -71,116 +116,81 @@ FASTOPT_VECTOR_CLONES void column_rms(const float* __restrict src, int64_t ld, i
   for (int64_t c = 0; c < n; ++c) av[c] = total > 0.0f ? std::sqrt(av[c] / total) : 0.0f;
 }
 
-// Per column, with element weights w (av + |x|): sum w, sum w x and sum w x^2.
+// Per element, its weight in the errors, ew = w * (av + |x|) (kept: every later sum reads it),
+// and per column their sums: sum ew, sum ew x and sum ew x^2.
 FASTOPT_VECTOR_CLONES void data_sums(const float* __restrict src, int64_t ld, int64_t rows,
                                      int64_t n, const float* __restrict imp,
-                                     const float* __restrict av, float* __restrict sw,
-                                     float* __restrict sx, float* __restrict sxx) {
+                                     const float* __restrict av, float* __restrict ew,
+                                     float* __restrict sw, float* __restrict sx,
+                                     float* __restrict sxx) {
   for (int64_t c = 0; c < n; ++c) sw[c] = sx[c] = sxx[c] = 0.0f;
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = src + r * ld;
+    float* e = ew + r * n;
     const float w = imp ? imp[r] : 1.0f;
     for (int64_t c = 0; c < n; ++c) {
-      const float ew = w * (av[c] + std::fabs(row[c]));
-      sw[c] += ew;
-      sx[c] += ew * row[c];
-      sxx[c] += ew * row[c] * row[c];
+      const float x = w * (av[c] + std::fabs(row[c]));
+      e[c] = x;
+      sw[c] += x;
+      sx[c] += x * row[c];
+      sxx[c] += x * row[c] * row[c];
     }
   }
+}
+
+// One group of exact_error.
+template <typename Width>
+FASTOPT_INLINE void exact_error_group(const float* __restrict src, int64_t ld, int64_t rows,
+                                      const float* __restrict ew, int64_t ldw,
+                                      const float* __restrict rs, const float* __restrict zf,
+                                      const float* __restrict ds, float kmax, Width width,
+                                      double* __restrict e) {
+  const int64_t w = width;
+  double a[kGroup] = {};
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = src + r * ld;
+    const float* x = ew + r * ldw;
+    for (int64_t c = 0; c < w; ++c) {
+      const float v = row[c];
+      const float d = v - (nearest_code_value(v, rs[c], zf[c], kmax) - zf[c]) * ds[c];
+      a[c] += static_cast<double>(x[c] * d * d);
+    }
+  }
+  for (int64_t c = 0; c < w; ++c) e[c] = a[c];
 }
 
 // Per column: the weighted squared error, in double, of the codes (recip, zero) make
 // dequantized with `ds`, each term as quantize_row computes it.
-FASTOPT_VECTOR_CLONES void exact_error(const float* __restrict src, int64_t ld, int64_t rows,
-                                       int64_t n, const float* __restrict imp,
-                                       const float* __restrict av, const float* __restrict rs,
-                                       const float* __restrict zf, const float* __restrict ds,
-                                       float kmax, double* __restrict e) {
-  for (int64_t c = 0; c < n; ++c) e[c] = 0.0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = src + r * ld;
-    const float w = imp ? imp[r] : 1.0f;
-    for (int64_t c = 0; c < n; ++c) {
-      const float v = row[c];
-      const int32_t qi = nearest_code(v, rs[c], zf[c], kmax);
-      const float d = v - (static_cast<float>(qi) - zf[c]) * ds[c];
-      e[c] += static_cast<double>(w * (av[c] + std::fabs(v)) * d * d);
-    }
-  }
-}
-
-float clamp_code(float z, float kmax) {
-  return z < 0.0f ? 0.0f : z > kmax ? kmax : z;
-}
-
-float finite_recip(float s) {
-  const float r = s != 0.0f ? 1.0f / s : 0.0f;
-  return std::isfinite(r) ? r : 0.0f;
-}
-
-// Step 1's candidate of a column: the range-based scale with its divisor times `divisor`, and
-// (asymmetric) the zero point it implies, as blockwise.cc computes nearest rounding's.
-void range_candidate(const BlockwiseSpec& spec, float max, float min, float divisor, float* rs,
-                     float* zf) {
-  const float kmax = static_cast<float>(spec.max_code());
-  const float half = static_cast<float>(spec.mid_code());
-  float s, z = half;
-  if (spec.symmetric) {
-    const float peak = std::fabs(max) > std::fabs(min) ? max : min;
-    s = -peak / (half * divisor);
-  } else {
-    const float lo = std::min(min, 0.0f), hi = std::max(max, 0.0f);
-    s = (hi - lo) / (kmax * divisor);
-    z = s != 0.0f ? clamp_code(std::roundf(-lo / s), kmax) : 0.0f;
-  }
-  *rs = finite_recip(s);
-  *zf = z;
-}
-
-// The scale as the file will store it (float16 / bfloat16 scales round).
-float stored_scale(const BlockwiseSpec& spec, float s) {
-  if (spec.scale_dtype == 10) s = half_to_float(float_to_half(s));
-  if (spec.scale_dtype == 16) s = bfloat16_to_float(float_to_bfloat16(s));
-  return s;
-}
-
-// The weighted sums of one column under its current codes (see code_sums and data_sums).
-struct ColumnSums {
-  double slx, sll, sl, sw, sx;
-};
-
-// Asymmetric refit of a column: x ~ s * L + b jointly, then the offset as an integer zero point
-// and s refitted for it. Falls back to the scale-only fit where the joint one is degenerate.
-void refit_offset(const ColumnSums& k, float zero, float kmax, float* fit_s, float* fit_z) {
-  const float scale_only = static_cast<float>(k.slx) / static_cast<float>(k.sll);
-  const double d = k.sw * k.sll - k.sl * k.sl;
-  if (!(d > 0.0)) {
-    *fit_s = scale_only;
-    return;
-  }
-  const double js = (k.sw * k.slx - k.sl * k.sx) / d;
-  const double jb = (k.sll * k.sx - k.sl * k.slx) / d;
-  if (!(js > 0.0)) {
-    *fit_s = scale_only;
-    return;
-  }
-  const float z = clamp_code(std::roundf(static_cast<float>(zero - jb / js)), kmax);
-  const double dz = static_cast<double>(zero) - z;  // L' = L + dz
-  const double lx = k.slx + dz * k.sx;
-  const double ll = k.sll + 2.0 * dz * k.sl + dz * dz * k.sw;
-  if (ll > 0.0) {
-    *fit_s = static_cast<float>(lx / ll);
-    *fit_z = z;
-  } else {
-    *fit_s = scale_only;
-  }
+FASTOPT_VECTOR_CLONES void exact_error(const float* src, int64_t ld, int64_t rows, int64_t n,
+                                       const float* ew, const float* rs, const float* zf,
+                                       const float* ds, float kmax, double* e) {
+  int64_t c0 = 0;
+  for (; c0 + kGroup <= n; c0 += kGroup)
+    exact_error_group(src + c0, ld, rows, ew + c0, n, rs + c0, zf + c0, ds + c0, kmax, FullGroup(),
+                      e + c0);
+  if (c0 < n)
+    exact_error_group(src + c0, ld, rows, ew + c0, n, rs + c0, zf + c0, ds + c0, kmax, n - c0,
+                      e + c0);
 }
 
 }  // namespace
 
 void BlockQuantizer::search(const float* src, int64_t ld, int64_t rows, int64_t n,
                             const float* imp) {
+  // Spans of columns whose rows (and their element weights) fit in L1 together: every pass of
+  // the search reads them again. Columns are searched independently, so any span gives the same
+  // results.
+  const int64_t span =
+      std::max<int64_t>(kGroup, kSpanFloats / std::max<int64_t>(rows, 1) / kGroup * kGroup);
+  for (int64_t c0 = 0; c0 < n; c0 += span)
+    search_span(src + c0, ld, rows, std::min(span, n - c0), imp, c0);
+}
+
+void BlockQuantizer::search_span(const float* src, int64_t ld, int64_t rows, int64_t n,
+                                 const float* imp, int64_t c0) {
   const size_t m = static_cast<size_t>(n);
+  const float* mx = max_.data() + c0;
+  const float* mn = min_.data() + c0;
   s_sums_.resize(m * 13);
   float* slx = s_sums_.data();
   float* sll = slx + m;
@@ -202,9 +212,12 @@ void BlockQuantizer::search(const float* src, int64_t ld, int64_t rows, int64_t 
 
   const float kmax = static_cast<float>(spec_.max_code());
   const float half = static_cast<float>(spec_.mid_code());
-  const auto sums = spec_.symmetric ? code_sums<false> : code_sums<true>;
+  const bool sym = spec_.symmetric;
+  const auto sums = sym ? code_sums<false> : code_sums<true>;
+  s_weights_.resize(m * static_cast<size_t>(rows));
+  float* ew = s_weights_.data();
   column_rms(src, ld, rows, n, imp, av);
-  data_sums(src, ld, rows, n, imp, av, sw, sx, sxx);
+  data_sums(src, ld, rows, n, imp, av, ew, sw, sx, sxx);
   for (size_t c = 0; c < m; ++c) {
     fit_e[c] = best_e[c] = INFINITY;
     fit_s[c] = best_s[c] = 0.0f;
@@ -216,59 +229,33 @@ void BlockQuantizer::search(const float* src, int64_t ld, int64_t rows, int64_t 
     // At 8 bits a clipped outlier costs more than the finer grid gains: the verify gate's max
     // error on logits rose past 5 % on the llama fixture with them (int8 asymmetric, block 128).
     if (spec_.bits == 8 && divisor > 1.1f) continue;
-    for (size_t c = 0; c < m; ++c)
-      range_candidate(spec_, max_[c], min_[c], divisor, &rs[c], &zf[c]);
-    sums(src, ld, rows, n, imp, av, rs, zf, kmax, slx, sll, sl);
-    for (size_t c = 0; c < m; ++c) {
-      if (!(sll[c] > 0.0f) || rs[c] == 0.0f) continue;
-      const double e = static_cast<double>(sxx[c]) - static_cast<double>(slx[c]) * slx[c] / sll[c];
-      if (e < fit_e[c]) {
-        fit_e[c] = e;
-        fit_s[c] = slx[c] / sll[c];
-        fit_z[c] = zf[c];
-      }
-    }
+    range_candidates(sym, mx, mn, n, kmax, half, divisor, rs, zf);
+    sums(src, ld, rows, n, ew, rs, zf, kmax, slx, sll, sl);
+    keep_better_fit({slx, sll, sl, sw, sx, sxx}, rs, zf, n, fit_e, fit_s, fit_z);
   }
 
   // 2. Rounds: the scale as stored -> its nearest codes -> evaluate -> refit.
   for (int round = 0; round <= kRounds; ++round) {
-    for (size_t c = 0; c < m; ++c) {
-      const float s = stored_scale(spec_, fit_s[c]);
-      rs[c] = std::isfinite(s) ? finite_recip(s) : 0.0f;
-      zf[c] = fit_z[c];
-      fit_s[c] = s;  // stored form, evaluated below
-    }
-    sums(src, ld, rows, n, imp, av, rs, zf, kmax, slx, sll, sl);
-    for (size_t c = 0; c < m; ++c) {
-      if (rs[c] == 0.0f) continue;
-      const double s = fit_s[c];
-      const double e = static_cast<double>(sxx[c]) - 2.0 * s * slx[c] + s * s * sll[c];
-      if (e < best_e[c]) {
-        best_e[c] = e;
-        best_s[c] = fit_s[c];
-        best_z[c] = zf[c];
-      }
-      if (!(sll[c] > 0.0f)) continue;
-      if (spec_.symmetric) {
-        fit_s[c] = slx[c] / sll[c];
-      } else {
-        refit_offset({slx[c], sll[c], sl[c], sw[c], sx[c]}, zf[c], kmax, &fit_s[c], &fit_z[c]);
-      }
-    }
+    stored_scales(spec_, fit_s, n, s_halves_);  // stored form, evaluated below
+    round_codes(fit_s, fit_z, n, rs, zf);
+    sums(src, ld, rows, n, ew, rs, zf, kmax, slx, sll, sl);
+    evaluate_and_refit(sym, {slx, sll, sl, sw, sx, sxx}, rs, zf, n, kmax, best_e, best_s, best_z,
+                       fit_s, fit_z);
   }
 
   // 3. The search's best against nearest rounding, both computed as the codes will be.
-  exact_error(src, ld, rows, n, imp, av, recip_.data(), zero_.data(), dequant_scale_.data(), kmax,
-              rtn_e);
-  for (size_t c = 0; c < m; ++c) rs[c] = finite_recip(best_s[c]);
-  exact_error(src, ld, rows, n, imp, av, rs, best_z, best_s, kmax, best_e);
+  exact_error(src, ld, rows, n, ew, recip_.data() + c0, zero_.data() + c0,
+              dequant_scale_.data() + c0, kmax, rtn_e);
+  finite_recips(best_s, n, rs);
+  exact_error(src, ld, rows, n, ew, rs, best_z, best_s, kmax, best_e);
   for (size_t c = 0; c < m; ++c) {
     if (rs[c] == 0.0f || !(best_e[c] < rtn_e[c])) continue;
-    store(c, best_s[c]);  // exact: best_s is already in its stored form
-    recip_[c] = rs[c];
-    dequant_scale_[c] = best_s[c];
-    zero_[c] = best_z[c];
-    zp_[c] = static_cast<uint8_t>(best_z[c]);
+    const size_t k = static_cast<size_t>(c0) + c;
+    store(k, best_s[c]);  // exact: best_s is already in its stored form
+    recip_[k] = rs[c];
+    dequant_scale_[k] = best_s[c];
+    zero_[k] = best_z[c];
+    zp_[k] = static_cast<uint8_t>(best_z[c]);
   }
 }
 

@@ -9,3 +9,11 @@
 #else
 #define FASTOPT_VECTOR_CLONES
 #endif
+
+// For the helpers of those loops: inlined into each clone, so compiled for its vector unit (a
+// helper left out of line is compiled once, for the baseline).
+#if defined(__GNUC__)
+#define FASTOPT_INLINE __attribute__((always_inline)) inline
+#else
+#define FASTOPT_INLINE inline
+#endif
