@@ -92,6 +92,7 @@ class BlockQuantizer {
   std::vector<float> col_err_, col_abs_, col_max_err_, col_max_abs_, col_sq_err_, col_sq_;
   std::vector<float> s_sums_;     // search's per-column sums (search.cc)
   std::vector<float> s_weights_;  // and its element weights
+  std::vector<float> s_rows_;     // and row weights
   std::vector<double> s_err_;
   std::vector<uint16_t> s_halves_;
   std::vector<uint32_t> stored_;  // bits of the stored scale

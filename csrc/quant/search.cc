@@ -100,42 +100,57 @@ FASTOPT_VECTOR_CLONES void code_sums(const float* src, int64_t ld, int64_t rows,
                              slx + c0, sll + c0, sl + c0);
 }
 
-// Per column: av = sqrt(sum w x^2 / sum w), the scale of the element weights w (av + |x|).
-// (Once per block: its sums stay in memory.)
+// Per column: av = sqrt(sum w x^2 / sum w) (w: the rows' weights, `total` their sum), the scale
+// of the element weights w (av + |x|). (In groups, GCC vectorizes this one across rows.)
 FASTOPT_VECTOR_CLONES void column_rms(const float* __restrict src, int64_t ld, int64_t rows,
-                                      int64_t n, const float* __restrict imp,
+                                      int64_t n, const float* __restrict w, float total,
                                       float* __restrict av) {
   for (int64_t c = 0; c < n; ++c) av[c] = 0.0f;
-  float total = 0.0f;
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = src + r * ld;
-    const float w = imp ? imp[r] : 1.0f;
-    total += w;
-    for (int64_t c = 0; c < n; ++c) av[c] += w * row[c] * row[c];
+    for (int64_t c = 0; c < n; ++c) av[c] += w[r] * row[c] * row[c];
   }
   for (int64_t c = 0; c < n; ++c) av[c] = total > 0.0f ? std::sqrt(av[c] / total) : 0.0f;
 }
 
-// Per element, its weight in the errors, ew = w * (av + |x|) (kept: every later sum reads it),
-// and per column their sums: sum ew, sum ew x and sum ew x^2.
-FASTOPT_VECTOR_CLONES void data_sums(const float* __restrict src, int64_t ld, int64_t rows,
-                                     int64_t n, const float* __restrict imp,
-                                     const float* __restrict av, float* __restrict ew,
-                                     float* __restrict sw, float* __restrict sx,
-                                     float* __restrict sxx) {
-  for (int64_t c = 0; c < n; ++c) sw[c] = sx[c] = sxx[c] = 0.0f;
+// One group of data_sums.
+template <typename Width>
+FASTOPT_INLINE void data_sums_group(const float* __restrict src, int64_t ld, int64_t rows,
+                                    const float* __restrict w, const float* __restrict av,
+                                    Width width, float* __restrict ew, int64_t ldw,
+                                    float* __restrict sw, float* __restrict sx,
+                                    float* __restrict sxx) {
+  const int64_t n = width;
+  float a[kGroup] = {}, b[kGroup] = {}, t[kGroup] = {};
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = src + r * ld;
-    float* e = ew + r * n;
-    const float w = imp ? imp[r] : 1.0f;
+    float* e = ew + r * ldw;
     for (int64_t c = 0; c < n; ++c) {
-      const float x = w * (av[c] + std::fabs(row[c]));
+      const float x = w[r] * (av[c] + std::fabs(row[c]));
       e[c] = x;
-      sw[c] += x;
-      sx[c] += x * row[c];
-      sxx[c] += x * row[c] * row[c];
+      a[c] += x;
+      b[c] += x * row[c];
+      t[c] += x * row[c] * row[c];
     }
   }
+  for (int64_t c = 0; c < n; ++c) {
+    sw[c] = a[c];
+    sx[c] = b[c];
+    sxx[c] = t[c];
+  }
+}
+
+// Per element, its weight in the errors, ew = w * (av + |x|) (kept: every later sum reads it),
+// and per column their sums: sum ew, sum ew x and sum ew x^2.
+FASTOPT_VECTOR_CLONES void data_sums(const float* src, int64_t ld, int64_t rows, int64_t n,
+                                     const float* w, const float* av, float* ew, float* sw,
+                                     float* sx, float* sxx) {
+  int64_t c0 = 0;
+  for (; c0 + kGroup <= n; c0 += kGroup)
+    data_sums_group(src + c0, ld, rows, w, av + c0, FullGroup(), ew + c0, n, sw + c0, sx + c0,
+                    sxx + c0);
+  if (c0 < n)
+    data_sums_group(src + c0, ld, rows, w, av + c0, n - c0, ew + c0, n, sw + c0, sx + c0, sxx + c0);
 }
 
 // One group of exact_error.
@@ -216,8 +231,13 @@ void BlockQuantizer::search_span(const float* src, int64_t ld, int64_t rows, int
   const auto sums = sym ? code_sums<false> : code_sums<true>;
   s_weights_.resize(m * static_cast<size_t>(rows));
   float* ew = s_weights_.data();
-  column_rms(src, ld, rows, n, imp, av);
-  data_sums(src, ld, rows, n, imp, av, ew, sw, sx, sxx);
+  // The rows' weights (1 without importance) and their sum, added in row order.
+  s_rows_.assign(static_cast<size_t>(rows), 1.0f);
+  if (imp) std::copy(imp, imp + rows, s_rows_.begin());
+  float total = 0.0f;
+  for (const float w : s_rows_) total += w;
+  column_rms(src, ld, rows, n, s_rows_.data(), total, av);
+  data_sums(src, ld, rows, n, s_rows_.data(), av, ew, sw, sx, sxx);
   for (size_t c = 0; c < m; ++c) {
     fit_e[c] = best_e[c] = INFINITY;
     fit_s[c] = best_s[c] = 0.0f;
