@@ -14,6 +14,7 @@
 #include "passes/quant/options.h"
 #include "quant/blockwise.h"
 #include "quant/gptq.h"
+#include "quant/vector_clones.h"
 #include "quant/weight_source.h"
 
 namespace fastopt::bindings {
@@ -94,8 +95,14 @@ void column_sums_transposed(const quant::WeightSource& src, const float* iw, dou
   }
 }
 
+// acc[c] += w * row[c]^2 over n columns (compiled for the wider vector units too).
+FASTOPT_VECTOR_CLONES void add_row_squares(const float* __restrict row, int64_t n, double w,
+                                           double* __restrict acc) {
+  for (int64_t c = 0; c < n; ++c) acc[c] += w * row[c] * row[c];
+}
+
 // The same over every `stride`-th row of a [K, N] source, times `stride` (an estimate when
-// stride > 1: every row in chunks otherwise).
+// stride > 1: every row in chunks otherwise). float32 rows are read in place (no copy).
 void column_sums_rows(const quant::WeightSource& src, const float* iw, int64_t stride,
                       double* acc) {
   const int64_t K = src.K, N = src.N;
@@ -104,14 +111,15 @@ void column_sums_rows(const quant::WeightSource& src, const float* iw, int64_t s
           ? std::max<int64_t>(
                 1, std::min<int64_t>(kRowChunk, (int64_t{1} << 20) / std::max<int64_t>(N, 1)))
           : 1;
-  std::vector<float> rows(static_cast<size_t>(chunk * N));
+  const float* in_place = src.in_place();
+  std::vector<float> rows(in_place ? 0 : static_cast<size_t>(chunk * N));
   for (int64_t r0 = 0; r0 < K; r0 += chunk == 1 ? stride : chunk) {
     const int64_t n = std::min(chunk, K - r0);
-    src.read(r0, n, 0, N, rows.data());
+    const float* block = in_place ? in_place + r0 * N : rows.data();
+    if (!in_place) src.read(r0, n, 0, N, rows.data());
     for (int64_t r = 0; r < n; ++r) {
       const double w = (iw ? iw[r0 + r] : 1.0) * static_cast<double>(stride);
-      const float* row = rows.data() + r * N;
-      for (int64_t c = 0; c < N; ++c) acc[c] += w * row[c] * row[c];
+      add_row_squares(block + r * N, N, w, acc);
     }
     src.release(r0, n, 0, N, r0 + n < K);
   }
