@@ -11,15 +11,16 @@
 //   3. the best stored (scale, zero point) replaces nearest rounding's only where its error,
 //      computed exactly as the codes will be written, is smaller: never worse than RTN in
 //      that weighted error.
-// All loops run across the block's columns (vectorized like blockwise.cc's); the per-column
-// scalar work is a few operations per candidate.
+// Columns are searched independently, in spans whose rows stay in L1 over the passes; each pass
+// over the rows sums groups of 16 columns in vector registers; the per-column steps between
+// passes are vectorized loops too (search_steps.h). Every float operation is the one the plain
+// per-column loops did, in the same order: the same bytes (tests/quant/test_search_speed.py).
+// Measured in bench/results/quantize_accuracy.md ("Cost").
 #include <algorithm>
-#include <cfloat>
 #include <cmath>
-#include <cstring>
+#include <cstdint>
 #include <type_traits>
 
-#include "ir/constant.h"
 #include "quant/blockwise.h"
 #include "quant/search_steps.h"
 #include "quant/vector_clones.h"
@@ -49,10 +50,12 @@ constexpr int64_t kSpanFloats = 4096;
 // [0, kmax] (kmax <= 255) the integer part of x + 0.49999997f is roundf(x), for every float
 // (checked exhaustively over [0, 255]; x + 0.5f alone fails at x = 0.49999997f, whose sum rounds
 // up to 1). Three instructions where nearest_code's rounding takes seven.
+// The clamp is written as min (one instruction); x > 0 differs from nearest_code's x >= 0 only at
+// -0, which codes as +0 does.
 FASTOPT_INLINE float nearest_code_value(float v, float recip, float zero, float kmax) {
   float x = v * recip + zero;
-  x = x >= 0.0f ? x : 0.0f;
-  x = x <= kmax ? x : kmax;
+  x = x > 0.0f ? x : 0.0f;
+  x = x < kmax ? x : kmax;
   return static_cast<float>(static_cast<int32_t>(x + 0.49999997f));
 }
 
