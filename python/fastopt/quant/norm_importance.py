@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from fastopt import _C
 from fastopt._lazy import lazy_module
+from fastopt.quant.blas_threads import blas_threads
 from fastopt.quant.calibration import WeightUse, weight_matmuls
 
 if TYPE_CHECKING:
@@ -248,10 +249,15 @@ def norm_importance(
     """Per weight initializer, its estimated input importance (float32 [K]): see the module
     docstring. Weights with no estimate are left out (uniform); a weight read by several
     MatMuls takes the first's."""
-    est = _Estimate(model)
-    for key, (node, use) in est.nodes.items():
-        if node.inputs[0] is not None:
-            est.visit(key, use, node.inputs[0])
+    np.asarray(0)  # numpy (and its OpenBLAS) loaded, for blas_threads to find
+    # One thread: _silu_square's small products gain nothing from more, and between them the
+    # idle threads' spin beside weight_column_sums took 29 % of the CPU (the same results: each
+    # output of a matrix-vector product is one thread's dot product either way).
+    with blas_threads(1):
+        est = _Estimate(model)
+        for key, (node, use) in est.nodes.items():
+            if node.inputs[0] is not None:
+                est.visit(key, use, node.inputs[0])
     out: dict[str, np.ndarray] = {}
     for key, imp in est.importance.items():
         use = est.uses[key]
