@@ -49,14 +49,14 @@ constexpr int64_t kSpanFloats = 4096;
 // nearest_code(v, recip, zero, kmax) (blockwise.h) as a float, in fewer instructions: for x in
 // [0, kmax] (kmax <= 255) the integer part of x + 0.49999997f is roundf(x), for every float
 // (checked exhaustively over [0, 255]; x + 0.5f alone fails at x = 0.49999997f, whose sum rounds
-// up to 1). Three instructions where nearest_code's rounding takes seven.
+// up to 1). Two instructions (add, truncate) where nearest_code's rounding takes seven.
 // The clamp is written as min (one instruction); x > 0 differs from nearest_code's x >= 0 only at
 // -0, which codes as +0 does.
 FASTOPT_INLINE float nearest_code_value(float v, float recip, float zero, float kmax) {
   float x = v * recip + zero;
   x = x > 0.0f ? x : 0.0f;
   x = x < kmax ? x : kmax;
-  return static_cast<float>(static_cast<int32_t>(x + 0.49999997f));
+  return std::trunc(x + 0.49999997f);
 }
 
 // The weighted sums of one group's columns under the codes (recip, zero) make, L = q - zero with
