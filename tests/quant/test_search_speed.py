@@ -1,8 +1,9 @@
-"""The search's cost (csrc/quant/search.cc, search_steps.cc) without a change in what it writes:
-its bytes pinned to those of the version before the speed-up (dff19ff), over the shapes its loops
-split differently (column groups of 16 and their remainder, spans of columns, a partial last
-block, float32 / float16 / bfloat16 scales, int4 / int8, symmetric / asymmetric, importance,
-zero and constant columns), and its CPU time against round to nearest's on one weight."""
+"""q4m's cost without a change in what it writes. The search (csrc/quant/search.cc,
+search_steps.cc): its bytes pinned to those of the version before the speed-up (dff19ff), over the
+shapes its loops split differently (column groups of 16 and their remainder, spans of columns, a
+partial last block, float32 / float16 / bfloat16 scales, int4 / int8, symmetric / asymmetric,
+importance, zero and constant columns), and its CPU time against round to nearest's on one
+weight. The data-free importance: OpenBLAS held to one thread while it runs."""
 
 from __future__ import annotations
 
@@ -115,3 +116,44 @@ def test_search_cpu_within_7x_round_to_nearest() -> None:
 
     rtn, search = cpu("rtn"), cpu("search", importance=imp)
     assert search < 7 * rtn, f"search {search:.4f} s, round to nearest {rtn:.4f} s"
+
+
+def _openblas_threads() -> set[int]:
+    """The thread counts of the OpenBLAS libraries loaded in this process."""
+    import ctypes
+
+    with open("/proc/self/maps") as maps:
+        paths = sorted({ln.split()[-1] for ln in maps if "openblas" in ln.lower() and ".so" in ln})
+    out = set()
+    for path in paths:
+        lib = ctypes.CDLL(path)
+        for name in ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_",
+                     "scipy_openblas_get_num_threads", "openblas_get_num_threads"):  # fmt: skip
+            if (get := getattr(lib, name, None)) is not None:
+                get.restype = ctypes.c_int
+                out.add(int(get()))
+                break
+    return out
+
+
+def test_norm_importance_holds_openblas_to_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """q4m's data-free importance: between its small matrix products (_silu_square) OpenBLAS's
+    idle threads spun beside the C++ column sums, 29 % of that step's CPU on the 7B shape."""
+    import fastopt.quant.norm_importance as ni
+    from support.paths import TESTS
+
+    before = _openblas_threads()
+    if not before or before == {1}:
+        pytest.skip("no OpenBLAS with more than one thread is loaded")
+    seen: list[set[int]] = []
+    real = ni._silu_square
+
+    def spy(var: np.ndarray, alpha: float = 1.0) -> np.ndarray:
+        seen.append(_openblas_threads())
+        return real(var, alpha)
+
+    monkeypatch.setattr(ni, "_silu_square", spy)
+    model = fastopt.load(TESTS / "fixtures" / "models" / "llama_dynamo_float32" / "model.onnx")
+    assert ni.norm_importance(model)
+    assert seen and all(s == {1} for s in seen), seen
+    assert _openblas_threads() == before  # restored
