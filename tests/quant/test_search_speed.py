@@ -2,13 +2,13 @@
 search_steps.cc): its bytes pinned to those of the version before the speed-up (dff19ff), over the
 shapes its loops split differently (column groups of 16 and their remainder, spans of columns, a
 partial last block, float32 / float16 / bfloat16 scales, int4 / int8, symmetric / asymmetric,
-importance, zero and constant columns), and its CPU time against round to nearest's on one
-weight. The data-free importance: OpenBLAS held to one thread while it runs."""
+importance, zero and constant columns); its CPU time against round to nearest's is a benchmark
+(bench/quant/bench_search_kernel.py: timed assertions are flaky on shared machines). The
+data-free importance: OpenBLAS held to one thread while it runs."""
 
 from __future__ import annotations
 
 import hashlib
-import time
 from pathlib import Path
 
 import fastopt
@@ -95,27 +95,6 @@ def _case(name: str, tmp_path: Path) -> str:
 @pytest.mark.parametrize("name", sorted(PINNED))
 def test_search_bytes_pinned(tmp_path: Path, name: str) -> None:
     assert _case(name, tmp_path) == PINNED[name]
-
-
-def test_search_cpu_within_7x_round_to_nearest() -> None:
-    """The search's kernel alone (no reading of a mapped model, no writing) against round to
-    nearest's on a 4096 x 1024 float32 weight, int4 asymmetric blocks of 64 with importance:
-    8.6-9.4x before the speed-up, 5.1x after (AVX-512, process CPU time, best of 5)."""
-    w = np.random.default_rng(0).standard_normal((4096, 1024)).astype(np.float32)
-    imp = np.random.default_rng(1).uniform(0.1, 10, 4096).astype(np.float32)
-
-    def cpu(method: str, **kw: object) -> float:
-        best = float("inf")
-        for _ in range(5):
-            t = time.process_time()
-            fastopt._C.quantization_error(
-                w, bits=4, block_size=64, symmetric=False, method=method, **kw
-            )
-            best = min(best, time.process_time() - t)
-        return best
-
-    rtn, search = cpu("rtn"), cpu("search", importance=imp)
-    assert search < 7 * rtn, f"search {search:.4f} s, round to nearest {rtn:.4f} s"
 
 
 def _openblas_threads() -> set[int]:
