@@ -108,9 +108,15 @@ def print_recipe(recipe: RecipeReport, out: Any, verbose: bool = False) -> None:
         out.print(note, markup=False, highlight=False)
     if recipe.gptq is not None:
         g = recipe.gptq
+        passes = recipe.calibration.hessian_passes if recipe.calibration else 1
+        grouped = (
+            f", the X^T X collected in {passes} calibration passes under the limit"
+            if passes > 1
+            else ""
+        )
         out.print(
             f"gptq: X^T X factors for {g.weights} weights ({g.factors} distinct, "
-            f"{g.bytes / 2**20:.0f} MiB) in {g.seconds:.2f} s",
+            f"{g.bytes / 2**20:.0f} MiB) in {g.seconds:.2f} s{grouped}",
             markup=False,
             highlight=False,
         )

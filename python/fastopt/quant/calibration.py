@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import ExitStack
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Protocol
@@ -72,11 +72,16 @@ class Importance:
     # with hessians=True: weight -> X^T X [K, K] float32 summed over the tokens (one array
     # shared by the weights of one input)
     hessians: dict[str, np.ndarray] = field(default_factory=dict)
+    hessian_inputs: int = 0  # distinct inputs whose X^T X were collected
+    hessian_passes: int = 0  # passes over the tokens that collected them (groups)
+    hessian_peak_bytes: int = 0  # the most bytes of X^T X sums held at once
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "weights": len(self.vectors),
-            "hessians": len({id(h) for h in self.hessians.values()}),
+            "hessians": self.hessian_inputs,
+            "hessian_passes": self.hessian_passes,
+            "hessian_peak_bytes": self.hessian_peak_bytes,
             "tokens": self.tokens,
             "source": self.source,
             "seconds": self.seconds,
@@ -207,13 +212,25 @@ def hessian_inputs(uses: Sequence[WeightUse]) -> dict[str, int]:
     return first
 
 
+def _xtx_inputs(uses: Sequence[WeightUse], only: Collection[str] | None) -> dict[str, int]:
+    """hessian_inputs, of the inputs in ``only`` when given (one group's)."""
+    first = hessian_inputs(uses)
+    return first if only is None else {a: i for a, i in first.items() if a in only}
+
+
 class _Accumulator:
-    def __init__(self, uses: Sequence[WeightUse], hessians: bool = False) -> None:
+    def __init__(
+        self,
+        uses: Sequence[WeightUse],
+        hessians: bool = False,
+        xtx_inputs: Collection[str] | None = None,
+    ) -> None:
         self.uses = uses
         self.sums: dict[str, np.ndarray] = {}
         self.rows: dict[str, int] = {}
-        self.inputs = hessian_inputs(uses) if hessians else {}
+        self.inputs = _xtx_inputs(uses, xtx_inputs) if hessians else {}
         self.xtx: dict[str, np.ndarray] = {}  # input -> sum X^T X (float32)
+        self.peak_bytes = 0  # the most bytes self.xtx held
 
     def outputs(self) -> list[str]:
         out = []
@@ -238,6 +255,8 @@ class _Accumulator:
                 self.xtx[a] += h
             else:
                 self.xtx[a] = h
+        held = sum(h.nbytes for h in self.xtx.values())
+        self.peak_bytes = max(self.peak_bytes, held)
 
     def hessians(self) -> dict[str, np.ndarray]:
         return {u.weight: self.xtx[u.a] for u in self.uses if u.a in self.xtx}
@@ -247,13 +266,18 @@ class _Accumulator:
 
 
 def _instrument(
-    proto: onnx.ModelProto, uses: Sequence[WeightUse], opset: int, hessians: bool = False
+    proto: onnx.ModelProto,
+    uses: Sequence[WeightUse],
+    opset: int,
+    hessians: bool = False,
+    xtx_inputs: Collection[str] | None = None,
 ) -> None:
     """Adds per use i the outputs ``<prefix>i/sumsq`` (float32 [K]) and ``<prefix>i/size``, and
-    with ``hessians`` per distinct input (first read by use i) ``<prefix>i/xtx`` [K, K]."""
+    with ``hessians`` per distinct input (first read by use i; those in ``xtx_inputs`` when
+    given) ``<prefix>i/xtx`` [K, K]."""
     from onnx import TensorProto, helper, numpy_helper
 
-    xtx = set(hessian_inputs(uses).values()) if hessians else set()
+    xtx = set(_xtx_inputs(uses, xtx_inputs).values()) if hessians else set()
     g = proto.graph
     axes = _PREFIX + "axes0"
     g.initializer.append(numpy_helper.from_array(np.array([0], np.int64), axes))
@@ -323,27 +347,39 @@ def collect_importance(
     importance: bool = True,
     hessians: bool = False,
     run_tokens: int = RUN_TOKENS,
+    hessian_sink: Callable[[dict[str, np.ndarray]], None] | None = None,
 ) -> Importance:
     """Runs ``model`` (not changed) in ONNX Runtime on the calibration tokens and returns the
     importance vectors of its MatMul weights (and with ``hessians`` their inputs' X^T X, for
     GPTQ). ``token_batches`` ([1, T] id arrays) replace the text when given. Sequences of one
     length run together, ``run_tokens`` tokens a run at most. ``probes`` gather
     their own statistics in the same runs; with ``importance=False`` they alone are gathered
-    (no vectors). ModelError when the model cannot run, has no weight MatMul, or its Hessians
-    are over fastopt.quant.gptq's limit."""
+    (no vectors).
+
+    Where the X^T X do not fit fastopt.quant.gptq's limit at once, they are collected in groups
+    of inputs (gptq.hessian_groups), one pass over the same tokens per group (the first also
+    gathers the importance and the probes), and each group's go to ``hessian_sink`` (weight ->
+    H) and are freed before the next pass; ``hessians`` then stays empty. ModelError when the
+    model cannot run, has no weight MatMul, one input's X^T X alone is over the limit, or the
+    groups have no sink."""
     import onnx
 
     from fastopt.quant.activation_ranges import _PLACEHOLDER, _session, place_early
-    from fastopt.verify.check import summarize_error
 
     start = time.perf_counter()
     uses = weight_matmuls(model) if importance else []
     if importance and not uses:
         raise _C.ModelError("calibration: the model has no MatMul with a constant 2-D weight")
+    groups: list[list[str]] = []
     if hessians:
-        from fastopt.quant.gptq import check_cost
+        from fastopt.quant.gptq import hessian_groups
 
-        check_cost(uses)
+        groups = hessian_groups(uses)
+        if len(groups) > 1 and hessian_sink is None:
+            raise _C.ModelError(
+                f"calibration: the X^T X take {len(groups)} passes under the limit, and no "
+                "sink takes each pass's (hessian_sink)"
+            )
     folders = tokenizer_folders(model, hf_config)
     ids_name = ids_input(model)  # (a model without token ids: refused before any run)
     encode, source = None, "token batches given"
@@ -366,37 +402,36 @@ def collect_importance(
     batches = _stacked(batches, run_tokens)
     opset = next((v for k, v in model.opset_imports.items() if k in ("", "ai.onnx")), 17)
     skeleton = model.skeleton()
+    first = groups[0] if len(groups) > 1 else None
     proto = onnx.load_from_string(skeleton)
     plain = len(proto.graph.node)
-    _instrument(proto, uses, opset, hessians)
+    _instrument(proto, uses, opset, hessians, first)
     place_early(proto, plain)  # each activation freed once reduced
     probe_outputs = [p.instrument(proto) for p in probes]
-    acc = _Accumulator(uses, hessians)
-    with ExitStack() as stack:
-        try:
-            sess = _session(proto, skeleton.count(_PLACEHOLDER), model, stack, workdir)
-            del proto
-            wanted = {i.name for i in sess.get_inputs()}
-            outputs = acc.outputs()
-            for ids in batches:
-                t0 = time.perf_counter()
-                got = sess.run(
-                    outputs + _flat(probe_outputs), token_feeds(model, ids_name, ids, wanted)
-                )
-                imp.forward_seconds += time.perf_counter() - t0
-                acc.add(got)
-                _probes_add(probes, probe_outputs, got[len(outputs) :], "calibration")
-                del got  # (X^T X outputs: not two runs' at once)
-                imp.tokens += int(ids.size)
-            _probes_extra(sess, probes, probe_outputs, wanted)
-        except _C.ModelError:
-            raise
-        except Exception as e:
-            raise _C.ModelError(
-                f"calibration: ONNX Runtime could not run the model: {summarize_error(str(e))}"
-            ) from e
+    acc = _Accumulator(uses, hessians, first)
+    with ExitStack() as stack, _ort_errors():
+        sess = _session(proto, skeleton.count(_PLACEHOLDER), model, stack, workdir)
+        del proto
+        wanted = {i.name for i in sess.get_inputs()}
+        _run_batches(sess, model, ids_name, wanted, batches, acc, probes, probe_outputs, imp)
+        imp.tokens = sum(int(ids.size) for ids in batches)
+        _probes_extra(sess, probes, probe_outputs, wanted)
+        del sess  # (its memory, before any further pass)
     imp.vectors = acc.vectors()
-    imp.hessians = acc.hessians()
+    imp.hessian_inputs = len(acc.inputs)
+    imp.hessian_passes = 1 if hessians else 0
+    imp.hessian_peak_bytes = acc.peak_bytes
+    if first is None:
+        imp.hessians = acc.hessians()
+    else:
+        assert hessian_sink is not None
+        hessian_sink(acc.hessians())
+        del acc
+        for group in map(set, groups[1:]):
+            group_uses = [u for u in uses if u.a in group]
+            hessian_sink(
+                _group_pass(model, skeleton, group_uses, opset, batches, ids_name, workdir, imp)
+            )
     imp.source = source
     imp.seconds = time.perf_counter() - start
     return imp
@@ -412,6 +447,75 @@ def _stacked(batches: Sequence[np.ndarray], run_tokens: int) -> list[np.ndarray]
             group = []
         group.append(ids)
     return runs + ([np.concatenate(group)] if group else [])
+
+
+def _group_pass(
+    model: _C.Model,
+    skeleton: bytes,
+    uses: Sequence[WeightUse],
+    opset: int,
+    batches: Sequence[np.ndarray],
+    ids_name: str,
+    workdir: str,
+    imp: Importance,
+) -> dict[str, np.ndarray]:
+    """One more pass over ``batches`` for the X^T X of ``uses``' inputs (one group): weight ->
+    H, as Importance.hessians."""
+    import onnx
+
+    from fastopt.quant.activation_ranges import _PLACEHOLDER, _session, place_early
+
+    acc = _Accumulator(uses, True)
+    proto = onnx.load_from_string(skeleton)
+    plain = len(proto.graph.node)
+    _instrument(proto, uses, opset, True)
+    place_early(proto, plain)
+    with ExitStack() as stack, _ort_errors():
+        sess = _session(proto, skeleton.count(_PLACEHOLDER), model, stack, workdir)
+        del proto
+        wanted = {i.name for i in sess.get_inputs()}
+        _run_batches(sess, model, ids_name, wanted, batches, acc, (), [], imp)
+    imp.hessian_inputs += len(acc.inputs)
+    imp.hessian_passes += 1
+    imp.hessian_peak_bytes = max(imp.hessian_peak_bytes, acc.peak_bytes)
+    return acc.hessians()
+
+
+@contextmanager
+def _ort_errors() -> Iterator[None]:
+    """ONNX Runtime's failures as the ModelError that names them."""
+    from fastopt.verify.check import summarize_error
+
+    try:
+        yield
+    except _C.ModelError:
+        raise
+    except Exception as e:
+        raise _C.ModelError(
+            f"calibration: ONNX Runtime could not run the model: {summarize_error(str(e))}"
+        ) from e
+
+
+def _run_batches(
+    sess: Any,
+    model: _C.Model,
+    ids_name: str,
+    wanted: set[str],
+    batches: Sequence[np.ndarray],
+    acc: _Accumulator,
+    probes: Sequence[Probe],
+    probe_outputs: Sequence[list[str]],
+    imp: Importance,
+) -> None:
+    """One pass: every batch through ``sess``, its outputs into ``acc`` and the probes."""
+    outputs = acc.outputs()
+    for ids in batches:
+        t0 = time.perf_counter()
+        got = sess.run(outputs + _flat(probe_outputs), token_feeds(model, ids_name, ids, wanted))
+        imp.forward_seconds += time.perf_counter() - t0
+        acc.add(got)
+        _probes_add(probes, probe_outputs, got[len(outputs) :], "calibration")
+        del got  # (X^T X outputs: not two runs' at once)
 
 
 def _flat(lists: Sequence[list[str]]) -> list[str]:

@@ -64,20 +64,44 @@ def hessian_bytes(uses: Sequence[WeightUse]) -> int:
     return sum(4 * k * k for k in ks.values())
 
 
-def check_cost(uses: Sequence[WeightUse], limit: int | None = None) -> None:
-    """ModelError when the Hessians would take more than ``limit`` bytes (MAX_HESSIAN_BYTES)."""
+def hessian_groups(uses: Sequence[WeightUse], limit: int | None = None) -> list[list[str]]:
+    """The distinct MatMul inputs in graph order, cut into runs whose float32 X^T X take at most
+    ``limit`` bytes (MAX_HESSIAN_BYTES) each: one calibration pass collects each run. One group
+    when everything fits (the one-pass collection); ModelError when one input's K x K alone is
+    over the limit."""
     limit = MAX_HESSIAN_BYTES if limit is None else limit
-    need = hessian_bytes(uses)
-    if need <= limit:
-        return
-    ks = sorted({u.k for u in uses})
-    inputs = len({u.a for u in uses})
-    raise _C.ModelError(
-        f"gptq: the Hessians X^T X of the model's {inputs} MatMul inputs (K = "
-        f"{', '.join(map(str, ks))}) take {need / 2**30:.1f} GiB of float32, over the "
-        f"{limit / 2**30:.1f} GiB limit (collecting them layer by layer is not built); "
-        "use --method search with the calibration instead"
-    )
+    too_big = oversized(uses, limit)
+    if too_big:
+        raise _C.ModelError(f"gptq: {too_big}; use --method search with the calibration instead")
+    groups: list[list[str]] = []
+    held = limit + 1  # (the first input opens a group)
+    for a, k in {u.a: u.k for u in uses}.items():
+        need = 4 * k * k
+        if held + need > limit:
+            groups.append([])
+            held = 0
+        groups[-1].append(a)
+        held += need
+    return groups
+
+
+def oversized(uses: Sequence[WeightUse], limit: int | None = None) -> str:
+    """What passes ``limit`` (MAX_HESSIAN_BYTES) alone: the first MatMul input whose K x K
+    float32 sum does, in words; "" when none does."""
+    limit = MAX_HESSIAN_BYTES if limit is None else limit
+    for a, k in {u.a: u.k for u in uses}.items():
+        if 4 * k * k > limit:
+            return (
+                f"the X^T X of MatMul input {a!r} (K = {k}) alone takes "
+                f"{4 * k * k / 2**30:.2f} GiB of float32, over the {limit / 2**30:.2f} GiB limit"
+            )
+    return ""
+
+
+def check_cost(uses: Sequence[WeightUse], limit: int | None = None) -> int:
+    """The calibration passes the Hessians take under ``limit`` (MAX_HESSIAN_BYTES): ModelError
+    when one input's alone is over it (hessian_groups)."""
+    return len(hessian_groups(uses, limit))
 
 
 def factor(h: np.ndarray, damp: float = DAMP) -> np.ndarray:
@@ -150,6 +174,86 @@ class FactorReport:
         return dict(self.__dict__)
 
 
+class FactorWriter:
+    """The factors file written group by group: ``add`` factors some weights' Hessians and
+    appends the factors to the data file, the Hessians free to go after; ``finish`` writes
+    ``path`` (an ONNX file naming each weight's bytes). ``input_scales`` and ``act_order`` as
+    for write_factors. Weights share a factor only within one ``add`` (one input's weights are
+    never split)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        input_scales: Mapping[str, np.ndarray] | None = None,
+        damp: float = DAMP,
+        act_order: bool | None = None,
+    ) -> None:
+        self.path = os.fspath(path)
+        self.data_name = os.path.basename(self.path) + ".data"
+        self.scales = input_scales or {}
+        self.damp = damp
+        self.ordered = ACT_ORDER if act_order is None else act_order
+        self.report = FactorReport()
+        self._inits: list[Any] = []
+        data_path = os.path.join(os.path.dirname(os.path.abspath(self.path)), self.data_name)
+        self._data = open(data_path, "wb")  # noqa: SIM115 (closed by finish or close)
+
+    def add(self, hessians: Mapping[str, np.ndarray]) -> None:
+        """Factors and appends ``hessians`` (weight -> H [K, K], the same array for the weights
+        of one input)."""
+        from onnx import TensorProto
+
+        start = time.perf_counter()
+        f, scales = self._data, self.scales
+        # (H, scaling) -> offset and length of its factor, and of its order. Keyed by id(H):
+        # only while this call holds the arrays.
+        placed: dict[tuple[int, bytes], tuple[tuple[int, int], tuple[int, int] | None]] = {}
+        with _blas_threads(1):
+            for name in sorted(hessians):
+                h = hessians[name]
+                c = scales.get(name)
+                key = (id(h), b"" if c is None else np.asarray(c, np.float32).tobytes())
+                if key not in placed:
+                    hh = h if c is None else h * np.outer(c, c)
+                    order = np.argsort(-np.diagonal(hh), kind="stable") if self.ordered else None
+                    u = factor(hh if order is None else hh[np.ix_(order, order)], self.damp)
+                    at = _append(f, u.tobytes())
+                    placed[key] = (at, None if order is None else _append(f, order.tobytes()))
+                    self.report.factors += 1
+                where, order_at = placed[key]
+                k = h.shape[0]
+                self._inits.append(
+                    _external(name, TensorProto.FLOAT, [k, k], self.data_name, where)
+                )
+                if order_at is not None:
+                    self._inits.append(
+                        _external(f"{name}#order", TensorProto.INT64, [k], self.data_name, order_at)
+                    )
+                self.report.weights += 1
+        self.report.seconds += time.perf_counter() - start
+
+    def finish(self) -> FactorReport:
+        from onnx import helper
+
+        start = time.perf_counter()
+        self.report.bytes = self._data.tell()
+        self._data.close()
+        graph = helper.make_graph([], "fastopt_hessian", [], [], initializer=self._inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        write_atomically(self.path, model.SerializeToString(), ".hessian-")
+        self.report.seconds += time.perf_counter() - start
+        return self.report
+
+    def close(self) -> None:
+        self._data.close()
+
+    def __enter__(self) -> FactorWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def write_factors(
     hessians: Mapping[str, np.ndarray],
     path: str | os.PathLike[str],
@@ -161,41 +265,10 @@ def write_factors(
     array for the weights of one input) to ``path`` (an ONNX file) and its data file beside it.
     ``input_scales`` (weight -> c [K]): the weight's input is c * x (AWQ), H becomes
     diag(c) H diag(c). ``act_order`` (None: ACT_ORDER) adds each weight's coding order."""
-    from onnx import TensorProto, helper
-
     start = time.perf_counter()
-    scales = input_scales or {}
-    ordered = ACT_ORDER if act_order is None else act_order
-    path = os.fspath(path)
-    data_name = os.path.basename(path) + ".data"
-    report = FactorReport()
-    # (H, scaling) -> offset and length of its factor, and of its order
-    placed: dict[tuple[int, bytes], tuple[tuple[int, int], tuple[int, int] | None]] = {}
-    inits = []
-    data_path = os.path.join(os.path.dirname(os.path.abspath(path)), data_name)
-    with open(data_path, "wb") as f, _blas_threads(1):
-        for name in sorted(hessians):
-            h = hessians[name]
-            c = scales.get(name)
-            key = (id(h), b"" if c is None else np.asarray(c, np.float32).tobytes())
-            if key not in placed:
-                hh = h if c is None else h * np.outer(c, c)
-                order = np.argsort(-np.diagonal(hh), kind="stable") if ordered else None
-                u = factor(hh if order is None else hh[np.ix_(order, order)], damp)
-                at = _append(f, u.tobytes())
-                placed[key] = (at, None if order is None else _append(f, order.tobytes()))
-                report.factors += 1
-            where, order_at = placed[key]
-            k = h.shape[0]
-            inits.append(_external(name, TensorProto.FLOAT, [k, k], data_name, where))
-            if order_at is not None:
-                order_name = f"{name}#order"
-                inits.append(_external(order_name, TensorProto.INT64, [k], data_name, order_at))
-            report.weights += 1
-        report.bytes = f.tell()
-    graph = helper.make_graph([], "fastopt_hessian", [], [], initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    write_atomically(path, model.SerializeToString(), ".hessian-")
+    with FactorWriter(path, input_scales, damp, act_order) as writer:
+        writer.add(hessians)
+        report = writer.finish()
     report.seconds = time.perf_counter() - start
     return report
 

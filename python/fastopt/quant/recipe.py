@@ -29,7 +29,7 @@ from fastopt import _C
 from fastopt.quant.awq import AwqReport, apply_awq
 from fastopt.quant.budget import BitsAllocation, allocate
 from fastopt.quant.calibration import Importance, collect_importance
-from fastopt.quant.gptq import FactorReport, awq_input_scales, write_factors
+from fastopt.quant.gptq import FactorReport, FactorWriter, awq_input_scales, write_factors
 from fastopt.quant.importance_file import write_importance_file
 from fastopt.quant.norm_importance import norm_importance
 from fastopt.quant.settings import METHODS, NORMS, QuantSettings, existing_folder
@@ -105,19 +105,56 @@ class RecipeReport:
         }
 
 
-def _gptq_fits(model: _C.Model, report: RecipeReport) -> bool:
-    """Whether the model's X^T X fit fastopt.quant.gptq's limit; a note in the report if not."""
+def _gptq_fits(model: _C.Model, settings: QuantSettings, report: RecipeReport) -> bool:
+    """Whether GPTQ can collect the model's X^T X under fastopt.quant.gptq's limit (in one
+    pass or in groups; not in groups with AWQ, whose scaling needs them at once); a note in
+    the report if not."""
     from fastopt.quant import gptq
     from fastopt.quant.calibration import weight_matmuls
 
-    need = gptq.hessian_bytes(weight_matmuls(model))
-    if need <= gptq.MAX_HESSIAN_BYTES:
-        return True
-    report.notes.append(
-        f"gptq: the X^T X would take {need / 2**30:.1f} GiB, over the "
-        f"{gptq.MAX_HESSIAN_BYTES / 2**30:.1f} GiB limit: the recipe rounds by the search"
+    uses = weight_matmuls(model)
+    too_big = gptq.oversized(uses)
+    if too_big:
+        report.notes.append(f"gptq: {too_big}: the recipe rounds by the search")
+        return False
+    groups = gptq.hessian_groups(uses)
+    if len(groups) > 1 and settings.awq:
+        report.notes.append(
+            f"gptq: {_awq_over_limit(len(groups))}: the recipe rounds by the search"
+        )
+        return False
+    return True
+
+
+def _awq_over_limit(passes: int) -> str:
+    from fastopt.quant import gptq
+
+    return (
+        f"the X^T X pass the {gptq.MAX_HESSIAN_BYTES / 2**30:.1f} GiB limit ({passes} "
+        "calibration passes), and awq's scaling needs them all at once"
     )
-    return False
+
+
+def _factor_sink(
+    model: _C.Model, settings: QuantSettings, stack: ExitStack
+) -> tuple[str, FactorWriter | None]:
+    """Where GPTQ's factors go, and the writer that takes each group's Hessians as the
+    calibration collects them when they do not fit at once (None: one pass, factored after)."""
+    from fastopt.quant import gptq
+    from fastopt.quant.calibration import weight_matmuls
+
+    folder = stack.enter_context(
+        tempfile.TemporaryDirectory(
+            prefix="fastopt-gptq-", dir=existing_folder(settings.tmpdir) or None
+        )
+    )
+    path = os.path.join(folder, "hessian.onnx")
+    passes = len(gptq.hessian_groups(weight_matmuls(model)))
+    if passes == 1:
+        return path, None
+    if settings.awq:
+        raise _C.ModelError(f"gptq: {_awq_over_limit(passes)}; drop --awq")
+    return path, stack.enter_context(FactorWriter(path))
 
 
 def needed(settings: QuantSettings) -> bool:
@@ -144,14 +181,22 @@ def prepare(
     # errors are estimated with the search, which chooses its blocks' parameters
     gptq = settings.rounding == "gptq"
     if gptq and settings.recipe is not None:
-        gptq = _gptq_fits(model, report)
+        gptq = _gptq_fits(model, settings, report)
         if not gptq:  # the recipe's choice, not the user's: the search instead
             options["quant_method"] = METHODS.index("search")
     method = "search" if settings.rounding == "gptq" else settings.rounding
     importance = None
+    hessian_path, writer = "", None
+    if gptq and settings.calibration:
+        hessian_path, writer = _factor_sink(model, settings, stack)
     if settings.calibration:
         report.calibration = collect_importance(
-            model, settings.calibration, settings.hf_config, workdir=settings.tmpdir, hessians=gptq
+            model,
+            settings.calibration,
+            settings.hf_config,
+            workdir=settings.tmpdir,
+            hessians=gptq,
+            hessian_sink=writer.add if writer is not None else None,
         )
         importance = report.calibration.vectors
     elif settings.importance == NORMS and method != "rtn":  # (calibration's importance wins)
@@ -168,14 +213,11 @@ def prepare(
             symmetric=settings.symmetric,
             method=method,
         )
-    if gptq and report.calibration is not None:
+    if writer is not None:  # (factored group by group as the calibration went)
+        report.gptq = writer.finish()
+        options["quant_hessian"] = hessian_path
+    elif gptq and report.calibration is not None:
         calibrated = report.calibration
-        folder = stack.enter_context(
-            tempfile.TemporaryDirectory(
-                prefix="fastopt-gptq-", dir=existing_folder(settings.tmpdir) or None
-            )
-        )
-        hessian_path = os.path.join(folder, "hessian.onnx")
         scales = awq_input_scales(calibrated.vectors, importance or {})
         report.gptq = write_factors(calibrated.hessians, hessian_path, scales)
         calibrated.hessians = {}  # the file holds what the pass needs
