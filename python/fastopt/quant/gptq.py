@@ -15,12 +15,25 @@ AWQ scales a weight's rows by s and its input by 1 / s, so the Hessian of the sc
 diag(1/s) H diag(1/s); ``write_factors`` takes those per-channel factors 1/s.
 
 Memory: the accumulators are float32 K x K per distinct input (ONNX Runtime's own sums per run
-are float32), 4 * sum K^2 bytes, and each run's outputs the same again: on SmolLM2-135M
-(30 layers, inputs of K = 576 x 3 and 1536, and the lm_head's) 0.40 GB, peak about twice that;
-the factors file is as large (mapped by the pass, read in place). A 0.5B Qwen2 shape (24 layers,
-K = 896 x 3 and 4864) needs 2.5 GB; a 7B shape (K = 4096 x 3 and 11008, 32 layers) 20.5 GiB:
-above MAX_HESSIAN_BYTES the calibration refuses before running, naming the cost (collecting
-the layers in turn, one forward pass per group, is not built).
+are float32), 4 * sum K^2 bytes, and each run's outputs the same again while they are summed: on
+SmolLM2-135M (30 layers, inputs of K = 576 x 3 and 1536, and the lm_head's) 0.40 GB; a 0.5B
+Qwen2 shape (24 layers, K = 896 x 3 and 4864) 2.5 GB; a 7B shape (K = 4096 x 3 and 11008, 32
+layers) 20.5 GiB. The factors file is as large (mapped by the pass, read in place).
+
+Where they pass MAX_HESSIAN_BYTES, the inputs are cut into groups in graph order, each under
+the limit (``hessian_groups``; a 7B shape: 8 groups), and the calibration makes one pass over
+the same tokens per group (the first also gathers the importance vectors and the probes): each
+group's sums are factored and appended to the factors file (``FactorWriter``) and freed before
+the next pass. Each sum is the one pass's, bit for bit (the same ONNX Runtime values added in
+the same order), so the factors and the quantized bytes are too. What it costs is one more
+forward pass over the calibration tokens per extra group; the X^T X products and the factors
+are the same work. Measured (bench/quant/bench_gptq_groups.py; bench/results/
+quantize_accuracy.md, "GPTQ"): the 0.5B at a 1 GiB limit, 3 passes, 115-130 s and 4.25 GB peak
+RSS against one pass's 110-154 s and 7.10 GB (same bytes); SmolLM2 at 0.125 GiB, 4 passes, 34 s
+and 1.27 GB against 26 s and 1.75 GB (same bytes, KL 0.1066). Refused only where one input's
+K x K alone passes the limit (K > 28,377 at 3 GiB), naming it; ``--recipe q4m`` then rounds by
+the search and says why. AWQ with groups is refused too: its scaling of the factors needs every
+sum first (the recipe with ``--awq`` rounds by the search).
 """
 
 from __future__ import annotations
