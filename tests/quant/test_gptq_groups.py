@@ -81,6 +81,20 @@ def test_groups_hold_the_one_pass_sums_under_the_limit(monkeypatch: pytest.Monke
         np.testing.assert_array_equal(got.vectors[name], v)
 
 
+def test_sampled_text_is_sampled_once_for_every_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--calibration sampled: the model's own text is written once, before the passes, and
+    every group's pass reads it (seeded: the one pass samples the same tokens)."""
+    model = fastopt.load(LLAMA)
+    one = collect_importance(model, "sampled", hessians=True)
+    monkeypatch.setattr(gptq, "MAX_HESSIAN_BYTES", LIMIT)
+    got: dict[str, np.ndarray] = {}
+    grouped = collect_importance(model, "sampled", hessians=True, hessian_sink=got.update)
+    assert grouped.hessian_passes == 3 and grouped.tokens == one.tokens > 0
+    assert sorted(got) == sorted(one.hessians)
+    for name, h in one.hessians.items():
+        np.testing.assert_array_equal(got[name], h)
+
+
 def test_grouped_gptq_writes_the_one_pass_bytes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
