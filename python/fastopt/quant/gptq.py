@@ -28,9 +28,9 @@ the next pass. Each sum is the one pass's, bit for bit (the same ONNX Runtime va
 the same order), so the factors and the quantized bytes are too. What it costs is one more
 forward pass over the calibration tokens per extra group; the X^T X products and the factors
 are the same work. Measured (bench/quant/bench_gptq_groups.py; bench/results/
-quantize_accuracy.md, "GPTQ"): the 0.5B at a 1 GiB limit, 3 passes, 115-130 s and 4.25 GB peak
-RSS against one pass's 110-154 s and 7.10 GB (same bytes); SmolLM2 at 0.125 GiB, 4 passes, 34 s
-and 1.27 GB against 26 s and 1.75 GB (same bytes, KL 0.1066). Refused only where one input's
+quantize_accuracy.md, "GPTQ"): the 0.5B at a 1 GiB limit, 3 passes, 114 s and 4.2 GB peak RSS
+against one pass's 97 s and 7.0 GB (same bytes); SmolLM2 at 0.125 GiB, 4 passes, 20.5 s and 1.28
+GB against 12.9 s and 1.78 GB (same bytes, KL 0.1059). Refused only where one input's
 K x K alone passes the limit (K > 28,377 at 3 GiB), naming it; ``--recipe q4m`` then rounds by
 the search and says why. AWQ with groups is refused too: its scaling of the factors needs every
 sum first (the recipe with ``--awq`` rounds by the search).
