@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 from fastopt import _C
 from fastopt._io import write_atomically
 from fastopt._lazy import lazy_module
+from fastopt.quant.blas_threads import blas_threads
 
 if TYPE_CHECKING:
     import numpy as np
@@ -288,42 +289,13 @@ def write_factors(
 
 @contextmanager
 def _blas_threads(n: int) -> Iterator[None]:
-    """numpy's and scipy's OpenBLAS at ``n`` threads inside (what threadpoolctl does, through
-    the libraries' own setters; nothing where none is found). One factor of K <= a few
-    thousand gains little from threads, and on a busy machine they cost: SmolLM2's 121 factors
-    took 27-158 s with OpenBLAS's threads on 2 loaded cores, 4-6 s with one."""
-    import ctypes
-
-    _lapack()  # scipy's OpenBLAS, if any, loaded before the setters are looked for
-    restore = []
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {ln.split()[-1] for ln in maps if "openblas" in ln.lower() and ".so" in ln}
-    except OSError:
-        paths = set()
-    for path in sorted(paths):
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for base in ("scipy_openblas", "openblas"):
-            for suffix in ("64_", ""):
-                get = getattr(lib, f"{base}_get_num_threads{suffix}", None)
-                put = getattr(lib, f"{base}_set_num_threads{suffix}", None)
-                if get is None or put is None:
-                    continue
-                get.restype = ctypes.c_int
-                restore.append((put, int(get())))
-                put(ctypes.c_int(n))
-                break
-            else:
-                continue
-            break
-    try:
+    """numpy's and scipy's OpenBLAS at ``n`` threads inside (fastopt.quant.blas_threads, scipy's
+    library loaded first so that it is found). One factor of K <= a few thousand gains little
+    from threads, and on a busy machine they cost: SmolLM2's 121 factors took 27-158 s with
+    OpenBLAS's threads on 2 loaded cores, 4-6 s with one."""
+    _lapack()
+    with blas_threads(n):
         yield
-    finally:
-        for put, was in restore:
-            put(ctypes.c_int(was))
 
 
 def _append(f: Any, data: bytes) -> tuple[int, int]:
