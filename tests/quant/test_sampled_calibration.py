@@ -100,6 +100,18 @@ def test_eos_and_bos_from_the_config_beside(tmp_path: Path, short: None) -> None
     assert (rows[:, 0] == 5).all() and eos not in rows[:, 1:]
 
 
+def test_bos_and_eos_read_as_the_real_text_check_reads_them(tmp_path: Path, short: None) -> None:
+    """A fixture's meta.json (config under "config": bos 1, eos 2), as
+    fastopt.verify.text_tokens.start_token reads it."""
+    folder = tmp_path / "m"
+    shutil.copytree(FIXTURES / "llama_ts_float32", folder)
+    got = sampled_text.sample_calibration(
+        fastopt.load(folder / "model.onnx"), [str(folder)], "", "t"
+    )
+    rows = np.concatenate(got.batches)
+    assert (rows[:, 0] == 1).all() and 2 not in rows[:, 1:]
+
+
 def test_draw_never_picks_a_banned_token() -> None:
     logits = np.zeros((64, 10))
     logits[:, 3] = 50.0  # nearly all the mass

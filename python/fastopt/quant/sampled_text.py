@@ -18,8 +18,6 @@ source says why.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -208,20 +206,11 @@ def _empty_past(past: Any, batch: int) -> np.ndarray:
 
 
 def _special_ids(folders: Sequence[str], key: str) -> list[int]:
-    """``key``'s ids (bos_token_id, eos_token_id) in the first of generation_config.json /
-    config.json in ``folders`` that has it; [] where none does."""
-    for folder in folders:
-        for name in ("generation_config.json", "config.json"):
-            try:
-                with open(os.path.join(folder, name), encoding="utf-8") as f:
-                    value = json.load(f).get(key)
-            except (OSError, ValueError, AttributeError):
-                continue
-            found = value if isinstance(value, list) else [value]
-            ids = [int(i) for i in found if isinstance(i, int) and not isinstance(i, bool)]
-            if ids:
-                return ids
-    return []
+    """``key``'s ids in the first of ``folders`` whose config files have it
+    (fastopt.verify.text_tokens.config_ids, as the real-text check reads its start token)."""
+    from fastopt.verify.text_tokens import config_ids
+
+    return next((ids for f in folders if (ids := config_ids(f, key)[0])), [])
 
 
 def _special_id(folders: Sequence[str], key: str) -> int:

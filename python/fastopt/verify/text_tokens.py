@@ -180,21 +180,32 @@ def start_token(model: str | os.PathLike[str], vocab: int) -> tuple[int, str]:
     wrote its bos without knowing it) beside the model, else 0 (also when the id is outside the
     model's vocabulary); and where it came from."""
     folder = os.path.dirname(os.path.abspath(os.fspath(model)))
+    ids, name = config_ids(folder, "bos_token_id")
+    if ids and 0 <= ids[0] < vocab:
+        return ids[0], f"bos_token_id {ids[0]} from {name}"
+    if ids:
+        return 0, f"token 0 ({name}'s bos_token_id {ids[0]} is not in the vocabulary)"
+    return 0, "token 0 (no bos_token_id beside the model)"
+
+
+def config_ids(folder: str, key: str) -> tuple[list[int], str]:
+    """``key``'s ids (bos_token_id, eos_token_id: an int or a list) from the first of
+    config.json / generation_config.json / a fixture's meta.json / genai_config.json in
+    ``folder`` that has it (at the top or under "config" / "model"), and that file's name;
+    ([], "") where none does."""
     for name in ("config.json", "generation_config.json", "meta.json", "genai_config.json"):
         try:
             with open(os.path.join(folder, name), encoding="utf-8") as f:
                 data = json.load(f)
         except (OSError, ValueError):
             continue
-        for d in (data, data.get("config"), data.get("model")):
-            bos = d.get("bos_token_id") if isinstance(d, dict) else None
-            if isinstance(bos, list) and bos:
-                bos = bos[0]
-            if isinstance(bos, int) and 0 <= bos < vocab:
-                return bos, f"bos_token_id {bos} from {name}"
-            if isinstance(bos, int):
-                return 0, f"token 0 ({name}'s bos_token_id {bos} is not in the vocabulary)"
-    return 0, "token 0 (no bos_token_id beside the model)"
+        for d in (data, data.get("config"), data.get("model")) if isinstance(data, dict) else ():
+            value = d.get(key) if isinstance(d, dict) else None
+            found = value if isinstance(value, list) else [value]
+            ids = [int(i) for i in found if isinstance(i, int) and not isinstance(i, bool)]
+            if ids:
+                return ids, name
+    return [], ""
 
 
 def sample_tokens(
