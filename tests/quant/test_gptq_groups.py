@@ -9,7 +9,6 @@ search)."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import fastopt
@@ -17,8 +16,9 @@ import numpy as np
 import pytest
 from fastopt.cli.main import main
 from fastopt.quant import gptq
-from fastopt.quant.calibration import WeightUse, builtin_text, collect_importance, weight_matmuls
+from fastopt.quant.calibration import WeightUse, collect_importance, weight_matmuls
 from support.paths import TESTS
+from support.word_tokenizer import with_word_tokenizer
 
 LLAMA = TESTS / "fixtures" / "models" / "llama_ts_float32" / "model.onnx"
 BATCHES = [
@@ -32,18 +32,9 @@ TOO_SMALL = 100_000
 
 
 def _with_tokenizer(tmp_path: Path) -> Path:
-    """The fixture beside a word-level tokenizer over the built-in text (no sampling: the
-    calibration tokens are fixed)."""
-    tokenizers = pytest.importorskip("tokenizers")
-    folder = tmp_path / "m"
-    folder.mkdir()
-    shutil.copy(LLAMA, folder / "model.onnx")
-    words = sorted(set(builtin_text().split()))
-    vocab = {w: i % 90 + 2 for i, w in enumerate(words)} | {"[UNK]": 1}
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
-    tok.save(str(folder / "tokenizer.json"))
-    return folder / "model.onnx"
+    """The fixture beside a word-level tokenizer (no sampling: the calibration tokens are
+    fixed)."""
+    return with_word_tokenizer(LLAMA, tmp_path / "m")
 
 
 def _files(out: Path) -> dict[str, bytes]:
@@ -189,8 +180,8 @@ def test_passes_of_model_shapes() -> None:
                 uses.append(WeightUse(f"{w}{i}", f"{a}{i}", f"{w}{i}", k))
         return uses
 
-    assert gptq.check_cost(shape(30, 576, 1536)) == 1
-    assert gptq.check_cost(shape(24, 896, 4864)) == 1
+    assert len(gptq.hessian_groups(shape(30, 576, 1536))) == 1
+    assert len(gptq.hessian_groups(shape(24, 896, 4864))) == 1
     seven = shape(32, 4096, 11008)
     groups = gptq.hessian_groups(seven)
     assert len(groups) == 8 and sorted(a for g in groups for a in g) == sorted({u.a for u in seven})
@@ -198,4 +189,4 @@ def test_passes_of_model_shapes() -> None:
     assert max(sum(4 * k[a] ** 2 for a in g) for g in groups) <= gptq.MAX_HESSIAN_BYTES
     assert len(gptq.hessian_groups(shape(24, 896, 4864), 1 << 30)) == 3
     with pytest.raises(fastopt.ModelError, match=r"\(K = 30000\) alone takes 3\.35 GiB"):
-        gptq.check_cost(shape(2, 896, 30000))
+        gptq.hessian_groups(shape(2, 896, 30000))

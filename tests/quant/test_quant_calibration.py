@@ -27,6 +27,7 @@ from fastopt.quant.calibration import (
 )
 from fastopt.verify.inputs import make_inputs
 from support.paths import ROOT, TESTS
+from support.word_tokenizer import save_word_tokenizer
 
 FIXTURES = TESTS / "fixtures" / "models"
 LLAMA = FIXTURES / "llama_ts_float32" / "model.onnx"
@@ -99,7 +100,7 @@ def test_sequences_run_together_give_the_same_statistics() -> None:
 
 
 def test_tokenizer_beside_the_model_and_sampled_text(tmp_path: Path) -> None:
-    tokenizers = pytest.importorskip("tokenizers")
+    pytest.importorskip("tokenizers")
     folder = tmp_path / "m"
     folder.mkdir()
     shutil.copy(LLAMA, folder / "model.onnx")
@@ -107,11 +108,7 @@ def test_tokenizer_beside_the_model_and_sampled_text(tmp_path: Path) -> None:
     sampled = collect_importance(fastopt.load(folder / "model.onnx"))
     assert "sampled from the model" in sampled.source and sampled.tokens > 0
     # A word-level tokenizer over the built-in text, ids inside the fixture's vocabulary.
-    words = sorted(set(builtin_text().split()))
-    vocab = {w: i % 90 + 2 for i, w in enumerate(words)} | {"[UNK]": 1}
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
-    tok.save(str(folder / "tokenizer.json"))
+    save_word_tokenizer(folder)
     imp = collect_importance(fastopt.load(folder / "model.onnx"), "builtin")
     assert "tokenizer.json" in imp.source
     assert imp.tokens == len(builtin_text().split())

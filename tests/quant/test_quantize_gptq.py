@@ -15,9 +15,10 @@ import pytest
 from fastopt import _C
 from fastopt.cli.main import main
 from fastopt.quant.calibration import collect_importance, weight_matmuls
-from fastopt.quant.gptq import awq_input_scales, check_cost, factor, write_factors
+from fastopt.quant.gptq import awq_input_scales, factor, hessian_groups, write_factors
 from fastopt.verify.inputs import make_inputs
 from support.paths import TESTS
+from support.word_tokenizer import with_word_tokenizer
 
 FIXTURES = TESTS / "fixtures" / "models"
 LLAMA = FIXTURES / "llama_ts_float32" / "model.onnx"
@@ -288,28 +289,18 @@ def test_real_fixture_through_matmulnbits(
     search's, along K and in act order. (The logits of a 2-layer random model move with ONNX
     Runtime's thread timing in calibration from one process to the next; the weighted error
     is the stable measure.)"""
-    tokenizers = pytest.importorskip("tokenizers")
-    import shutil
-
     import fastopt.quant.gptq as gptq
 
     monkeypatch.setattr(gptq, "ACT_ORDER", act_order)
-
-    from fastopt.quant.calibration import builtin_text
-
-    folder = tmp_path / "m"
-    folder.mkdir()
-    shutil.copy(LLAMA, folder / "model.onnx")
-    words = sorted(set(builtin_text().split()))
-    vocab = {w: i % 90 + 2 for i, w in enumerate(words)} | {"[UNK]": 1}
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
-    tok.save(str(folder / "tokenizer.json"))
-    model = folder / "model.onnx"
+    model = with_word_tokenizer(LLAMA, tmp_path / "m")
     loaded = fastopt.load(model)
     hs = collect_importance(loaded, "builtin", hessians=True).hessians
     floats = {t.name: np.asarray(t.numpy(), np.float64) for t in loaded.graph.initializers}
     feeds = make_inputs(loaded, dims={"batch": 1, "sequence_length": 128})
+    import tokenizers
+    from fastopt.quant.calibration import builtin_text
+
+    tok = tokenizers.Tokenizer.from_file(str(model.parent / "tokenizer.json"))
     feeds["input_ids"] = np.array([tok.encode(builtin_text()).ids[:128]], np.int64)
     ref = _logits(model, feeds)
     for symmetric, bs in ((False, 64), (True, 32)):
@@ -389,7 +380,7 @@ def test_pass_option_refusals(tmp_path: Path) -> None:
         _gptq_pass(model, bad)
     uses = weight_matmuls(model)
     with pytest.raises(fastopt.ModelError, match=r"GiB of float32, over the"):
-        check_cost(uses, limit=1000)
+        hessian_groups(uses, limit=1000)
 
 
 def test_hessian_cost_of_model_shapes() -> None:

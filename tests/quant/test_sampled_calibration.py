@@ -16,8 +16,9 @@ import pytest
 from fastopt import _C
 from fastopt.cli.main import main
 from fastopt.quant import sampled_text
-from fastopt.quant.calibration import builtin_text, collect_importance
+from fastopt.quant.calibration import collect_importance
 from support.paths import TESTS
+from support.word_tokenizer import with_word_tokenizer
 
 FIXTURES = TESTS / "fixtures" / "models"
 
@@ -122,16 +123,8 @@ def test_draw_never_picks_a_banned_token() -> None:
 
 
 def test_sampled_even_where_a_tokenizer_is_found(tmp_path: Path) -> None:
-    tokenizers = pytest.importorskip("tokenizers")
-    folder = tmp_path / "m"
-    folder.mkdir()
-    shutil.copy(FIXTURES / "llama_ts_float32" / "model.onnx", folder / "model.onnx")
-    words = sorted(set(builtin_text().split()))
-    vocab = {w: i % 90 + 2 for i, w in enumerate(words)} | {"[UNK]": 1}
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
-    tok.save(str(folder / "tokenizer.json"))
-    model = fastopt.load(folder / "model.onnx")
+    path = with_word_tokenizer(FIXTURES / "llama_ts_float32" / "model.onnx", tmp_path / "m")
+    model = fastopt.load(path)
     assert "tokenizer.json" in collect_importance(model, "builtin").source
     sampled = collect_importance(model, "sampled")
     assert "sampled from the model" in sampled.source and "--calibration sampled" in sampled.source

@@ -266,18 +266,13 @@ class _Accumulator:
 
 
 def _instrument(
-    proto: onnx.ModelProto,
-    uses: Sequence[WeightUse],
-    opset: int,
-    hessians: bool = False,
-    xtx_inputs: Collection[str] | None = None,
+    proto: onnx.ModelProto, uses: Sequence[WeightUse], opset: int, xtx: Collection[int] = ()
 ) -> None:
     """Adds per use i the outputs ``<prefix>i/sumsq`` (float32 [K]) and ``<prefix>i/size``, and
-    with ``hessians`` per distinct input (first read by use i; those in ``xtx_inputs`` when
-    given) ``<prefix>i/xtx`` [K, K]."""
+    for the uses i in ``xtx`` (each the first reader of its input: _Accumulator.inputs)
+    ``<prefix>i/xtx`` [K, K]."""
     from onnx import TensorProto, helper, numpy_helper
 
-    xtx = set(_xtx_inputs(uses, xtx_inputs).values()) if hessians else set()
     g = proto.graph
     axes = _PREFIX + "axes0"
     g.initializer.append(numpy_helper.from_array(np.array([0], np.int64), axes))
@@ -362,10 +357,6 @@ def collect_importance(
     H) and are freed before the next pass; ``hessians`` then stays empty. ModelError when the
     model cannot run, has no weight MatMul, one input's X^T X alone is over the limit, or the
     groups have no sink."""
-    import onnx
-
-    from fastopt.quant.activation_ranges import _PLACEHOLDER, _session, place_early
-
     start = time.perf_counter()
     uses = weight_matmuls(model) if importance else []
     if importance and not uses:
@@ -403,24 +394,10 @@ def collect_importance(
     opset = next((v for k, v in model.opset_imports.items() if k in ("", "ai.onnx")), 17)
     skeleton = model.skeleton()
     first = groups[0] if len(groups) > 1 else None
-    proto = onnx.load_from_string(skeleton)
-    plain = len(proto.graph.node)
-    _instrument(proto, uses, opset, hessians, first)
-    place_early(proto, plain)  # each activation freed once reduced
-    probe_outputs = [p.instrument(proto) for p in probes]
     acc = _Accumulator(uses, hessians, first)
-    with ExitStack() as stack, _ort_errors():
-        sess = _session(proto, skeleton.count(_PLACEHOLDER), model, stack, workdir)
-        del proto
-        wanted = {i.name for i in sess.get_inputs()}
-        _run_batches(sess, model, ids_name, wanted, batches, acc, probes, probe_outputs, imp)
-        imp.tokens = sum(int(ids.size) for ids in batches)
-        _probes_extra(sess, probes, probe_outputs, wanted)
-        del sess  # (its memory, before any further pass)
+    _pass(model, skeleton, opset, batches, ids_name, workdir, imp, acc, probes)
+    imp.tokens = sum(int(ids.size) for ids in batches)
     imp.vectors = acc.vectors()
-    imp.hessian_inputs = len(acc.inputs)
-    imp.hessian_passes = 1 if hessians else 0
-    imp.hessian_peak_bytes = acc.peak_bytes
     if first is None:
         imp.hessians = acc.hessians()
     else:
@@ -428,10 +405,9 @@ def collect_importance(
         hessian_sink(acc.hessians())
         del acc
         for group in map(set, groups[1:]):
-            group_uses = [u for u in uses if u.a in group]
-            hessian_sink(
-                _group_pass(model, skeleton, group_uses, opset, batches, ids_name, workdir, imp)
-            )
+            group_acc = _Accumulator([u for u in uses if u.a in group], True)
+            _pass(model, skeleton, opset, batches, ids_name, workdir, imp, group_acc)
+            hessian_sink(group_acc.hessians())
     imp.source = source
     imp.seconds = time.perf_counter() - start
     return imp
@@ -449,36 +425,38 @@ def _stacked(batches: Sequence[np.ndarray], run_tokens: int) -> list[np.ndarray]
     return runs + ([np.concatenate(group)] if group else [])
 
 
-def _group_pass(
+def _pass(
     model: _C.Model,
     skeleton: bytes,
-    uses: Sequence[WeightUse],
     opset: int,
     batches: Sequence[np.ndarray],
     ids_name: str,
     workdir: str,
     imp: Importance,
-) -> dict[str, np.ndarray]:
-    """One more pass over ``batches`` for the X^T X of ``uses``' inputs (one group): weight ->
-    H, as Importance.hessians."""
+    acc: _Accumulator,
+    probes: Sequence[Probe] = (),
+) -> None:
+    """One pass over ``batches``: the graph instrumented for ``acc``'s statistics (and the
+    probes'), each activation freed once reduced; its X^T X counted in ``imp``."""
     import onnx
 
     from fastopt.quant.activation_ranges import _PLACEHOLDER, _session, place_early
 
-    acc = _Accumulator(uses, True)
     proto = onnx.load_from_string(skeleton)
     plain = len(proto.graph.node)
-    _instrument(proto, uses, opset, True)
+    _instrument(proto, acc.uses, opset, acc.inputs.values())
     place_early(proto, plain)
+    probe_outputs = [p.instrument(proto) for p in probes]
     with ExitStack() as stack, _ort_errors():
         sess = _session(proto, skeleton.count(_PLACEHOLDER), model, stack, workdir)
         del proto
         wanted = {i.name for i in sess.get_inputs()}
-        _run_batches(sess, model, ids_name, wanted, batches, acc, (), [], imp)
-    imp.hessian_inputs += len(acc.inputs)
-    imp.hessian_passes += 1
-    imp.hessian_peak_bytes = max(imp.hessian_peak_bytes, acc.peak_bytes)
-    return acc.hessians()
+        _run_batches(sess, model, ids_name, wanted, batches, acc, probes, probe_outputs, imp)
+        _probes_extra(sess, probes, probe_outputs, wanted)
+    if acc.inputs:
+        imp.hessian_inputs += len(acc.inputs)
+        imp.hessian_passes += 1
+        imp.hessian_peak_bytes = max(imp.hessian_peak_bytes, acc.peak_bytes)
 
 
 @contextmanager

@@ -112,12 +112,6 @@ def oversized(uses: Sequence[WeightUse], limit: int | None = None) -> str:
     return ""
 
 
-def check_cost(uses: Sequence[WeightUse], limit: int | None = None) -> int:
-    """The calibration passes the Hessians take under ``limit`` (MAX_HESSIAN_BYTES): ModelError
-    when one input's alone is over it (hessian_groups)."""
-    return len(hessian_groups(uses, limit))
-
-
 def factor(h: np.ndarray, damp: float = DAMP) -> np.ndarray:
     """U, upper triangular with H'^-1 = U^T U, of H' = H + damp * mean(diag H) * I (channels
     no token used get H_kk = 1), float32. More damping where the Cholesky fails.

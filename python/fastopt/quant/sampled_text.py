@@ -3,17 +3,19 @@ is found. SEQUENCES continuations of BOS, TOKENS long, sampled at TEMPERATURE (s
 model gives the same text), EOS never drawn so every sequence runs its full length.
 
 Why this much: GPTQ (``--recipe q4m``) on SmolLM2-135M calibrated on its own samples scored KL
-0.21 with 192 tokens, 0.15 with 1,024 and 0.10 with 64 x 64 (the built-in prose: 0.106; round to
-nearest 0.366; bench/results/quantize_accuracy.md): with enough of it, the model's own text is as
-good a calibration set as real prose, and it needs no data.
+0.220 with 192 tokens, 0.178 with 1,024, 0.140 with 2,048 and 0.124 with 64 x 64 (the built-in
+prose: 0.106; round to nearest 0.366; bench/results/quantize_accuracy.md, "No data"): with
+enough of it, the model's own text comes close to real prose as a calibration set, and it needs
+no data.
 
 Sampling runs batched through a KV cache: a second, in-memory copy of the model (the file mapped
 again, no weight copied) gets optimize's default passes and ``add_kv_cache`` (standard form), so
 each token costs one decode step instead of a pass over its whole prefix (64 x 64 tokens: 4,096
-token steps instead of 133,000). A model exported with a cache samples through its own. Where
-no cache can be had (the model is not a file, add_kv_cache refuses, the cache's geometry is not
-static) the model recomputes each prefix, RECOMPUTED_SEQUENCES x RECOMPUTED_TOKENS, and the
-source says why.
+token steps instead of 133,000). A model exported with a cache goes through add_kv_cache too:
+its own cache is not trusted (gemma3's TorchScript cache export decodes other tokens than it
+recomputes). Where no cache can be had (the model is not a file, add_kv_cache refuses, the
+cache's geometry is not static) the model recomputes each prefix, RECOMPUTED_SEQUENCES x
+RECOMPUTED_TOKENS, and the source says why.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from fastopt import _C
 from fastopt._lazy import lazy_module
 from fastopt.errors import is_foreign
+from fastopt.verify.text_tokens import config_ids, draw
 
 if TYPE_CHECKING:
     import numpy as np
@@ -88,18 +91,6 @@ def _said(e: Exception) -> str:
     from fastopt.verify.check import summarize_error
 
     return str(e) if isinstance(e, _C.ModelError) else f"ONNX Runtime: {summarize_error(str(e))}"
-
-
-def draw(last: np.ndarray, rng: Any, temperature: float, banned: Sequence[int] = ()) -> np.ndarray:
-    """One token per row of ``last`` [rows, vocab], sampled from softmax(last / temperature) by
-    one uniform draw per row inverted through the cumulative distribution; ``banned`` ids never."""
-    z = np.asarray(last, np.float64) / temperature
-    z[:, [b for b in banned if 0 <= b < z.shape[1]]] = -np.inf
-    p = np.exp(z - z.max(axis=-1, keepdims=True))
-    cdf = np.cumsum(p, axis=-1)
-    u = rng.random(len(z)) * cdf[:, -1]
-    picks = [int(np.searchsorted(c, x, side="right")) for c, x in zip(cdf, u)]
-    return np.minimum(np.array(picks, np.int64), z.shape[1] - 1)
 
 
 def _cached_session(model: _C.Model, stack: ExitStack, workdir: str) -> Any:
@@ -185,7 +176,7 @@ def _step_feeds(
     if "input_ids" not in inputs or unknown:
         raise _C.ModelError(f"inputs {unknown} beside a causal LM's")
     return {
-        k: v.astype(_NP_INT[inputs[k].type]) if k in _IDS else v
+        k: v.astype(_NP_INT.get(inputs[k].type, "int64")) if k in _IDS else v
         for k, v in feeds.items()
         if k in inputs
     }
@@ -208,8 +199,6 @@ def _empty_past(past: Any, batch: int) -> np.ndarray:
 def _special_ids(folders: Sequence[str], key: str) -> list[int]:
     """``key``'s ids in the first of ``folders`` whose config files have it
     (fastopt.verify.text_tokens.config_ids, as the real-text check reads its start token)."""
-    from fastopt.verify.text_tokens import config_ids
-
     return next((ids for f in folders if (ids := config_ids(f, key)[0])), [])
 
 

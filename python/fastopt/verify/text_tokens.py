@@ -228,12 +228,19 @@ def sample_tokens(
         nxt = np.empty(rows, np.int64)
         nxt[0] = int(np.argmax(last[0]))
         if rows > 1:
-            z = last[1:] / TEMPERATURE
-            p = np.exp(z - z.max(axis=-1, keepdims=True))
-            cdf = np.cumsum(p, axis=-1)
-            u = rng.random(rows - 1) * cdf[:, -1]
-            nxt[1:] = [
-                min(int(np.searchsorted(c, x, side="right")), vocab - 1) for c, x in zip(cdf, u)
-            ]
+            nxt[1:] = draw(last[1:], rng, TEMPERATURE)
         ids = np.concatenate([ids, nxt[:, None]], axis=1)
     return ids
+
+
+def draw(last: np.ndarray, rng: Any, temperature: float, banned: Sequence[int] = ()) -> np.ndarray:
+    """One token per row of ``last`` [rows, vocab], sampled from softmax(last / temperature) by
+    one uniform draw per row inverted through the cumulative distribution; ``banned`` ids never
+    (fastopt.quant.sampled_text's EOS)."""
+    z = np.asarray(last, np.float64) / temperature
+    z[:, [b for b in banned if 0 <= b < z.shape[1]]] = -np.inf
+    p = np.exp(z - z.max(axis=-1, keepdims=True))
+    cdf = np.cumsum(p, axis=-1)
+    u = rng.random(len(z)) * cdf[:, -1]
+    picks = [int(np.searchsorted(c, x, side="right")) for c, x in zip(cdf, u)]
+    return np.minimum(np.array(picks, np.int64), z.shape[1] - 1)
