@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from fastopt import _C
 from fastopt._lazy import lazy_module
 from fastopt.errors import is_foreign
+from fastopt.verify.step_feeds import present_name, step_feeds
 from fastopt.verify.text_tokens import config_ids, draw
 
 if TYPE_CHECKING:
@@ -142,7 +143,7 @@ def _decode(
         ids = draw(got[logits][:, -1], rng, TEMPERATURE, eos)[:, None]
         rows.append(ids)
         for p in pasts:
-            cache[p.name] = got[_C.KV_PRESENT_PREFIX + p.name[len(_C.KV_PAST_PREFIX) :]]
+            cache[p.name] = got[present_name(p.name)]
     return np.concatenate(rows, axis=1)
 
 
@@ -165,13 +166,7 @@ def _step_feeds(
 ) -> dict[str, np.ndarray]:
     """A step's inputs: ``ids`` [B, T] after ``past`` cached tokens (mask of ones, positions
     past..past+T-1); ModelError for an input a causal LM's step does not have."""
-    batch, seq = ids.shape
-    feeds = {
-        "input_ids": ids,
-        "attention_mask": np.ones((batch, past + seq), np.int64),
-        "position_ids": np.tile(np.arange(past, past + seq, dtype=np.int64), (batch, 1)),
-        **cache,
-    }
+    feeds = {**step_feeds(ids, past), **cache}
     unknown = sorted(set(inputs) - set(feeds))
     if "input_ids" not in inputs or unknown:
         raise _C.ModelError(f"inputs {unknown} beside a causal LM's")

@@ -28,6 +28,7 @@ from fastopt.errors import UnsupportedModelError, entry_point, foreign_errors
 from fastopt.genai.cache_dims import cache_geometry
 from fastopt.verify.check import onnxruntime
 from fastopt.verify.core import InputRejectedError, OutputRejectedError, VerifyError, make_inputs
+from fastopt.verify.step_feeds import present_name, step_feeds
 
 if TYPE_CHECKING:
     import numpy as np
@@ -112,14 +113,9 @@ def _encoder_feeds(sess: Any, seed: int) -> dict[str, np.ndarray]:
 
 def _feed(sess: Any, ids: list[int], past_len: int) -> dict[str, np.ndarray]:
     names = {i.name for i in sess.get_inputs()}
-    total = past_len + len(ids)
-    feed: dict[str, np.ndarray] = {
-        "input_ids": np.array([ids], np.int64),
-        "attention_mask": np.ones((1, total), np.int64),
-        "position_ids": np.arange(past_len, total, dtype=np.int64)[None, :],
-        # an in-place seq2seq decoder: the tokens its self-attention buffers hold
-        _PAST_LENGTH_INPUT: np.array([past_len], np.int32),
-    }
+    feed = step_feeds(np.array([ids], np.int64), past_len)
+    # an in-place seq2seq decoder: the tokens its self-attention buffers hold
+    feed[_PAST_LENGTH_INPUT] = np.array([past_len], np.int32)
     return {k: v for k, v in feed.items() if k in names}
 
 
@@ -186,7 +182,7 @@ def verify_generation(
         report.tokens_cached.append(int(have.argmax()))
         for p in pasts:
             if not _is_cross(p.name):  # (the cross cache stays what the priming run gave)
-                cache[p.name] = got[_present(p.name)]
+                cache[p.name] = got[present_name(p.name)]
         past_len += len(step_ids)
         step_ids = [report.tokens_original[-1]]  # both continue from the reference token
         seq.append(step_ids[0])
@@ -247,7 +243,7 @@ def _prime_cross_cache(
         )
     primed = _run_cached(sess, outputs, {**feed, **cross, **cache}, report)
     for p in crossed:
-        cache[p.name] = primed[_present(p.name)]
+        cache[p.name] = primed[present_name(p.name)]
     if appends:
         cross["encoder_hidden_states"] = cross["encoder_hidden_states"][:, :0]
 
@@ -268,13 +264,9 @@ def _is_cross(past: str) -> bool:
     return _CROSS_SECTION in past  # past_key_values.<i>.encoder.key|value: a seq2seq cross cache
 
 
-def _present(past: str) -> str:
-    return _C.KV_PRESENT_PREFIX + past[len(_C.KV_PAST_PREFIX) :]
-
-
 def _presents(sess: Any, pasts: list[Any]) -> list[Any]:
     by_name = {o.name: o for o in sess.get_outputs()}
-    missing = [p.name for p in pasts if _present(p.name) not in by_name]
+    missing = [p.name for p in pasts if present_name(p.name) not in by_name]
     if missing:
         raise UnsupportedModelError(f"no present output for {', '.join(missing)}")
-    return [by_name[_present(p.name)] for p in pasts]
+    return [by_name[present_name(p.name)] for p in pasts]

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastopt import _C
 from fastopt.verify.check import onnxruntime, summarize_error
+from fastopt.verify.step_feeds import present_name, step_feeds
 from fastopt.verify.text_tokens import (
     PROSE,
     NoTokenizerLibrary,
@@ -265,7 +266,7 @@ class _LanguageModel:
         self.other = [n for n in inputs if n not in known]
         self.inplace: set[str] = set()
         for p in self.pasts:
-            present = outputs.get(_C.KV_PRESENT_PREFIX + p.name[len(_C.KV_PAST_PREFIX) :])
+            present = outputs.get(present_name(p.name))
             if present is None:
                 raise NotLanguageModel(f"the {role} model has no present output for {p.name}")
             if p.shape[2] == present.shape[2]:
@@ -291,13 +292,7 @@ class _LanguageModel:
 
     def _feeds(self, ids: np.ndarray, past: int) -> dict[str, np.ndarray]:
         batch, seq = ids.shape
-        feeds = {
-            "input_ids": ids.astype(np.int64),
-            "attention_mask": np.ones((batch, past + seq), np.int64),
-            "position_ids": np.broadcast_to(
-                np.arange(past, past + seq, dtype=np.int64), (batch, seq)
-            ).copy(),
-        }
+        feeds = step_feeds(ids, past)
         if self.other:  # inputs a decoder rarely has (token_type_ids, ...): make_inputs' values
             from fastopt.verify.core import make_inputs
 
@@ -335,7 +330,7 @@ class _LanguageModel:
             )
             made.append(int(np.argmax(got["logits"][0, -1])))
             for p in self.pasts:
-                cache[p.name] = got[_C.KV_PRESENT_PREFIX + p.name[len(_C.KV_PAST_PREFIX) :]]
+                cache[p.name] = got[present_name(p.name)]
             past += len(step)
             step = [made[-1]]
         return made
