@@ -783,9 +783,9 @@ def shape_facts(model: Model, subgraphs: bool = False) -> dict:
     ints, or strings spelling expressions of symbols ('?N' names a fresh symbol: unknown, but equal
     wherever it appears); None when the rank / the elements are unknown.
     """
-def weight_column_sums(weight: Tensor, transposed: bool = False, importance: typing.Any = None, row_stride: typing.SupportsInt | typing.SupportsIndex = 1) -> numpy.typing.NDArray[numpy.float64]:
+def weight_column_sums(weight: Tensor, transposed: bool = False, importance: typing.Any = None, row_stride: typing.SupportsInt | typing.SupportsIndex = 1, row_max: typing.Any = None) -> numpy.typing.NDArray[numpy.float64]:
     """
-    Per column n of a float initializer read as MatMul's B [K, N] (transposed: stored [N, K]): sum_k importance[k] W[k, n]^2, float64 [N] (row_stride > 1: from every row_stride-th row, times row_stride). Read from the model's mapping in row chunks whose pages are released once read, as quantize_weights reads.
+    Per column n of a float initializer read as MatMul's B [K, N] (transposed: stored [N, K]): sum_k importance[k] W[k, n]^2, float64 [N] (row_stride > 1: from every row_stride-th row, times row_stride). Read from the model's mapping in row chunks whose pages are released once read, as quantize_weights reads. row_max, a writable float64 [K] array, gets each row's largest |W[k, n]| from the same read (0 for rows a stride skips).
     """
 def weight_rows(weight: Tensor, transposed: bool, start: typing.SupportsInt | typing.SupportsIndex, rows: typing.SupportsInt | typing.SupportsIndex, columns: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex] = []) -> numpy.typing.NDArray[numpy.float32]:
     """

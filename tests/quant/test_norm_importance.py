@@ -14,7 +14,14 @@ import pytest
 from fastopt.cli.main import main
 from fastopt.quant import budget
 from fastopt.quant.calibration import read_importance, weight_matmuls
-from fastopt.quant.norm_importance import kAttentionMix, norm_gain, norm_importance
+from fastopt.quant.norm_importance import (
+    kAttentionMix,
+    kSuperRowPower,
+    kSuperRowRatio,
+    norm_gain,
+    norm_importance,
+    super_rows,
+)
 from fastopt.quant.recipe import recipe_settings
 from onnx import TensorProto, helper, numpy_helper
 from support.mapping_rss import RSS_FILE_SOURCE
@@ -89,6 +96,79 @@ def test_the_mlp_and_attention_outputs_follow_the_stream() -> None:
     r = r + d @ _weight(model, w[("layers.0", "down_proj")]) ** 2
     nxt = _gain(model, "layers.1", "input_layernorm") ** 2 * r / r.mean()
     np.testing.assert_allclose(imp[w[("layers.1", "q_proj")]], nxt, rtol=1e-3)
+
+
+def _with_super_row(path: Path, row: int, ratio: float) -> tuple[fastopt.Model, np.ndarray]:
+    """The llama fixture with layer 0's down projection row ``row`` given one weight ``ratio``
+    times the median row's largest |weight| (a super weight); returns the model and that weight
+    [K, N] as float64."""
+    proto = onnx.load(str(LLAMA))
+    name = _by_role(fastopt.load(LLAMA))[("layers.0", "down_proj")]
+    init = next(i for i in proto.graph.initializer if i.name == name)
+    w = numpy_helper.to_array(init).copy()
+    w[row, 3] = np.float32(ratio * np.median(np.abs(w).max(1)))
+    init.CopyFrom(numpy_helper.from_array(w, name))
+    onnx.save(proto, str(path))
+    return fastopt.load(path), w.astype(np.float64)
+
+
+def test_a_down_projections_super_row_is_read_ratio_to_the_fourth(tmp_path: Path) -> None:
+    """A row whose largest |weight| is >= 5x the median row's (the weights that write the
+    stream's massive activations) is read ratio^4-fold; the other rows, and the stream that the
+    next layer's norms read, keep the product's estimate."""
+    plain = norm_importance(fastopt.load(LLAMA))
+    model, w = _with_super_row(tmp_path / "m.onnx", row=7, ratio=8.0)
+    got = norm_importance(model)
+    down = _by_role(model)[("layers.0", "down_proj")]
+    ratio = np.abs(w).max(1)[7] / np.median(np.abs(w).max(1))
+    assert ratio >= kSuperRowRatio
+    want = plain[down].astype(np.float64)
+    want[7] *= ratio**kSuperRowPower
+    np.testing.assert_allclose(got[down], want, rtol=1e-5)
+    # the stream the next layer's norm reads: the product's estimate through the edited
+    # weight, unboosted (as test_the_mlp_and_attention_outputs_follow_the_stream builds it)
+    w_by = _by_role(model)
+    r = (_weight(model, "m.model.embed_tokens.weight") ** 2).mean(0)
+    o = got[w_by[("layers.0", "o_proj")]].astype(np.float64)
+    r = r + kAttentionMix * (o @ _weight(model, w_by[("layers.0", "o_proj")]) ** 2)
+    r = r + plain[down].astype(np.float64) @ w**2
+    nxt = _gain(model, "layers.1", "input_layernorm") ** 2 * r / r.mean()
+    np.testing.assert_allclose(got[w_by[("layers.1", "q_proj")]], nxt, rtol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_the_column_sums_read_each_rows_largest_weight(dtype: type) -> None:
+    """weight_column_sums' row_max: the same read gives each row's largest |weight| (the
+    super rows' test), for B [K, N] and a transposed one stored [N, K] (a tied lm_head)."""
+    from fastopt import _C
+
+    w = np.random.default_rng(1).standard_normal((37, 53)).astype(dtype)
+    elem = TensorProto.FLOAT if dtype == np.float32 else TensorProto.FLOAT16
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", elem, [1, 37])],
+        [helper.make_tensor_value_info("y", elem, [1, 53])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    t = fastopt.load_bytes(helper.make_model(graph).SerializeToString()).graph.initializer("w")
+    assert t is not None
+    exact = w.astype(np.float64)
+    for transposed, b in ((False, exact), (True, exact.T)):
+        row_max = np.full(b.shape[0], -1.0)
+        sums = _C.weight_column_sums(t, transposed, row_max=row_max)
+        np.testing.assert_allclose(sums, (b**2).sum(0), rtol=1e-6)
+        np.testing.assert_array_equal(row_max, np.abs(b).max(1))
+    with pytest.raises(fastopt.ModelError, match="row_max"):
+        _C.weight_column_sums(t, row_max=np.zeros(5))
+    with pytest.raises(fastopt.ModelError, match="row_max"):
+        _C.weight_column_sums(t, row_max=np.zeros(37, np.float32))
+
+
+def test_super_rows_needs_a_clear_outlier() -> None:
+    rows = np.array([1.0, 1.0, 1.0, 4.9, 5.0, 10.0, 1.0])  # median 1
+    np.testing.assert_allclose(super_rows(rows), [1, 1, 1, 1, 5.0**4, 10.0**4, 1])
+    np.testing.assert_array_equal(super_rows(np.zeros(3)), np.ones(3))
 
 
 def _norm_graph(op: str, gain: np.ndarray, domain: str = "") -> fastopt.Model:
