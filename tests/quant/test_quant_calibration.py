@@ -284,7 +284,7 @@ def _bench() -> Any:
 
     spec = importlib.util.spec_from_file_location(
         "bench_quant_calibration",
-        ROOT / "bench" / "bench_quant_calibration.py",
+        ROOT / "bench" / "quant" / "bench_quant_calibration.py",
     )
     assert spec and spec.loader
     bench = importlib.util.module_from_spec(spec)
