@@ -7,7 +7,8 @@ estimate is worst: on SmolLM2 the MLP down projections (bench/results/quantize_a
 
     fastopt quantize FP16 -o /tmp/x.onnx --mode int4 --recipe q4m --calibration builtin \\
         --method search --hf-config /work/cache/smollm2 --save-importance MEASURED.onnx
-    nice python bench/quant/probe_importance_kinds.py FP32 FP16 MEASURED.onnx
+    nice python bench/quant/probe_importance_kinds.py FP32 FP16 MEASURED.onnx \
+        [--text python/fastopt/verify/prose.txt] [--only none]
 """
 
 from __future__ import annotations
@@ -44,8 +45,11 @@ def main() -> None:
     ap.add_argument("fp16", type=Path, help="the model quantized (its fp16 conversion)")
     ap.add_argument("measured", type=Path, help="calibration's importance (--save-importance)")
     ap.add_argument("--tokenizer", default="/work/cache/smollm2/tokenizer.json")
+    ap.add_argument("--text", type=Path, help="score on this text (default: the bench's prose)")
+    ap.add_argument("--only", action="append", default=[], help="rows of this name")
     args = ap.parse_args()
-    ids = np.array([Tokenizer.from_file(args.tokenizer).encode(PROSE).ids], np.int64)
+    text = args.text.read_text() if args.text else PROSE
+    ids = np.array([Tokenizer.from_file(args.tokenizer).encode(text).ids], np.int64)
     measured = {
         t.name: numpy_helper.to_array(t).astype(np.float32)
         for t in onnx.load(str(args.measured)).graph.initializer
@@ -54,7 +58,8 @@ def main() -> None:
     node_of = {n.input[1]: n.name for n in graph.node if n.op_type == "MatMul"}
     estimate = norm_importance(fastopt.load(args.fp16))
     ref = logits_of(args.fp32, ids)
-    rows = [("none (the estimate)", ()), *KINDS.items(), ("all", ("",))]
+    rows = [("none", ()), *KINDS.items(), ("all", ("",))]
+    rows = [r for r in rows if not args.only or r[0] in args.only]
     with tempfile.TemporaryDirectory() as tmp:
         for name, parts in rows:
             imp = dict(estimate)
