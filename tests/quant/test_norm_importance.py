@@ -294,6 +294,7 @@ import json, sys, fastopt, numpy
 from fastopt.quant.budget import allocate
 from fastopt.quant.norm_importance import norm_importance
 fastopt._C.quantization_error(numpy.ones((32, 2), numpy.float32))  # (libraries mapped first)
+numpy.median(numpy.ones(8))  # (super_rows': 0.9-2 MB of numpy's pages, more in a fresh venv)
 """
     + RSS_FILE_SOURCE
     + """
@@ -358,7 +359,9 @@ def test_the_recipe_steps_read_weights_like_the_pass(tmp_path: Path, step: str) 
     )
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["weights"] == 2
-    assert got["grew"] < 4 << 20, got
+    # Each weight is 12 MB: one left mapped passes 8 MB; what grows besides is library pages
+    # (1.9 MB here; CI's fresh environment measured 4.8 MB before the median's warm-up).
+    assert got["grew"] < 8 << 20, got
 
 
 def test_the_importance_file_is_written_without_onnx(tmp_path: Path) -> None:
