@@ -49,6 +49,9 @@ def digest(folder: Path) -> str:
 
 
 def timed(cmd: list[str]) -> tuple[str, dict[str, float]]:
+    """The command under /usr/bin/time -v, not _benchlib.spawn: this parent holds ONNX Runtime
+    sessions (the reference logits), whose RSS high-water mark an exec'd child's ru_maxrss
+    would inherit (_benchlib's docstring); time's own child starts from time's."""
     got = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True)
     if got.returncode != 0:
         raise SystemExit(f"failed ({got.returncode}): {got.stderr[-2000:]}")

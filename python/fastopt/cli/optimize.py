@@ -23,12 +23,16 @@ from fastopt.cli.common import (
     print_genai_notes,
     print_precision,
     print_quantization,
-    quant_settings,
     work_progress,
 )
 from fastopt.cli.output import console, print_table
 from fastopt.cli.progress import CommandProgress
-from fastopt.cli.recipe_flags import add_recipe_flags, apply_recipe, print_recipe
+from fastopt.cli.recipe_flags import (
+    RECIPE_FLAGS,
+    add_recipe_flags,
+    print_recipe,
+    resolved_settings,
+)
 from fastopt.optimize import DEFAULT_PRESET, OptimizeReport
 from fastopt.pipeline.registry import PRESET_DESCRIPTIONS, PRESETS, get_pass, preset
 from fastopt.pipeline.summary import human_bytes
@@ -133,23 +137,15 @@ def add_optimize_flags(opt: argparse.ArgumentParser) -> None:
     add_quant_flags(opt)
     add_recipe_flags(opt)
     add_text_flags(opt)
-    # None: not given, so a --recipe may set it (apply_recipe fills the usual defaults after)
-    opt.set_defaults(block_size=None, symmetric=None)
 
 
 def quantize_settings(args: argparse.Namespace, output: str | None) -> QuantSettings | None:
     """--quantize and the recipe flags resolved (a recipe fills the flags not given) and checked,
     before any work; None without --quantize."""
-    recipe_flags = ("recipe", "calibration", "awq", "bits_budget", "save_importance")
-    given = [f"--{f.replace('_', '-')}" for f in recipe_flags if getattr(args, f)]
+    given = [f"--{f.replace('_', '-')}" for f in RECIPE_FLAGS if getattr(args, f)]
     if given and not args.quantize:
         raise fastopt.ModelError(f"{', '.join(given)}: only with --quantize int4|int8")
-    apply_recipe(args, args.quantize)
-    if not args.quantize:
-        return None
-    settings = quant_settings(args, args.quantize, output)
-    settings.validate()
-    return settings
+    return resolved_settings(args, args.quantize, output) if args.quantize else None
 
 
 def preset_help() -> str:

@@ -20,12 +20,11 @@ from fastopt.cli.common import (
     print_genai_notes,
     print_precision,
     print_quantization,
-    quant_settings,
     work_progress,
 )
 from fastopt.cli.output import console
 from fastopt.cli.progress import CommandProgress
-from fastopt.cli.recipe_flags import add_recipe_flags, apply_recipe, print_recipe
+from fastopt.cli.recipe_flags import add_recipe_flags, print_recipe, resolved_settings
 from fastopt.pipeline.summary import human_bytes
 from fastopt.quant.settings import MODES
 from fastopt.verify.core import OutputRejectedError
@@ -85,8 +84,7 @@ def add_parser(sub: Any) -> None:
     add_hf_config_flag(qnt)
     add_quant_flags(qnt)
     add_recipe_flags(qnt)
-    # None: not given, so a --recipe may set it (apply_recipe fills the usual defaults after)
-    qnt.set_defaults(func=run_command, block_size=None, symmetric=None)
+    qnt.set_defaults(func=run_command)
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -94,9 +92,7 @@ def run_command(args: argparse.Namespace) -> int:
         raise fastopt.ModelError(
             "the output path must differ from the input (it is never modified)"
         )
-    apply_recipe(args, args.mode)
-    settings = quant_settings(args, args.mode, args.output)
-    settings.validate()
+    settings = resolved_settings(args, args.mode, args.output)
     external = {"auto": None, "always": True, "never": False}[args.external_data]
     with CommandProgress("quantize") as progress:
         try:

@@ -11,12 +11,18 @@ from rich.markup import escape
 from rich.table import Table
 
 import fastopt
+from fastopt.cli.common import quant_settings
 from fastopt.cli.output import print_table
 from fastopt.quant.recipe import RECIPES, RecipeReport, recipe_settings
+from fastopt.quant.settings import QuantSettings
+
+# The flags add_recipe_flags adds, by their dest.
+RECIPE_FLAGS = ("recipe", "calibration", "awq", "bits_budget", "save_importance")
 
 
 def add_recipe_flags(p: argparse.ArgumentParser) -> None:
-    """Calibration, AWQ and the bits budget (fastopt quantize only)."""
+    """Calibration, AWQ, the bits budget and --recipe (fastopt quantize, and optimize / export
+    with --quantize)."""
     p.add_argument(
         "--calibration",
         metavar="FILE|builtin|sampled",
@@ -46,6 +52,8 @@ def add_recipe_flags(p: argparse.ArgumentParser) -> None:
         "weighted by --importance norms, int8 for attention V and MLP down projections (with "
         "--calibration: --method gptq)",
     )
+    # None: not given, so a --recipe may set it (apply_recipe fills the usual defaults after)
+    p.set_defaults(block_size=None, symmetric=None)
 
 
 # What the quantize flags default to when neither they nor a recipe set them.
@@ -63,6 +71,14 @@ def apply_recipe(args: argparse.Namespace, mode: str | None) -> None:
     for key, value in _FLAG_DEFAULTS.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+
+
+def resolved_settings(args: argparse.Namespace, mode: str, output: str | None) -> QuantSettings:
+    """The quantization flags with --recipe applied, checked before any work."""
+    apply_recipe(args, mode)
+    settings = quant_settings(args, mode, output)  # type: ignore[arg-type]
+    settings.validate()
+    return settings
 
 
 def print_recipe(recipe: RecipeReport, out: Any, verbose: bool = False) -> None:
